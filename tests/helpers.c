@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT
+/* t_ helpers shared by the cmocka tests. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static char tmpdir[256];
+static char logbuf[65536];
+static size_t loglen;
+
+int t_require_all(void)
+{
+	const char *v = getenv("MOEPAGER_REQUIRE_BPF");
+
+	return (v && *v && *v != '0') || getenv("CI") != NULL;
+}
+
+const char *t_tmpdir(void)
+{
+	if (!tmpdir[0]) {
+		const char *base = getenv("TMPDIR");
+
+		snprintf(tmpdir, sizeof(tmpdir), "%s/mptest.XXXXXX", base ? base : "/tmp");
+		if (!mkdtemp(tmpdir)) {
+			perror("mkdtemp");
+			abort();
+		}
+	}
+	return tmpdir;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb; (void)flag; (void)ftw;
+	return remove(path);
+}
+
+void t_tmpdir_cleanup(void)
+{
+	if (tmpdir[0])
+		nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	tmpdir[0] = 0;
+}
+
+const char *t_path(const char *name)
+{
+	static char bufs[4][512];
+	static unsigned slot;
+	char *b = bufs[slot++ % 4];
+
+	snprintf(b, 512, "%s/%s", t_tmpdir(), name);
+	return b;
+}
+
+static void capture(enum mp_log_level level, const char *msg, void *arg)
+{
+	(void)level; (void)arg;
+	int n = snprintf(logbuf + loglen, sizeof(logbuf) - loglen, "%s\n", msg);
+
+	if (n > 0 && loglen + (size_t)n < sizeof(logbuf))
+		loglen += (size_t)n;
+	if (getenv("T_VERBOSE"))
+		fprintf(stderr, "log: %s\n", msg);
+}
+
+void t_log_capture(void)
+{
+	mp_set_log_handler(capture, NULL);
+}
+
+void t_log_reset(void)
+{
+	loglen = 0;
+	logbuf[0] = 0;
+}
+
+int t_log_contains(const char *needle)
+{
+	return strstr(logbuf, needle) != NULL;
+}
+
+int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed)
+{
+	struct mp_geometry g;
+	int err = mp_gen_preset("tiny", &g);
+
+	if (err)
+		return err;
+	g.dtype = dtype;
+	return mp_gen_model(path, &g, seed, "tiny", NULL, NULL);
+}
+
+int t_flip_byte(const char *path, uint64_t off)
+{
+	int fd = open(path, O_RDWR);
+	unsigned char c;
+	int ret = -1;
+
+	if (fd < 0)
+		return -errno;
+	if (pread(fd, &c, 1, (off_t)off) != 1)
+		goto out;
+	c ^= 0xff;
+	if (pwrite(fd, &c, 1, (off_t)off) != 1)
+		goto out;
+	ret = 0;
+out:
+	close(fd);
+	return ret;
+}

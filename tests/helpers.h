@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/* t_ helpers shared by the cmocka tests. */
+#ifndef MP_TEST_HELPERS_H
+#define MP_TEST_HELPERS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <moepager.h>
+
+/* Exit code meson counts as a skipped test. */
+#define T_EXIT_SKIP 77
+
+/*
+ * True when tests must not skip for lack of a privilege or feature
+ * (CI sets MOEPAGER_REQUIRE_BPF=1 and runs as root).
+ */
+int t_require_all(void);
+
+/* A fresh directory under $TMPDIR (or /tmp) for this test; removed by t_tmpdir_cleanup(). */
+const char *t_tmpdir(void);
+void t_tmpdir_cleanup(void);
+/* path = t_tmpdir()/name, in a static buffer per call slot (4 slots). */
+const char *t_path(const char *name);
+
+/* Captures library log lines; t_log_contains() searches what was captured since t_log_reset(). */
+void t_log_capture(void);
+void t_log_reset(void);
+int t_log_contains(const char *needle);
+
+/* Writes a model of the tiny preset with the given weight type and seed. */
+int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed);
+
+/* Flips one byte of a file at off (xor 0xff). */
+int t_flip_byte(const char *path, uint64_t off);
+
+#endif

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: MIT
+/* Helpers the subcommands share: log handler, number parsing, progress line. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <moepager.h>
+
+#include "cli.h"
+
+static void log_to_stderr(enum mp_log_level level, const char *msg, void *arg)
+{
+	bool debug = arg != NULL;
+	static const char *const tags[] = { "error", "warning", "info", "debug" };
+
+	if (level > MP_LOG_WARN && !debug)
+		return;
+	fprintf(stderr, "moepager: %s: %s\n", tags[level], msg);
+}
+
+void cli_install_log_handler(void)
+{
+	const char *d = getenv("MOEPAGER_DEBUG");
+
+	mp_set_log_handler(log_to_stderr, (d && *d && *d != '0') ? (void *)1 : NULL);
+}
+
+int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || end == s || *end || *s == '-' || v < lo || v > hi) {
+		fprintf(stderr, "moepager: %s: '%s' is not a number in [%llu, %llu]\n", opt, s,
+			(unsigned long long)lo, (unsigned long long)hi);
+		return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
+int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	uint64_t v;
+	int err = cli_parse_u64(opt, s, lo, hi, &v);
+
+	if (!err)
+		*out = (uint32_t)v;
+	return err;
+}
+
+int cli_parse_size(const char *opt, const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	unsigned shift = 0;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		goto bad;
+	switch (*end) {
+	case 'K': case 'k': shift = 10; end++; break;
+	case 'M': case 'm': shift = 20; end++; break;
+	case 'G': case 'g': shift = 30; end++; break;
+	case 'T': case 't': shift = 40; end++; break;
+	default: break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end || (shift && v > (~0ull >> shift)))
+		goto bad;
+	*out = (uint64_t)v << shift;
+	return 0;
+bad:
+	fprintf(stderr, "moepager: %s: '%s' is not a size (e.g. 4096, 512M, 8G)\n", opt, s);
+	return -EINVAL;
+}
+
+bool cli_progress_enabled(void)
+{
+	return isatty(1) && isatty(2);
+}
+
+void cli_progress(const char *label, uint64_t done, uint64_t total)
+{
+	if (!cli_progress_enabled() || !total)
+		return;
+	fprintf(stderr, "\r%s: %3u%% (%.2f / %.2f GB)", label,
+		(unsigned)(done * 100 / total), done / 1e9, total / 1e9);
+	fflush(stderr);
+}
+
+void cli_progress_end(void)
+{
+	if (cli_progress_enabled())
+		fprintf(stderr, "\n");
+}

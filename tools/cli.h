@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared pieces of the moepager subcommands. */
+#ifndef MP_CLI_H
+#define MP_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct cli_command {
+	const char *name;
+	const char *summary;
+	/* argv[0] is the subcommand name; returns 0 on success. */
+	int (*run)(int argc, char **argv);
+};
+
+int cmd_gen(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+
+/* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
+void cli_install_log_handler(void);
+
+/*
+ * Parses a number with strtoull+errno: the whole string must be a number
+ * in [lo, hi]. Returns 0 or -EINVAL (and prints which option was bad).
+ */
+int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
+
+/*
+ * Parses a size: "8G", "512M", "64K", "4096" (bytes, powers of 1024).
+ * Returns 0 or -EINVAL.
+ */
+int cli_parse_size(const char *opt, const char *s, uint64_t *out);
+
+/* True when stdout (fd 1) / stderr (fd 2) is a terminal: progress goes to stderr only then. */
+bool cli_progress_enabled(void);
+/* Draws "label: 42% (1.2/2.9 GB)" on stderr, rewriting the line. */
+void cli_progress(const char *label, uint64_t done, uint64_t total);
+void cli_progress_end(void);
+
+#endif
