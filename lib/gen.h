@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: MIT */
+/* Private: the generator's per-piece fills, so tests can rebuild any piece in any order. */
+#ifndef MP_GEN_H
+#define MP_GEN_H
+
+#include <stdint.h>
+
+#include <moepager/store.h>
+
+/* Fills buf (t->bytes) with tensor number index of a model generated from seed. */
+void mpk_gen_tensor(const struct mp_tensor_info *t, uint32_t index, uint64_t seed, void *buf);
+/* Fills buf (mp_geometry_expert_bytes(g)) with one expert of a model generated from seed. */
+void mpk_gen_expert(const struct mp_geometry *g, uint32_t layer, uint32_t expert, uint64_t seed,
+		    void *buf);
+
+#endif /* MP_GEN_H */

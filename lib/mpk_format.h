@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/* On-disk structures of the .mpk file (docs/mpk-format.md); private to the store. */
+#ifndef MP_MPK_FORMAT_H
+#define MP_MPK_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * The file is little-endian and these structs are its byte image; the store
+ * reads and writes them with memcpy, so it builds only for little-endian
+ * hosts (every target moepager runs on: x86-64, arm64).
+ */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .mpk reader assumes little-endian");
+
+#define MPK_MAGIC		"MOEPAGER"
+#define MPK_MAGIC_LEN		8
+#define MPK_HEADER_BYTES	4096u
+#define MPK_TENSOR_ENTRY_BYTES	128u
+#define MPK_EXPERT_ENTRY_BYTES	64u
+/* Every non-expert tensor starts on this boundary (O_DIRECT-friendly). */
+#define MPK_TENSOR_ALIGN	4096u
+/* file_bytes is a multiple of this, so an O_DIRECT read of the last expert stays inside. */
+#define MPK_FILE_ALIGN		4096u
+#define MPK_NAME_MAX		64u
+#define MPK_MAX_DIMS		4u
+
+/* Header flags: none defined in version 1; a reader rejects unknown bits. */
+#define MPK_FLAGS_KNOWN		0u
+
+struct mpk_header {
+	char magic[MPK_MAGIC_LEN];	/* "MOEPAGER", no NUL */
+	uint32_t version;		/* MP_MPK_VERSION */
+	uint32_t header_bytes;		/* MPK_HEADER_BYTES */
+	uint64_t file_bytes;		/* total size of the file */
+	uint32_t layers;
+	uint32_t experts;
+	uint32_t topk;
+	uint32_t hidden;
+	uint32_t ffn;
+	uint32_t heads;
+	uint32_t kv_heads;
+	uint32_t head_dim;
+	uint32_t vocab;
+	uint32_t max_seq;
+	uint32_t dtype;			/* enum mp_dtype of the weight matrices */
+	uint32_t flags;
+	float rope_theta;
+	float norm_eps;
+	uint64_t tensor_table_off;
+	uint32_t n_tensors;
+	uint32_t tensor_entry_bytes;	/* MPK_TENSOR_ENTRY_BYTES */
+	uint64_t expert_table_off;
+	uint32_t n_experts;		/* layers * experts */
+	uint32_t expert_entry_bytes;	/* MPK_EXPERT_ENTRY_BYTES */
+	uint64_t expert_align;		/* MP_EXPERT_ALIGN */
+	uint64_t expert_bytes;		/* mp_geometry_expert_bytes() */
+	uint64_t tables_checksum;	/* XXH3-64 of the tensor table then the expert table */
+	char name[MPK_NAME_MAX];	/* model name, NUL-padded */
+	uint8_t reserved[MPK_HEADER_BYTES - 200 - 8];
+	uint64_t header_checksum;	/* XXH3-64 of bytes [0, 4088) */
+};
+
+_Static_assert(sizeof(struct mpk_header) == MPK_HEADER_BYTES, "header size");
+_Static_assert(offsetof(struct mpk_header, layers) == 24, "header layout");
+_Static_assert(offsetof(struct mpk_header, dtype) == 64, "header layout");
+_Static_assert(offsetof(struct mpk_header, tensor_table_off) == 80, "header layout");
+_Static_assert(offsetof(struct mpk_header, expert_table_off) == 96, "header layout");
+_Static_assert(offsetof(struct mpk_header, expert_align) == 112, "header layout");
+_Static_assert(offsetof(struct mpk_header, tables_checksum) == 128, "header layout");
+_Static_assert(offsetof(struct mpk_header, name) == 136, "header layout");
+_Static_assert(offsetof(struct mpk_header, reserved) == 200, "header layout");
+_Static_assert(offsetof(struct mpk_header, header_checksum) == MPK_HEADER_BYTES - 8,
+	       "header layout");
+
+struct mpk_tensor_entry {
+	char name[MPK_NAME_MAX];	/* NUL-terminated, NUL-padded */
+	uint32_t dtype;
+	uint32_t ndim;			/* 1..4 */
+	uint64_t dims[MPK_MAX_DIMS];	/* dims[0] slowest; unused dims are 0 */
+	uint64_t offset;
+	uint64_t bytes;
+	uint64_t checksum;		/* XXH3-64 of the tensor's bytes */
+};
+
+_Static_assert(sizeof(struct mpk_tensor_entry) == MPK_TENSOR_ENTRY_BYTES, "tensor entry size");
+_Static_assert(offsetof(struct mpk_tensor_entry, dims) == 72, "tensor entry layout");
+_Static_assert(offsetof(struct mpk_tensor_entry, offset) == 104, "tensor entry layout");
+
+struct mpk_expert_entry {
+	uint32_t layer;
+	uint32_t expert;
+	uint64_t offset;
+	uint64_t bytes;
+	uint64_t checksum;		/* XXH3-64 of the expert's bytes */
+	uint32_t flags;			/* 0 in version 1 */
+	uint32_t reserved[7];
+};
+
+_Static_assert(sizeof(struct mpk_expert_entry) == MPK_EXPERT_ENTRY_BYTES, "expert entry size");
+_Static_assert(offsetof(struct mpk_expert_entry, flags) == 32, "expert entry layout");
+
+#endif /* MP_MPK_FORMAT_H */

@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: MIT
+/* The model generator: presets, determinism, order independence, value distribution. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "gen.h"
+
+static void *slurp(const char *path, size_t *len)
+{
+	int fd = open(path, O_RDONLY);
+	off_t size;
+	char *buf;
+
+	assert_true(fd >= 0);
+	size = lseek(fd, 0, SEEK_END);
+	assert_true(size > 0);
+	buf = malloc((size_t)size);
+	assert_non_null(buf);
+	assert_int_equal(pread(fd, buf, (size_t)size, 0), size);
+	close(fd);
+	*len = (size_t)size;
+	return buf;
+}
+
+static void presets_are_valid_geometries(void **state)
+{
+	const char *const *names = mp_gen_preset_names();
+	struct mp_geometry g;
+	size_t n = 0;
+
+	(void)state;
+	for (; names[n]; n++) {
+		assert_int_equal(mp_gen_preset(names[n], &g), 0);
+		assert_int_equal(mp_geometry_check(&g), 0);
+	}
+	assert_int_equal(n, 3);
+
+	assert_int_equal(mp_gen_preset("mixtral-mini", &g), 0);
+	assert_int_equal(g.layers, 32);
+	assert_int_equal(g.experts, 8);
+	assert_int_equal(g.topk, 2);
+	assert_int_equal(g.hidden, 1024);
+	assert_int_equal(g.ffn, 3584);
+	assert_int_equal(g.dtype, MP_DTYPE_BF16);
+	/* "about 5.6 GB of experts" */
+	assert_int_equal(mp_geometry_expert_bytes(&g) * g.layers * g.experts, 5637144576ull);
+
+	assert_int_equal(mp_gen_preset("deepseek-lite-mini", &g), 0);
+	assert_int_equal(g.experts, 64);
+	assert_int_equal(g.topk, 6);
+	assert_true(g.ffn < g.hidden * 2);	/* fine-grained */
+
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	assert_true(mp_geometry_expert_bytes(&g) * g.layers * g.experts < (32u << 20));
+
+	t_log_reset();
+	assert_int_equal(mp_gen_preset("huge", &g), -ENOENT);
+	assert_true(t_log_contains("unknown preset 'huge'"));
+}
+
+static void same_seed_gives_same_bytes(void **state)
+{
+	const char *a = t_path("a.mpk"), *b = t_path("b.mpk");
+	size_t la, lb;
+	char *x, *y;
+
+	(void)state;
+	for (int dt = 0; dt < MP_DTYPE_COUNT; dt++) {
+		assert_int_equal(t_gen_tiny(a, (enum mp_dtype)dt, 1234), 0);
+		assert_int_equal(t_gen_tiny(b, (enum mp_dtype)dt, 1234), 0);
+		x = slurp(a, &la);
+		y = slurp(b, &lb);
+		assert_int_equal(la, lb);
+		assert_memory_equal(x, y, la);
+		free(x);
+		free(y);
+	}
+}
+
+static void different_seed_gives_different_weights(void **state)
+{
+	const char *a = t_path("a.mpk"), *b = t_path("b.mpk");
+	struct mp_store *sa, *sb;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(a, MP_DTYPE_BF16, 1), 0);
+	assert_int_equal(t_gen_tiny(b, MP_DTYPE_BF16, 2), 0);
+	assert_int_equal(mp_store_open(a, &sa), 0);
+	assert_int_equal(mp_store_open(b, &sb), 0);
+	for (uint32_t l = 0; l < 4; l++)
+		for (uint32_t e = 0; e < 8; e++)
+			assert_int_not_equal(mp_store_expert(sa, l, e)->checksum,
+					     mp_store_expert(sb, l, e)->checksum);
+	for (uint32_t i = 0; i < mp_store_tensor_count(sa); i++) {
+		const struct mp_tensor_info *ta = mp_store_tensor_at(sa, i);
+		const struct mp_tensor_info *tb = mp_store_tensor_at(sb, i);
+
+		/* norms are ones whatever the seed; every matrix changes */
+		if (ta->ndim == 1)
+			assert_int_equal(ta->checksum, tb->checksum);
+		else
+			assert_int_not_equal(ta->checksum, tb->checksum);
+	}
+	/* and no two experts of one model are the same */
+	for (uint32_t i = 1; i < 32; i++)
+		assert_int_not_equal(mp_store_expert(sa, i / 8, i % 8)->checksum,
+				     mp_store_expert(sa, (i - 1) / 8, (i - 1) % 8)->checksum);
+	mp_store_close(sa);
+	mp_store_close(sb);
+}
+
+/* Pieces made one by one, in reverse order, give the file mp_gen_model() writes. */
+static void generation_order_does_not_matter(void **state)
+{
+	const char *a = t_path("a.mpk"), *b = t_path("b.mpk");
+	struct mp_store_writer *w;
+	struct mp_geometry g;
+	size_t la, lb;
+	char *x, *y;
+	void *buf = malloc(1 << 20);
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.dtype = MP_DTYPE_BF16;
+	assert_int_equal(mp_gen_model(a, &g, 99, "tiny", NULL, NULL), 0);
+
+	assert_int_equal(mp_store_writer_create(b, &g, "tiny", &w), 0);
+	for (uint32_t l = g.layers; l-- > 0;) {
+		for (uint32_t e = g.experts; e-- > 0;) {
+			mpk_gen_expert(&g, l, e, 99, buf);
+			assert_int_equal(mp_store_writer_put_expert(w, l, e, buf), 0);
+		}
+	}
+	for (uint32_t i = mp_store_writer_tensor_count(w); i-- > 0;) {
+		const struct mp_tensor_info *t = mp_store_writer_tensor_at(w, i);
+
+		mpk_gen_tensor(t, i, 99, buf);
+		assert_int_equal(mp_store_writer_put_tensor(w, t->name, buf), 0);
+	}
+	assert_int_equal(mp_store_writer_finish(w), 0);
+	x = slurp(a, &la);
+	y = slurp(b, &lb);
+	assert_int_equal(la, lb);
+	assert_memory_equal(x, y, la);
+	free(x);
+	free(y);
+	free(buf);
+}
+
+/* The same seed in f16/bf16 holds the f32 model's values rounded to nearest even. */
+static void narrow_types_round_the_f32_values(void **state)
+{
+	const char *a = t_path("f32.mpk"), *b = t_path("narrow.mpk");
+	struct mp_store *s32, *s16;
+	size_t n;
+	float *wide;
+	uint16_t *narrow;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(a, MP_DTYPE_F32, 7), 0);
+	assert_int_equal(mp_store_open(a, &s32), 0);
+	n = mp_store_expert_bytes(s32) / 4;
+	wide = malloc(n * 4);
+	narrow = malloc(n * 2);
+	assert_int_equal(mp_store_read_expert(s32, 1, 3, wide), 0);
+	for (int dt = MP_DTYPE_F16; dt <= MP_DTYPE_BF16; dt++) {
+		assert_int_equal(t_gen_tiny(b, (enum mp_dtype)dt, 7), 0);
+		assert_int_equal(mp_store_open(b, &s16), 0);
+		assert_int_equal(mp_store_read_expert(s16, 1, 3, narrow), 0);
+		for (size_t i = 0; i < n; i++) {
+			uint16_t want = dt == MP_DTYPE_BF16 ? mp_f32_to_bf16(wide[i])
+							    : mp_f32_to_f16(wide[i]);
+
+			if (narrow[i] != want)
+				fail_msg("%s value %zu: 0x%04x, expected 0x%04x (from %a)",
+					 mp_dtype_name((enum mp_dtype)dt), i, narrow[i], want,
+					 (double)wide[i]);
+		}
+		mp_store_close(s16);
+	}
+	mp_store_close(s32);
+	free(wide);
+	free(narrow);
+}
+
+static void check_uniform(const float *v, size_t n, uint64_t fan_in)
+{
+	double a = sqrt(3.0 / (double)fan_in), sum = 0, sq = 0, var;
+	/* the scale is an f32: allow its rounding at the ends */
+	double lim = a * (1 + 1e-6);
+	size_t low = 0, high = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		assert_true(v[i] >= -lim && v[i] <= lim);
+		sum += v[i];
+		sq += (double)v[i] * v[i];
+		low += v[i] < -a / 2;
+		high += v[i] >= a / 2;
+	}
+	var = sq / (double)n - (sum / (double)n) * (sum / (double)n);
+	/* n >= 32768: the estimates are within a few percent of the truth */
+	assert_true(fabs(sum / (double)n) < 0.05 * a);
+	assert_true(fabs(var * (double)fan_in - 1.0) < 0.05);
+	assert_true(fabs((double)low / (double)n - 0.25) < 0.02);
+	assert_true(fabs((double)high / (double)n - 0.25) < 0.02);
+}
+
+static void weights_have_variance_one_over_fan_in(void **state)
+{
+	const char *a = t_path("f32.mpk");
+	struct mp_store *s;
+	const struct mp_geometry *g;
+	const struct mp_tensor_info *t;
+	float *buf;
+	uint64_t n;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(a, MP_DTYPE_F32, 3), 0);
+	assert_int_equal(mp_store_open(a, &s), 0);
+	g = mp_store_geometry(s);
+	buf = malloc(mp_store_expert_bytes(s));
+	n = (uint64_t)g->ffn * g->hidden;
+	assert_int_equal(mp_store_read_expert(s, 3, 2, buf), 0);
+	check_uniform(buf, n, g->hidden);		/* gate */
+	check_uniform(buf + n, n, g->hidden);		/* up */
+	check_uniform(buf + 2 * n, n, g->ffn);		/* down */
+
+	t = mp_store_tensor(s, "tok_embd");
+	free(buf);
+	buf = malloc(t->bytes);
+	assert_int_equal(mp_store_read_tensor(s, t, buf), 0);
+	check_uniform(buf, t->bytes / 4, g->hidden);
+
+	t = mp_store_tensor(s, "blk.2.ffn_norm");
+	assert_int_equal(mp_store_read_tensor(s, t, buf), 0);
+	for (uint64_t i = 0; i < t->dims[0]; i++)
+		assert_true(buf[i] == 1.0f);
+	mp_store_close(s);
+	free(buf);
+}
+
+static void progress(uint64_t done, uint64_t total, void *arg)
+{
+	uint64_t *last = arg;
+
+	assert_true(done > last[0]);
+	assert_true(done <= total);
+	last[0] = done;
+	last[1] = total;
+	last[2]++;
+}
+
+static void progress_reaches_total(void **state)
+{
+	struct mp_geometry g;
+	uint64_t seen[3] = { 0, 0, 0 };
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	assert_int_equal(mp_gen_model(t_path("p.mpk"), &g, 1, NULL, progress, seen), 0);
+	assert_int_equal(seen[0], seen[1]);
+	/* one call per tensor and per expert */
+	assert_int_equal(seen[2], 3 + 7 * g.layers + g.layers * g.experts);
+	assert_true(seen[1] > mp_geometry_expert_bytes(&g) * g.layers * g.experts);
+}
+
+static void gen_rejects_bad_geometry(void **state)
+{
+	struct mp_geometry g;
+	const char *path = t_path("bad.mpk");
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.heads = 3;
+	t_log_reset();
+	assert_int_equal(mp_gen_model(path, &g, 1, NULL, NULL, NULL), -EINVAL);
+	assert_true(t_log_contains("heads (3) is not a multiple of kv_heads (2)"));
+	assert_int_equal(access(path, F_OK), -1);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	t_log_capture();
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(presets_are_valid_geometries),
+		cmocka_unit_test(same_seed_gives_same_bytes),
+		cmocka_unit_test(different_seed_gives_different_weights),
+		cmocka_unit_test(generation_order_does_not_matter),
+		cmocka_unit_test(narrow_types_round_the_f32_values),
+		cmocka_unit_test(weights_have_variance_one_over_fan_in),
+		cmocka_unit_test(progress_reaches_total),
+		cmocka_unit_test(gen_rejects_bad_geometry),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
