@@ -19,6 +19,8 @@ struct mp_trace;
  * with a message giving the line number and the reason: -EPROTO (not a
  * moe-trace v1 file), -EINVAL (malformed row: column count, id out of range,
  * missing layer, non-consecutive token, metadata disagreeing with rows).
+ * Also -ENOMEM, and the open()/read() errno for a file that cannot be read.
+ * Messages read "FILE:LINE: reason".
  */
 MP_API int mp_trace_open(const char *path, struct mp_trace **out);
 /* Parses a trace held in memory (len bytes); name is used in messages. */
@@ -42,6 +44,15 @@ MP_API const char *mp_trace_meta(const struct mp_trace *t, const char *key);
  */
 MP_API int mp_trace_route(const struct mp_trace *t, uint32_t request, uint32_t token,
 			  uint32_t layer, const uint32_t **ids, const float **weights);
+
+/*
+ * The full gate distribution of (request, token, layer), when the trace
+ * carries the optional p0..p{E-1} columns: mp_trace_experts() values,
+ * indexed by expert id. NULL when it has none or the position is outside
+ * the trace.
+ */
+MP_API const float *mp_trace_probs(const struct mp_trace *t, uint32_t request, uint32_t token,
+				   uint32_t layer);
 
 /*
  * Checks that a trace fits a model: same layers, same experts per layer and

@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Sets up a fresh Debian 12 machine (as root), builds moepager, then runs the demo or the tests.
+#
+#   tools/bootstrap.sh demo    install, build, run a short end-to-end demonstration
+#   tools/bootstrap.sh test    install, build, run every test suite, an ASan+UBSan build,
+#                              and the pkg-config example against a staged install
+#   tools/bootstrap.sh build   install missing packages, configure and build
+#   tools/bootstrap.sh deps    install missing packages only
+#
+# Environment: MOEPAGER_BUILD_DIR (default: build), MOEPAGER_ASAN_BUILD_DIR (default:
+# build-asan), both relative to the source tree unless absolute; CI=true and
+# MOEPAGER_REQUIRE_BPF=1 (set by .ci/run) make tests fail instead of skipping when they
+# lack userfaultfd, io_uring or BPF.
+set -euo pipefail
+
+# Every Debian package the build, the tests and the demo need: append here.
+PACKAGES=(
+	build-essential pkg-config meson ninja-build clang llvm
+	liburing-dev libnuma-dev libbpf-dev bpftool libcmocka-dev libxxhash-dev
+	libjansson-dev systemtap-sdt-dev libelf-dev zlib1g-dev
+	python3-numpy gnuplot-nox bpftrace
+)
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+abs_dir() {
+	case $1 in
+	/*) printf '%s\n' "$1" ;;
+	*) printf '%s\n' "$SRC/$1" ;;
+	esac
+}
+
+BUILD=$(abs_dir "${MOEPAGER_BUILD_DIR:-build}")
+ASAN_BUILD=$(abs_dir "${MOEPAGER_ASAN_BUILD_DIR:-build-asan}")
+MOEPAGER=$BUILD/tools/moepager
+
+say() { printf '\n==> %s\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+die() { printf 'bootstrap: %s\n' "$*" >&2; exit 1; }
+# Echoes a command, then runs it.
+run() {
+	printf '$ %s\n' "$*"
+	"$@"
+}
+
+usage() {
+	sed -n '3,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+#
+# Packages
+#
+
+missing_packages() {
+	local p status
+
+	for p in "${PACKAGES[@]}"; do
+		status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+		[[ $status == installed ]] || printf '%s\n' "$p"
+	done
+}
+
+install_deps() {
+	local missing
+
+	command -v dpkg-query >/dev/null || die "dpkg-query not found: this script needs Debian 12"
+	if [[ -r /etc/os-release ]] && ! grep -q '^VERSION_ID="12"' /etc/os-release; then
+		note "warning: not Debian 12; package names may differ"
+	fi
+	mapfile -t missing < <(missing_packages)
+	if ((${#missing[@]} == 0)); then
+		say "all ${#PACKAGES[@]} Debian packages are installed"
+		return 0
+	fi
+	say "installing ${#missing[@]} missing Debian packages: ${missing[*]}"
+	((EUID == 0)) || die "run as root to install: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	run apt-get -q update
+	run apt-get -q install -y --no-install-recommends "${missing[@]}"
+	mapfile -t missing < <(missing_packages)
+	((${#missing[@]} == 0)) || die "still missing after apt-get install: ${missing[*]}"
+}
+
+#
+# Build
+#
+
+# meson setup, or reconfigure when the directory already holds a build.
+configure() {
+	local dir=$1
+
+	shift
+	if [[ -f $dir/meson-private/coredata.dat ]]; then
+		run meson setup --reconfigure "$dir" "$SRC" "$@"
+	else
+		run meson setup "$dir" "$SRC" "$@"
+	fi
+}
+
+build() {
+	say "configuring and building in $BUILD"
+	configure "$BUILD" --werror
+	run meson compile -C "$BUILD"
+}
+
+#
+# Steps (each runs in a subshell with errexit on; a failing step is recorded, the rest run)
+#
+
+FAILED=()
+
+step() {
+	local name=$1 rc
+
+	shift
+	say "$name"
+	set +e
+	(set -e; "$@")
+	rc=$?
+	set -e
+	if ((rc)); then
+		FAILED+=("$name (exit $rc)")
+		note "FAILED: $name"
+	else
+		note "ok: $name"
+	fi
+}
+
+unit_tests() {
+	run meson test -C "$BUILD" --print-errorlogs
+}
+
+# The slow suite holds long soak runs; ASan makes them 2-3x slower and they add no
+# coverage the other suites lack, so they stay out of the sanitizer run.
+asan_tests() {
+	configure "$ASAN_BUILD" --werror -Dsanitize=true
+	run meson compile -C "$ASAN_BUILD"
+	run meson test -C "$ASAN_BUILD" --print-errorlogs --no-suite slow --timeout-multiplier 3
+}
+
+# Prints the value of a JSON path of moepager's --json output read on stdin.
+json_get() {
+	python3 -c 'import json, sys
+v = json.load(sys.stdin)
+for k in sys.argv[1:]:
+    v = v[int(k) if isinstance(v, list) else k]
+print(v)' "$@"
+}
+
+# Builds tests/example/example.c exactly as an engine would: from an installed tree,
+# through pkg-config, then runs it on a model written by the installed CLI.
+pkgconfig_example() {
+	local stage=$BUILD/stage pcfile pcdir libdir incdir bindir h out model layers experts
+	local -a cflags libs headers
+
+	rm -rf "$stage"
+	run meson install -C "$BUILD" --no-rebuild --quiet --destdir "$stage"
+	pcfile=$(find "$stage" -name moepager.pc -print -quit)
+	[[ -n $pcfile ]] || die "meson install did not install moepager.pc"
+	pcdir=$(dirname "$pcfile")
+	libdir=$(dirname "$pcdir")
+	[[ -e $libdir/libmoepager.so ]] || die "libmoepager.so is not next to moepager.pc ($libdir)"
+	export PKG_CONFIG_PATH=$pcdir PKG_CONFIG_SYSROOT_DIR=$stage
+	incdir=$(pkg-config --variable=includedir moepager)
+	[[ $incdir == "$stage"* ]] || incdir=$stage$incdir
+	headers=(moepager.h moepager/mp_version.h)
+	for h in "$SRC"/lib/include/moepager/*.h; do
+		headers+=("moepager/${h##*/}")
+	done
+	for h in "${headers[@]}"; do
+		[[ -f $incdir/$h ]] || die "public header $h was not installed (lib/meson.build)"
+	done
+	note "installed: $(cd "$stage" && find . -type f -o -type l | sort | tr '\n' ' ')"
+
+	read -ra cflags <<<"$(pkg-config --cflags moepager)"
+	read -ra libs <<<"$(pkg-config --libs moepager)"
+	# Each public header must compile on its own, with only the installed tree.
+	for h in "${headers[@]}"; do
+		printf '#include <%s>\n' "$h" |
+			cc -std=c17 -Wall -Wextra -Werror -fsyntax-only -x c - "${cflags[@]}" ||
+			die "installed header $h does not compile on its own"
+	done
+	note "each installed header compiles on its own"
+	run cc -std=c17 -Wall -Wextra -Werror -o "$stage/example" "$SRC/tests/example/example.c" \
+		"${cflags[@]}" "${libs[@]}"
+	export LD_LIBRARY_PATH=$libdir
+	# The example must load the staged library, not one from the build tree or the system.
+	out=$(ldd "$stage/example")
+	grep -q "libmoepager\.so.* => $libdir/" <<<"$out" ||
+		die "example does not resolve libmoepager.so into $libdir: $out"
+
+	bindir=$(find "$stage" -path '*/bin/moepager' -print -quit)
+	[[ -n $bindir ]] || die "meson install did not install the moepager tool"
+	model=$stage/tiny.mpk
+	run "$bindir" gen --preset tiny --seed 3 --quiet --out "$model"
+	out=$(run "$stage/example" "$model")
+	printf '%s\n' "$out"
+	layers=$("$bindir" inspect --json "$model" | json_get geometry layers)
+	experts=$("$bindir" inspect --json "$model" | json_get geometry experts)
+	grep -q "moepager headers .*, library " <<<"$out" || die "example printed no version"
+	grep -q ": $layers layers x $experts experts" <<<"$out" ||
+		die "example's geometry disagrees with inspect ($layers layers x $experts experts)"
+	rm -f "$model"
+}
+
+#
+# Demo: the store and CLI end to end (later issues add the region, engine and trajectories)
+#
+
+# Flips one byte at offset off of file (xor 0xff).
+flip_byte() {
+	python3 -c 'import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2]))
+    f.write(bytes([b[0] ^ 0xff]))' "$1" "$2"
+}
+
+demo_store() {
+	local dir=$BUILD/demo model bad short out rc layer expert off bytes size f rows
+
+	mkdir -p "$dir"
+	model=$dir/tiny.mpk
+	bad=$dir/tiny-corrupt.mpk
+	short=$dir/tiny-truncated.mpk
+
+	say "1. generate a tiny model with deterministic random weights"
+	run "$MOEPAGER" gen --preset tiny --seed 42 --out "$model"
+
+	say "2. inspect it: geometry, non-expert tensors and 2 MiB-aligned experts"
+	out=$(run "$MOEPAGER" inspect "$model")
+	head -n 12 <<<"$out"
+	note "... ($(wc -l <<<"$out") lines; 'inspect --json' prints the same as one object)"
+
+	say "3. verify every checksum"
+	run "$MOEPAGER" verify "$model"
+
+	layer=$("$MOEPAGER" inspect --json "$model" | json_get geometry layers)
+	layer=$((layer - 1))
+	expert=3
+	off=$("$MOEPAGER" inspect --json "$model" |
+	      python3 -c 'import json, sys
+d = json.load(sys.stdin)
+l, e = int(sys.argv[1]), int(sys.argv[2])
+x = [x for x in d["experts"] if x["layer"] == l and x["expert"] == e][0]
+print(x["offset"] + x["bytes"] // 2)' "$layer" "$expert")
+	say "4. flip one byte inside layer $layer expert $expert (file offset $off) of a copy"
+	run cp --sparse=always "$model" "$bad"
+	flip_byte "$bad" "$off"
+	set +e
+	out=$(run "$MOEPAGER" verify "$bad" 2>&1)
+	rc=$?
+	set -e
+	printf '%s\n' "$out"
+	((rc != 0)) || die "verify passed a corrupted file"
+	grep -q "layer $layer expert $expert" <<<"$out" ||
+		die "verify did not name layer $layer expert $expert"
+	note "verify exited $rc and named the damaged expert"
+
+	size=$(stat -c %s "$model")
+	bytes=$((size / 2))
+	say "5. truncate a copy to $bytes of $size bytes and inspect it"
+	run cp --sparse=always "$model" "$short"
+	run truncate -s "$bytes" "$short"
+	set +e
+	out=$(run "$MOEPAGER" inspect "$short" 2>&1)
+	rc=$?
+	set -e
+	printf '%s\n' "$out" | tail -n 3
+	((rc != 0 && rc < 128)) || die "inspect of a truncated file exited $rc (want 1..127)"
+	note "inspect refused the truncated file (exit $rc)"
+	rm -f "$bad" "$short"
+
+	say "6. routing traces shipped for replay (data/traces, moe-trace v1)"
+	for f in "$SRC"/data/traces/*/*.csv; do
+		rows=$(($(grep -vc '^#' "$f") - 1))
+		note "${f#"$SRC"/}: $(grep -m1 '^# model=' "$f" | cut -d= -f2), $rows rows"
+	done
+	note "(the region, engine and trajectory steps join this demo as later issues land)"
+}
+
+#
+# Commands
+#
+
+summary() {
+	local f
+
+	if ((${#FAILED[@]})); then
+		say "${#FAILED[@]} step(s) failed:"
+		for f in "${FAILED[@]}"; do
+			note "$f"
+		done
+		exit 1
+	fi
+	say "all steps passed"
+}
+
+cmd=${1:-}
+case $cmd in
+deps)
+	install_deps
+	;;
+build)
+	install_deps
+	build
+	;;
+demo)
+	install_deps
+	build
+	step "demo: store, gen, inspect, verify" demo_store
+	summary
+	;;
+test)
+	install_deps
+	build
+	note "CI=${CI:-} MOEPAGER_REQUIRE_BPF=${MOEPAGER_REQUIRE_BPF:-} (set: skips are failures)"
+	step "test suite ($BUILD)" unit_tests
+	step "ASan+UBSan build and tests ($ASAN_BUILD)" asan_tests
+	step "pkg-config example against a staged install" pkgconfig_example
+	step "CLI end to end: gen, inspect, verify, corruption" demo_store
+	summary
+	;;
+-h | --help | help)
+	usage
+	;;
+*)
+	usage >&2
+	exit 2
+	;;
+esac
