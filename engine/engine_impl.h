@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: MIT */
+/* The library's side of an engine instance, shared by engine.c and the reference engine. */
+#ifndef MP_ENGINE_IMPL_H
+#define MP_ENGINE_IMPL_H
+
+#include <moepager/engine.h>
+
+#include "kernels.h"
+#include "pool.h"
+
+#define MP_ENGINE_NAME_MAX 64
+
+struct engine_impl {
+	struct mp_engine pub;
+	char name[MP_ENGINE_NAME_MAX];
+	const struct mp_kernels *kern;	/* the reference kernels every engine can fall back to */
+	struct mp_pool *pool;
+	void *dl;			/* dlopen() handle of a plug-in, or NULL */
+	/* Per-worker scratch (weights widened to f32, attention scores), grown by the caller. */
+	float **wbuf;
+	size_t *wbuf_len;
+	/* Caller-side scratch of an op (expert intermediate activations). */
+	float *buf;
+	size_t buf_len;
+};
+
+static inline struct engine_impl *engine_impl(struct mp_engine *e)
+{
+	return (struct engine_impl *)((char *)e - offsetof(struct engine_impl, pub));
+}
+
+/* The reference engine's ops (the fallback of every NULL op) and its ISA-forcing variants. */
+extern const struct mp_engine_ops mp_ref_ops;
+extern const struct mp_engine_ops mp_ref_scalar_ops;
+extern const struct mp_engine_ops mp_ref_avx2_ops;
+extern const struct mp_engine_ops mp_ref_avx512_ops;
+
+/*
+ * Makes every worker's scratch hold at least floats values (call before
+ * mp_pool_run(), never from a chunk). Returns 0 or -ENOMEM.
+ */
+int engine_worker_scratch(struct engine_impl *ei, size_t floats);
+/* The caller-side scratch, at least floats long, or NULL (-ENOMEM logged). */
+float *engine_scratch(struct engine_impl *ei, size_t floats);
+
+#endif /* MP_ENGINE_IMPL_H */

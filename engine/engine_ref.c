@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: MIT
+/* The reference engine: every op over the ISA kernels, split by output rows over the pool. */
+#include <math.h>
+#include <string.h>
+
+#include "engine_impl.h"
+#include "internal.h"
+
+/* Work below this many weight bytes runs on the caller: a wake-up would cost more. */
+#define INLINE_BYTES		(48u << 10)
+/* Chunks per thread: enough to even out a thread that the machine slows down. */
+#define CHUNKS_PER_THREAD	4u
+
+/* A product over a row range of W: y[t * ystride + r] for t < n. */
+struct rows_job {
+	const struct mp_kernels *k;
+	struct engine_impl *ei;
+	enum mp_dtype dt;
+	const void *w;
+	uint32_t rows;
+	uint32_t cols;
+	const float *x;
+	uint32_t n;
+	float *y;
+	size_t ystride;
+	uint32_t nchunks;
+	/* Expert gate/up phase only: the up matrix, its output and silu(gate) * up. */
+	const void *w_up;
+	float *y_up;
+	float *h;
+};
+
+static uint32_t chunk_count(struct engine_impl *ei, uint32_t rows, uint64_t bytes)
+{
+	uint32_t groups = (rows + MP_KERN_ROWS - 1) / MP_KERN_ROWS;
+	uint32_t n = ei->pub.threads * CHUNKS_PER_THREAD;
+
+	if (bytes < INLINE_BYTES || ei->pub.threads == 1)
+		return 1;
+	return MP_MIN(n, groups);
+}
+
+/* First row of chunk c: an even split rounded to the kernels' row blocks. */
+static uint32_t chunk_start(uint32_t rows, uint32_t nchunks, uint32_t c)
+{
+	uint64_t r;
+
+	if (c >= nchunks)
+		return rows;
+	r = (uint64_t)rows * c / nchunks;
+	return (uint32_t)(r & ~(uint64_t)(MP_KERN_ROWS - 1));
+}
+
+static void rows_product(const struct rows_job *j, const void *w, float *y, uint32_t r0,
+			 uint32_t r1, uint32_t worker)
+{
+	const struct mp_kernels *k = j->k;
+	const size_t esize = mp_dtype_size(j->dt);
+	const uint32_t cols = j->cols;
+	float tmp[16];
+
+	if (j->n == 1) {
+		k->gemv[j->dt]((const char *)w + (size_t)r0 * cols * esize, r1 - r0, cols, j->x,
+			       y + r0);
+		return;
+	}
+	for (uint32_t r = r0; r < r1; r += MP_KERN_ROWS) {
+		uint32_t rr = MP_MIN(MP_KERN_ROWS, r1 - r);
+		const void *src = (const char *)w + (size_t)r * cols * esize;
+		const float *wf = src;
+		uint32_t t = 0;
+
+		/* Widen this block once, then use it against every vector. */
+		if (j->dt != MP_DTYPE_F32) {
+			k->widen[j->dt](src, j->ei->wbuf[worker], (size_t)rr * cols);
+			wf = j->ei->wbuf[worker];
+		}
+		if (rr == MP_KERN_ROWS) {
+			for (; t + 4 <= j->n; t += 4) {
+				k->tile4x4(wf, cols, j->x + (size_t)t * cols, cols, cols, tmp, 4);
+				for (uint32_t i = 0; i < 4; i++)
+					memcpy(y + (t + i) * j->ystride + r, tmp + i * 4,
+					       4 * sizeof(float));
+			}
+		}
+		for (; t < j->n; t++) {
+			k->gemv[MP_DTYPE_F32](wf, rr, cols, j->x + (size_t)t * cols, tmp);
+			memcpy(y + t * j->ystride + r, tmp, rr * sizeof(float));
+		}
+	}
+}
+
+static int rows_chunk(void *arg, uint32_t chunk, uint32_t worker)
+{
+	const struct rows_job *j = arg;
+	uint32_t r0 = chunk_start(j->rows, j->nchunks, chunk);
+	uint32_t r1 = chunk_start(j->rows, j->nchunks, chunk + 1);
+
+	if (r1 > r0)
+		rows_product(j, j->w, j->y, r0, r1, worker);
+	return 0;
+}
+
+static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *j,
+		    mp_chunk_fn fn)
+{
+	uint64_t bytes = (uint64_t)j->rows * j->cols * mp_dtype_size(j->dt) * (j->w_up ? 2 : 1);
+	int err;
+
+	j->k = ei->kern;
+	j->ei = ei;
+	j->nchunks = chunk_count(ei, j->rows, bytes);
+	if (j->n > 1 && j->dt != MP_DTYPE_F32) {
+		err = engine_worker_scratch(ei, (size_t)MP_KERN_ROWS * j->cols);
+		if (err)
+			return err;
+	}
+	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
+}
+
+static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		      float *y)
+{
+	struct rows_job j = {
+		.dt = dt, .w = w, .rows = rows, .cols = cols, .x = x, .n = n, .y = y,
+		.ystride = rows,
+	};
+
+	return run_rows(engine_impl(e), g, &j, rows_chunk);
+}
+
+static int ref_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t rows, uint32_t cols, const float *x, float *y)
+{
+	return ref_matmul(e, g, dt, w, rows, cols, x, 1, y);
+}
+
+static inline float silu(float v)
+{
+	return v / (1.0f + expf(-v));
+}
+
+/* Gate and up rows of one chunk for every vector, then h = silu(gate) * up there. */
+static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
+{
+	const struct rows_job *j = arg;
+	uint32_t r0 = chunk_start(j->rows, j->nchunks, chunk);
+	uint32_t r1 = chunk_start(j->rows, j->nchunks, chunk + 1);
+
+	if (r1 <= r0)
+		return 0;
+	rows_product(j, j->w, j->y, r0, r1, worker);
+	rows_product(j, j->w_up, j->y_up, r0, r1, worker);
+	for (uint32_t t = 0; t < j->n; t++) {
+		const float *gt = j->y + t * j->ystride, *ut = j->y_up + t * j->ystride;
+		float *ht = j->h + t * j->ystride;
+
+		for (uint32_t r = r0; r < r1; r++)
+			ht[r] = silu(gt[r]) * ut[r];
+	}
+	return 0;
+}
+
+static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+			  const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
+			  float *out)
+{
+	struct engine_impl *ei = engine_impl(e);
+	size_t mat = (size_t)ffn * hidden * mp_dtype_size(dt);
+	size_t act = (size_t)n * ffn;
+	float *buf = engine_scratch(ei, 3 * act);
+	struct rows_job up, down;
+	int err;
+
+	if (!buf)
+		return -ENOMEM;
+	up = (struct rows_job){
+		.dt = dt, .w = w, .rows = ffn, .cols = hidden, .x = x, .n = n,
+		.y = buf, .ystride = ffn, .w_up = (const char *)w + mat, .y_up = buf + act,
+		.h = buf + 2 * act,
+	};
+	err = run_rows(ei, g, &up, gate_up_chunk);
+	if (err)
+		return err;
+	down = (struct rows_job){
+		.dt = dt, .w = (const char *)w + 2 * mat, .rows = hidden, .cols = ffn,
+		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden,
+	};
+	return run_rows(ei, g, &down, rows_chunk);
+}
+
+static int ref_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,
+		       uint32_t n, float eps, float *y)
+{
+	const struct mp_kernels *k = engine_impl(e)->kern;
+
+	for (uint32_t t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * dim;
+		float *yt = y + (size_t)t * dim;
+		float scale = 1.0f / sqrtf(k->dot(xt, xt, dim) / (float)dim + eps);
+
+		for (uint32_t i = 0; i < dim; i++)
+			yt[i] = xt[i] * scale * weight[i];
+	}
+	return 0;
+}
+
+static int ref_topk(struct mp_engine *e, const float *logits, uint32_t experts, uint32_t k,
+		    uint32_t *ids, float *weights)
+{
+	float max, sum = 0.0f;
+
+	(void)e;
+	for (uint32_t i = 0; i < k; i++) {
+		uint32_t best = UINT32_MAX;
+
+		for (uint32_t x = 0; x < experts; x++) {
+			bool taken = false;
+
+			for (uint32_t p = 0; p < i && !taken; p++)
+				taken = ids[p] == x;
+			/* Strictly greater keeps the lower id on ties. */
+			if (!taken && (best == UINT32_MAX || logits[x] > logits[best]))
+				best = x;
+		}
+		ids[i] = best;
+	}
+	max = logits[ids[0]];
+	for (uint32_t i = 0; i < k; i++) {
+		weights[i] = expf(logits[ids[i]] - max);
+		sum += weights[i];
+	}
+	for (uint32_t i = 0; i < k; i++)
+		weights[i] /= sum;
+	return 0;
+}
+
+static int ref_rope(struct mp_engine *e, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,
+		    uint32_t pos0, float theta)
+{
+	const uint32_t half = head_dim / 2;
+
+	(void)e;
+	for (uint32_t t = 0; t < n; t++) {
+		float *xt = x + (size_t)t * heads * head_dim;
+		double pos = (double)pos0 + t;
+
+		for (uint32_t j = 0; j < half; j++) {
+			/* In double: an f32 angle is off by ~pos * 2^-24 rad at long contexts. */
+			double angle = pos * pow((double)theta, -2.0 * j / head_dim);
+			float c = (float)cos(angle), s = (float)sin(angle);
+
+			for (uint32_t h = 0; h < heads; h++) {
+				float *xh = xt + (size_t)h * head_dim;
+				float a = xh[j], b = xh[j + half];
+
+				xh[j] = a * c - b * s;
+				xh[j + half] = a * s + b * c;
+			}
+		}
+	}
+	return 0;
+}
+
+struct attn_job {
+	const struct mp_attention *a;
+	struct engine_impl *ei;
+	uint32_t items;		/* n x heads */
+	uint32_t nchunks;
+};
+
+static void attend(const struct attn_job *j, uint32_t item, float *scores)
+{
+	const struct mp_attention *a = j->a;
+	const struct mp_kernels *k = j->ei->kern;
+	const uint32_t t = item / a->heads, h = item % a->heads;
+	const uint32_t kvh = h / (a->heads / a->kv_heads);
+	const size_t kv_row = (size_t)a->kv_heads * a->head_dim;
+	const uint32_t len = a->pos0 + t + 1;
+	const float *q = a->q + ((size_t)t * a->heads + h) * a->head_dim;
+	float *out = a->out + ((size_t)t * a->heads + h) * a->head_dim;
+	const float scale = 1.0f / sqrtf((float)a->head_dim);
+	float max = -INFINITY, sum = 0.0f;
+
+	for (uint32_t p = 0; p < len; p++) {
+		scores[p] = k->dot(q, a->k_cache + p * kv_row + (size_t)kvh * a->head_dim,
+				   a->head_dim) * scale;
+		max = fmaxf(max, scores[p]);
+	}
+	for (uint32_t p = 0; p < len; p++) {
+		scores[p] = expf(scores[p] - max);
+		sum += scores[p];
+	}
+	memset(out, 0, a->head_dim * sizeof(float));
+	for (uint32_t p = 0; p < len; p++)
+		k->axpy(scores[p] / sum, a->v_cache + p * kv_row + (size_t)kvh * a->head_dim, out,
+			a->head_dim);
+}
+
+static int attn_chunk(void *arg, uint32_t chunk, uint32_t worker)
+{
+	const struct attn_job *j = arg;
+	uint32_t i0 = (uint32_t)((uint64_t)j->items * chunk / j->nchunks);
+	uint32_t i1 = (uint32_t)((uint64_t)j->items * (chunk + 1) / j->nchunks);
+
+	for (uint32_t i = i0; i < i1; i++)
+		attend(j, i, j->ei->wbuf[worker]);
+	return 0;
+}
+
+static int ref_attention(struct mp_engine *e, const struct mp_attention *a)
+{
+	struct engine_impl *ei = engine_impl(e);
+	struct attn_job j = { .a = a, .ei = ei, .items = a->n * a->heads };
+	uint64_t bytes = 2ull * (a->pos0 + a->n) * a->kv_heads * a->head_dim * sizeof(float) *
+			 (a->heads / a->kv_heads);
+	int err = engine_worker_scratch(ei, (size_t)a->pos0 + a->n);
+
+	if (err)
+		return err;
+	j.nchunks = bytes < INLINE_BYTES ? 1 : MP_MIN(j.items, e->threads * CHUNKS_PER_THREAD);
+	return mp_pool_run(ei->pool, NULL, j.nchunks, attn_chunk, &j);
+}
+
+static int init_isa(struct mp_engine *e, enum mp_isa isa, const char *what)
+{
+	const struct mp_kernels *k = mp_kernels_for(isa);
+
+	if (!k)
+		return mp_err(-EOPNOTSUPP, "engine %s: this CPU (or build) has no %s", e->ops->name,
+			      what);
+	engine_impl(e)->kern = k;
+	return 0;
+}
+
+static int ref_init(struct mp_engine *e)
+{
+	return init_isa(e, mp_isa_best(), "vector unit");
+}
+
+static int ref_scalar_init(struct mp_engine *e)
+{
+	return init_isa(e, MP_ISA_SCALAR, "scalar path");
+}
+
+static int ref_avx2_init(struct mp_engine *e)
+{
+	return init_isa(e, MP_ISA_AVX2, "AVX2+FMA+F16C");
+}
+
+static int ref_avx512_init(struct mp_engine *e)
+{
+	return init_isa(e, MP_ISA_AVX512, "AVX-512 F+BW+VL");
+}
+
+#define REF_OPS(sym, nm, desc, initfn)						\
+const struct mp_engine_ops sym = {						\
+	.abi = MP_ENGINE_ABI,							\
+	.name = nm,								\
+	.description = desc,							\
+	.init = initfn,								\
+	.matvec = ref_matvec,							\
+	.matmul = ref_matmul,							\
+	.expert_ffn = ref_expert_ffn,						\
+	.rmsnorm = ref_rmsnorm,							\
+	.topk = ref_topk,							\
+	.rope = ref_rope,							\
+	.attention = ref_attention,						\
+}
+
+REF_OPS(mp_ref_ops, "ref", "reference CPU engine, widest ISA of this CPU", ref_init);
+REF_OPS(mp_ref_scalar_ops, "ref-scalar", "reference CPU engine, portable C", ref_scalar_init);
+REF_OPS(mp_ref_avx2_ops, "ref-avx2", "reference CPU engine, AVX2+FMA", ref_avx2_init);
+REF_OPS(mp_ref_avx512_ops, "ref-avx512", "reference CPU engine, AVX-512", ref_avx512_init);

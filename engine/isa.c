@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: MIT
+/* Picks the kernel table for the ISA this CPU and OS support (cpuid, at run time). */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "kernels.h"
+
+#if defined(MP_HAVE_X86_KERNELS)
+static bool has_f16c(void)
+{
+	unsigned a, b, c, d;
+
+	/* __builtin_cpu_supports() has no "f16c" in every compiler; ask cpuid directly. */
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+static bool has_avx2(void)
+{
+	/* __builtin_cpu_supports() also checks that the OS saves the vector state. */
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+}
+
+static bool has_avx512(void)
+{
+	return has_avx2() && __builtin_cpu_supports("avx512f") &&
+	       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+enum mp_isa mp_isa_best(void)
+{
+#if defined(MP_HAVE_X86_KERNELS)
+	if (has_avx512())
+		return MP_ISA_AVX512;
+	if (has_avx2())
+		return MP_ISA_AVX2;
+#endif
+	return MP_ISA_SCALAR;
+}
+
+const struct mp_kernels *mp_kernels_for(enum mp_isa isa)
+{
+	switch (isa) {
+	case MP_ISA_SCALAR:
+		return &mp_kernels_scalar;
+#if defined(MP_HAVE_X86_KERNELS)
+	case MP_ISA_AVX2:
+		return has_avx2() ? &mp_kernels_avx2 : NULL;
+	case MP_ISA_AVX512:
+		return has_avx512() ? &mp_kernels_avx512 : NULL;
+#endif
+	default:
+		return NULL;
+	}
+}

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: MIT
+/* AVX2+FMA+F16C kernels: 8-lane f32 FMAs, bf16/f16 widened in registers, scalar tails. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+
+static inline TARGET __m256 ld_f32(const void *p, size_t i)
+{
+	return _mm256_loadu_ps((const float *)p + i);
+}
+
+static inline TARGET __m256 ld_bf16(const void *p, size_t i)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline TARGET __m256 ld_f16(const void *p, size_t i)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+
+/* Scalar loads for the tails (AVX2 has no masked 16-bit loads). */
+static inline float sc_f32(const void *p, size_t i)
+{
+	return ((const float *)p)[i];
+}
+
+static inline float sc_bf16(const void *p, size_t i)
+{
+	uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static inline TARGET float sc_f16(const void *p, size_t i)
+{
+	return _cvtsh_ss(((const uint16_t *)p)[i]);
+}
+
+static inline TARGET float hsum(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+#define DEFINE_GEMV(type, esize)						\
+static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
+			       const float *x, float *y)			\
+{										\
+	const size_t rs = (size_t)cols * (esize);				\
+	const uint32_t vcols = cols & ~15u;					\
+	uint32_t r = 0;								\
+										\
+	for (; r + 4 <= rows; r += 4) {						\
+		const char *w0 = (const char *)w + r * rs;			\
+		const char *w1 = w0 + rs, *w2 = w1 + rs, *w3 = w2 + rs;		\
+		const char *next = w0 + 4 * rs;					\
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;	\
+		__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;			\
+										\
+		for (uint32_t c = 0; c < vcols; c += 16) {			\
+			__m256 x0 = _mm256_loadu_ps(x + c);			\
+			__m256 x1 = _mm256_loadu_ps(x + c + 8);			\
+										\
+			/* The next 4-row block, as in kern_avx512.c. */	\
+			for (int l = 0; l < (esize); l++)			\
+				_mm_prefetch(next + (size_t)c * 4 * (esize) + 64 * l,	\
+					     _MM_HINT_T0);				\
+										\
+			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\
+			a1 = _mm256_fmadd_ps(ld_##type(w1, c), x0, a1);		\
+			a2 = _mm256_fmadd_ps(ld_##type(w2, c), x0, a2);		\
+			a3 = _mm256_fmadd_ps(ld_##type(w3, c), x0, a3);		\
+			b0 = _mm256_fmadd_ps(ld_##type(w0, c + 8), x1, b0);	\
+			b1 = _mm256_fmadd_ps(ld_##type(w1, c + 8), x1, b1);	\
+			b2 = _mm256_fmadd_ps(ld_##type(w2, c + 8), x1, b2);	\
+			b3 = _mm256_fmadd_ps(ld_##type(w3, c + 8), x1, b3);	\
+		}								\
+		float s0 = hsum(_mm256_add_ps(a0, b0)), s1 = hsum(_mm256_add_ps(a1, b1)); \
+		float s2 = hsum(_mm256_add_ps(a2, b2)), s3 = hsum(_mm256_add_ps(a3, b3)); \
+										\
+		for (uint32_t c = vcols; c < cols; c++) {			\
+			s0 += sc_##type(w0, c) * x[c];				\
+			s1 += sc_##type(w1, c) * x[c];				\
+			s2 += sc_##type(w2, c) * x[c];				\
+			s3 += sc_##type(w3, c) * x[c];				\
+		}								\
+		y[r] = s0;							\
+		y[r + 1] = s1;							\
+		y[r + 2] = s2;							\
+		y[r + 3] = s3;							\
+	}									\
+	for (; r < rows; r++) {							\
+		const char *w0 = (const char *)w + r * rs;			\
+		__m256 a0 = _mm256_setzero_ps(), b0 = a0;			\
+										\
+		for (uint32_t c = 0; c < vcols; c += 16) {			\
+			a0 = _mm256_fmadd_ps(ld_##type(w0, c), _mm256_loadu_ps(x + c), a0); \
+			b0 = _mm256_fmadd_ps(ld_##type(w0, c + 8),		\
+					     _mm256_loadu_ps(x + c + 8), b0);	\
+		}								\
+		float s0 = hsum(_mm256_add_ps(a0, b0));				\
+										\
+		for (uint32_t c = vcols; c < cols; c++)				\
+			s0 += sc_##type(w0, c) * x[c];				\
+		y[r] = s0;							\
+	}									\
+}										\
+										\
+static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
+{										\
+	size_t i = 0;								\
+										\
+	for (; i + 8 <= n; i += 8)						\
+		_mm256_storeu_ps(dst + i, ld_##type(src, i));			\
+	for (; i < n; i++)							\
+		dst[i] = sc_##type(src, i);					\
+}
+
+DEFINE_GEMV(f32, 4)
+DEFINE_GEMV(f16, 2)
+DEFINE_GEMV(bf16, 2)
+
+static TARGET float dot(const float *a, const float *b, uint32_t n)
+{
+	__m256 s0 = _mm256_setzero_ps(), s1 = s0;
+	uint32_t i = 0;
+	float s;
+
+	for (; i + 16 <= n; i += 16) {
+		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+		s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+	}
+	s = hsum(_mm256_add_ps(s0, s1));
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+static TARGET void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
+			   uint32_t cols, float *y, size_t ystride)
+{
+	const uint32_t vcols = cols & ~7u;
+	__m256 acc[4][4];
+
+	for (int t = 0; t < 4; t++)
+		for (int r = 0; r < 4; r++)
+			acc[t][r] = _mm256_setzero_ps();
+	for (uint32_t c = 0; c < vcols; c += 8) {
+		__m256 wv[4], xv;
+
+		for (int r = 0; r < 4; r++)
+			wv[r] = _mm256_loadu_ps(w + r * wstride + c);
+		for (int t = 0; t < 4; t++) {
+			xv = _mm256_loadu_ps(x + t * xstride + c);
+			for (int r = 0; r < 4; r++)
+				acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+		}
+	}
+	for (int t = 0; t < 4; t++) {
+		for (int r = 0; r < 4; r++) {
+			float s = hsum(acc[t][r]);
+
+			for (uint32_t c = vcols; c < cols; c++)
+				s += w[r * wstride + c] * x[t * xstride + c];
+			y[t * ystride + r] = s;
+		}
+	}
+}
+
+static TARGET void axpy(float a, const float *x, float *y, uint32_t n)
+{
+	__m256 av = _mm256_set1_ps(a);
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
+							_mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+static TARGET float read_sum(const void *buf, size_t bytes)
+{
+	const float *f = buf;
+	__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+	size_t n = bytes / sizeof(float), i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		s0 = _mm256_add_ps(s0, _mm256_loadu_ps(f + i));
+		s1 = _mm256_add_ps(s1, _mm256_loadu_ps(f + i + 8));
+		s2 = _mm256_add_ps(s2, _mm256_loadu_ps(f + i + 16));
+		s3 = _mm256_add_ps(s3, _mm256_loadu_ps(f + i + 24));
+	}
+	for (; i < n; i += 8)
+		s0 = _mm256_add_ps(s0, _mm256_loadu_ps(f + i));
+	return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+const struct mp_kernels mp_kernels_avx2 = {
+	.isa = "avx2",
+	.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,
+		  [MP_DTYPE_BF16] = gemv_bf16 },
+	.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,
+		   [MP_DTYPE_BF16] = widen_bf16 },
+	.tile4x4 = tile4x4,
+	.dot = dot,
+	.axpy = axpy,
+	.read_sum = read_sum,
+};

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+/* Portable C kernels: the reference every vector path is tested against. */
+#include <string.h>
+
+#include "kernels.h"
+
+/* Partial sums per dot product, so the compiler can overlap the additions. */
+#define LANES 8
+
+static inline float load_f32(const void *w, size_t i)
+{
+	return ((const float *)w)[i];
+}
+
+static inline float load_f16(const void *w, size_t i)
+{
+	return mp_f16_to_f32(((const uint16_t *)w)[i]);
+}
+
+static inline float load_bf16(const void *w, size_t i)
+{
+	uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+#define DEFINE_GEMV(type, esize)						\
+static void gemv_##type(const void *w, uint32_t rows, uint32_t cols, const float *x,	\
+			float *y)						\
+{										\
+	for (uint32_t r = 0; r < rows; r++) {					\
+		const char *row = (const char *)w + (size_t)r * cols * (esize);	\
+		float acc[LANES] = { 0 };					\
+		float sum = 0.0f;						\
+		uint32_t c = 0;							\
+										\
+		for (; c + LANES <= cols; c += LANES)				\
+			for (uint32_t l = 0; l < LANES; l++)			\
+				acc[l] += load_##type(row, c + l) * x[c + l];	\
+		for (; c < cols; c++)						\
+			acc[0] += load_##type(row, c) * x[c];			\
+		for (uint32_t l = 0; l < LANES; l++)				\
+			sum += acc[l];						\
+		y[r] = sum;							\
+	}									\
+}										\
+										\
+static void widen_##type(const void *src, float *dst, size_t n)		\
+{										\
+	for (size_t i = 0; i < n; i++)						\
+		dst[i] = load_##type(src, i);					\
+}
+
+DEFINE_GEMV(f32, 4)
+DEFINE_GEMV(f16, 2)
+DEFINE_GEMV(bf16, 2)
+
+static float dot(const float *a, const float *b, uint32_t n)
+{
+	float acc[LANES] = { 0 };
+	float sum = 0.0f;
+	uint32_t i = 0;
+
+	for (; i + LANES <= n; i += LANES)
+		for (uint32_t l = 0; l < LANES; l++)
+			acc[l] += a[i + l] * b[i + l];
+	for (; i < n; i++)
+		acc[0] += a[i] * b[i];
+	for (uint32_t l = 0; l < LANES; l++)
+		sum += acc[l];
+	return sum;
+}
+
+static void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
+		    uint32_t cols, float *y, size_t ystride)
+{
+	for (uint32_t t = 0; t < 4; t++)
+		for (uint32_t r = 0; r < 4; r++)
+			y[t * ystride + r] = dot(w + r * wstride, x + t * xstride, cols);
+}
+
+static void axpy(float a, const float *x, float *y, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		y[i] += a * x[i];
+}
+
+static float read_sum(const void *buf, size_t bytes)
+{
+	const float *f = buf;
+	float acc[16] = { 0 };
+	float sum = 0.0f;
+
+	for (size_t i = 0; i < bytes / sizeof(float); i += 16)
+		for (uint32_t l = 0; l < 16; l++)
+			acc[l] += f[i + l];
+	for (uint32_t l = 0; l < 16; l++)
+		sum += acc[l];
+	return sum;
+}
+
+const struct mp_kernels mp_kernels_scalar = {
+	.isa = "scalar",
+	.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,
+		  [MP_DTYPE_BF16] = gemv_bf16 },
+	.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,
+		   [MP_DTYPE_BF16] = widen_bf16 },
+	.tile4x4 = tile4x4,
+	.dot = dot,
+	.axpy = axpy,
+	.read_sum = read_sum,
+};

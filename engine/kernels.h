@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/* Inner loops of the reference engine, one table per ISA, picked at run time. */
+#ifndef MP_KERNELS_H
+#define MP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <moepager/common.h>
+
+/* Weight rows the kernels process together (the dot kernels' register blocking). */
+#define MP_KERN_ROWS	4u
+
+struct mp_kernels {
+	const char *isa;
+	/* y[r] = <w row r, x> for r < rows; w holds rows x cols elements of one type. */
+	void (*gemv[MP_DTYPE_COUNT])(const void *w, uint32_t rows, uint32_t cols, const float *x,
+				     float *y);
+	/* dst[i] = (float)src[i] */
+	void (*widen[MP_DTYPE_COUNT])(const void *src, float *dst, size_t n);
+	/*
+	 * 4 f32 rows (w, stride wstride) times 4 vectors (x, stride xstride) of
+	 * cols: y[t * ystride + r] = <w_r, x_t> for r, t < 4.
+	 */
+	void (*tile4x4)(const float *w, size_t wstride, const float *x, size_t xstride,
+			uint32_t cols, float *y, size_t ystride);
+	float (*dot)(const float *a, const float *b, uint32_t n);
+	/* y += a * x */
+	void (*axpy)(float a, const float *x, float *y, uint32_t n);
+	/* Sum of a buffer's 32-bit words as floats (bytes a multiple of 64), to measure reads. */
+	float (*read_sum)(const void *buf, size_t bytes);
+};
+
+extern const struct mp_kernels mp_kernels_scalar;
+#if defined(__x86_64__)
+#define MP_HAVE_X86_KERNELS 1
+extern const struct mp_kernels mp_kernels_avx2;
+extern const struct mp_kernels mp_kernels_avx512;
+#endif
+
+enum mp_isa {
+	MP_ISA_SCALAR,
+	MP_ISA_AVX2,
+	MP_ISA_AVX512,
+};
+
+/* The widest ISA this CPU (and OS) supports. */
+enum mp_isa mp_isa_best(void);
+/* The kernels of an ISA, or NULL when this build or CPU lacks it. */
+const struct mp_kernels *mp_kernels_for(enum mp_isa isa);
+
+#endif /* MP_KERNELS_H */

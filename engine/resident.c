@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: MIT
+/* The resident expert source: every expert read into anonymous memory, no paging. */
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+struct mp_resident {
+	void *mem;
+	size_t len;
+	uint64_t stride;	/* expert bytes rounded up to a page */
+	uint32_t layers;
+	uint32_t experts;
+};
+
+int mp_resident_open(struct mp_store *s,
+		     void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg,
+		     struct mp_resident **out)
+{
+	const struct mp_geometry *g;
+	struct mp_resident *r;
+	uint64_t total;
+	int err;
+
+	if (!s || !out)
+		return mp_err(-EINVAL, "resident source: NULL %s", s ? "out" : "store");
+	g = mp_store_geometry(s);
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return mp_err(-ENOMEM, "resident source: out of memory");
+	r->layers = g->layers;
+	r->experts = g->experts;
+	r->stride = MP_ALIGN_UP(mp_store_expert_bytes(s), 4096);
+	r->len = (size_t)r->stride * g->layers * g->experts;
+	total = mp_store_expert_bytes(s) * g->layers * g->experts;
+	r->mem = mmap(NULL, r->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (r->mem == MAP_FAILED) {
+		err = mp_err(-ENOMEM, "resident source: cannot map %zu bytes for the experts of %s",
+			     r->len, mp_store_path(s));
+		goto free_source;
+	}
+	/* Huge pages: the engine streams whole experts, TLB misses would cost bandwidth. */
+	madvise(r->mem, r->len, MADV_HUGEPAGE);
+	for (uint32_t l = 0; l < g->layers; l++) {
+		for (uint32_t e = 0; e < g->experts; e++) {
+			uint64_t idx = (uint64_t)l * g->experts + e;
+
+			err = mp_store_read_expert(s, l, e, (char *)r->mem + idx * r->stride);
+			if (err)
+				goto unmap;
+			if (progress)
+				progress((idx + 1) * mp_store_expert_bytes(s), total, arg);
+		}
+	}
+	*out = r;
+	return 0;
+
+unmap:
+	munmap(r->mem, r->len);
+free_source:
+	free(r);
+	return err;
+}
+
+void mp_resident_close(struct mp_resident *r)
+{
+	if (!r)
+		return;
+	munmap(r->mem, r->len);
+	free(r);
+}
+
+static const void *resident_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	struct mp_resident *r = ctx;
+
+	if (layer >= r->layers || expert >= r->experts) {
+		mp_err(-ERANGE, "resident source: no layer %u expert %u (%u x %u)", layer, expert,
+		       r->layers, r->experts);
+		return NULL;
+	}
+	return (const char *)r->mem + ((uint64_t)layer * r->experts + expert) * r->stride;
+}
+
+static const struct mp_expert_source_ops resident_ops = {
+	.expert = resident_expert,
+};
+
+const struct mp_expert_source_ops *mp_resident_source_ops(void)
+{
+	return &resident_ops;
+}

@@ -1,0 +1,637 @@
+// SPDX-License-Identifier: MIT
+/* Engines: every op of every engine against a naive f64 computation, odd sizes, 1-4 threads. */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+
+#define MAX_THREADS 4u
+#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+
+struct engine_case {
+	const char *name;
+	bool plugin;
+};
+
+/* The reference engine's ISA paths, then the plug-ins this build made. */
+static const struct engine_case engines[] = {
+	{ "ref-scalar", false },
+	{ "ref-avx2", false },
+	{ "ref-avx512", false },
+	{ "ref", false },
+	{ "openblas", true },
+};
+
+static const enum mp_dtype dtypes[] = { MP_DTYPE_F32, MP_DTYPE_F16, MP_DTYPE_BF16 };
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (float)((rng_state >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+static void fill(float *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		v[i] = frand();
+}
+
+/* Random weights in type dt (wq), and the same values as f32 (wf). */
+static void make_weights(enum mp_dtype dt, size_t n, void **wq, float **wf)
+{
+	float *src = malloc(n * sizeof(float));
+
+	assert_non_null(src);
+	fill(src, n);
+	*wq = malloc(n * mp_dtype_size(dt));
+	*wf = malloc(n * sizeof(float));
+	assert_non_null(*wq);
+	assert_non_null(*wf);
+	mp_dtype_from_f32(dt, src, *wq, n);
+	mp_dtype_to_f32(dt, *wq, *wf, n);
+	free(src);
+}
+
+/* |got - want| within rel * scale + 1e-6, scale being sum |terms| of the exact result. */
+static void assert_close(const char *what, size_t i, float got, double want, double scale,
+			 double rel)
+{
+	double tol = rel * scale + 1e-6;
+
+	if (!(fabs((double)got - want) <= tol)) {
+		print_error("%s[%zu]: got %.9g, want %.9g (tolerance %.3g)\n", what, i,
+			    (double)got, want, tol);
+		fail();
+	}
+}
+
+/* Opens the case's engine (main() registered only cases this CPU and build have). */
+static struct mp_engine *open_engine(const struct engine_case *c, uint32_t threads)
+{
+	struct mp_engine_config cfg = { .threads = threads };
+	struct mp_engine *e = NULL;
+	int err = mp_engine_open(c->name, &cfg, &e);
+
+	if (err) {
+		print_error("opening engine %s: %s\n", c->name, mp_last_error());
+		fail();
+	}
+	assert_int_equal(e->threads, threads);
+	return e;
+}
+
+/* Runs the body once per thread count with a fresh engine. */
+#define FOR_EACH_THREADS(c, e, t)						\
+	for (uint32_t t = 1; t <= MAX_THREADS; t++)				\
+		for (struct mp_engine *e = open_engine(c, t); e;		\
+		     mp_engine_close(e), e = NULL)
+
+static void check_matmul(struct mp_engine *e, enum mp_dtype dt, uint32_t rows, uint32_t cols,
+			 uint32_t n)
+{
+	void *wq;
+	float *wf, *x = malloc((size_t)n * cols * sizeof(float));
+	float *y = malloc((size_t)n * rows * sizeof(float));
+	char what[96];
+
+	assert_non_null(x);
+	assert_non_null(y);
+	make_weights(dt, (size_t)rows * cols, &wq, &wf);
+	fill(x, (size_t)n * cols);
+	if (n == 1)
+		assert_int_equal(mp_engine_matvec(e, NULL, dt, wq, rows, cols, x, y), 0);
+	else
+		assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, y), 0);
+	snprintf(what, sizeof(what), "%s %s %ux%u n=%u t=%u", mp_engine_name(e), mp_dtype_name(dt),
+		 rows, cols, n, e->threads);
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t r = 0; r < rows; r++) {
+			double s = 0, scale = 0;
+
+			for (uint32_t c = 0; c < cols; c++) {
+				double p = (double)wf[(size_t)r * cols + c] *
+					   x[(size_t)t * cols + c];
+
+				s += p;
+				scale += fabs(p);
+			}
+			assert_close(what, (size_t)t * rows + r, y[(size_t)t * rows + r], s, scale,
+				     1e-5);
+		}
+	}
+	free(wq);
+	free(wf);
+	free(x);
+	free(y);
+}
+
+static void matvec_matches_f64_for_odd_sizes(void **state)
+{
+	const struct engine_case *c = *state;
+	static const uint32_t rows[] = { 1, 3, 5, 37, 130 };
+	static const uint32_t cols[] = { 1, 7, 17, 33, 100, 257 };
+
+	FOR_EACH_THREADS(c, e, t)
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
+			for (size_t i = 0; i < N_ELEMS(rows); i++)
+				for (size_t j = 0; j < N_ELEMS(cols); j++)
+					check_matmul(e, dtypes[d], rows[i], cols[j], 1);
+}
+
+static void matvec_large_enough_to_split_over_threads(void **state)
+{
+	const struct engine_case *c = *state;
+
+	/* 4099 rows x 1031 cols: every thread gets chunks, the last one a ragged tail. */
+	FOR_EACH_THREADS(c, e, t)
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
+			check_matmul(e, dtypes[d], 4099, 1031, 1);
+}
+
+static void matmul_matches_f64_for_batches(void **state)
+{
+	const struct engine_case *c = *state;
+	static const uint32_t ns[] = { 2, 3, 4, 5, 9 };
+
+	FOR_EACH_THREADS(c, e, t)
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
+			for (size_t i = 0; i < N_ELEMS(ns); i++) {
+				check_matmul(e, dtypes[d], 7, 45, ns[i]);
+				check_matmul(e, dtypes[d], 301, 129, ns[i]);
+			}
+}
+
+static double silu(double v)
+{
+	return v / (1.0 + exp(-v));
+}
+
+static void check_expert(struct mp_engine *e, enum mp_dtype dt, uint32_t hidden, uint32_t ffn,
+			 uint32_t n)
+{
+	const size_t mat = (size_t)hidden * ffn;
+	void *wq;
+	float *wf, *x = malloc((size_t)n * hidden * sizeof(float));
+	float *out = malloc((size_t)n * hidden * sizeof(float));
+	double *h = malloc(ffn * sizeof(double));
+	char what[96];
+
+	assert_non_null(x);
+	assert_non_null(out);
+	assert_non_null(h);
+	make_weights(dt, 3 * mat, &wq, &wf);
+	fill(x, (size_t)n * hidden);
+	assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, hidden, ffn, x, n, out), 0);
+	snprintf(what, sizeof(what), "%s expert %s %ux%u n=%u t=%u", mp_engine_name(e),
+		 mp_dtype_name(dt), hidden, ffn, n, e->threads);
+	for (uint32_t t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * hidden;
+
+		for (uint32_t f = 0; f < ffn; f++) {
+			double g = 0, u = 0;
+
+			for (uint32_t c = 0; c < hidden; c++) {
+				g += (double)wf[(size_t)f * hidden + c] * xt[c];
+				u += (double)wf[mat + (size_t)f * hidden + c] * xt[c];
+			}
+			h[f] = silu(g) * u;
+		}
+		for (uint32_t r = 0; r < hidden; r++) {
+			double s = 0, scale = 0;
+
+			for (uint32_t f = 0; f < ffn; f++) {
+				double p = (double)wf[2 * mat + (size_t)r * ffn + f] * h[f];
+
+				s += p;
+				scale += fabs(p);
+			}
+			/* h itself carries f32 rounding from two dot products: allow for it. */
+			assert_close(what, (size_t)t * hidden + r, out[(size_t)t * hidden + r], s,
+				     scale, 1e-4);
+		}
+	}
+	free(wq);
+	free(wf);
+	free(x);
+	free(out);
+	free(h);
+}
+
+static void expert_ffn_matches_f64(void **state)
+{
+	const struct engine_case *c = *state;
+
+	FOR_EACH_THREADS(c, e, t)
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
+			check_expert(e, dtypes[d], 37, 45, 1);
+			check_expert(e, dtypes[d], 37, 45, 3);
+			check_expert(e, dtypes[d], 129, 515, 1);
+			check_expert(e, dtypes[d], 129, 515, 6);
+		}
+}
+
+static void rmsnorm_matches_f64(void **state)
+{
+	const struct engine_case *c = *state;
+	const uint32_t dim = 37, n = 3;
+	float x[37 * 3], w[37], y[37 * 3];
+
+	fill(x, dim * n);
+	fill(w, dim);
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_engine_rmsnorm(e, x, w, dim, n, 1e-5f, y), 0);
+		for (uint32_t r = 0; r < n; r++) {
+			double ss = 0;
+
+			for (uint32_t i = 0; i < dim; i++)
+				ss += (double)x[r * dim + i] * x[r * dim + i];
+			for (uint32_t i = 0; i < dim; i++) {
+				double want = x[r * dim + i] / sqrt(ss / dim + 1e-5) * w[i];
+
+				assert_close("rmsnorm", r * dim + i, y[r * dim + i], want,
+					     fabs(want), 1e-5);
+			}
+		}
+	}
+}
+
+static void topk_picks_largest_with_softmax_over_them(void **state)
+{
+	const struct engine_case *c = *state;
+	/* 3 and 5 tie: the lower id comes first. */
+	const float logits[7] = { 0.5f, -1.0f, 2.0f, 3.0f, 1.0f, 3.0f, -4.0f };
+	uint32_t ids[3];
+	float w[3];
+
+	FOR_EACH_THREADS(c, e, t) {
+		double z = exp(3.0) + exp(3.0) + exp(2.0);
+
+		assert_int_equal(mp_engine_topk(e, logits, 7, 3, ids, w), 0);
+		assert_int_equal(ids[0], 3);
+		assert_int_equal(ids[1], 5);
+		assert_int_equal(ids[2], 2);
+		assert_close("topk w", 0, w[0], exp(3.0) / z, 1, 1e-6);
+		assert_close("topk w", 1, w[1], exp(3.0) / z, 1, 1e-6);
+		assert_close("topk w", 2, w[2], exp(2.0) / z, 1, 1e-6);
+		t_log_reset();
+		assert_int_equal(mp_engine_topk(e, logits, 7, 8, ids, w), -EINVAL);
+		assert_true(t_log_contains("top-8 of 7"));
+	}
+}
+
+static void rope_rotates_half_pairs_by_position(void **state)
+{
+	const struct engine_case *c = *state;
+	const uint32_t n = 3, heads = 2, hd = 6, pos0 = 5;
+	float x[3 * 2 * 6], y[3 * 2 * 6];
+
+	fill(x, n * heads * hd);
+	FOR_EACH_THREADS(c, e, t) {
+		memcpy(y, x, sizeof(x));
+		assert_int_equal(mp_engine_rope(e, y, n, heads, hd, pos0, 10000.0f), 0);
+		for (uint32_t i = 0; i < n; i++)
+			for (uint32_t h = 0; h < heads; h++)
+				for (uint32_t j = 0; j < hd / 2; j++) {
+					const float *xr = x + (i * heads + h) * hd;
+					const float *yr = y + (i * heads + h) * hd;
+					double a = (pos0 + i) * pow(10000.0, -2.0 * j / hd);
+					double x0 = xr[j], x1 = xr[j + hd / 2];
+
+					assert_close("rope", j, yr[j], x0 * cos(a) - x1 * sin(a), 2,
+						     1e-6);
+					assert_close("rope", j + hd / 2, yr[j + hd / 2],
+						     x0 * sin(a) + x1 * cos(a), 2, 1e-6);
+				}
+	}
+}
+
+static void attention_is_causal_gqa(void **state)
+{
+	const struct engine_case *c = *state;
+	const uint32_t n = 3, pos0 = 4, heads = 4, kvh = 2, hd = 5, len = pos0 + n;
+	float q[3 * 4 * 5], kc[7 * 2 * 5], vc[7 * 2 * 5], out[3 * 4 * 5];
+	struct mp_attention a = {
+		.q = q, .k_cache = kc, .v_cache = vc, .out = out, .n = n, .pos0 = pos0,
+		.heads = heads, .kv_heads = kvh, .head_dim = hd,
+	};
+
+	fill(q, sizeof(q) / sizeof(q[0]));
+	fill(kc, sizeof(kc) / sizeof(kc[0]));
+	fill(vc, sizeof(vc) / sizeof(vc[0]));
+	(void)len;
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_engine_attention(e, &a), 0);
+		for (uint32_t i = 0; i < n; i++) {
+			for (uint32_t h = 0; h < heads; h++) {
+				uint32_t g = h / (heads / kvh), plen = pos0 + i + 1;
+				double s[7], max = -INFINITY, z = 0;
+
+				for (uint32_t p = 0; p < plen; p++) {
+					s[p] = 0;
+					for (uint32_t d = 0; d < hd; d++)
+						s[p] += (double)q[(i * heads + h) * hd + d] *
+							kc[(p * kvh + g) * hd + d];
+					s[p] /= sqrt(hd);
+					max = fmax(max, s[p]);
+				}
+				for (uint32_t p = 0; p < plen; p++)
+					z += s[p] = exp(s[p] - max);
+				for (uint32_t d = 0; d < hd; d++) {
+					double o = 0;
+
+					for (uint32_t p = 0; p < plen; p++)
+						o += s[p] / z * vc[(p * kvh + g) * hd + d];
+					assert_close("attention", (i * heads + h) * hd + d,
+						     out[(i * heads + h) * hd + d], o, 1, 1e-5);
+				}
+			}
+		}
+	}
+}
+
+/* A guard that counts its calls and fails the call numbered fail_at (0: none). */
+struct count_guard {
+	atomic_uint calls;
+	unsigned fail_at;
+};
+
+static int counting_wrap(void *wctx, int (*fn)(void *arg), void *arg)
+{
+	struct count_guard *g = wctx;
+	unsigned n = atomic_fetch_add(&g->calls, 1) + 1;
+
+	if (n == g->fail_at)
+		return -EFAULT;
+	return fn(arg);
+}
+
+static void guard_wraps_weight_reads_and_its_error_is_returned(void **state)
+{
+	const struct engine_case *c = *state;
+	const uint32_t hidden = 129, ffn = 1030;
+	float *x = calloc(hidden, sizeof(float)), *out = calloc(hidden, sizeof(float));
+	float *ref = calloc(hidden, sizeof(float));
+	void *wq;
+	float *wf;
+
+	make_weights(MP_DTYPE_BF16, 3ull * hidden * ffn, &wq, &wf);
+	fill(x, hidden);
+	FOR_EACH_THREADS(c, e, t) {
+		struct count_guard cg = { .fail_at = 0 };
+		struct mp_guard g = { counting_wrap, &cg };
+
+		assert_int_equal(mp_engine_expert_ffn(e, NULL, MP_DTYPE_BF16, wq, hidden, ffn, x, 1,
+						      ref), 0);
+		assert_int_equal(mp_engine_expert_ffn(e, &g, MP_DTYPE_BF16, wq, hidden, ffn, x, 1,
+						      out), 0);
+		assert_true(atomic_load(&cg.calls) >= 2);	/* gate|up, then down */
+		assert_memory_equal(out, ref, hidden * sizeof(float));
+
+		/* Any chunk's failure (first, middle, last) is the op's result. */
+		for (unsigned k = 1; k <= atomic_load(&cg.calls); k++) {
+			struct count_guard fg = { .fail_at = k };
+			struct mp_guard f = { counting_wrap, &fg };
+
+			assert_int_equal(mp_engine_expert_ffn(e, &f, MP_DTYPE_BF16, wq, hidden, ffn,
+							      x, 1, out), -EFAULT);
+		}
+	}
+	free(wq);
+	free(wf);
+	free(x);
+	free(out);
+	free(ref);
+}
+
+static int count_chunk(void *ctx, uint32_t chunk, uint32_t worker)
+{
+	atomic_uint *hits = ctx;
+
+	if (worker >= MAX_THREADS)
+		return -EINVAL;
+	atomic_fetch_add(&hits[chunk], 1);
+	return 0;
+}
+
+static void parallel_runs_every_chunk_once(void **state)
+{
+	const struct engine_case *c = *state;
+	static atomic_uint hits[257];
+
+	FOR_EACH_THREADS(c, e, t) {
+		/* Back-to-back jobs: a worker late for one must never run a chunk of the next. */
+		for (uint32_t round = 0; round < 2000; round++) {
+			uint32_t n = 1 + round % 257;
+
+			for (uint32_t i = 0; i < n; i++)
+				atomic_store(&hits[i], 0);
+			assert_int_equal(mp_engine_parallel(e, NULL, n, count_chunk, hits), 0);
+			for (uint32_t i = 0; i < n; i++)
+				assert_int_equal(atomic_load(&hits[i]), 1);
+		}
+	}
+}
+
+static int fail_chunk(void *ctx, uint32_t chunk, uint32_t worker)
+{
+	(void)ctx;
+	(void)worker;
+	return chunk == 7 ? -EIO : 0;
+}
+
+static void parallel_returns_a_chunk_error(void **state)
+{
+	const struct engine_case *c = *state;
+
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_engine_parallel(e, NULL, 50, fail_chunk, NULL), -EIO);
+		/* The pool recovers: the next job runs clean. */
+		assert_int_equal(mp_engine_parallel(e, NULL, 5, fail_chunk, NULL), 0);
+	}
+}
+
+static void membw_measures_a_positive_rate(void **state)
+{
+	const struct engine_case *c = *state;
+	double gbps = 0;
+
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_engine_membw(e, 8u << 20, 3, &gbps), 0);
+		assert_true(gbps > 0.01 && gbps < 10000.0);
+		assert_int_equal(mp_engine_membw(e, 1024, 3, &gbps), -EINVAL);
+	}
+}
+
+static void bad_arguments_are_refused(void **state)
+{
+	const struct engine_case *c = *state;
+	float x[4] = { 0 }, y[4];
+
+	FOR_EACH_THREADS(c, e, t) {
+		t_log_reset();
+		assert_int_equal(mp_engine_matvec(e, NULL, MP_DTYPE_F32, NULL, 4, 1, x, y),
+				 -EINVAL);
+		assert_true(t_log_contains("NULL weights"));
+		assert_int_equal(mp_engine_matmul(e, NULL, MP_DTYPE_F32, x, 0, 4, x, 1, y),
+				 -EINVAL);
+		assert_true(t_log_contains("empty product"));
+		assert_int_equal(mp_engine_matvec(e, NULL, (enum mp_dtype)9, x, 1, 4, x, y),
+				 -EINVAL);
+		assert_true(t_log_contains("unknown weight type 9"));
+		assert_int_equal(mp_engine_rope(e, y, 1, 1, 3, 0, 10000.0f), -EINVAL);
+	}
+}
+
+static void unknown_engine_is_enoent_naming_it(void **state)
+{
+	struct mp_engine *e = NULL;
+
+	(void)state;
+	t_log_reset();
+	assert_int_equal(mp_engine_open("no-such-engine", NULL, &e), -ENOENT);
+	assert_null(e);
+	assert_true(t_log_contains("engine 'no-such-engine': not built in"));
+	t_log_reset();
+	assert_int_equal(mp_engine_open("bad name", NULL, &e), -EINVAL);
+	assert_true(t_log_contains("engine name 'bad name'"));
+}
+
+static void plugin_that_is_not_an_engine_is_enoexec(void **state)
+{
+	struct mp_engine_config cfg = { .threads = 1, .plugin_dir = t_tmpdir() };
+	struct mp_engine *e = NULL;
+	FILE *f = fopen(t_path("junk.so"), "w");
+
+	(void)state;
+	assert_non_null(f);
+	fputs("not an ELF file\n", f);
+	fclose(f);
+	t_log_reset();
+	assert_int_equal(mp_engine_open("junk", &cfg, &e), -ENOEXEC);
+	assert_true(t_log_contains("junk.so"));
+	/* A real shared object without the symbol. */
+	t_log_reset();
+	assert_int_equal(mp_engine_open("/lib/x86_64-linux-gnu/libm.so.6", &cfg, &e), -ENOEXEC);
+	assert_true(t_log_contains("no symbol mp_engine_plugin_ops"));
+	assert_null(e);
+}
+
+static void builtin_names_open_or_say_why_not(void **state)
+{
+	const char *const *names = mp_engine_builtin_names();
+
+	(void)state;
+	for (size_t i = 0; names[i]; i++) {
+		struct mp_engine *e = NULL;
+		int err;
+
+		t_log_reset();
+		err = mp_engine_open(names[i], NULL, &e);
+
+		if (err == -EOPNOTSUPP) {
+			assert_true(t_log_contains("this CPU"));
+			continue;
+		}
+		assert_int_equal(err, 0);
+		assert_string_equal(mp_engine_name(e), names[i]);
+		mp_engine_close(e);
+	}
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	t_log_capture();
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+/*
+ * A plug-in is tested when this build made it (meson lists them in the
+ * environment); an ISA path when this CPU has it. Either way the output says
+ * which cases were left out and why.
+ */
+static bool case_available(const struct engine_case *c)
+{
+	const char *built = getenv("MOEPAGER_TEST_PLUGINS");
+	struct mp_engine *e = NULL;
+	int err;
+
+	if (c->plugin && !(built && strstr(built, c->name))) {
+		printf("# engine %s: not built here, its cases are not run\n", c->name);
+		return false;
+	}
+	err = mp_engine_open(c->name, NULL, &e);
+	mp_engine_close(e);
+	if (err == -EOPNOTSUPP) {
+		printf("# engine %s: %s; its cases are not run\n", c->name, mp_last_error());
+		return false;
+	}
+	/* Any other failure is the first case's to report. */
+	return true;
+}
+
+int main(void)
+{
+	static const struct {
+		const char *name;
+		CMUnitTestFunction fn;
+	} per_engine[] = {
+		{ "matvec_matches_f64_for_odd_sizes", matvec_matches_f64_for_odd_sizes },
+		{ "matvec_large_enough_to_split_over_threads",
+		  matvec_large_enough_to_split_over_threads },
+		{ "matmul_matches_f64_for_batches", matmul_matches_f64_for_batches },
+		{ "expert_ffn_matches_f64", expert_ffn_matches_f64 },
+		{ "rmsnorm_matches_f64", rmsnorm_matches_f64 },
+		{ "topk_picks_largest_with_softmax_over_them",
+		  topk_picks_largest_with_softmax_over_them },
+		{ "rope_rotates_half_pairs_by_position", rope_rotates_half_pairs_by_position },
+		{ "attention_is_causal_gqa", attention_is_causal_gqa },
+		{ "guard_wraps_weight_reads_and_its_error_is_returned",
+		  guard_wraps_weight_reads_and_its_error_is_returned },
+		{ "parallel_runs_every_chunk_once", parallel_runs_every_chunk_once },
+		{ "parallel_returns_a_chunk_error", parallel_returns_a_chunk_error },
+		{ "membw_measures_a_positive_rate", membw_measures_a_positive_rate },
+		{ "bad_arguments_are_refused", bad_arguments_are_refused },
+	};
+	static const struct CMUnitTest global[] = {
+		cmocka_unit_test(unknown_engine_is_enoent_naming_it),
+		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
+		cmocka_unit_test(builtin_names_open_or_say_why_not),
+	};
+	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
+				N_ELEMS(global)];
+	static char names[N_ELEMS(engines) * N_ELEMS(per_engine)][128];
+	size_t n = 0;
+
+	for (size_t i = 0; i < N_ELEMS(engines); i++) {
+		if (!case_available(&engines[i]))
+			continue;
+		for (size_t j = 0; j < N_ELEMS(per_engine); j++) {
+			snprintf(names[n], sizeof(names[n]), "%s/%s", per_engine[j].name,
+				 engines[i].name);
+			tests[n] = (struct CMUnitTest){
+				.name = names[n], .test_func = per_engine[j].fn,
+				.initial_state = (void *)&engines[i],
+			};
+			n++;
+		}
+	}
+	memcpy(tests + n, global, sizeof(global));
+	n += N_ELEMS(global);
+	return _cmocka_run_group_tests("engine", tests, n, group_setup, group_teardown);
+}
