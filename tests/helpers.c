@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@
 static char tmpdir[256];
 static char logbuf[65536];
 static size_t loglen;
+/* The library logs from its worker threads too. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int t_require_all(void)
 {
@@ -60,11 +63,14 @@ const char *t_path(const char *name)
 
 static void capture(enum mp_log_level level, const char *msg, void *arg)
 {
-	(void)level; (void)arg;
-	int n = snprintf(logbuf + loglen, sizeof(logbuf) - loglen, "%s\n", msg);
+	int n;
 
+	(void)level; (void)arg;
+	pthread_mutex_lock(&log_lock);
+	n = snprintf(logbuf + loglen, sizeof(logbuf) - loglen, "%s\n", msg);
 	if (n > 0 && loglen + (size_t)n < sizeof(logbuf))
 		loglen += (size_t)n;
+	pthread_mutex_unlock(&log_lock);
 	if (getenv("T_VERBOSE"))
 		fprintf(stderr, "log: %s\n", msg);
 }
@@ -76,13 +82,20 @@ void t_log_capture(void)
 
 void t_log_reset(void)
 {
+	pthread_mutex_lock(&log_lock);
 	loglen = 0;
 	logbuf[0] = 0;
+	pthread_mutex_unlock(&log_lock);
 }
 
 int t_log_contains(const char *needle)
 {
-	return strstr(logbuf, needle) != NULL;
+	int found;
+
+	pthread_mutex_lock(&log_lock);
+	found = strstr(logbuf, needle) != NULL;
+	pthread_mutex_unlock(&log_lock);
+	return found;
 }
 
 int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed)

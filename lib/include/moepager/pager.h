@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The pager: every expert of a model behind a plain const pointer, paged in
+ * by a userfaultfd handler from host memory or the model file, under a
+ * memory budget. docs/region.md describes the mechanism and its figures.
+ */
+#ifndef MOEPAGER_PAGER_H
+#define MOEPAGER_PAGER_H
+
+#include <moepager/common.h>
+#include <moepager/store.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct mp_pager;
+
+/*
+ * Configuration
+ */
+
+struct mp_pager_config {
+	/*
+	 * Bytes of expert data held in memory, mapped or not. 0: the budget
+	 * string, else $MOEPAGER_BUDGET, else every expert (capped at half the
+	 * machine's memory). Must hold at least one expert.
+	 */
+	uint64_t budget_bytes;
+	/* "8G", "512M", "40%" (of the model's expert bytes): see mp_budget_parse(). May be NULL. */
+	const char *budget;
+	/* Eviction policy: "lru" (default) or "fifo". NULL: $MOEPAGER_EVICTION, else "lru". */
+	const char *eviction;
+	/* Expert slots per layer (>= experts; the rest wait for adapters). 0: 2 x experts. */
+	uint32_t slots_per_layer;
+	/* Threads reading experts from the file tier. 0: 2. */
+	uint32_t fill_threads;
+	/* io_uring requests in flight per expert read. 0: 32. */
+	uint32_t io_depth;
+	/* Bytes per io_uring request. 0: 512 KiB. */
+	uint32_t io_request_bytes;
+	/* Read attempts before an expert is poisoned (its readers get an error). 0: 3. */
+	uint32_t read_attempts;
+	/* Place host memory on numa_node (only when the machine has more than one node). */
+	bool numa_bind;
+	int numa_node;
+	/* Buffered reads even where the file system allows O_DIRECT. */
+	bool no_direct;
+	/*
+	 * Do not start reading routed experts when mp_pager_route() reports
+	 * them. By default a routed expert that is not resident is read at
+	 * once, as demand (ahead of prefetches), so the k experts of a token
+	 * are read in parallel rather than one fault at a time.
+	 */
+	bool no_route_fill;
+	/*
+	 * Under a budget of fewer than fill_threads + 2 experts, microseconds
+	 * an expert that threads faulted on stays in memory before it may be
+	 * evicted, so concurrent fills do not evict each other's experts
+	 * before their readers read them. 0: 2000. UINT32_MAX: none.
+	 */
+	uint32_t min_resident_us;
+	/* Spare chunk bytes kept for recycling beyond the budget. 0: two experts' worth. */
+	uint64_t spare_bytes;
+};
+
+/* Fills cfg with the defaults: all zero (a zeroed struct means the same). */
+MP_API void mp_pager_config_init(struct mp_pager_config *cfg);
+
+/*
+ * Parses a budget: bytes with an optional K/M/G/T suffix (powers of 1024,
+ * "8G", "512M", "1.5G"), or a percentage of model_bytes ("40%"). Returns 0
+ * and sets *out, or -EINVAL with a message naming the bad string.
+ */
+MP_API int mp_budget_parse(const char *s, uint64_t model_bytes, uint64_t *out);
+
+/*
+ * Lifetime
+ */
+
+/*
+ * Opens a pager over a store (borrowed: it must outlive the pager):
+ * reserves the expert range, opens the userfaultfd and starts the handler
+ * and fill threads. No expert is read yet. Returns 0 and sets *out, or
+ * -EPERM (no userfaultfd permission: the message says what is missing),
+ * -EOPNOTSUPP (kernel too old), -EINVAL (bad config: budget below one
+ * expert, unknown policy), -ENOMEM, or the file tier's open error.
+ */
+MP_API int mp_pager_open(struct mp_store *store, const struct mp_pager_config *cfg,
+			 struct mp_pager **out);
+
+/*
+ * Closes the pager. Threads blocked in a fault on its range are released
+ * with SIGBUS (an error from mp_pager_guard()); threads inside
+ * mp_pager_guard() on this pager are waited for. No other thread may touch
+ * expert memory once close has started. NULL is allowed.
+ */
+MP_API void mp_pager_close(struct mp_pager *p);
+
+MP_API struct mp_store *mp_pager_store(const struct mp_pager *p);
+
+/*
+ * Expert memory
+ */
+
+/*
+ * The expert's gate|up|down bytes as the .mpk lays them out
+ * (mp_store_expert_bytes() long). The pointer is valid until close and
+ * never changes; the bytes fault in on first touch. Read it only inside
+ * mp_pager_guard() when a failing tier must not kill the process. Returns
+ * NULL (with a message) for an id out of range. An expert poisoned by
+ * failed reads is cleared, so the next access reads it again.
+ */
+MP_API const void *mp_pager_expert(struct mp_pager *p, uint32_t layer, uint32_t expert);
+
+enum mp_proj {
+	MP_PROJ_GATE = 0,	/* [ffn x hidden] */
+	MP_PROJ_UP = 1,		/* [ffn x hidden] */
+	MP_PROJ_DOWN = 2,	/* [hidden x ffn] */
+};
+
+/* One projection of the expert (see mp_pager_expert()). */
+MP_API const void *mp_pager_expert_proj(struct mp_pager *p, uint32_t layer, uint32_t expert,
+					enum mp_proj proj);
+
+/*
+ * Reports the routing of (request, token) in layer: the k experts ids
+ * with gate weights (may be NULL), before the engine reads them. Feeds the
+ * eviction policy and the hit statistics and, with route_fill, starts
+ * reading routed experts that are not resident. Returns 0 or -EINVAL.
+ */
+MP_API int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_t layer,
+			  const uint32_t *ids, const float *weights, uint32_t k);
+
+/*
+ * Queues an asynchronous read of the expert (higher priority first; demand
+ * faults always go ahead of every prefetch) and maps it when done, so a
+ * later read does not fault. Returns 1 when queued, 0 when it is already
+ * resident, being read or queued (its priority raised if lower), or
+ * -EINVAL.
+ */
+MP_API int mp_pager_prefetch(struct mp_pager *p, uint32_t layer, uint32_t expert, int priority);
+
+/* Waits until no read is queued or running, or timeout_ms passes. Returns 0 or -ETIMEDOUT. */
+MP_API int mp_pager_wait_idle(struct mp_pager *p, uint32_t timeout_ms);
+
+enum mp_evict_flags {
+	/* Unmap only: the data stays in host memory (the next touch is a host-tier fault). */
+	MP_EVICT_KEEP_HOST = 1u << 0,
+};
+
+/*
+ * Evicts the expert now (an access afterwards faults it back in, with the
+ * right bytes). Returns 0, -ENOENT when it is not resident, -EBUSY when it
+ * is being read or its pages are pinned, or -EINVAL.
+ */
+MP_API int mp_pager_evict(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned flags);
+
+enum mp_residency {
+	MP_RES_NONE = 0,	/* not in memory */
+	MP_RES_FILLING,		/* being read from a tier */
+	MP_RES_HOST,		/* in host memory, unmapped: a touch is a host-tier fault */
+	MP_RES_MAPPED,		/* mapped: a touch does not fault */
+	MP_RES_POISONED,	/* reads failed: a touch raises SIGBUS until cleared */
+};
+
+/* Where the expert is now (a snapshot), or -EINVAL. */
+MP_API int mp_pager_residency(struct mp_pager *p, uint32_t layer, uint32_t expert);
+
+/*
+ * Budget
+ */
+
+/*
+ * Changes the budget. Shrinking evicts down to it before returning (an
+ * expert being read when this is called may keep the total above it until
+ * its read ends). Returns 0, or -EINVAL when bytes is below one expert.
+ */
+MP_API int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes);
+MP_API uint64_t mp_pager_budget(const struct mp_pager *p);
+
+/*
+ * Guard
+ */
+
+/*
+ * Runs fn(arg) on the calling thread and returns its result, or, when fn
+ * touches a poisoned expert of any open pager (the reads failed, or the
+ * pager closed while the thread waited), the recorded cause (-EIO,
+ * -EBADMSG for a checksum mismatch, -ENODATA for a truncated file,
+ * -ESHUTDOWN after close) with a message naming layer, expert and cause.
+ * fn is abandoned with siglongjmp(): it must hold no locks and own no
+ * memory at that point. The expert is then cleared, so a later access
+ * reads it again. Nests; a SIGBUS elsewhere goes to the handler that was
+ * installed before.
+ */
+MP_API int mp_pager_guard(struct mp_pager *p, int (*fn)(void *arg), void *arg);
+
+/*
+ * Statistics
+ */
+
+#define MP_PAGER_HIST_BUCKETS 40
+
+struct mp_pager_stats {
+	uint64_t hits;			/* routed experts that were mapped when reported */
+	uint64_t misses;		/* routed experts that were not */
+	uint64_t faults_file;		/* demand faults served from the file tier */
+	uint64_t faults_host;		/* demand faults served from host memory */
+	uint64_t fault_waits;		/* blocked threads, counted per fault message */
+	uint64_t stall_ns;		/* time threads spent blocked in faults, summed */
+	/* Fault service latency (first fault to mapped): bucket i counts [2^i, 2^(i+1)) ns. */
+	uint64_t fault_latency_hist[MP_PAGER_HIST_BUCKETS];
+	uint64_t prefetch_issued;	/* prefetches queued */
+	uint64_t prefetch_used;		/* prefetched experts used before eviction */
+	uint64_t prefetch_wasted;	/* prefetched experts evicted unused */
+	uint64_t prefetch_late;		/* prefetches a thread faulted on while read */
+	uint64_t bytes_file;		/* bytes read from the file tier */
+	uint64_t bytes_host;		/* bytes mapped back from host memory */
+	uint64_t evictions;		/* experts dropped from memory */
+	uint64_t evictions_view;	/* experts unmapped but kept in host memory */
+	uint64_t read_errors;		/* failed read attempts (I/O error, checksum, short) */
+	uint64_t poisoned;		/* experts poisoned after their attempts ran out */
+	uint64_t resident_bytes;	/* expert bytes in memory now, mapped or not */
+	uint64_t resident_peak;		/* the most resident_bytes ever was */
+	uint64_t memory_bytes;		/* pages held, spare chunks and rounding included */
+	uint64_t budget_bytes;
+	uint32_t resident_experts;
+	uint32_t mapped_experts;
+};
+
+/* A snapshot of the counters. */
+MP_API void mp_pager_stats(struct mp_pager *p, struct mp_pager_stats *out);
+/* Zeroes the counters (not the resident/budget figures). */
+MP_API void mp_pager_stats_reset(struct mp_pager *p);
+/*
+ * The q-quantile (0..1) of the fault latency histogram in ns, interpolated
+ * within its log2 bucket; 0 when no fault was recorded.
+ */
+MP_API uint64_t mp_pager_stats_quantile(const struct mp_pager_stats *s, double q);
+
+/*
+ * Engine glue
+ */
+
+struct mp_expert_source_ops;
+/* The runner's expert source backed by a pager (ctx = the struct mp_pager *). */
+MP_API const struct mp_expert_source_ops *mp_pager_source_ops(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEPAGER_PAGER_H */

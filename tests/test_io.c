@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: MIT
+/* Description: io_uring reads of lib/io.c: in-order delivery, O_DIRECT tails, EOF, errors. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "internal.h"
+#include "io.h"
+
+#define FILE_BYTES	((3u << 20) + 1000)	/* ends off a block */
+
+static struct mp_io *io;
+static uint8_t *content;
+
+struct delivery {
+	const uint8_t *dst;	/* where the segments start when contiguous */
+	uint64_t got;
+	int calls;
+	int out_of_order;
+	int abort_at;		/* call number that returns -ECANCELED, 0: never */
+};
+
+static int ready(void *arg, const void *buf, size_t len)
+{
+	struct delivery *d = arg;
+
+	if (d->dst && (const uint8_t *)buf != d->dst + d->got)
+		d->out_of_order++;
+	d->got += len;
+	if (++d->calls == d->abort_at)
+		return -ECANCELED;
+	return 0;
+}
+
+static int setup(void **state)
+{
+	int fd;
+
+	(void)state;
+	t_log_capture();
+	content = malloc(FILE_BYTES);
+	for (uint32_t i = 0; i < FILE_BYTES; i++)
+		content[i] = (uint8_t)(i * 2654435761u >> 13);
+	fd = open(t_path("data"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, content, FILE_BYTES), FILE_BYTES);
+	close(fd);
+	if (mp_io_open(8, &io)) {
+		print_message("io_uring unavailable: %s\n", mp_last_error());
+		exit(t_require_all() ? 1 : T_EXIT_SKIP);
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	mp_io_close(io);
+	free(content);
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+/* A page-aligned destination with room for len rounded up to 4 KiB. */
+static uint8_t *dest(uint64_t len)
+{
+	uint8_t *p = mmap(NULL, MP_ALIGN_UP(len, 4096), PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	assert_true(p != MAP_FAILED);
+	memset(p, 0xee, MP_ALIGN_UP(len, 4096));
+	return p;
+}
+
+static void direct_read_delivers_every_byte_in_order(void **state)
+{
+	uint64_t len = FILE_BYTES - 4096;	/* the last block is read past the data, to EOF */
+	uint8_t *buf = dest(len);
+	struct iovec iov[2] = { { buf, 1u << 20 }, { buf + (1u << 20), MP_ALIGN_UP(len, 4096) -
+						       (1u << 20) } };
+	struct delivery d = { .dst = buf };
+	int fd = open(t_path("data"), O_RDONLY | O_DIRECT);
+	struct mp_io_read rd = {
+		.fd = fd, .offset = 4096, .len = len, .iov = iov, .iovcnt = 2,
+		.request_bytes = 64u << 10, .align = 4096, .ready = ready, .arg = &d,
+		.what = "test", .path = "data",
+	};
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(mp_io_read(io, &rd), 0);
+	assert_int_equal(d.got, len);
+	assert_int_equal(d.out_of_order, 0);
+	assert_true(d.calls >= 48);	/* 64 KiB requests, delivered as they complete */
+	assert_memory_equal(buf, content + 4096, len);
+	close(fd);
+	munmap(buf, MP_ALIGN_UP(len, 4096));
+}
+
+static void buffered_read_of_odd_length_is_exact(void **state)
+{
+	uint64_t len = 12345;
+	uint8_t *buf = dest(len);
+	struct iovec iov = { buf, MP_ALIGN_UP(len, 4096) };
+	struct delivery d = { .dst = buf };
+	int fd = open(t_path("data"), O_RDONLY);
+	struct mp_io_read rd = {
+		.fd = fd, .offset = 777, .len = len, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 4096, .align = 1, .ready = ready, .arg = &d,
+		.what = "test", .path = "data",
+	};
+
+	(void)state;
+	assert_int_equal(mp_io_read(io, &rd), 0);
+	assert_int_equal(d.got, len);
+	assert_memory_equal(buf, content + 777, len);
+	/* Nothing written past the data. */
+	assert_int_equal(buf[len], 0xee);
+	close(fd);
+	munmap(buf, 16384);
+}
+
+static void file_ending_inside_the_data_is_enodata(void **state)
+{
+	uint64_t len = 1u << 20;
+	uint8_t *buf = dest(len);
+	struct iovec iov = { buf, len };
+	struct delivery d = { .dst = buf };
+	int fd = open(t_path("data"), O_RDONLY);
+	struct mp_io_read rd = {
+		.fd = fd, .offset = FILE_BYTES - 5000, .len = len, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 256u << 10, .align = 1, .ready = ready, .arg = &d,
+		.what = "layer 9 expert 9", .path = "data",
+	};
+
+	(void)state;
+	t_log_reset();
+	assert_int_equal(mp_io_read(io, &rd), -ENODATA);
+	assert_true(t_log_contains("layer 9 expert 9: data: file ends at offset"));
+	/* The ring is clean: the next read works. */
+	rd.offset = 0;
+	d = (struct delivery){ .dst = buf };
+	assert_int_equal(mp_io_read(io, &rd), 0);
+	assert_memory_equal(buf, content, len);
+	close(fd);
+	munmap(buf, len);
+}
+
+static void ready_abort_stops_the_read_with_its_value(void **state)
+{
+	uint64_t len = 2u << 20;
+	uint8_t *buf = dest(len);
+	struct iovec iov = { buf, len };
+	struct delivery d = { .dst = buf, .abort_at = 3 };
+	int fd = open(t_path("data"), O_RDONLY | O_DIRECT);
+	struct mp_io_read rd = {
+		.fd = fd, .offset = 0, .len = len, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 128u << 10, .align = 4096, .ready = ready, .arg = &d,
+		.what = "test", .path = "data",
+	};
+
+	(void)state;
+	assert_int_equal(mp_io_read(io, &rd), -ECANCELED);
+	assert_int_equal(d.calls, 3);
+	close(fd);
+	munmap(buf, len);
+}
+
+static void bad_fd_fails_with_its_errno_and_a_message(void **state)
+{
+	uint8_t *buf = dest(4096);
+	struct iovec iov = { buf, 4096 };
+	struct mp_io_read rd = {
+		.fd = 12345, .offset = 0, .len = 4096, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 4096, .align = 1, .what = "layer 1 expert 2", .path = "gone",
+	};
+
+	(void)state;
+	t_log_reset();
+	assert_int_equal(mp_io_read(io, &rd), -EBADF);
+	assert_true(t_log_contains("layer 1 expert 2: gone: read of 4096 bytes at offset 0"));
+	munmap(buf, 4096);
+}
+
+static void short_destination_is_refused(void **state)
+{
+	uint8_t *buf = dest(4096);
+	struct iovec iov = { buf, 4096 };
+	struct mp_io_read rd = {
+		.fd = 0, .offset = 0, .len = 8192, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 4096, .align = 4096, .what = "test", .path = "x",
+	};
+
+	(void)state;
+	assert_int_equal(mp_io_read(io, &rd), -EINVAL);
+	rd.len = 100;
+	rd.align = 3;
+	assert_int_equal(mp_io_read(io, &rd), -EINVAL);
+	munmap(buf, 4096);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(direct_read_delivers_every_byte_in_order),
+		cmocka_unit_test(buffered_read_of_odd_length_is_exact),
+		cmocka_unit_test(file_ending_inside_the_data_is_enodata),
+		cmocka_unit_test(ready_abort_stops_the_read_with_its_value),
+		cmocka_unit_test(bad_fd_fails_with_its_errno_and_a_message),
+		cmocka_unit_test(short_destination_is_refused),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,910 @@
+// SPDX-License-Identifier: MIT
+/* Description: the pager over the tiny model: bytes, budget, eviction, prefetch, guard, close. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "internal.h"
+#include "pager_internal.h"
+#include "region_priv.h"
+#include "tier.h"
+
+static struct mp_store *store;
+static const struct mp_geometry *geo;
+static uint64_t xbytes;		/* bytes of one expert */
+static uint8_t **expected;	/* every expert's bytes, read with pread */
+
+/*
+ * A test tier wrapped around the file tier: fails, corrupts or delays
+ * reads of chosen experts, like the fault-injection layer will.
+ */
+struct test_tier {
+	struct mp_tier t;
+	struct mp_tier *lower;
+	atomic_int fail_layer;		/* -1: every layer */
+	atomic_int fail_expert;
+	atomic_int mode;		/* 0 pass, 1 EIO, 2 corrupt */
+	atomic_uint delay_ms;
+	atomic_int reads;
+	atomic_int cancelled;		/* reads stopped by rd->cancel */
+};
+
+enum { PASS = 0, FAIL_EIO = 1, CORRUPT = 2 };
+
+struct corrupt_arg {
+	mp_io_ready_fn ready;
+	void *arg;
+	bool done;
+};
+
+static int corrupt_ready(void *arg, const void *buf, size_t len)
+{
+	struct corrupt_arg *c = arg;
+
+	if (!c->done && len) {
+		((uint8_t *)buf)[len / 2] ^= 0x5a;
+		c->done = true;
+	}
+	return c->ready(c->arg, buf, len);
+}
+
+static int test_tier_read(struct mp_tier *t, const struct mp_tier_read *rd)
+{
+	struct test_tier *tt = container_of(t, struct test_tier, t);
+	int fl = atomic_load(&tt->fail_layer), fe = atomic_load(&tt->fail_expert);
+	bool match = (fl < 0 || (uint32_t)fl == rd->layer) &&
+		     (fe < 0 || (uint32_t)fe == rd->expert);
+	unsigned delay = atomic_load(&tt->delay_ms);
+
+	atomic_fetch_add(&tt->reads, 1);
+	for (unsigned i = 0; i < delay; i++) {
+		if (rd->cancel && atomic_load(rd->cancel)) {
+			atomic_fetch_add(&tt->cancelled, 1);
+			return -ECANCELED;
+		}
+		usleep(1000);
+	}
+	if (match && atomic_load(&tt->mode) == FAIL_EIO)
+		return mp_err(-EIO, "test tier: layer %u expert %u: injected EIO", rd->layer,
+			      rd->expert);
+	if (match && atomic_load(&tt->mode) == CORRUPT) {
+		struct corrupt_arg c = { rd->ready, rd->arg, false };
+		struct mp_tier_read r = *rd;
+
+		r.ready = corrupt_ready;
+		r.arg = &c;
+		return mp_tier_read(tt->lower, &r);
+	}
+	return mp_tier_read(tt->lower, rd);
+}
+
+static void test_tier_destroy(struct mp_tier *t)
+{
+	struct test_tier *tt = container_of(t, struct test_tier, t);
+
+	mp_tier_destroy(tt->lower);
+	tt->lower = NULL;
+}
+
+static const struct mp_tier_ops test_tier_ops = {
+	.name = "test",
+	.read = test_tier_read,
+	.destroy = test_tier_destroy,
+};
+
+static struct test_tier ttier;
+
+static int wrap(void *arg, struct mp_tier *lower, struct mp_tier **out)
+{
+	struct test_tier *tt = arg;
+
+	tt->t.ops = &test_tier_ops;
+	snprintf(tt->t.name, sizeof(tt->t.name), "test");
+	tt->t.number = 2;
+	tt->lower = lower;
+	atomic_store(&tt->fail_layer, -1);
+	atomic_store(&tt->fail_expert, -1);
+	atomic_store(&tt->mode, PASS);
+	atomic_store(&tt->delay_ms, 0);
+	atomic_store(&tt->reads, 0);
+	atomic_store(&tt->cancelled, 0);
+	*out = &tt->t;
+	return 0;
+}
+
+static const struct mp_pager_hooks hooks = { .wrap_tier = wrap, .arg = &ttier };
+
+static struct mp_pager *open_pager(uint64_t budget_experts, const char *eviction)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager *p = NULL;
+	int err;
+
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = budget_experts * xbytes;
+	cfg.eviction = eviction;
+	cfg.no_route_fill = true;
+	err = mp_pager_open_hooked(store, &cfg, &hooks, &p);
+	if (err == -EPERM || err == -EOPNOTSUPP) {
+		print_message("userfaultfd unavailable: %s\n", mp_last_error());
+		exit(t_require_all() ? 1 : T_EXIT_SKIP);
+	}
+	assert_int_equal(err, 0);
+	return p;
+}
+
+static int group_setup(void **state)
+{
+	const char *path;
+
+	(void)state;
+	t_log_capture();
+	path = t_path("tiny.mpk");
+	assert_int_equal(t_gen_tiny(path, MP_DTYPE_F32, 42), 0);
+	assert_int_equal(mp_store_open(path, &store), 0);
+	geo = mp_store_geometry(store);
+	xbytes = mp_store_expert_bytes(store);
+	expected = calloc(geo->layers * geo->experts, sizeof(*expected));
+	for (uint32_t l = 0; l < geo->layers; l++) {
+		for (uint32_t e = 0; e < geo->experts; e++) {
+			uint8_t *b = malloc(xbytes);
+
+			assert_int_equal(mp_store_read_expert(store, l, e, b), 0);
+			expected[l * geo->experts + e] = b;
+		}
+	}
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	for (uint32_t i = 0; i < geo->layers * geo->experts; i++)
+		free(expected[i]);
+	free(expected);
+	mp_store_close(store);
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+static const uint8_t *want(uint32_t l, uint32_t e)
+{
+	return expected[l * geo->experts + e];
+}
+
+static void every_expert_reads_back_under_two_expert_budget(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	struct mp_pager_stats st;
+	uint32_t n = geo->layers * geo->experts;
+
+	(void)state;
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t l = 0; l < geo->layers; l++)
+			for (uint32_t e = 0; e < geo->experts; e++)
+				assert_memory_equal(mp_pager_expert(p, l, e), want(l, e), xbytes);
+	mp_pager_stats(p, &st);
+	/* Each touch of an expert not in memory is one file-tier fault: constant eviction. */
+	assert_int_equal(st.faults_file, 2 * n);
+	assert_int_equal(st.faults_host, 0);
+	assert_int_equal(st.evictions, 2 * n - 2);
+	assert_int_equal(st.bytes_file, 2 * n * xbytes);
+	assert_true(st.resident_peak <= 2 * xbytes);
+	assert_int_equal(st.resident_experts, 2);
+	assert_true(mp_pager_stats_quantile(&st, 0.5) > 0);
+	mp_pager_close(p);
+}
+
+struct reader {
+	struct mp_pager *p;
+	unsigned seed;
+	int iters;
+	int bad;
+	atomic_bool *stop;
+};
+
+static void *read_random(void *arg)
+{
+	struct reader *r = arg;
+
+	for (int i = 0; i < r->iters && !(r->stop && atomic_load(r->stop)); i++) {
+		uint32_t l = (uint32_t)rand_r(&r->seed) % geo->layers;
+		/* Overlap: few experts, many threads. */
+		uint32_t e = (uint32_t)rand_r(&r->seed) % 3;
+		const uint8_t *x = mp_pager_expert(r->p, l, e);
+
+		if (memcmp(x, want(l, e), xbytes))
+			r->bad++;
+	}
+	return NULL;
+}
+
+static void threads_reading_overlapping_experts_see_file_bytes(void **state)
+{
+	struct mp_pager *p = open_pager(3, NULL);
+	struct reader r[4];
+	pthread_t th[4];
+
+	(void)state;
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct reader){ .p = p, .seed = 7u + (unsigned)i, .iters = 300 };
+		pthread_create(&th[i], NULL, read_random, &r[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(r[i].bad, 0);
+	}
+	mp_pager_close(p);
+}
+
+struct sampler {
+	struct mp_pager *p;
+	atomic_bool stop;
+	uint64_t max_resident;
+	uint64_t samples;
+};
+
+static void *sample_budget(void *arg)
+{
+	struct sampler *s = arg;
+	struct mp_pager_stats st;
+
+	while (!atomic_load(&s->stop)) {
+		mp_pager_stats(s->p, &st);
+		s->max_resident = MP_MAX(s->max_resident, st.resident_bytes);
+		s->samples++;
+	}
+	return NULL;
+}
+
+static void budget_is_never_exceeded_while_threads_read(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	struct sampler s = { .p = p };
+	struct reader r[3];
+	pthread_t th[3], sm;
+	struct mp_pager_stats st;
+
+	(void)state;
+	pthread_create(&sm, NULL, sample_budget, &s);
+	for (int i = 0; i < 3; i++) {
+		r[i] = (struct reader){ .p = p, .seed = 100u + (unsigned)i, .iters = 200 };
+		pthread_create(&th[i], NULL, read_random, &r[i]);
+	}
+	for (int i = 0; i < 3; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(r[i].bad, 0);
+	}
+	atomic_store(&s.stop, true);
+	pthread_join(sm, NULL);
+	mp_pager_stats(p, &st);
+	assert_true(s.samples > 100);
+	assert_true(s.max_resident <= 2 * xbytes);
+	assert_true(st.resident_peak <= 2 * xbytes);
+	assert_true(st.evictions > 0);
+	mp_pager_close(p);
+}
+
+static void prefetch_then_read_causes_no_demand_fault(void **state)
+{
+	struct mp_pager *p = open_pager(8, NULL);
+	struct mp_pager_stats st;
+	uint32_t ids[2] = { 1, 2 };
+
+	(void)state;
+	for (uint32_t e = 0; e < 4; e++)
+		assert_int_equal(mp_pager_prefetch(p, 1, e, (int)e), 1);
+	/* Already queued or resident: nothing new. */
+	assert_int_equal(mp_pager_prefetch(p, 1, 0, 9), 0);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	for (uint32_t e = 0; e < 4; e++)
+		assert_int_equal(mp_pager_residency(p, 1, e), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_route(p, 0, 0, 1, ids, NULL, 2), 0);
+	for (uint32_t e = 0; e < 4; e++)
+		assert_memory_equal(mp_pager_expert(p, 1, e), want(1, e), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.faults_file, 0);
+	assert_int_equal(st.faults_host, 0);
+	assert_int_equal(st.fault_waits, 0);
+	assert_int_equal(st.prefetch_issued, 4);
+	assert_int_equal(st.prefetch_used, 2);
+	assert_int_equal(st.hits, 2);
+	assert_int_equal(st.misses, 0);
+	mp_pager_close(p);
+}
+
+static void host_tier_refault_returns_right_bytes(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager_stats st;
+
+	(void)state;
+	assert_memory_equal(mp_pager_expert(p, 2, 3), want(2, 3), xbytes);
+	assert_int_equal(mp_pager_evict(p, 2, 3, MP_EVICT_KEEP_HOST), 0);
+	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_HOST);
+	assert_memory_equal(mp_pager_expert(p, 2, 3), want(2, 3), xbytes);
+	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_MAPPED);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.faults_file, 1);
+	assert_int_equal(st.faults_host, 1);
+	assert_int_equal(st.evictions_view, 1);
+	assert_int_equal(st.evictions, 0);
+	assert_int_equal(st.bytes_host, xbytes);
+	/* Dropped for good, it comes back from the file. */
+	assert_int_equal(mp_pager_evict(p, 2, 3, 0), 0);
+	assert_int_equal(mp_pager_evict(p, 2, 3, 0), -ENOENT);
+	assert_memory_equal(mp_pager_expert(p, 2, 3), want(2, 3), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.faults_file, 2);
+	mp_pager_close(p);
+}
+
+struct evictor {
+	struct mp_pager *p;
+	atomic_bool stop;
+	int evicted;
+};
+
+static void *evict_loop(void *arg)
+{
+	struct evictor *ev = arg;
+
+	while (!atomic_load(&ev->stop)) {
+		if (!mp_pager_evict(ev->p, 0, 5, (ev->evicted & 1) ? MP_EVICT_KEEP_HOST : 0))
+			ev->evicted++;
+		usleep(50);
+	}
+	return NULL;
+}
+
+static void evicting_an_expert_being_read_refaults_right_bytes(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct evictor ev = { .p = p };
+	struct mp_pager_stats st;
+	pthread_t th;
+	uint64_t t0;
+	int bad = 0;
+
+	(void)state;
+	pthread_create(&th, NULL, evict_loop, &ev);
+	t0 = mp_now_ns();
+	while (mp_now_ns() - t0 < 300ull * 1000 * 1000)
+		bad += memcmp(mp_pager_expert(p, 0, 5), want(0, 5), xbytes) != 0;
+	atomic_store(&ev.stop, true);
+	pthread_join(th, NULL);
+	mp_pager_stats(p, &st);
+	assert_int_equal(bad, 0);
+	assert_true(ev.evicted > 10);
+	assert_true(st.faults_file + st.faults_host > 10);
+	mp_pager_close(p);
+}
+
+struct racer {
+	struct mp_pager *p;
+	pthread_barrier_t *go;
+	int same;
+};
+
+static void *race_one(void *arg)
+{
+	struct racer *r = arg;
+	const uint8_t *x = mp_pager_expert(r->p, 3, 1);
+
+	pthread_barrier_wait(r->go);
+	r->same = !memcmp(x, want(3, 1), xbytes);
+	return NULL;
+}
+
+static void racing_faults_on_one_expert_read_it_once(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager_stats st;
+	pthread_barrier_t go;
+	struct racer r[8];
+	pthread_t th[8];
+
+	(void)state;
+	atomic_store(&ttier.delay_ms, 50);
+	pthread_barrier_init(&go, NULL, 8);
+	for (int i = 0; i < 8; i++) {
+		r[i] = (struct racer){ .p = p, .go = &go };
+		pthread_create(&th[i], NULL, race_one, &r[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(r[i].same, 1);
+	}
+	atomic_store(&ttier.delay_ms, 0);
+	pthread_barrier_destroy(&go);
+	mp_pager_stats(p, &st);
+	/* Eight threads, one fault episode, one read: the rest waited on it. */
+	assert_int_equal(st.faults_file, 1);
+	assert_int_equal(st.bytes_file, xbytes);
+	assert_int_equal(atomic_load(&ttier.reads), 1);
+	assert_true(st.fault_waits >= 2 && st.fault_waits <= 8);
+	assert_true(st.stall_ns >= st.fault_waits * 10ull * 1000 * 1000);
+	mp_pager_close(p);
+}
+
+static void application_zap_of_a_mapped_expert_reads_it_again(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	const uint8_t *x = mp_pager_expert(p, 1, 6);
+	struct mp_pager_stats st;
+
+	(void)state;
+	assert_memory_equal(x, want(1, 6), xbytes);
+	/* The pages are freed behind the pager's back (a REMOVE event it is told of). */
+	assert_int_equal(madvise((void *)x, xbytes, MADV_DONTNEED), 0);
+	assert_memory_equal(x, want(1, 6), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.bytes_file, 2 * xbytes);
+	assert_int_equal(st.resident_bytes, xbytes);
+	assert_int_equal(mp_pager_residency(p, 1, 6), MP_RES_MAPPED);
+	mp_pager_close(p);
+}
+
+static void shrinking_the_budget_evicts_down_to_it(void **state)
+{
+	struct mp_pager *p = open_pager(8, NULL);
+	struct mp_pager_stats st;
+
+	(void)state;
+	for (uint32_t e = 0; e < 6; e++)
+		assert_memory_equal(mp_pager_expert(p, 3, e), want(3, e), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.resident_bytes, 6 * xbytes);
+	assert_int_equal(mp_pager_set_budget(p, 2 * xbytes), 0);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.resident_bytes, 2 * xbytes);
+	assert_int_equal(st.evictions, 4);
+	assert_int_equal(mp_pager_budget(p), 2 * xbytes);
+	t_log_reset();
+	assert_int_equal(mp_pager_set_budget(p, xbytes - 1), -EINVAL);
+	assert_true(t_log_contains("below one expert"));
+	/* Still serving, within the new budget. */
+	assert_memory_equal(mp_pager_expert(p, 3, 7), want(3, 7), xbytes);
+	mp_pager_stats(p, &st);
+	assert_true(st.resident_bytes <= 2 * xbytes);
+	mp_pager_close(p);
+}
+
+/* With 2 slots of budget: A, B, use A, then C. LRU drops B, FIFO drops A. */
+static void lru_and_fifo_pick_their_victims(void **state)
+{
+	const char *names[2] = { "lru", "fifo" };
+	uint32_t a = 0;
+
+	(void)state;
+	for (int i = 0; i < 2; i++) {
+		struct mp_pager *p = open_pager(2, names[i]);
+
+		assert_memory_equal(mp_pager_expert(p, 0, 0), want(0, 0), xbytes);
+		assert_memory_equal(mp_pager_expert(p, 0, 1), want(0, 1), xbytes);
+		assert_int_equal(mp_pager_route(p, 0, 0, 0, &a, NULL, 1), 0);
+		assert_memory_equal(mp_pager_expert(p, 0, 2), want(0, 2), xbytes);
+		if (i == 0) {
+			assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_MAPPED);
+			assert_int_equal(mp_pager_residency(p, 0, 1), MP_RES_NONE);
+		} else {
+			assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_NONE);
+			assert_int_equal(mp_pager_residency(p, 0, 1), MP_RES_MAPPED);
+		}
+		mp_pager_close(p);
+	}
+}
+
+static void demand_fault_goes_before_queued_prefetches(void **state)
+{
+	struct mp_pager *p = open_pager(32, NULL);
+	struct mp_pager_stats st;
+	int queued = 0;
+
+	(void)state;
+	atomic_store(&ttier.delay_ms, 200);
+	for (uint32_t l = 1; l < geo->layers; l++)
+		for (uint32_t e = 0; e < geo->experts; e++)
+			queued += mp_pager_prefetch(p, l, e, 1);
+	assert_int_equal(queued, (int)((geo->layers - 1) * geo->experts));
+	assert_memory_equal(mp_pager_expert(p, 0, 0), want(0, 0), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.faults_file, 1);
+	/* Served after at most the prefetch already being read, never the queue of 24. */
+	assert_true(atomic_load(&ttier.reads) <= 4);
+	assert_true(mp_pager_residency(p, geo->layers - 1, geo->experts - 1) == MP_RES_NONE);
+	atomic_store(&ttier.delay_ms, 0);
+	assert_int_equal(mp_pager_wait_idle(p, 10000), 0);
+	mp_pager_close(p);
+}
+
+struct guarded {
+	struct mp_pager *p;
+	uint32_t layer;
+	uint32_t expert;
+	int ret;
+	int same;
+};
+
+static int read_expert_fn(void *arg)
+{
+	struct guarded *g = arg;
+
+	g->same = !memcmp(mp_pager_expert(g->p, g->layer, g->expert), want(g->layer, g->expert),
+			  xbytes);
+	return 0;
+}
+
+static void poisoned_expert_errors_through_guard_then_retries(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct guarded g = { .p = p, .layer = 1, .expert = 1 };
+	struct mp_pager_stats st;
+
+	(void)state;
+	atomic_store(&ttier.fail_layer, 1);
+	atomic_store(&ttier.fail_expert, 1);
+	atomic_store(&ttier.mode, FAIL_EIO);
+	t_log_reset();
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), -EIO);
+	assert_true(t_log_contains("layer 1 expert 1"));
+	assert_true(t_log_contains("Input/output error"));
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.poisoned, 1);
+	assert_int_equal(st.read_errors, 3);
+	/* Still failing: the next access reads again (3 more attempts) and fails again. */
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), -EIO);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.read_errors, 6);
+	/* The tier recovers: the next access succeeds with the right bytes. */
+	atomic_store(&ttier.mode, PASS);
+	g.same = 0;
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), 0);
+	assert_int_equal(g.same, 1);
+	/* Other experts never noticed. */
+	g.expert = 2;
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), 0);
+	assert_int_equal(g.same, 1);
+	mp_pager_close(p);
+}
+
+static void corrupt_read_is_caught_by_checksum_never_served(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct guarded g = { .p = p, .layer = 2, .expert = 6 };
+
+	(void)state;
+	atomic_store(&ttier.fail_layer, 2);
+	atomic_store(&ttier.fail_expert, 6);
+	atomic_store(&ttier.mode, CORRUPT);
+	t_log_reset();
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), -EBADMSG);
+	assert_true(t_log_contains("layer 2 expert 6: checksum mismatch"));
+	assert_int_equal(g.same, 0);
+	atomic_store(&ttier.mode, PASS);
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), 0);
+	assert_int_equal(g.same, 1);
+	mp_pager_close(p);
+}
+
+static int read_slowly_fn(void *arg)
+{
+	struct guarded *g = arg;
+	const volatile uint8_t *x = mp_pager_expert(g->p, g->layer, g->expert);
+
+	g->same = x[0] == want(g->layer, g->expert)[0];
+	return 0;
+}
+
+static void *guarded_reader(void *arg)
+{
+	struct guarded *g = arg;
+
+	g->ret = mp_pager_guard(g->p, read_slowly_fn, g);
+	return NULL;
+}
+
+static void close_with_faults_in_flight_releases_every_thread(void **state)
+{
+	struct mp_pager *p = open_pager(8, NULL);
+	struct guarded g[4];
+	pthread_t th[4];
+	int errors = 0;
+
+	(void)state;
+	/* Reads take 10 s: every reader is blocked in its fault when close starts. */
+	atomic_store(&ttier.delay_ms, 10000);
+	for (int i = 0; i < 4; i++) {
+		g[i] = (struct guarded){ .p = p, .layer = (uint32_t)i, .expert = 4, .ret = 1 };
+		pthread_create(&th[i], NULL, guarded_reader, &g[i]);
+	}
+	while (atomic_load(&ttier.reads) < 2)
+		usleep(1000);
+	usleep(50 * 1000);
+	t_log_reset();
+	mp_pager_close(p);
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		errors += g[i].ret == -ESHUTDOWN;
+	}
+	/* Each reader got an error; the reads in flight were cancelled, not waited for. */
+	assert_int_equal(errors, 4);
+	assert_int_equal(atomic_load(&ttier.cancelled), 2);
+	assert_true(t_log_contains("closed while it was being read"));
+	atomic_store(&ttier.delay_ms, 0);
+}
+
+static int count_fds(void)
+{
+	int n = 0;
+
+	for (int fd = 0; fd < 4096; fd++)
+		n += fcntl(fd, F_GETFD) != -1;
+	return n;
+}
+
+/* True when some mapping of /proc/self/maps overlaps [a, a+len). */
+static bool mapped_anywhere(const void *a, uint64_t len)
+{
+	uintptr_t lo = (uintptr_t)a, hi = lo + len;
+	unsigned long s, e;
+	char line[512];
+	bool hit = false;
+	FILE *f = fopen("/proc/self/maps", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx", &s, &e) == 2 && s < hi && e > lo)
+			hit = true;
+	if (f)
+		fclose(f);
+	return hit;
+}
+
+static int count_threads(void)
+{
+	char line[256];
+	int n = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "Threads:", 8))
+			n = atoi(line + 8);
+	if (f)
+		fclose(f);
+	return n;
+}
+
+static void close_leaves_no_fd_thread_or_mapping(void **state)
+{
+	int fds = count_fds(), threads = count_threads();
+	struct mp_pager *p = open_pager(2, NULL);
+	struct mp_region *r = p->region;
+	void *range = r->base, *pool = r->pool, *nursery = r->nursery;
+	uint64_t range_len = r->bytes, pool_len = r->pool_bytes, nursery_len = r->nursery_bytes;
+
+	(void)state;
+	assert_memory_equal(mp_pager_expert(p, 1, 2), want(1, 2), xbytes);
+	assert_int_equal(mp_pager_prefetch(p, 2, 2, 0), 1);
+	assert_true(count_fds() > fds);
+	assert_true(mapped_anywhere(range, range_len));
+	assert_int_equal(count_threads(), threads + 3);
+	mp_pager_close(p);
+	assert_int_equal(count_fds(), fds);
+	assert_false(mapped_anywhere(range, range_len));
+	assert_false(mapped_anywhere(pool, pool_len));
+	assert_false(mapped_anywhere(nursery, nursery_len));
+	assert_int_equal(count_threads(), threads);
+}
+
+static int touch_addr_fn(void *arg)
+{
+	return *(const volatile uint8_t *)arg;
+}
+
+static void access_outside_any_expert_is_an_error_not_a_hang(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	const uint8_t *x = mp_pager_expert(p, 1, 3);
+	const uint8_t *spare = (const uint8_t *)mp_region_slot_addr(p->region,
+								   mp_pager_slot(p, 1, geo->experts));
+
+	(void)state;
+	t_log_reset();
+	/* The padding between an expert's last byte and the next slot. */
+	assert_int_equal(mp_pager_guard(p, touch_addr_fn, (void *)(x + p->data_bytes + 64)),
+			 -EFAULT);
+	assert_true(t_log_contains("past the end of layer 1 expert 3"));
+	/* A slot no expert lives in (room for adapters). */
+	assert_int_equal(mp_pager_guard(p, touch_addr_fn, (void *)spare), -EFAULT);
+	assert_true(t_log_contains("holds no expert"));
+	/* The expert itself is fine. */
+	assert_memory_equal(x, want(1, 3), xbytes);
+	mp_pager_close(p);
+}
+
+static void bad_config_is_refused_with_a_message(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager *p;
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = xbytes - 1;
+	t_log_reset();
+	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
+	assert_null(p);
+	assert_true(t_log_contains("below one expert"));
+	mp_pager_config_init(&cfg);
+	cfg.eviction = "belady-next-year";
+	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
+	assert_true(t_log_contains("unknown eviction policy 'belady-next-year' (lru, fifo"));
+	mp_pager_config_init(&cfg);
+	cfg.slots_per_layer = geo->experts - 1;
+	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
+	assert_true(t_log_contains("slots_per_layer"));
+	mp_pager_config_init(&cfg);
+	cfg.budget = "12 parsecs";
+	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
+	assert_true(t_log_contains("budget '12 parsecs'"));
+}
+
+static void budget_env_accepts_percent_of_the_model(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager *p = NULL;
+	uint64_t total = mp_store_total_expert_bytes(store);
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	setenv("MOEPAGER_BUDGET", "25%", 1);
+	assert_int_equal(mp_pager_open(store, &cfg, &p), 0);
+	assert_int_equal(mp_pager_budget(p), total / 4);
+	mp_pager_close(p);
+	/* An explicit config wins over the environment. */
+	cfg.budget = "1M";
+	assert_int_equal(mp_pager_open(store, &cfg, &p), 0);
+	assert_int_equal(mp_pager_budget(p), 1u << 20);
+	mp_pager_close(p);
+	unsetenv("MOEPAGER_BUDGET");
+}
+
+static void out_of_range_ids_are_errors(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	uint32_t bad = geo->experts;
+
+	(void)state;
+	t_log_reset();
+	assert_null(mp_pager_expert(p, geo->layers, 0));
+	assert_true(t_log_contains("out of range"));
+	assert_int_equal(mp_pager_prefetch(p, 0, geo->experts, 0), -EINVAL);
+	assert_int_equal(mp_pager_route(p, 0, 0, 0, &bad, NULL, 1), -EINVAL);
+	assert_int_equal(mp_pager_evict(p, 0, 0, 0x80), -EINVAL);
+	assert_int_equal(mp_pager_residency(p, 0, geo->experts), -EINVAL);
+	assert_null(mp_pager_expert_proj(p, 0, 0, (enum mp_proj)7));
+	mp_pager_close(p);
+}
+
+static void projections_point_into_the_expert(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	uint64_t mat = (uint64_t)geo->ffn * geo->hidden * mp_dtype_size(geo->dtype);
+	const uint8_t *x;
+
+	(void)state;
+	x = mp_pager_expert(p, 3, 3);
+	assert_ptr_equal(mp_pager_expert_proj(p, 3, 3, MP_PROJ_GATE), x);
+	assert_ptr_equal(mp_pager_expert_proj(p, 3, 3, MP_PROJ_UP), x + mat);
+	assert_ptr_equal(mp_pager_expert_proj(p, 3, 3, MP_PROJ_DOWN), x + 2 * mat);
+	assert_memory_equal(mp_pager_expert_proj(p, 3, 3, MP_PROJ_DOWN), want(3, 3) + 2 * mat,
+			    mat);
+	mp_pager_close(p);
+}
+
+static void route_fill_reads_routed_experts_before_the_touch(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager *p;
+	struct mp_pager_stats st;
+	uint32_t ids[2] = { 6, 7 };
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 8 * xbytes;
+	assert_int_equal(mp_pager_open_hooked(store, &cfg, &hooks, &p), 0);
+	assert_int_equal(mp_pager_route(p, 0, 0, 2, ids, NULL, 2), 0);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 2, 6), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 2, 7), MP_RES_MAPPED);
+	assert_memory_equal(mp_pager_expert(p, 2, 7), want(2, 7), xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.misses, 2);
+	assert_int_equal(st.faults_file, 0);
+	assert_int_equal(st.prefetch_issued, 0);
+	mp_pager_close(p);
+}
+
+static void budget_strings_parse(void **state)
+{
+	uint64_t v;
+
+	(void)state;
+	assert_int_equal(mp_budget_parse("8G", 0, &v), 0);
+	assert_int_equal(v, 8ull << 30);
+	assert_int_equal(mp_budget_parse("512M", 0, &v), 0);
+	assert_int_equal(v, 512ull << 20);
+	assert_int_equal(mp_budget_parse("1.5G", 0, &v), 0);
+	assert_int_equal(v, 3ull << 29);
+	assert_int_equal(mp_budget_parse("64KiB", 0, &v), 0);
+	assert_int_equal(v, 64ull << 10);
+	assert_int_equal(mp_budget_parse("4096", 0, &v), 0);
+	assert_int_equal(v, 4096);
+	assert_int_equal(mp_budget_parse("40%", 1000, &v), 0);
+	assert_int_equal(v, 400);
+	t_log_reset();
+	assert_int_equal(mp_budget_parse("40%", 0, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("150%", 1000, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("-3G", 0, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("0", 0, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("8Q", 0, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("", 0, &v), -EINVAL);
+	assert_int_equal(mp_budget_parse("8GG", 0, &v), -EINVAL);
+	assert_true(t_log_contains("budget '8GG'"));
+}
+
+static void latency_quantiles_interpolate_log2_buckets(void **state)
+{
+	struct mp_pager_stats st;
+
+	(void)state;
+	memset(&st, 0, sizeof(st));
+	assert_int_equal(mp_pager_stats_quantile(&st, 0.5), 0);
+	st.fault_latency_hist[10] = 50;		/* [1024, 2048) ns */
+	st.fault_latency_hist[20] = 50;		/* [1 Mi, 2 Mi) ns */
+	assert_true(mp_pager_stats_quantile(&st, 0.25) >= 1024);
+	assert_true(mp_pager_stats_quantile(&st, 0.25) < 2048);
+	assert_true(mp_pager_stats_quantile(&st, 0.99) >= 1u << 20);
+	assert_true(mp_pager_stats_quantile(&st, 0.99) < 2u << 20);
+	assert_int_equal(mp_pager_hist_bucket(0), 0);
+	assert_int_equal(mp_pager_hist_bucket(1500), 10);
+	assert_int_equal(mp_pager_hist_bucket(UINT64_MAX), MP_PAGER_HIST_BUCKETS - 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(every_expert_reads_back_under_two_expert_budget),
+		cmocka_unit_test(threads_reading_overlapping_experts_see_file_bytes),
+		cmocka_unit_test(budget_is_never_exceeded_while_threads_read),
+		cmocka_unit_test(prefetch_then_read_causes_no_demand_fault),
+		cmocka_unit_test(host_tier_refault_returns_right_bytes),
+		cmocka_unit_test(evicting_an_expert_being_read_refaults_right_bytes),
+		cmocka_unit_test(racing_faults_on_one_expert_read_it_once),
+		cmocka_unit_test(application_zap_of_a_mapped_expert_reads_it_again),
+		cmocka_unit_test(shrinking_the_budget_evicts_down_to_it),
+		cmocka_unit_test(lru_and_fifo_pick_their_victims),
+		cmocka_unit_test(demand_fault_goes_before_queued_prefetches),
+		cmocka_unit_test(poisoned_expert_errors_through_guard_then_retries),
+		cmocka_unit_test(corrupt_read_is_caught_by_checksum_never_served),
+		cmocka_unit_test(close_with_faults_in_flight_releases_every_thread),
+		cmocka_unit_test(close_leaves_no_fd_thread_or_mapping),
+		cmocka_unit_test(access_outside_any_expert_is_an_error_not_a_hang),
+		cmocka_unit_test(bad_config_is_refused_with_a_message),
+		cmocka_unit_test(budget_env_accepts_percent_of_the_model),
+		cmocka_unit_test(out_of_range_ids_are_errors),
+		cmocka_unit_test(projections_point_into_the_expert),
+		cmocka_unit_test(route_fill_reads_routed_experts_before_the_touch),
+		cmocka_unit_test(budget_strings_parse),
+		cmocka_unit_test(latency_quantiles_interpolate_log2_buckets),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

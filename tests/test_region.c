@@ -1,0 +1,449 @@
+// SPDX-License-Identifier: MIT
+/* Description: the uffd region on its own: faults, MOVE/POISON outcomes, events, permissions. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "internal.h"
+#include "region.h"
+#include "region_priv.h"
+#include "uffd_compat.h"
+
+#define NSLOTS		8
+#define SLOT		(4u << 20)		/* two full chunks */
+#define DATA		(3u << 20)		/* one full chunk and a 1 MiB tail */
+
+/* The owner: maps a slot whose data it prepared when a thread faults on it. */
+struct owner {
+	struct mp_region *r;
+	atomic_int faults[NSLOTS];
+	atomic_int removed[NSLOTS];
+	atomic_int messages;
+	atomic_bool held[NSLOTS];	/* slot has data ready to map */
+	atomic_int map_errors;
+};
+
+static int own_fault(void *arg, uint32_t slot, uint64_t offset, uint32_t count, uint64_t now)
+{
+	struct owner *o = arg;
+
+	(void)now;
+	atomic_fetch_add(&o->faults[slot], 1);
+	atomic_fetch_add(&o->messages, (int)count);
+	if (offset >= DATA)
+		return mp_region_slot_poison(o->r, slot, DATA);
+	if (atomic_exchange(&o->held[slot], false)) {
+		if (mp_region_slot_map(o->r, slot))
+			atomic_fetch_add(&o->map_errors, 1);
+		mp_region_slot_wake(o->r, slot);
+		return 0;
+	}
+	/* Nothing to give: fail the access rather than leave it blocked. */
+	return mp_region_slot_poison(o->r, slot, 0);
+}
+
+static void own_removed(void *arg, uint32_t first, uint32_t last, bool unmapped)
+{
+	struct owner *o = arg;
+
+	(void)unmapped;
+	for (uint32_t s = first; s <= last && s < NSLOTS; s++)
+		atomic_fetch_add(&o->removed[s], 1);
+}
+
+static const struct mp_region_ops own_ops = {
+	.fault = own_fault,
+	.removed = own_removed,
+};
+
+static struct mp_region_config cfg = {
+	.nslots = NSLOTS, .slot_bytes = SLOT, .data_bytes = DATA, .numa_node = -1, .name = "test",
+};
+
+static uint8_t pattern(uint32_t slot, uint64_t off)
+{
+	return (uint8_t)(slot * 131 + off / 4096 * 7 + off % 251);
+}
+
+/* Allocates the slot's chunks and writes its pattern there (the fill a tier would do). */
+static void prepare(struct owner *o, uint32_t slot)
+{
+	struct iovec iov[4];
+	uint64_t off = 0;
+	int n = mp_region_slot_alloc(o->r, slot, iov);
+
+	assert_int_equal(n, 2);
+	assert_int_equal(iov[0].iov_len, 2u << 20);
+	assert_int_equal(iov[1].iov_len, 1u << 20);
+	for (int i = 0; i < n; i++)
+		for (size_t b = 0; b < iov[i].iov_len; b++, off++)
+			((uint8_t *)iov[i].iov_base)[b] = pattern(slot, off);
+	atomic_store(&o->held[slot], true);
+}
+
+/* Event callbacks run just after the zapping thread is released: give them a moment. */
+static int wait_count(atomic_int *v, int want)
+{
+	for (int i = 0; i < 2000 && atomic_load(v) < want; i++)
+		usleep(1000);
+	return atomic_load(v);
+}
+
+static int check_slot(struct mp_region *r, uint32_t slot)
+{
+	const uint8_t *p = mp_region_slot_addr(r, slot);
+
+	for (uint64_t off = 0; off < DATA; off += 997)
+		if (p[off] != pattern(slot, off))
+			return -1;
+	return 0;
+}
+
+static int setup(void **state)
+{
+	struct owner *o = calloc(1, sizeof(*o));
+	int err;
+
+	t_log_capture();
+	err = mp_region_create(&cfg, &own_ops, o, &o->r);
+	if (err == -EPERM || err == -EOPNOTSUPP) {
+		print_message("userfaultfd unavailable: %s\n", mp_last_error());
+		exit(t_require_all() ? 1 : T_EXIT_SKIP);
+	}
+	assert_int_equal(err, 0);
+	*state = o;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct owner *o = *state;
+
+	mp_region_destroy(o->r);
+	free(o);
+	return 0;
+}
+
+static void first_touch_maps_whole_slot_with_one_fault(void **state)
+{
+	struct owner *o = *state;
+	const uint8_t *p = mp_region_slot_addr(o->r, 1);
+
+	prepare(o, 1);
+	assert_int_equal(p[12345], pattern(1, 12345));
+	assert_int_equal(check_slot(o->r, 1), 0);
+	/* Every page of both chunks came with that one fault. */
+	assert_int_equal(atomic_load(&o->faults[1]), 1);
+	assert_int_equal(atomic_load(&o->map_errors), 0);
+}
+
+static void unmap_then_touch_refaults_with_same_bytes(void **state)
+{
+	struct owner *o = *state;
+	const volatile uint8_t *p = mp_region_slot_addr(o->r, 2);
+	struct mp_region_mem before, after;
+
+	prepare(o, 2);
+	assert_int_equal(p[0], pattern(2, 0));
+	mp_region_mem(o->r, &before);
+	assert_int_equal(mp_region_slot_unmap(o->r, 2), 0);
+	assert_false(mp_region_page_present(o->r, 2, 0));
+	/* The host tier: data kept in the pool, nothing allocated or freed. */
+	mp_region_mem(o->r, &after);
+	assert_int_equal(after.populated_bytes, before.populated_bytes);
+	atomic_store(&o->held[2], true);
+	assert_int_equal(check_slot(o->r, 2), 0);
+	assert_int_equal(atomic_load(&o->faults[2]), 2);
+	assert_true(mp_region_page_present(o->r, 2, 0));
+}
+
+static void freed_chunks_are_recycled_not_reallocated(void **state)
+{
+	struct owner *o = *state;
+	struct mp_region_mem a, b;
+
+	prepare(o, 3);
+	assert_int_equal(check_slot(o->r, 3), 0);
+	assert_int_equal(mp_region_slot_unmap(o->r, 3), 0);
+	assert_int_equal(mp_region_slot_free(o->r, 3), 0);
+	mp_region_mem(o->r, &a);
+	assert_int_equal(a.spare_bytes, DATA);
+	prepare(o, 4);
+	mp_region_mem(o->r, &b);
+	assert_int_equal(b.fresh_bytes, a.fresh_bytes);
+	assert_int_equal(b.spare_bytes, 0);
+	assert_int_equal(check_slot(o->r, 4), 0);
+	/* Trimming gives spare chunks back. */
+	assert_int_equal(mp_region_slot_unmap(o->r, 4), 0);
+	assert_int_equal(mp_region_slot_free(o->r, 4), 0);
+	assert_int_equal(mp_region_trim(o->r, 0), DATA);
+	mp_region_mem(o->r, &b);
+	assert_int_equal(b.spare_bytes, 0);
+	assert_int_equal(b.populated_bytes, a.populated_bytes - DATA);
+}
+
+struct toucher {
+	const volatile uint8_t *p;
+	uint8_t got;
+	int sigbus;
+};
+
+static __thread sigjmp_buf *bus_jb;
+
+static void on_bus(int sig)
+{
+	(void)sig;
+	if (bus_jb)
+		siglongjmp(*bus_jb, 1);
+	abort();
+}
+
+static void *touch(void *arg)
+{
+	struct toucher *t = arg;
+	sigjmp_buf jb;
+
+	bus_jb = &jb;
+	if (sigsetjmp(jb, 1) == 0)
+		t->got = *t->p;
+	else
+		t->sigbus = 1;
+	bus_jb = NULL;
+	return NULL;
+}
+
+static void poisoned_slot_raises_sigbus_until_cleared(void **state)
+{
+	struct owner *o = *state;
+	struct sigaction sa = { .sa_handler = on_bus }, old;
+	struct toucher t = { .p = mp_region_slot_addr(o->r, 5) };
+	pthread_t th;
+
+	sigaction(SIGBUS, &sa, &old);
+	/* Nothing held: the owner poisons on the first fault. */
+	pthread_create(&th, NULL, touch, &t);
+	pthread_join(th, NULL);
+	assert_int_equal(t.sigbus, 1);
+	assert_int_equal(atomic_load(&o->faults[5]), 1);
+	/* The markers answer by themselves: no second message. */
+	t.sigbus = 0;
+	pthread_create(&th, NULL, touch, &t);
+	pthread_join(th, NULL);
+	assert_int_equal(t.sigbus, 1);
+	assert_int_equal(atomic_load(&o->faults[5]), 1);
+	/* Cleared (a REMOVE event the handler reads), the next access reaches the handler. */
+	assert_int_equal(mp_region_slot_clear(o->r, 5), 0);
+	assert_int_equal(wait_count(&o->removed[5], 1), 1);
+	prepare(o, 5);
+	t.sigbus = 0;
+	pthread_create(&th, NULL, touch, &t);
+	pthread_join(th, NULL);
+	assert_int_equal(t.sigbus, 0);
+	assert_int_equal(t.got, pattern(5, 0));
+	assert_int_equal(atomic_load(&o->faults[5]), 2);
+	sigaction(SIGBUS, &old, NULL);
+}
+
+static void access_past_data_is_poisoned_not_hung(void **state)
+{
+	struct owner *o = *state;
+	struct sigaction sa = { .sa_handler = on_bus }, old;
+	struct toucher t = { .p = (const uint8_t *)mp_region_slot_addr(o->r, 6) + DATA + 100 };
+	pthread_t th;
+
+	sigaction(SIGBUS, &sa, &old);
+	pthread_create(&th, NULL, touch, &t);
+	pthread_join(th, NULL);
+	assert_int_equal(t.sigbus, 1);
+	sigaction(SIGBUS, &old, NULL);
+	/* The data part still faults in normally. */
+	prepare(o, 6);
+	assert_int_equal(check_slot(o->r, 6), 0);
+}
+
+static void poison_over_mapped_pages_skips_them_eexist(void **state)
+{
+	struct owner *o = *state;
+
+	prepare(o, 7);
+	assert_int_equal(check_slot(o->r, 7), 0);
+	/* EEXIST on every mapped page is "already present", not an error. */
+	assert_int_equal(mp_region_slot_poison(o->r, 7, DATA - 8192), 0);
+	assert_int_equal(check_slot(o->r, 7), 0);
+}
+
+static void move_onto_mapped_page_is_classified_present(void **state)
+{
+	struct owner *o = *state;
+	char *src = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *dst = mp_region_slot_addr(o->r, 1);
+	struct uffdio_move m = { .dst = (uintptr_t)dst, .src = (uintptr_t)src, .len = 4096 };
+
+	/* Slot 1 was mapped by the first test; a second resolution races in with MOVE. */
+	assert_true(mp_region_page_present(o->r, 1, 0));
+	src[0] = 1;
+	assert_int_equal(ioctl(o->r->uffd, UFFDIO_MOVE, &m), -1);
+	assert_int_equal(errno, EEXIST);
+	assert_int_equal(mp_uffd_classify(errno), MP_UFFD_PRESENT);
+	/* The page in place is untouched, and so is the source. */
+	assert_int_equal(check_slot(o->r, 1), 0);
+	assert_int_equal(src[0], 1);
+	munmap(src, 4096);
+}
+
+static void outcomes_are_classified_in_one_table(void **state)
+{
+	(void)state;
+	assert_int_equal(mp_uffd_classify(0), MP_UFFD_DONE);
+	assert_int_equal(mp_uffd_classify(EEXIST), MP_UFFD_PRESENT);
+	assert_int_equal(mp_uffd_classify(EAGAIN), MP_UFFD_RETRY);
+	assert_int_equal(mp_uffd_classify(EBUSY), MP_UFFD_BUSY);
+	assert_int_equal(mp_uffd_classify(ENOENT), MP_UFFD_GONE);
+	assert_int_equal(mp_uffd_classify(ESRCH), MP_UFFD_GONE);
+	assert_int_equal(mp_uffd_classify(EINVAL), MP_UFFD_FAIL);
+	assert_int_equal(mp_uffd_classify(ENOMEM), MP_UFFD_FAIL);
+	assert_string_equal(mp_uffd_outcome_name(MP_UFFD_PRESENT), "already present");
+}
+
+static void application_zap_is_reported_as_remove(void **state)
+{
+	struct owner *o = *state;
+	char *p = mp_region_slot_addr(o->r, 2);
+	int before = atomic_load(&o->removed[2]);
+
+	assert_true(mp_region_page_present(o->r, 2, 0));
+	assert_int_equal(madvise(p, SLOT, MADV_DONTNEED), 0);
+	assert_int_equal(wait_count(&o->removed[2], before + 1), before + 1);
+	assert_false(mp_region_page_present(o->r, 2, 0));
+	/* The pool kept its accounting; discard drops what is left of the slot. */
+	assert_int_equal(mp_region_slot_discard(o->r, 2), 0);
+}
+
+static void slot_operations_check_their_state(void **state)
+{
+	struct owner *o = *state;
+	struct iovec iov[4];
+
+	t_log_reset();
+	assert_int_equal(mp_region_slot_map(o->r, 0), -EINVAL);
+	assert_true(t_log_contains("map: slot 0 is empty"));
+	assert_int_equal(mp_region_slot_free(o->r, 0), -EINVAL);
+	assert_int_equal(mp_region_slot_alloc(o->r, NSLOTS, iov), -EINVAL);
+	assert_true(t_log_contains("out of range"));
+}
+
+static void bad_geometry_is_refused(void **state)
+{
+	struct mp_region_config bad = cfg;
+	struct mp_region *r;
+
+	(void)state;
+	bad.slot_bytes = 3u << 20;
+	assert_int_equal(mp_region_create(&bad, &own_ops, NULL, &r), -EINVAL);
+	assert_null(r);
+	bad = cfg;
+	bad.data_bytes = SLOT + 4096;
+	assert_int_equal(mp_region_create(&bad, &own_ops, NULL, &r), -EINVAL);
+}
+
+/* In a child: userfaultfd(2) refused by seccomp, optionally /dev/userfaultfd too (not root). */
+static int child_create(bool drop_root)
+{
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_userfaultfd, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { .len = MP_ARRAY_SIZE(f), .filter = f };
+	struct mp_region *r;
+	int err;
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+							       &prog))
+		return 90;
+	if (drop_root && geteuid() == 0 && (setgid(65534) || setuid(65534)))
+		return 91;
+	t_log_reset();
+	err = mp_region_create(&cfg, &own_ops, NULL, &r);
+	if (drop_root)
+		return err == -EPERM && t_log_contains("no userfaultfd permission") &&
+		       t_log_contains("/dev/userfaultfd: Permission denied") ? 0 : 1;
+	if (err)
+		return 2;
+	mp_region_destroy(r);
+	return t_log_contains("using /dev/userfaultfd") ? 0 : 3;
+}
+
+/* The child re-executes this binary: a fresh single-threaded process, sanitizers included. */
+static int run_child(bool drop_root)
+{
+	char *argv[] = { "test_region", "--perm-child", drop_root ? "drop" : "keep", NULL };
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		execv("/proc/self/exe", argv);
+		_exit(92);
+	}
+	waitpid(pid, &status, 0);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+static void refused_syscall_falls_back_to_dev_userfaultfd(void **state)
+{
+	(void)state;
+	/* Only root can open /dev/userfaultfd (mode 0600) here; CI runs as root. */
+	if (geteuid() != 0) {
+		if (t_require_all())
+			fail_msg("needs root to open /dev/userfaultfd");
+		skip();
+	}
+	assert_int_equal(run_child(false), 0);
+}
+
+static void no_permission_says_what_is_missing(void **state)
+{
+	(void)state;
+	assert_int_equal(run_child(true), 0);
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(first_touch_maps_whole_slot_with_one_fault),
+		cmocka_unit_test(unmap_then_touch_refaults_with_same_bytes),
+		cmocka_unit_test(freed_chunks_are_recycled_not_reallocated),
+		cmocka_unit_test(poisoned_slot_raises_sigbus_until_cleared),
+		cmocka_unit_test(access_past_data_is_poisoned_not_hung),
+		cmocka_unit_test(poison_over_mapped_pages_skips_them_eexist),
+		cmocka_unit_test(move_onto_mapped_page_is_classified_present),
+		cmocka_unit_test(outcomes_are_classified_in_one_table),
+		cmocka_unit_test(application_zap_is_reported_as_remove),
+		cmocka_unit_test(slot_operations_check_their_state),
+		cmocka_unit_test(bad_geometry_is_refused),
+		cmocka_unit_test(refused_syscall_falls_back_to_dev_userfaultfd),
+		cmocka_unit_test(no_permission_says_what_is_missing),
+	};
+
+	if (argc == 3 && !strcmp(argv[1], "--perm-child")) {
+		t_log_capture();
+		return child_create(!strcmp(argv[2], "drop"));
+	}
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

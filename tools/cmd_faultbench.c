@@ -1,0 +1,651 @@
+// SPDX-License-Identifier: MIT
+/* moepager faultbench: expert fault service against raw io_uring and mmap baselines, in one run. */
+#include <argp.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <moepager.h>
+
+#include "cli.h"
+
+#define NSETS 3		/* expert sets the three cold methods rotate over */
+#define HOST_ROUNDS 4	/* host-tier passes per repeat: enough faults for a p99 */
+
+static struct fb_env {
+	const char *path;
+	bool json;
+	uint32_t experts;	/* per set */
+	uint32_t repeat;
+	uint32_t io_depth;
+	uint64_t io_bytes;
+	uint32_t fill_threads;
+	bool no_drop;
+	bool verbose;
+} env;
+
+static const char doc[] =
+	"Measure, on one model file and in one run, how fast the pager serves whole-expert\n"
+	"faults, against the baselines of the same machine:\n"
+	"  raw    io_uring O_DIRECT reads of each expert into one reused, pre-faulted\n"
+	"         buffer (the physical limit), with the pager's queue depth and request size;\n"
+	"  file   first touch of an expert that is not in memory: fault, read from the file\n"
+	"         tier with a cold page cache, checksum, map (steady state: the budget is\n"
+	"         full, so each fill recycles an evicted expert's memory);\n"
+	"  host   first touch of an expert held in host memory but unmapped;\n"
+	"  mmap   a plain mmap of the file, one read per page of the same experts, after\n"
+	"         dropping the page cache.\n"
+	"Three sets of experts rotate over raw/file/mmap across repeats, so every method\n"
+	"reads the same bytes; raw reads and file faults alternate expert by expert.\n"
+	"Figures are medians over repeats; latencies are per fault, as the faulting\n"
+	"thread sees them (scheduling delays on a busy machine included).\n"
+	"The page cache is dropped with /proc/sys/vm/drop_caches when run as root, else\n"
+	"with posix_fadvise(DONTNEED); raw and file reads use O_DIRECT either way.\n"
+	"\n"
+	"--json prints one object with raw_io_uring_gbps, file_fault_gbps, host_fault_gbps,\n"
+	"host_fault_p50_us, host_fault_p99_us, mmap_gbps, expert_bytes, file_to_raw (the\n"
+	"median of per-repeat ratios), file_fault_fresh_gbps (fills into new memory),\n"
+	"file_fault_p50_us/p99_us, host_service_p50_us/p99_us (first fault message to\n"
+	"mapped, from the pager's log2 histogram: the part scheduling cannot stretch),\n"
+	"cache_mode and the parameters.\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager faultbench --model /work/data/mixtral-mini.mpk\n"
+	"  moepager faultbench --model m.mpk --json --experts 16 --repeat 5\n";
+
+enum { OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE };
+
+static const struct argp_option opts[] = {
+	{ "model", 'm', "FILE", 0, "The .mpk model", 0 },
+	{ "json", 'j', NULL, 0, "Print one JSON object on stdout", 0 },
+	{ "experts", 'n', "N", 0, "Experts per measured set (default 16)", 0 },
+	{ "repeat", 'r', "N", 0, "Repeats (default 3)", 0 },
+	{ "io-depth", OPT_IO_DEPTH, "N", 0, "io_uring requests in flight (default 32)", 0 },
+	{ "io-bytes", OPT_IO_BYTES, "SIZE", 0, "Bytes per request (default 512K)", 0 },
+	{ "fill-threads", OPT_THREADS, "N", 0, "Pager fill threads (default 2)", 0 },
+	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache (warm mmap)", 0 },
+	{ "verbose", OPT_VERBOSE, NULL, 0, "Print every fault's latency on stderr", 0 },
+	{ 0 },
+};
+
+static error_t parse_arg(int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case 'm':
+		env.path = arg;
+		break;
+	case 'j':
+		env.json = true;
+		break;
+	case 'n':
+		return cli_parse_u32("--experts", arg, 1, 4096, &env.experts) ? EINVAL : 0;
+	case 'r':
+		return cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat) ? EINVAL : 0;
+	case OPT_IO_DEPTH:
+		return cli_parse_u32("--io-depth", arg, 1, 4096, &env.io_depth) ? EINVAL : 0;
+	case OPT_IO_BYTES:
+		if (cli_parse_size("--io-bytes", arg, &env.io_bytes) || env.io_bytes < 4096 ||
+		    env.io_bytes % 4096 || env.io_bytes > (64u << 20)) {
+			fprintf(stderr, "moepager faultbench: --io-bytes: a multiple of 4K, "
+				"at most 64M\n");
+			return EINVAL;
+		}
+		break;
+	case OPT_THREADS:
+		return cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads) ? EINVAL : 0;
+	case OPT_NO_DROP:
+		env.no_drop = true;
+		break;
+	case OPT_VERBOSE:
+		env.verbose = true;
+		break;
+	case ARGP_KEY_ARG:
+		if (env.path)
+			argp_usage(state);
+		env.path = arg;
+		break;
+	case ARGP_KEY_END:
+		if (!env.path)
+			argp_usage(state);
+		break;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+	return 0;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Quantile of n values, nearest rank (v is left as it was). */
+static double quantile(const double *v, uint32_t n, double q)
+{
+	double *c, r;
+	uint32_t i;
+
+	if (!n)
+		return 0;
+	c = malloc(n * sizeof(*c));
+	if (!c)
+		return NAN;
+	memcpy(c, v, n * sizeof(*c));
+	qsort(c, n, sizeof(*c), cmp_double);
+	i = (uint32_t)ceil(q * n);
+	r = c[i ? i - 1 : 0];
+	free(c);
+	return r;
+}
+
+struct expert_id {
+	uint32_t layer;
+	uint32_t expert;
+};
+
+/*
+ * Cache control
+ */
+
+static const char *drop_caches(int fd)
+{
+	int d;
+
+	if (env.no_drop)
+		return "warm";
+	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	d = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+	if (d >= 0) {
+		bool ok;
+
+		sync();
+		ok = write(d, "3", 1) == 1;
+		close(d);
+		if (ok)
+			return "drop_caches";
+	}
+	return "fadvise";
+}
+
+/*
+ * Raw baseline: io_uring O_DIRECT into one reused, pre-faulted buffer
+ */
+
+struct raw {
+	struct io_uring ring;
+	int fd;
+	char *buf;
+	uint64_t bytes;
+};
+
+static int raw_open(struct raw *r, const char *path, uint64_t bytes)
+{
+	int err;
+
+	r->bytes = (bytes + 4095) & ~4095ull;
+	r->fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (r->fd < 0) {
+		fprintf(stderr, "moepager faultbench: %s: O_DIRECT: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	r->buf = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (r->buf == MAP_FAILED) {
+		close(r->fd);
+		return -ENOMEM;
+	}
+	/* The same kind of memory the pager reads into: THP where the kernel gives it. */
+	madvise(r->buf, r->bytes, MADV_HUGEPAGE);
+	memset(r->buf, 1, r->bytes);
+	err = io_uring_queue_init(env.io_depth, &r->ring, 0);
+	if (err) {
+		fprintf(stderr, "moepager faultbench: io_uring_queue_init: %s\n", strerror(-err));
+		munmap(r->buf, r->bytes);
+		close(r->fd);
+	}
+	return err;
+}
+
+static void raw_close(struct raw *r)
+{
+	io_uring_queue_exit(&r->ring);
+	munmap(r->buf, r->bytes);
+	close(r->fd);
+}
+
+/* Reads one expert with up to io_depth requests of io_bytes in flight. */
+static int raw_read(struct raw *r, uint64_t off)
+{
+	uint64_t n = (r->bytes + env.io_bytes - 1) / env.io_bytes, sub = 0, done = 0;
+	uint32_t inflight = 0;
+
+	while (done < n) {
+		struct io_uring_cqe *cqe;
+		int ret;
+
+		while (sub < n && inflight < env.io_depth) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+			uint64_t o = sub * env.io_bytes;
+			uint32_t len = (uint32_t)(r->bytes - o < env.io_bytes ? r->bytes - o :
+						  env.io_bytes);
+
+			io_uring_prep_read(sqe, r->fd, r->buf + o, len, off + o);
+			sub++;
+			inflight++;
+		}
+		ret = io_uring_submit_and_wait(&r->ring, 1);
+		if (ret < 0 && ret != -EINTR) {
+			fprintf(stderr, "moepager faultbench: io_uring_submit: %s\n",
+				strerror(-ret));
+			return ret;
+		}
+		ret = io_uring_wait_cqe(&r->ring, &cqe);
+		if (ret) {
+			if (ret == -EINTR)
+				continue;
+			fprintf(stderr, "moepager faultbench: io_uring_wait_cqe: %s\n",
+				strerror(-ret));
+			return ret;
+		}
+		if (cqe->res <= 0) {
+			fprintf(stderr, "moepager faultbench: raw read at %llu: %s\n",
+				(unsigned long long)off, cqe->res ? strerror(-cqe->res) : "EOF");
+			return cqe->res ? cqe->res : -ENODATA;
+		}
+		io_uring_cqe_seen(&r->ring, cqe);
+		done++;
+		inflight--;
+	}
+	return 0;
+}
+
+/*
+ * The measured methods; each returns the GB/s over its set
+ */
+
+/* Reads one expert into the raw buffer; returns the ns it took, or a negative errno. */
+static int64_t raw_one(struct raw *r, const struct mp_store *s, const struct expert_id *id)
+{
+	const struct mp_expert_info *x = mp_store_expert(s, id->layer, id->expert);
+	uint64_t t0 = now_ns();
+	int err = raw_read(r, x->offset);
+
+	return err ? err : (int64_t)(now_ns() - t0);
+}
+
+/* Touches one byte of an expert: the fault brings the whole expert in. Returns the ns. */
+static uint64_t touch_one(struct mp_pager *p, const struct expert_id *id, uint64_t bytes)
+{
+	const volatile uint8_t *x = mp_pager_expert(p, id->layer, id->expert);
+	uint64_t t0 = now_ns(), dt;
+
+	(void)x[bytes / 2];
+	dt = now_ns() - t0;
+	if (env.verbose)
+		fprintf(stderr, "fault layer %u expert %u: %.0f us\n", id->layer, id->expert,
+			(double)dt / 1e3);
+	return dt;
+}
+
+static void touch_each(struct mp_pager *p, const struct expert_id *set, uint64_t bytes,
+		       double *lat_us, double *gbps)
+{
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < env.experts; i++) {
+		uint64_t dt = touch_one(p, &set[i], bytes);
+
+		lat_us[i] = (double)dt / 1e3;
+		total += dt;
+	}
+	*gbps = (double)(bytes * env.experts) / (double)total;
+}
+
+static int run_mmap(int fd, uint64_t file_bytes, const struct mp_store *s,
+		    const struct expert_id *set, double *gbps)
+{
+	const volatile uint8_t *m = mmap(NULL, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+	uint64_t t0, bytes = 0, sum = 0;
+
+	if (m == MAP_FAILED) {
+		fprintf(stderr, "moepager faultbench: mmap: %s\n", strerror(errno));
+		return -errno;
+	}
+	t0 = now_ns();
+	for (uint32_t i = 0; i < env.experts; i++) {
+		const struct mp_expert_info *x = mp_store_expert(s, set[i].layer, set[i].expert);
+
+		for (uint64_t o = 0; o < x->bytes; o += 4096)
+			sum += m[x->offset + o];
+		bytes += x->bytes;
+	}
+	*gbps = (double)bytes / (double)(now_ns() - t0);
+	/* An impossible sum keeps the reads from being optimised away. */
+	if (sum == UINT64_MAX)
+		fputc(0, stderr);
+	munmap((void *)m, file_bytes);
+	return 0;
+}
+
+/*
+ * Driver
+ */
+
+struct results {
+	double *raw, *file, *mmap, *ratio;	/* per repeat */
+	double *file_lat, *host_lat;		/* per fault, us */
+	uint32_t nfile, nhost;
+	double fresh_gbps;
+	const char *cache_mode;
+	bool direct;
+	struct mp_pager_stats st;
+	struct mp_pager_stats host_st;	/* service-time histogram of the host faults only */
+};
+
+static uint32_t gcd(uint32_t a, uint32_t b)
+{
+	while (b) {
+		uint32_t t = a % b;
+
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* Distinct experts spread over the file: a stride coprime with the count visits each once. */
+static void pick_sets(const struct mp_geometry *g, struct expert_id *ids, uint32_t n)
+{
+	uint32_t total = g->layers * g->experts, stride = (uint32_t)(total * 0.618) | 1;
+
+	while (gcd(stride, total) != 1)
+		stride++;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t k = (uint32_t)(((uint64_t)i * stride + 1) % total);
+
+		ids[i].layer = k / g->experts;
+		ids[i].expert = k % g->experts;
+	}
+}
+
+static int bench(struct mp_store *s, struct results *res)
+{
+	const struct mp_geometry *g = mp_store_geometry(s);
+	uint64_t xb = mp_store_expert_bytes(s);
+	uint32_t n = env.experts, nsets = NSETS + 1;
+	struct expert_id *ids = calloc((size_t)n * nsets, sizeof(*ids));
+	struct expert_id *warm = ids, *sets[NSETS];
+	struct mp_pager_stats before, after;
+	struct mp_pager_config cfg;
+	struct mp_pager *p = NULL;
+	struct raw raw;
+	double *lat = calloc(n, sizeof(*lat)), gbps;
+	int fd = -1, err;
+
+	if (!ids || !lat)
+		return -ENOMEM;
+	pick_sets(g, ids, n * nsets);
+	for (int i = 0; i < NSETS; i++)
+		sets[i] = ids + (size_t)n * (i + 1);
+	fd = open(mp_store_path(s), O_RDONLY | O_CLOEXEC);
+	err = fd < 0 ? -errno : raw_open(&raw, mp_store_path(s), xb);
+	if (err)
+		goto free_ids;
+
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = n * xb;
+	cfg.io_depth = env.io_depth;
+	cfg.io_request_bytes = (uint32_t)env.io_bytes;
+	cfg.fill_threads = env.fill_threads;
+	cfg.no_route_fill = true;
+	err = mp_pager_open(s, &cfg, &p);
+	if (err) {
+		fprintf(stderr, "moepager faultbench: opening the pager: %s (%s)\n", strerror(-err),
+			mp_last_error());
+		goto close_raw;
+	}
+
+	/* Fill the budget once: these fills take new memory, the measured ones recycle it. */
+	res->cache_mode = drop_caches(fd);
+	touch_each(p, warm, xb, lat, &res->fresh_gbps);
+	mp_pager_stats_reset(p);
+
+	for (uint32_t r = 0; r < env.repeat; r++) {
+		const struct expert_id *rs = sets[r % NSETS];
+		const struct expert_id *fs = sets[(r + 1) % NSETS];
+		const struct expert_id *ms = sets[(r + 2) % NSETS];
+		uint64_t raw_ns = 0, file_ns = 0;
+
+		/*
+		 * Raw reads and file-tier faults alternate expert by expert (and
+		 * which goes first), so both see the same moments of a disk
+		 * whose speed wanders.
+		 */
+		drop_caches(fd);
+		for (uint32_t i = 0; i < n; i++) {
+			int64_t dt = 0;
+			uint64_t ft = 0;
+
+			if (i & 1)
+				ft = touch_one(p, &fs[i], xb);
+			dt = raw_one(&raw, s, &rs[i]);
+			if (dt < 0) {
+				err = (int)dt;
+				goto close_pager;
+			}
+			if (!(i & 1))
+				ft = touch_one(p, &fs[i], xb);
+			raw_ns += (uint64_t)dt;
+			file_ns += ft;
+			res->file_lat[res->nfile++] = (double)ft / 1e3;
+		}
+		res->raw[r] = (double)(n * xb) / (double)raw_ns;
+		res->file[r] = (double)(n * xb) / (double)file_ns;
+		res->ratio[r] = res->file[r] / res->raw[r];
+
+		/* Host tier: the experts just read, unmapped but kept, then touched again. */
+		mp_pager_stats(p, &before);
+		for (uint32_t round = 0; round < HOST_ROUNDS; round++) {
+			for (uint32_t i = 0; i < n; i++) {
+				err = mp_pager_evict(p, fs[i].layer, fs[i].expert,
+						     MP_EVICT_KEEP_HOST);
+				if (err) {
+					fprintf(stderr, "moepager faultbench: unmapping layer %u "
+						"expert %u: %s (%s)\n", fs[i].layer, fs[i].expert,
+						strerror(-err), mp_last_error());
+					goto close_pager;
+				}
+			}
+			touch_each(p, fs, xb, res->host_lat + res->nhost, &gbps);
+			res->nhost += n;
+		}
+		mp_pager_stats(p, &after);
+		for (int b = 0; b < MP_PAGER_HIST_BUCKETS; b++)
+			res->host_st.fault_latency_hist[b] += after.fault_latency_hist[b] -
+							      before.fault_latency_hist[b];
+
+		drop_caches(fd);
+		err = run_mmap(fd, mp_store_file_bytes(s), s, ms, &res->mmap[r]);
+		if (err)
+			goto close_pager;
+	}
+	mp_pager_stats(p, &res->st);
+	res->direct = true;
+
+close_pager:
+	mp_pager_close(p);
+close_raw:
+	raw_close(&raw);
+free_ids:
+	if (fd >= 0)
+		close(fd);
+	free(ids);
+	free(lat);
+	return err;
+}
+
+static double median(const double *v, uint32_t n)
+{
+	return quantile(v, n, 0.5);
+}
+
+static int report(const struct mp_store *s, struct results *res)
+{
+	uint32_t R = env.repeat;
+	double raw = median(res->raw, R), file = median(res->file, R);
+	double ratio = median(res->ratio, R), mm = median(res->mmap, R);
+	double fp50 = quantile(res->file_lat, res->nfile, 0.5);
+	double fp99 = quantile(res->file_lat, res->nfile, 0.99);
+	const struct mp_pager_stats *st = &res->st;
+	uint64_t xb = mp_store_expert_bytes(s);
+	double host_us = 0, hp50, hp99, host;
+	int err = 0;
+
+	for (uint32_t i = 0; i < res->nhost; i++)
+		host_us += res->host_lat[i];
+	host = (double)xb * res->nhost / (host_us * 1e3);
+	hp50 = quantile(res->host_lat, res->nhost, 0.5);
+	hp99 = quantile(res->host_lat, res->nhost, 0.99);
+
+	if (env.json) {
+		json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:b}",
+				      "model", mp_store_path(s), "expert_bytes", (json_int_t)xb,
+				      "experts", (json_int_t)env.experts,
+				      "repeat", (json_int_t)R, "io_depth", (json_int_t)env.io_depth,
+				      "io_request_bytes", (json_int_t)env.io_bytes,
+				      "fill_threads", (json_int_t)env.fill_threads,
+				      "cache_mode", res->cache_mode, "o_direct", res->direct);
+		json_t *per = json_object();
+
+		if (!o || !per) {
+			json_decref(o);
+			json_decref(per);
+			return -ENOMEM;
+		}
+		json_object_set_new(o, "raw_io_uring_gbps", json_real(raw));
+		json_object_set_new(o, "file_fault_gbps", json_real(file));
+		json_object_set_new(o, "file_to_raw", json_real(ratio));
+		json_object_set_new(o, "file_fault_fresh_gbps", json_real(res->fresh_gbps));
+		json_object_set_new(o, "file_fault_p50_us", json_real(fp50));
+		json_object_set_new(o, "file_fault_p99_us", json_real(fp99));
+		json_object_set_new(o, "host_fault_gbps", json_real(host));
+		json_object_set_new(o, "host_fault_p50_us", json_real(hp50));
+		json_object_set_new(o, "host_fault_p99_us", json_real(hp99));
+		json_object_set_new(o, "host_fault_samples", json_integer(res->nhost));
+		json_object_set_new(o, "host_service_p50_us", json_real(
+			(double)mp_pager_stats_quantile(&res->host_st, 0.5) / 1e3));
+		json_object_set_new(o, "host_service_p99_us", json_real(
+			(double)mp_pager_stats_quantile(&res->host_st, 0.99) / 1e3));
+		json_object_set_new(o, "mmap_gbps", json_real(mm));
+		json_object_set_new(o, "faults_file", json_integer((json_int_t)st->faults_file));
+		json_object_set_new(o, "faults_host", json_integer((json_int_t)st->faults_host));
+		json_object_set_new(o, "fault_waits", json_integer((json_int_t)st->fault_waits));
+		json_object_set_new(o, "read_errors", json_integer((json_int_t)st->read_errors));
+		for (uint32_t r = 0; r < R; r++) {
+			json_t *row = json_pack("{s:f, s:f, s:f, s:f}", "raw_gbps", res->raw[r],
+						"file_gbps", res->file[r], "file_to_raw",
+						res->ratio[r], "mmap_gbps", res->mmap[r]);
+			char key[16];
+
+			snprintf(key, sizeof(key), "%u", r);
+			json_object_set_new(per, key, row);
+		}
+		json_object_set_new(o, "repeats", per);
+		if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6)))
+			err = -EIO;
+		putchar('\n');
+		json_decref(o);
+		return err;
+	}
+	printf("faultbench %s: %u experts x %u repeats, expert %.1f MiB, %u x %llu KiB in "
+	       "flight, cache: %s\n", mp_store_path(s), env.experts, R, xb / 1048576.0,
+	       env.io_depth, (unsigned long long)(env.io_bytes >> 10), res->cache_mode);
+	printf("  raw io_uring O_DIRECT     %8.2f GB/s\n", raw);
+	printf("  file-tier faults          %8.2f GB/s  (%.0f%% of raw; p50 %.0f us, "
+	       "p99 %.0f us)\n",
+	       file, ratio * 100, fp50, fp99);
+	printf("  file-tier, new memory     %8.2f GB/s\n", res->fresh_gbps);
+	printf("  host-tier faults          %8.2f GB/s  (p50 %.0f us, p99 %.0f us, %u faults)\n",
+	       host, hp50, hp99, res->nhost);
+	printf("    handler service time    p50 %.0f us, p99 %.0f us (log2 histogram)\n",
+	       (double)mp_pager_stats_quantile(&res->host_st, 0.5) / 1e3,
+	       (double)mp_pager_stats_quantile(&res->host_st, 0.99) / 1e3);
+	printf("  mmap, cold page cache     %8.2f GB/s\n", mm);
+	return 0;
+}
+
+int cmd_faultbench(int argc, char **argv)
+{
+	static char prog[] = "moepager faultbench";
+	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
+	struct results res;
+	struct mp_store *s;
+	uint32_t total;
+	int err;
+
+	memset(&env, 0, sizeof(env));
+	env.experts = 16;
+	env.repeat = 3;
+	env.io_depth = 32;
+	env.io_bytes = 512u << 10;
+	env.fill_threads = 2;
+	argv[0] = prog;
+	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
+	if (err)
+		return err;
+	err = mp_store_open(env.path, &s);
+	if (err) {
+		fprintf(stderr, "moepager faultbench: %s: %s (%s)\n", env.path, strerror(-err),
+			mp_last_error());
+		return err;
+	}
+	total = mp_store_geometry(s)->layers * mp_store_geometry(s)->experts;
+	if (env.experts * (NSETS + 1) > total) {
+		fprintf(stderr, "moepager faultbench: %u experts per set need %u distinct experts; "
+			"the model has %u (use --experts %u)\n", env.experts,
+			env.experts * (NSETS + 1), total, total / (NSETS + 1));
+		err = -EINVAL;
+		goto close_store;
+	}
+	memset(&res, 0, sizeof(res));
+	res.raw = calloc(env.repeat, sizeof(double));
+	res.file = calloc(env.repeat, sizeof(double));
+	res.mmap = calloc(env.repeat, sizeof(double));
+	res.ratio = calloc(env.repeat, sizeof(double));
+	res.file_lat = calloc((size_t)env.repeat * env.experts, sizeof(double));
+	res.host_lat = calloc((size_t)env.repeat * env.experts * HOST_ROUNDS, sizeof(double));
+	if (!res.raw || !res.file || !res.mmap || !res.ratio || !res.file_lat || !res.host_lat) {
+		err = -ENOMEM;
+		goto free_res;
+	}
+	err = bench(s, &res);
+	if (!err)
+		err = report(s, &res);
+free_res:
+	free(res.raw);
+	free(res.file);
+	free(res.mmap);
+	free(res.ratio);
+	free(res.file_lat);
+	free(res.host_lat);
+close_store:
+	mp_store_close(s);
+	return err;
+}

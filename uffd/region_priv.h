@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: MIT */
+/* The region's state, shared by region.c (memory, slot operations) and fault.c (the handler). */
+#ifndef MP_REGION_PRIV_H
+#define MP_REGION_PRIV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#include "region.h"
+
+#define SPOT_NONE	UINT32_MAX
+
+enum { CLS_FULL = 0, CLS_TAIL = 1, NCLS = 2 };
+
+/* Parking spots of one chunk size in the pool. */
+struct spot_class {
+	uint64_t size;		/* bytes per spot (0: class unused) */
+	char *base;		/* first spot */
+	uint32_t count;
+	uint32_t *spare;	/* stack of populated spots holding no data */
+	uint32_t nspare;
+	uint32_t *holes;	/* stack of spots with no pages */
+	uint32_t nholes;
+};
+
+enum slot_mem {
+	SLOT_EMPTY = 0,		/* no chunks */
+	SLOT_HELD,		/* data in the slot's pool spots */
+	SLOT_MAPPED,		/* data in the range; the spots wait empty for an unmap */
+};
+
+struct mp_region {
+	char name[64];
+	struct mp_region_ops ops;
+	void *owner;
+
+	uint32_t nslots;
+	uint64_t slot_bytes;
+	uint64_t data_bytes;
+	uint32_t nfull;		/* 2 MiB chunks per slot */
+	uint64_t tail_bytes;	/* bytes of the tail chunk (0: none) */
+	uint32_t nchunks;
+	int numa_node;
+
+	char *base;		/* the registered range */
+	uint64_t bytes;
+	char *pool;		/* parking spots, registered on pool_uffd */
+	uint64_t pool_bytes;
+	char *nursery;		/* unregistered: where new chunk pages are born */
+	uint64_t nursery_bytes;
+
+	int uffd;		/* the range's: faults and events, read by the handler */
+	/*
+	 * The pool's. UFFDIO_MOVE needs its destination registered with the
+	 * ioctl's userfaultfd, and eviction moves pages into the pool. Opened
+	 * with UFFD_FEATURE_SIGBUS and never read: a stray access to an empty
+	 * spot (a bug) raises SIGBUS or -EFAULT instead of blocking forever.
+	 */
+	int pool_uffd;
+	uint64_t features;
+	bool user_mode_only;
+
+	pthread_mutex_t lock;	/* spot stacks, counters, the nursery */
+	struct spot_class cls[NCLS];
+	uint32_t *slot_spots;	/* nslots x nchunks spot ids */
+	_Atomic uint8_t *slot_mem;	/* enum slot_mem per slot */
+	struct mp_region_mem mem;
+
+	/* The handler thread (fault.c). */
+	pthread_t thread;
+	bool thread_started;
+	int stop_efd;
+	_Atomic pid_t handler_tid;
+};
+
+int mp_region_handler_start(struct mp_region *r);
+void mp_region_handler_stop(struct mp_region *r);
+
+#define rlog_debug(r, fmt, ...) mp_debug("region %s: " fmt, (r)->name, ##__VA_ARGS__)
+#define rlog_info(r, fmt, ...) mp_info("region %s: " fmt, (r)->name, ##__VA_ARGS__)
+#define rlog_warn(r, fmt, ...) mp_warn("region %s: " fmt, (r)->name, ##__VA_ARGS__)
+#define rlog_err(r, err, fmt, ...) mp_err(err, "region %s: " fmt, (r)->name, ##__VA_ARGS__)
+
+#endif /* MP_REGION_PRIV_H */
