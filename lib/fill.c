@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "pager_internal.h"
 #include "probes.h"
+#include "tier_fault.h"
 
 /* Pause between read attempts: long enough for a transient fault to pass, short for a reader. */
 #define ATTEMPT_PAUSE_NS	(2ull * 1000 * 1000)
@@ -134,7 +135,10 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	pthread_mutex_unlock(&p->lock);
 
 	t_alloc = mp_now_ns();
-	nseg = mp_region_slot_alloc(p->region, slot, w->iov);
+	/* Fault injection's alloc:enomem rules refuse the memory here (0 otherwise). */
+	nseg = mp_tier_fault_alloc(p->tier, s->layer, s->expert);
+	if (!nseg)
+		nseg = mp_region_slot_alloc(p->region, slot, w->iov);
 	t_read = mp_now_ns();
 	err = nseg < 0 ? nseg : read_expert(w, s, nseg);
 	t_map = mp_now_ns();

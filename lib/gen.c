@@ -132,7 +132,9 @@ static inline uint16_t bf16_finite(float f)
  * doubles the rate (~2 GB/s); both clones do the same integer and
  * single-rounding float operations, so the bytes are identical.
  */
+#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
 __attribute__((target_clones("avx2", "default")))
+#endif
 static void fill_uniform(struct rng *r, enum mp_dtype t, float scale, void *dst, uint64_t n)
 {
 	float blk[BLOCK];

@@ -12,11 +12,11 @@
 #include "internal.h"
 #include "pager_internal.h"
 #include "probes.h"
+#include "tier_fault.h"
 
 #define DEFAULT_FILL_THREADS	2u
 #define DEFAULT_IO_DEPTH	32u
 #define DEFAULT_REQUEST_BYTES	(512u << 10)
-#define DEFAULT_ATTEMPTS	3u
 #define DEFAULT_MIN_RESIDENT_US	2000u
 #define PAGE			4096ull
 
@@ -156,7 +156,7 @@ int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *u
 	p->slots_per_layer = cfg.slots_per_layer ? cfg.slots_per_layer : 2 * p->experts;
 	p->nworkers = cfg.fill_threads ? cfg.fill_threads : DEFAULT_FILL_THREADS;
 	p->io_depth = cfg.io_depth ? cfg.io_depth : DEFAULT_IO_DEPTH;
-	p->read_attempts = cfg.read_attempts ? cfg.read_attempts : DEFAULT_ATTEMPTS;
+	p->read_attempts = cfg.read_attempts ? cfg.read_attempts : MP_PAGER_DEFAULT_READ_ATTEMPTS;
 	p->route_fill = !cfg.no_route_fill;
 	p->min_resident_ns = cfg.min_resident_us == UINT32_MAX ? 0 :
 			     (uint64_t)(cfg.min_resident_us ? cfg.min_resident_us :
@@ -202,6 +202,10 @@ int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *u
 							 cfg.io_request_bytes :
 							 DEFAULT_REQUEST_BYTES,
 					.no_direct = cfg.no_direct }, &p->tier);
+	if (err)
+		goto destroy;
+	/* Fault injection wraps the file tier (docs/fault-injection.md). */
+	err = mp_tier_fault_wrap(&p->tier, cfg.fault, cfg.fault_seed);
 	if (err)
 		goto destroy;
 	if (hooks && hooks->wrap_tier) {

@@ -447,6 +447,9 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 		MP_PROBE(evict, s->layer, s->expert, p->expert_bytes);
 		mp_region_trim(p->region, p->spare_bytes);
 	}
+	/* No handler to serve the next touch: make it an error, not a hang. */
+	if (p->broken)
+		mp_pager_poison_locked(p, slot, -EPIPE);
 	finish_busy(p, slot);
 	return 0;
 }
@@ -454,11 +457,11 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 /*
  * Makes room for one expert and reserves it for slot. Called locked by a
  * fill worker; evicts victims the policy picks, and waits when every
- * candidate is busy or within its minimum residency.
+ * candidate is busy or within its minimum residency. -EAGAIN: a prefetch
+ * that may not evict the victim (mp_policy_admit()), nothing reserved.
  */
 int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 {
-	(void)slot;
 	while (p->resident + p->expert_bytes > p->budget) {
 		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
 		int64_t v;
@@ -468,6 +471,14 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 		if (p->broken)
 			return -EPIPE;
 		v = p->policy.ops->pick_victim(&p->policy, evictable, &c);
+		/*
+		 * A prefetch never evicts an expert predicted to be needed before
+		 * the one it brings (lib/prefetch.h hints): it is given up, like an
+		 * unwanted prefetch, unless a thread already waits for it.
+		 */
+		if (v >= 0 && p->slots[slot].prefetched && !p->slots[slot].waiters &&
+		    !mp_policy_admit(p->policy.env.hints, slot, (uint32_t)v))
+			return -EAGAIN;
 		if (v >= 0) {
 			/* The policy's choice stands; if it is still in its grace, wait for it. */
 			uint64_t until = grace_end(p, &p->slots[v], c.now);

@@ -263,6 +263,12 @@ static void *handler_main(void *arg)
 	sigset_t all;
 	int err = 0;
 
+	/*
+	 * Cancellation would skip the stopped() callback and leave every later
+	 * fault (and any madvise of the range, which waits for its REMOVE event)
+	 * blocked forever: the handler stops only through stop_efd.
+	 */
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	/* The application's signal handlers run on its own threads, not here. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);

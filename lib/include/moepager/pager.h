@@ -20,6 +20,9 @@ struct mp_pager;
  * Configuration
  */
 
+/* Read attempts per expert when mp_pager_config.read_attempts is 0. */
+#define MP_PAGER_DEFAULT_READ_ATTEMPTS 8u
+
 struct mp_pager_config {
 	/*
 	 * Bytes of expert data held in memory, mapped or not. 0: the budget
@@ -39,7 +42,12 @@ struct mp_pager_config {
 	uint32_t io_depth;
 	/* Bytes per io_uring request. 0: 512 KiB. */
 	uint32_t io_request_bytes;
-	/* Read attempts before an expert is poisoned (its readers get an error). 0: 3. */
+	/*
+	 * Read attempts before an expert is poisoned (its readers get an error).
+	 * 0: MP_PAGER_DEFAULT_READ_ATTEMPTS, so a device failing one read in
+	 * five still serves every expert (0.2^8 per expert) while a dead one
+	 * fails within ~60 ms of pauses.
+	 */
 	uint32_t read_attempts;
 	/* Place host memory on numa_node (only when the machine has more than one node). */
 	bool numa_bind;
@@ -62,6 +70,15 @@ struct mp_pager_config {
 	uint32_t min_resident_us;
 	/* Spare chunk bytes kept for recycling beyond the budget. 0: two experts' worth. */
 	uint64_t spare_bytes;
+	/*
+	 * Fault injection (docs/fault-injection.md), e.g. "read:eio:p=0.01;
+	 * alloc:enomem:after=10": the file tier's reads and the pager's memory
+	 * fail as the rules say. NULL: $MOEPAGER_FAULT; "": none. A bad spec
+	 * fails the open with -EINVAL naming the rule and the position.
+	 */
+	const char *fault;
+	/* Seed of the rules' random draws. 0: $MOEPAGER_FAULT_SEED, else 1. */
+	uint64_t fault_seed;
 };
 
 /* Fills cfg with the defaults: all zero (a zeroed struct means the same). */

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Writes the .mpk fuzz seeds into DIR: small models whose experts are all
+ * zeros, cut after their last tensor. fuzz_mpk extends an input with zeros
+ * up to the header's file_bytes, so each seed reads as a complete, valid
+ * file while being a few pages long instead of megabytes.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <moepager.h>
+
+static int write_seed(const char *dir, const char *name, const struct mp_geometry *g)
+{
+	char path[4096];
+	struct mp_store_writer *w;
+	struct mp_store *s;
+	uint64_t end = 0, xb = mp_geometry_expert_bytes(g);
+	uint8_t *zero = calloc(1, xb);
+	int err;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (!zero)
+		return -ENOMEM;
+	err = mp_store_writer_create(path, g, name, &w);
+	if (err)
+		goto out;
+	for (uint32_t i = 0; !err && i < mp_store_writer_tensor_count(w); i++) {
+		const struct mp_tensor_info *t = mp_store_writer_tensor_at(w, i);
+		uint8_t *b = malloc(t->bytes);
+
+		if (!b) {
+			err = -ENOMEM;
+			break;
+		}
+		/* Small values of any type: the reader does not look at them, only hashes them. */
+		for (uint64_t j = 0; j < t->bytes; j++)
+			b[j] = (uint8_t)(j * 7 + i);
+		err = mp_store_writer_put_tensor(w, t->name, b);
+		free(b);
+	}
+	for (uint32_t l = 0; !err && l < g->layers; l++)
+		for (uint32_t e = 0; !err && e < g->experts; e++)
+			err = mp_store_writer_put_expert(w, l, e, zero);
+	if (err) {
+		mp_store_writer_abort(w);
+		goto out;
+	}
+	err = mp_store_writer_finish(w);
+	if (err)
+		goto out;
+	/* Cut after the last tensor: what follows (zero experts, holes) comes back as zeros. */
+	err = mp_store_open(path, &s);
+	if (err)
+		goto out;
+	for (uint32_t i = 0; i < mp_store_tensor_count(s); i++) {
+		const struct mp_tensor_info *t = mp_store_tensor_at(s, i);
+
+		if (t->offset + t->bytes > end)
+			end = t->offset + t->bytes;
+	}
+	mp_store_close(s);
+	if (truncate(path, (off_t)end))
+		err = -errno;
+out:
+	free(zero);
+	if (err)
+		fprintf(stderr, "mkseed_mpk: %s: %s (%s)\n", path, strerror(-err), mp_last_error());
+	return err;
+}
+
+int main(int argc, char **argv)
+{
+	struct mp_geometry a = {
+		.layers = 1, .experts = 2, .topk = 1, .hidden = 8, .ffn = 8, .heads = 2,
+		.kv_heads = 1, .head_dim = 4, .vocab = 16, .max_seq = 16, .dtype = MP_DTYPE_F32,
+		.rope_theta = 10000.0f, .norm_eps = 1e-5f,
+	};
+	struct mp_geometry b = a, c = a;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: mkseed_mpk DIR\n");
+		return 2;
+	}
+	b.layers = 2;
+	b.experts = 4;
+	b.topk = 2;
+	b.hidden = 16;
+	b.heads = 2;
+	b.kv_heads = 2;
+	b.head_dim = 8;
+	b.vocab = 32;
+	b.dtype = MP_DTYPE_BF16;
+	c.experts = 3;
+	c.dtype = MP_DTYPE_F16;
+	if (mkdir(argv[1], 0755) && errno != EEXIST) {
+		perror(argv[1]);
+		return 1;
+	}
+	if (write_seed(argv[1], "l1e2-f32.mpk", &a) || write_seed(argv[1], "l2e4-bf16.mpk", &b) ||
+	    write_seed(argv[1], "l1e3-f16.mpk", &c))
+		return 1;
+	return 0;
+}

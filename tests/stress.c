@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Description: stress: threads x random experts x a small, changing budget x transient faults,
+ * every byte read checked against the store's checksums, for $MOEPAGER_STRESS_SECONDS (20).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fault_common.h"
+
+#define READERS		4
+#define MAX_BUDGET	8	/* experts */
+/*
+ * Transient faults of every kind; with 8 attempts per read an expert fails
+ * them all with p < 1e-10, so any error below is a bug, not bad luck.
+ */
+#define DEFAULT_SPEC	"read:eio:p=0.03;read:short:p=0.02;read:corrupt:p=0.02;" \
+			"read:delay=2ms:p=0.05"
+
+struct stressor {
+	struct mp_pager *p;
+	uint64_t deadline;
+	unsigned seed;
+	uint64_t reads;
+	uint64_t routes;
+	uint64_t prefetches;
+	uint64_t evictions;
+	uint64_t wrong;		/* bytes that did not match the checksum */
+	uint64_t errors;
+	int first_err;
+};
+
+struct touch {
+	const uint8_t *x;
+	uint64_t bytes;
+	uint64_t sum;
+	uint64_t first;		/* touched first: faults start anywhere in the expert */
+};
+
+static int touch_then_check(void *arg)
+{
+	const struct touch *t = arg;
+	volatile uint8_t b = t->x[t->first];
+
+	(void)b;
+	return mp_checksum(t->x, t->bytes) == t->sum ? 0 : -EILSEQ;
+}
+
+static void *reader(void *arg)
+{
+	struct stressor *w = arg;
+	struct mp_store *s = mp_pager_store(w->p);
+
+	while (mp_now_ns() < w->deadline) {
+		uint32_t op = (uint32_t)rand_r(&w->seed) % 100;
+		uint32_t l = (uint32_t)rand_r(&w->seed) % fx.geo->layers;
+		uint32_t e = (uint32_t)rand_r(&w->seed) % fx.geo->experts;
+		int ret = 0;
+
+		if (op < 80) {
+			struct touch t = {
+				.x = mp_pager_expert(w->p, l, e),
+				.bytes = fx.xbytes,
+				.sum = mp_store_expert(s, l, e)->checksum,
+				.first = (uint64_t)rand_r(&w->seed) % fx.xbytes,
+			};
+
+			ret = mp_pager_guard(w->p, touch_then_check, &t);
+			w->reads++;
+		} else if (op < 90) {
+			uint32_t other = (uint32_t)rand_r(&w->seed) % (fx.geo->experts - 1);
+			uint32_t ids[2] = { e, (e + 1 + other) % fx.geo->experts };
+
+			ret = mp_pager_route(w->p, 0, (uint32_t)w->routes, l, ids, NULL, 2);
+			w->routes++;
+		} else if (op < 95) {
+			ret = mp_pager_prefetch(w->p, l, e, rand_r(&w->seed) % 4);
+			ret = ret < 0 ? ret : 0;
+			w->prefetches++;
+		} else {
+			unsigned flags = rand_r(&w->seed) % 2 ? MP_EVICT_KEEP_HOST : 0;
+
+			ret = mp_pager_evict(w->p, l, e, flags);
+			/* Not resident, or busy being read: both normal here. */
+			ret = ret == -ENOENT || ret == -EBUSY ? 0 : ret;
+			w->evictions++;
+		}
+		if (ret == -EILSEQ) {
+			w->wrong++;
+		} else if (ret) {
+			w->errors++;
+			if (!w->first_err)
+				w->first_err = ret;
+		}
+	}
+	return NULL;
+}
+
+struct budgeter {
+	struct mp_pager *p;
+	uint64_t deadline;
+	unsigned seed;
+	uint64_t changes;
+	int err;
+};
+
+static void *change_budget(void *arg)
+{
+	struct budgeter *b = arg;
+
+	while (mp_now_ns() < b->deadline) {
+		uint64_t experts = 1 + (uint64_t)rand_r(&b->seed) % MAX_BUDGET;
+		int err = mp_pager_set_budget(b->p, experts * fx.xbytes);
+
+		if (err && !b->err)
+			b->err = err;
+		b->changes++;
+		usleep(1000 + (useconds_t)(rand_r(&b->seed) % 30000));
+	}
+	return NULL;
+}
+
+static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **state)
+{
+	const char *env_s = getenv("MOEPAGER_STRESS_SECONDS");
+	const char *spec = getenv("MOEPAGER_STRESS_FAULT");
+	double seconds = env_s ? atof(env_s) : 20.0;
+	struct mp_pager_config cfg;
+	struct stressor w[READERS];
+	struct budgeter b;
+	pthread_t th[READERS], bt;
+	struct mp_pager_stats st;
+	struct mp_fault_counts c;
+	struct mp_pager *p;
+	uint64_t deadline, reads = 0;
+
+	(void)state;
+	if (!spec)
+		spec = DEFAULT_SPEC;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 2 * fx.xbytes;
+	cfg.read_attempts = 8;
+	cfg.fill_threads = 3;
+	p = fx_open(NULL, spec, 2024, 0, &cfg);
+	deadline = mp_now_ns() + (uint64_t)(seconds * 1e9);
+	for (int i = 0; i < READERS; i++) {
+		w[i] = (struct stressor){ .p = p, .deadline = deadline,
+					  .seed = 17u * (unsigned)i + 3 };
+		pthread_create(&th[i], NULL, reader, &w[i]);
+	}
+	b = (struct budgeter){ .p = p, .deadline = deadline, .seed = 99 };
+	pthread_create(&bt, NULL, change_budget, &b);
+	for (int i = 0; i < READERS; i++)
+		if (!fx_join(th[i], (uint32_t)(seconds * 1000) + 60000))
+			fail_msg("reader %d still running 60 s past the deadline: a hang", i);
+	assert_true(fx_join(bt, 60000));
+	mp_pager_stats(p, &st);
+	fx_counts(p, &c);
+	for (int i = 0; i < READERS; i++) {
+		print_message("reader %d: %llu checked reads, %llu routes, %llu prefetches, %llu "
+			      "evictions, %llu wrong, %llu errors (%s)\n", i,
+			      (unsigned long long)w[i].reads, (unsigned long long)w[i].routes,
+			      (unsigned long long)w[i].prefetches,
+			      (unsigned long long)w[i].evictions, (unsigned long long)w[i].wrong,
+			      (unsigned long long)w[i].errors,
+			      w[i].first_err ? strerror(-w[i].first_err) : "-");
+		reads += w[i].reads;
+	}
+	print_message("%llu budget changes; pager: %llu file faults, %llu host faults, %llu "
+		      "evictions, %llu read errors, %llu poisoned; injected: %llu EIO, %llu short, "
+		      "%llu corrupt, %llu delays over %llu tier reads\n",
+		      (unsigned long long)b.changes, (unsigned long long)st.faults_file,
+		      (unsigned long long)st.faults_host, (unsigned long long)st.evictions,
+		      (unsigned long long)st.read_errors, (unsigned long long)st.poisoned,
+		      (unsigned long long)c.eio, (unsigned long long)c.short_reads,
+		      (unsigned long long)c.corrupt, (unsigned long long)c.delays,
+		      (unsigned long long)c.reads);
+	for (int i = 0; i < READERS; i++) {
+		assert_int_equal(w[i].wrong, 0);
+		assert_int_equal(w[i].errors, 0);
+		assert_true(w[i].reads > 0);
+	}
+	assert_int_equal(b.err, 0);
+	assert_true(st.faults_file > 0);
+	assert_int_equal(st.poisoned, 0);
+	/*
+	 * Every injected EIO and short read failed its attempt; a flipped bit
+	 * did too unless the same attempt also ended in EIO or short.
+	 */
+	assert_true(st.read_errors >= c.eio + c.short_reads);
+	assert_true(st.read_errors <= c.eio + c.short_reads + c.corrupt);
+	assert_true(reads > 0);
+	mp_pager_close(p);
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	fx_log_capture();
+	fx_setup(NULL);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	fx_teardown();
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(threads_random_experts_and_budgets_never_see_wrong_bytes),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
