@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: MIT
+/* Text in and out of the trained models: tokenizer lookup and fortune-format corpora. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text.h"
+
+static int slurp(const char *path, char **buf, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	size_t cap = 1 << 16, n = 0, got;
+	char *b = NULL, *nb;
+	int err = 0;
+
+	if (!f) {
+		err = -errno;
+		fprintf(stderr, "moepager: %s: %s\n", path, strerror(errno));
+		return err;
+	}
+	do {
+		if (n + 1 >= cap || !b) {
+			nb = realloc(b, cap *= 2);
+			if (!nb) {
+				err = -ENOMEM;
+				fprintf(stderr, "moepager: %s: out of memory\n", path);
+				goto close_file;
+			}
+			b = nb;
+		}
+		got = fread(b + n, 1, cap - n - 1, f);
+		n += got;
+	} while (got);
+	if (ferror(f)) {
+		err = -EIO;
+		fprintf(stderr, "moepager: %s: read error\n", path);
+		goto close_file;
+	}
+	b[n] = '\0';
+	*buf = b;
+	*len = n;
+	b = NULL;
+close_file:
+	fclose(f);
+	free(b);
+	return err;
+}
+
+int text_tokenizer_open(const char *path, const char *model_path, uint32_t model_vocab,
+			struct mp_tokenizer **out)
+{
+	char *guess = NULL;
+	size_t len;
+	int err;
+
+	if (!path) {
+		len = strlen(model_path);
+		guess = malloc(len + 5);
+		if (!guess)
+			return -ENOMEM;
+		memcpy(guess, model_path, len + 1);
+		if (len > 4 && !strcmp(guess + len - 4, ".mpk"))
+			guess[len - 4] = '\0';
+		strcat(guess, ".tok");
+		path = guess;
+	}
+	err = mp_tokenizer_open(path, out);
+	if (err) {
+		/* The log handler has printed why; say where the guess came from. */
+		if (guess)
+			fprintf(stderr, "moepager: %s is the tokenizer expected beside the model; "
+				"give --tokenizer FILE\n", path);
+		goto free_guess;
+	}
+	if (mp_tokenizer_vocab(*out) != model_vocab) {
+		fprintf(stderr, "moepager: tokenizer %s has %u pieces, the model %u\n", path,
+			mp_tokenizer_vocab(*out), model_vocab);
+		mp_tokenizer_close(*out);
+		*out = NULL;
+		err = -EINVAL;
+	}
+free_guess:
+	free(guess);
+	return err;
+}
+
+/* Appends text's ids after ids[*n], growing the array. */
+static int append_encoded(const struct mp_tokenizer *t, const char *text, size_t len,
+			  uint32_t **ids, size_t *n, size_t *cap)
+{
+	int need = mp_tokenizer_encode(t, text, len, NULL, 0);
+	uint32_t *nb;
+
+	if (need < 0)
+		return need;
+	if (*n + need + 2 > *cap) {
+		size_t ncap = (*n + need + 2) * 2;
+
+		nb = realloc(*ids, ncap * sizeof(*nb));
+		if (!nb)
+			return -ENOMEM;
+		*ids = nb;
+		*cap = ncap;
+	}
+	need = mp_tokenizer_encode(t, text, len, *ids + *n, *cap - *n);
+	if (need < 0)
+		return need;
+	*n += need;
+	return 0;
+}
+
+int text_encode_prompt(const struct mp_tokenizer *t, const char *text, uint32_t **ids,
+		       uint32_t *n)
+{
+	size_t cap = 16, cnt = 1;
+	uint32_t *a = malloc(cap * sizeof(*a));
+	int err;
+
+	if (!a)
+		return -ENOMEM;
+	a[0] = mp_tokenizer_bos(t);
+	err = append_encoded(t, text, strlen(text), &a, &cnt, &cap);
+	if (err) {
+		free(a);
+		return err;
+	}
+	*ids = a;
+	*n = (uint32_t)cnt;
+	return 0;
+}
+
+int text_encode_fortunes(const struct mp_tokenizer *t, const char *path, uint32_t **ids,
+			 size_t *n, uint32_t *texts)
+{
+	size_t len, cap = 0, cnt = 0;
+	uint32_t *a = NULL, count = 0;
+	char *buf, *p, *end;
+	int err;
+
+	err = slurp(path, &buf, &len);
+	if (err)
+		return err;
+	/* The file is text "\n%\n" text ... "\n": drop the final newline, split on "\n%\n". */
+	if (len && buf[len - 1] == '\n')
+		buf[--len] = '\0';
+	for (p = buf; len && p <= buf + len; p = end + 3) {
+		end = strstr(p, "\n%\n");
+		if (!end)
+			end = buf + len;
+		if (cnt + 1 > cap || !a) {
+			uint32_t *nb = realloc(a, (cap = cap * 2 + 64) * sizeof(*a));
+
+			if (!nb) {
+				err = -ENOMEM;
+				goto fail;
+			}
+			a = nb;
+		}
+		a[cnt++] = mp_tokenizer_bos(t);
+		err = append_encoded(t, p, end - p, &a, &cnt, &cap);
+		if (err)
+			goto fail;
+		a[cnt++] = mp_tokenizer_eos(t);
+		count++;
+		if (end == buf + len)
+			break;
+	}
+	free(buf);
+	if (!count) {
+		fprintf(stderr, "moepager: %s: no text\n", path);
+		free(a);
+		return -EINVAL;
+	}
+	*ids = a;
+	*n = cnt;
+	*texts = count;
+	return 0;
+fail:
+	fprintf(stderr, "moepager: %s: encoding failed: %s\n", path, strerror(-err));
+	free(a);
+	free(buf);
+	return err;
+}
+
+int text_read_ids(const char *path, uint32_t **ids, size_t *n)
+{
+	size_t len;
+	char *buf;
+	uint32_t *a;
+	int err = slurp(path, &buf, &len);
+
+	if (err)
+		return err;
+	if (len % 2) {
+		fprintf(stderr, "moepager: %s: %zu bytes is not a whole number of uint16 ids\n",
+			path, len);
+		free(buf);
+		return -EINVAL;
+	}
+	a = malloc((len / 2 + 1) * sizeof(*a));
+	if (!a) {
+		free(buf);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < len / 2; i++)
+		a[i] = (uint8_t)buf[2 * i] | (uint32_t)(uint8_t)buf[2 * i + 1] << 8;
+	free(buf);
+	*ids = a;
+	*n = len / 2;
+	return 0;
+}
