@@ -15,6 +15,7 @@
 #include <moepager.h>
 
 #include "cli.h"
+#include "text.h"
 
 #define MAX_REPEAT 100u
 
@@ -26,6 +27,8 @@ static struct run_env {
 	const char *prefetch;
 	const char *evict;
 	const char *dump_logits;
+	const char *prompt_text;
+	const char *tokenizer;
 	uint32_t prompt_tokens;
 	uint32_t tokens;
 	uint32_t warmup;
@@ -43,13 +46,16 @@ static struct run_env {
 enum {
 	OPT_PROMPT_TOKENS = 0x100, OPT_TOKENS, OPT_TRACE, OPT_REQUEST, OPT_BUDGET, OPT_PREFETCH,
 	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE, OPT_ENGINE_DIR, OPT_THREADS, OPT_JSON,
-	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT,
+	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT, OPT_PROMPT,
+	OPT_TOKENIZER,
 };
 
 static const char doc[] =
 	"Greedy decoding of an .mpk model: a batched prefill of the prompt, then\n"
 	"--warmup decode steps that are not measured, then --tokens measured ones.\n"
-	"The prompt is --prompt-tokens ids drawn from --seed. With --trace, decode\n"
+	"The prompt is --prompt-tokens ids drawn from --seed, or --prompt TEXT encoded\n"
+	"with the model's tokenizer (then the text is printed, and is \"text\" in the\n"
+	"JSON). With --trace, decode\n"
 	"step t uses the experts (and gate weights) of trace token t of --request;\n"
 	"the prompt is routed by the model's router. Experts are resident (all read\n"
 	"into memory first, the upper bound) unless --budget pages them.\n"
@@ -75,6 +81,10 @@ static const char doc[] =
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model (required)", 0 },
 	{ "prompt-tokens", OPT_PROMPT_TOKENS, "N", 0, "Prompt length (default 16)", 0 },
+	{ "prompt", OPT_PROMPT, "TEXT", 0,
+	  "Prompt text, encoded with the model's tokenizer (MODEL.tok beside it); the "
+	  "generated text is printed", 0 },
+	{ "tokenizer", OPT_TOKENIZER, "FILE", 0, "Tokenizer for --prompt (default: MODEL.tok)", 0 },
 	{ "tokens", 'n', "N", 0, "Measured decode steps (default 32)", 0 },
 	{ "warmup", OPT_WARMUP, "N", 0, "Decode steps before measuring (default 0)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "Seed of the prompt ids (default 1)", 0 },
@@ -130,6 +140,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TRACE:
 		env.trace = arg;
+		break;
+	case OPT_PROMPT:
+		env.prompt_text = arg;
+		break;
+	case OPT_TOKENIZER:
+		env.tokenizer = arg;
 		break;
 	case OPT_REQUEST:
 		if (cli_parse_u32("--request", arg, 0, UINT32_MAX, &env.request))
@@ -207,6 +223,7 @@ struct run {
 	struct mp_runner *runner;
 	struct mp_membw *membw;
 	FILE *dump;
+	struct mp_tokenizer *tok;	/* with --prompt */
 	uint32_t *prompt;
 	uint32_t *generated;
 	double *step_ms;
@@ -479,6 +496,7 @@ static void close_run(struct run *r)
 	mp_engine_close(r->engine);
 	mp_trace_close(r->trace);
 	mp_store_close(r->store);
+	mp_tokenizer_close(r->tok);
 	if (r->dump)
 		fclose(r->dump);
 	free(r->prompt);
@@ -519,6 +537,28 @@ static json_t *json_reps(const struct results *res)
 	return a;
 }
 
+/*
+ * The prompt and the generated ids as text (with --prompt), malloc()ed;
+ * NULL without a tokenizer. Decoded together so the pieces join as trained.
+ */
+static char *generated_text(const struct run *r, const struct results *res)
+{
+	size_t n = (size_t)env.prompt_tokens + res->generated;
+	uint32_t *ids;
+	char *text = NULL;
+	int len;
+
+	if (!r->tok || !(ids = malloc(n * sizeof(*ids))))
+		return NULL;
+	memcpy(ids, r->prompt, env.prompt_tokens * sizeof(*ids));
+	memcpy(ids + env.prompt_tokens, r->generated, res->generated * sizeof(*ids));
+	len = mp_tokenizer_decode(r->tok, ids, n, NULL, 0);
+	if (len >= 0 && (text = malloc((size_t)len + 1)))
+		mp_tokenizer_decode(r->tok, ids, n, text, (size_t)len + 1);
+	free(ids);
+	return text;
+}
+
 static int print_results(struct run *r, struct results *res)
 {
 	const struct mp_geometry *g = mp_store_geometry(r->store);
@@ -533,6 +573,7 @@ static int print_results(struct run *r, struct results *res)
 	double ratio = rep_median(res, offsetof(struct rep, ratio));
 	double membw = median(r->membw_gbps, res->samples);
 	double p50, p99;
+	char *text = generated_text(r, res);
 	json_t *o;
 
 	qsort(r->step_ms, res->measured, sizeof(double), cmp_double);
@@ -549,6 +590,9 @@ static int print_results(struct run *r, struct results *res)
 		       weights_gbps, membw, ratio);
 		printf("hit rate %.3f, %llu demand faults, stall %.2f ms/token, peak RSS %.0f MB\n",
 		       hit_rate, (unsigned long long)pg->demand_faults, stall_ms, r->rss / 1e6);
+		if (text)
+			printf("%s\n", text);
+		free(text);
 		return 0;
 	}
 	o = json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}",
@@ -571,6 +615,9 @@ static int print_results(struct run *r, struct results *res)
 	json_object_set_new(o, "token_ms_p99", json_real(p99));
 	json_object_set_new(o, "prompt", json_ids(r->prompt, env.prompt_tokens));
 	json_object_set_new(o, "tokens", json_ids(r->generated, res->generated));
+	if (text)
+		json_object_set_new(o, "text", json_string(text));
+	free(text);
 	json_object_set_new(o, "hit_rate", json_real(hit_rate));
 	json_object_set_new(o, "demand_faults", json_integer((json_int_t)pg->demand_faults));
 	json_object_set_new(o, "stall_ms_per_token", json_real(stall_ms));
@@ -716,6 +763,13 @@ int cmd_run(int argc, char **argv)
 	if (err)
 		goto fail;
 	g = mp_store_geometry(r.store);
+	if (env.prompt_text) {
+		err = text_tokenizer_open(env.tokenizer, env.model, g->vocab, &r.tok);
+		if (!err)
+			err = text_encode_prompt(r.tok, env.prompt_text, &r.prompt, &env.prompt_tokens);
+		if (err)
+			goto fail;
+	}
 	if (env.trace) {
 		err = open_trace(&r, g);
 		if (err)
@@ -743,7 +797,8 @@ int cmd_run(int argc, char **argv)
 	if (err)
 		goto fail;
 
-	r.prompt = calloc(env.prompt_tokens, sizeof(*r.prompt));
+	if (!r.prompt)
+		r.prompt = calloc(env.prompt_tokens, sizeof(*r.prompt));
 	r.generated = calloc(steps + 1, sizeof(*r.generated));
 	r.step_ms = calloc((size_t)env.repeat * env.tokens + 1, sizeof(*r.step_ms));
 	r.membw_gbps = calloc((size_t)env.repeat * (env.tokens + MIN_MEMBW_SAMPLES),
@@ -761,7 +816,8 @@ int cmd_run(int argc, char **argv)
 			goto fail;
 		}
 	}
-	make_prompt(r.prompt, env.prompt_tokens, env.seed, g->vocab);
+	if (!r.tok)
+		make_prompt(r.prompt, env.prompt_tokens, env.seed, g->vocab);
 	signal(SIGINT, on_sigint);
 	res.deterministic = true;
 	for (uint32_t i = 0; !err && i < env.repeat && (!i || !stop_requested); i++) {
