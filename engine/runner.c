@@ -480,6 +480,10 @@ static int moe(struct mp_runner *r, uint32_t l, uint32_t n, bool decode)
 
 		MP_PROBE(route, r->request, token, l, k, ids, w);
 		r->st.route_calls++;
+		if (decode && r->src->gate)
+			r->src->gate(r->src_ctx, r->request, token, l,
+				     r->rlogits + (size_t)t * g->experts, g->experts,
+				     r->xn + (size_t)t * g->hidden, g->hidden);
 		if (!r->src->route)
 			continue;
 		err = r->src->route(r->src_ctx, r->request, token, l, ids, w, k);

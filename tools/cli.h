@@ -14,8 +14,14 @@ struct cli_command {
 };
 
 int cmd_gen(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_trace(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_faultbench(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);

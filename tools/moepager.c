@@ -8,6 +8,15 @@
 #include "cli.h"
 
 static const struct cli_command commands[] = {
+	{ "gen", "write a model with deterministic random weights", cmd_gen },
+	{ "inspect", "print an .mpk file's geometry, tensors and experts", cmd_inspect },
+	{ "run", "greedy decoding of a model, resident or paged; throughput as JSON", cmd_run },
+	{ "verify", "check every tensor and expert checksum of an .mpk file", cmd_verify },
+	{ "trace", "record a process's expert trajectory through BPF; export moe-trace", cmd_trace },
+	{ "eval", "held-out perplexity of a trained model, computed by the runner", cmd_eval },
+	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },
+	{ "bench", "compare prefetch/eviction policies and baselines on traces at budgets", cmd_bench },
+	{ "faultbench", "expert fault service vs raw io_uring and mmap, as JSON", cmd_faultbench },
 };
 
 static void usage(FILE *f)

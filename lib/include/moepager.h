@@ -15,5 +15,12 @@
 #include <moepager/common.h>
 #include <moepager/store.h>
 #include <moepager/trace.h>
+#include <moepager/traj.h>
+#include <moepager/engine.h>
+#include <moepager/runner.h>
+#include <moepager/tokenizer.h>
+#include <moepager/eval.h>
+#include <moepager/pager.h>
+#include <moepager/prefetch.h>
 
 #endif /* MOEPAGER_H */

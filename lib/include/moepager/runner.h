@@ -51,6 +51,16 @@ struct mp_expert_source_ops {
 	 * bytes, on every engine thread, happens inside it. May be NULL.
 	 */
 	int (*guard)(void *ctx, int (*fn)(void *arg), void *arg);
+	/*
+	 * For prefetchers, during decode steps only: right before route() for
+	 * the same (request, token, layer), this layer's router logits (experts
+	 * floats; their softmax is the full gate distribution, computed even
+	 * when a trace forces the route) and the normalised FFN input the
+	 * router read (hidden floats). Both are valid during the call only.
+	 * May be NULL.
+	 */
+	void (*gate)(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		     const float *logits, uint32_t experts, const float *x, uint32_t hidden);
 };
 
 /* All experts read into ordinary memory (the --resident baseline). */

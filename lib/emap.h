@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The expert-map store (FineMoE): one record per iteration, the per-layer
+ * gate distributions and a semantic vector, searched by cosine similarity,
+ * bounded by a capacity with redundancy-based replacement, persisted to a
+ * file (docs/prefetch.md, "Expert-map file").
+ */
+#ifndef MP_EMAP_H
+#define MP_EMAP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct mp_emap;
+
+struct mp_emap_config {
+	uint32_t layers;
+	uint32_t experts;
+	uint32_t sem_dim;	/* semantic vector length; 0: none (trajectory searches only) */
+	uint32_t capacity;	/* records; 0: 1024 */
+	uint32_t distance;	/* prefetch distance d: RDY = (d/L) sem + ((L-d)/L) traj */
+};
+
+/* Counters and memory (mp_emap_stats()). */
+struct mp_emap_stats {
+	uint32_t count;		/* records held */
+	uint32_t capacity;
+	uint64_t inserted;	/* records offered since creation (or load) */
+	uint64_t replaced;	/* inserts that replaced the most redundant record */
+	uint64_t searches;
+	uint64_t bytes;		/* memory held by the store, all arrays included */
+};
+
+/* Creates an empty store. Returns 0, -EINVAL (a field out of range) or -ENOMEM. */
+int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out);
+void mp_emap_destroy(struct mp_emap *m);
+
+/*
+ * Adds one iteration: map is layers x experts gate values (rows need not be
+ * normalised: each row is scaled to sum to 1; an all-zero row stays zero),
+ * sem is sem_dim floats (NULL: zeros). When the store is full the record
+ * with the highest redundancy RDY against the new one is replaced, so a
+ * duplicate replaces its twin and the distinct records stay. Returns the
+ * index written, or -EINVAL.
+ */
+int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem);
+
+/*
+ * The record most similar to sem (cosine) / to the first `prefix_layers`
+ * layers of map (cosine of the flattened prefixes). Returns the index and
+ * sets *score (in [-1, 1]; 0 for zero vectors), or -ENOENT when the store
+ * is empty.
+ */
+int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score);
+int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
+			float *score);
+
+/* The record whose semantic vector's first n floats are most similar to sem's. */
+int mp_emap_search_sem_prefix(struct mp_emap *m, const float *sem, uint32_t n, float *score);
+
+/* Layer `layer` of record `idx` (experts floats summing to 1 or 0), or NULL. */
+const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer);
+/* The semantic vector of record idx, or NULL. */
+const float *mp_emap_sem(const struct mp_emap *m, uint32_t idx);
+
+void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out);
+const struct mp_emap_config *mp_emap_config(const struct mp_emap *m);
+
+/* Cosine of two vectors of n floats; 0 when either is zero. */
+float mp_cosine(const float *a, const float *b, uint32_t n);
+
+/*
+ * Writes the store to path (a temporary renamed into place after fsync).
+ * Returns 0 or the write error with a message.
+ */
+int mp_emap_save(const struct mp_emap *m, const char *path);
+
+/*
+ * Reads a store written by mp_emap_save(). The file's layers, experts and
+ * sem_dim must equal cfg's; capacity and distance come from cfg (a file
+ * with more records than the capacity keeps the first ones, with a
+ * warning). Returns 0 and sets *out, or -ENOENT/-EACCES (open), -EPROTO
+ * (not an expert-map file), -EPROTONOSUPPORT (version), -EINVAL (geometry
+ * differs), -ENODATA (truncated), -EBADMSG (checksum), -ENOMEM; the message
+ * names the file and the offset.
+ */
+int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_emap **out);
+
+#endif /* MP_EMAP_H */

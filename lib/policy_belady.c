@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Belady's MIN: the resident expert whose next use is farthest (or never)
+ * goes first. The future comes from the replayed trace through
+ * hints->next_use: the on-demand optimum, for comparison only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "policy.h"
+
+static int belady_init(struct mp_policy *pol)
+{
+	struct mp_keylist *l;
+	int err;
+
+	/* A prefetcher over a trace replay attaches the hints after the pager opened. */
+	if (!pol->env.hints || !pol->env.hints->next_use)
+		mp_info("eviction belady: no future known yet: least recently used until a trace "
+			"replay's prefetcher gives next-use hints");
+	l = malloc(sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	err = mp_keylist_init(l, pol->env.nkeys);
+	if (err) {
+		free(l);
+		return err;
+	}
+	pol->priv = l;
+	return 0;
+}
+
+static void belady_insert(struct mp_policy *pol, uint32_t key)
+{
+	mp_keylist_push_head(pol->priv, key);
+}
+
+static void belady_access(struct mp_policy *pol, uint32_t key)
+{
+	struct mp_keylist *l = pol->priv;
+
+	if (l->on[key])
+		mp_keylist_push_head(l, key);
+}
+
+static void belady_remove(struct mp_policy *pol, uint32_t key)
+{
+	mp_keylist_remove(pol->priv, key);
+}
+
+static int64_t belady_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg)
+{
+	const struct mp_policy_hints *h = pol->env.hints;
+	struct mp_keylist *l = pol->priv;
+	const uint64_t *next;
+	int64_t best = -ENOENT;
+
+	if (!h || !h->next_use)
+		return mp_keylist_victim(l, evictable, arg);
+	next = h->next_use;
+	for (uint32_t k = l->tail; k != MP_KEYLIST_NONE; k = l->prev[k])
+		if ((best < 0 || __atomic_load_n(&next[k], __ATOMIC_RELAXED) >
+				 __atomic_load_n(&next[best], __ATOMIC_RELAXED)) &&
+		    evictable(arg, k))
+			best = k;
+	return best;
+}
+
+static void belady_fini(struct mp_policy *pol)
+{
+	if (pol->priv)
+		mp_keylist_fini(pol->priv);
+	free(pol->priv);
+	pol->priv = NULL;
+}
+
+const struct mp_policy_ops mp_policy_belady = {
+	.name = "belady",
+	.description = "evict the expert used farthest in the future (trace replay only: the "
+		       "on-demand optimum)",
+	.init = belady_init,
+	.on_insert = belady_insert,
+	.on_access = belady_access,
+	.on_fault = belady_access,
+	.on_remove = belady_remove,
+	.pick_victim = belady_victim,
+	.fini = belady_fini,
+};

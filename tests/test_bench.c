@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: MIT
+/* moepager bench on the tiny trained model and its real traces: every policy and baseline runs. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static const char *root(const char *var)
+{
+	const char *v = getenv(var);
+
+	if (!v)
+		fail_msg("%s is not set (meson test sets it)", var);
+	return v;
+}
+
+/* Runs cmd, returns its stdout parsed as JSON (NULL on failure). */
+static json_t *run_json(const char *cmd)
+{
+	json_error_t jerr;
+	json_t *j;
+	FILE *f = popen(cmd, "r");
+
+	assert_non_null(f);
+	j = json_loadf(f, 0, &jerr);
+	assert_int_equal(pclose(f), 0);
+	if (!j)
+		fail_msg("bench output is not JSON: %s", jerr.text);
+	return j;
+}
+
+static off_t file_size(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) ? -1 : st.st_size;
+}
+
+static void bench_runs_every_policy_and_baseline(void **state)
+{
+	char cmd[4096], model[1024], trace[1024];
+	const char *policies;
+	json_t *j, *res, *row;
+	bool root_user = geteuid() == 0;
+	size_t i;
+
+	(void)state;
+	snprintf(model, sizeof(model), "%s/data/models/tiny-real.mpk",
+		 root("MOEPAGER_BUILD_ROOT"));
+	snprintf(trace, sizeof(trace), "%s/data/traces/tiny-real/heldout-windows.csv",
+		 root("MOEPAGER_SOURCE_ROOT"));
+	if (!root_user && t_require_all())
+		fail_msg("the mmap baseline needs root (a memory cgroup) and CI requires it");
+	/* Without root there is no memory cgroup for the mmap baseline: run the others. */
+	policies = root_user ? "none,finemoe,oracle,pread-lru,mmap" :
+			       "none,finemoe,oracle,pread-lru";
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --model %s --trace %s --budget 50%% "
+		 "--policies %s --max-tokens 4 --threads 1 --json --csv %s --plot %s",
+		 root("MOEPAGER_BUILD_ROOT"), model, trace, policies, t_path("out.csv"),
+		 t_path("plots"));
+	j = run_json(cmd);
+	res = json_object_get(j, "results");
+	assert_true(json_is_array(res));
+	assert_int_equal(json_array_size(res), root_user ? 5 : 4);
+	json_array_foreach(res, i, row) {
+		const char *pol = json_string_value(json_object_get(row, "policy"));
+		double hit = json_real_value(json_object_get(row, "hit_rate"));
+
+		assert_non_null(pol);
+		assert_non_null(json_object_get(row, "evict"));
+		assert_string_equal(json_string_value(json_object_get(row, "budget")), "50%");
+		assert_true(json_real_value(json_object_get(row, "decode_tokens_per_s")) > 0);
+		assert_true(hit >= 0 && hit <= 1);
+		/* Two evaluated requests of the windows trace, 4 tokens each. */
+		assert_int_equal(json_integer_value(json_object_get(row, "tokens")), 8);
+		assert_int_equal(json_integer_value(json_object_get(row, "expert_uses")),
+				 8 * 6 * 2);
+		assert_true(json_integer_value(json_object_get(row, "peak_rss_bytes")) > 0);
+		assert_non_null(json_object_get(row, "stall_ms_per_token"));
+		assert_non_null(json_object_get(row, "prefetch_accuracy"));
+		assert_non_null(json_object_get(row, "prefetch_waste"));
+		if (!strcmp(pol, "none") || !strcmp(pol, "pread-lru"))
+			assert_true(json_integer_value(json_object_get(row, "bytes_read")) > 0);
+		if (!strcmp(pol, "oracle"))
+			assert_string_equal(json_string_value(json_object_get(row, "evict")),
+					    "belady");
+	}
+	json_decref(j);
+	assert_true(file_size(t_path("out.csv")) > 100);
+	assert_true(file_size(t_path("plots/throughput.svg")) > 1000);
+	assert_true(file_size(t_path("plots/hit_rate.png")) > 1000);
+	assert_true(file_size(t_path("plots/heatmap.png")) > 1000);
+}
+
+static void simulated_bench_needs_no_model(void **state)
+{
+	char cmd[4096];
+	json_t *j, *res, *row;
+	size_t i;
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace "
+		 "%s/data/traces/mixtral-8x7b/gsm8k.csv --budget 25%%,50%% "
+		 "--policies none:lru,finemoe,oracle --json", root("MOEPAGER_BUILD_ROOT"),
+		 root("MOEPAGER_SOURCE_ROOT"));
+	j = run_json(cmd);
+	res = json_object_get(j, "results");
+	assert_int_equal(json_array_size(res), 6);
+	json_array_foreach(res, i, row) {
+		assert_string_equal(json_string_value(json_object_get(row, "mode")), "simulated");
+		/* gsm8k's evaluated request 1 has 78 tokens of 32 layers, top-2. */
+		assert_int_equal(json_integer_value(json_object_get(row, "expert_uses")),
+				 78 * 32 * 2);
+	}
+	json_decref(j);
+}
+
+static void bad_arguments_fail_with_a_message(void **state)
+{
+	char cmd[4096];
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace "
+		 "%s/data/traces/mixtral-8x7b/gsm8k.csv --policies psychic 2>/dev/null",
+		 root("MOEPAGER_BUILD_ROOT"), root("MOEPAGER_SOURCE_ROOT"));
+	assert_int_not_equal(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace /nonexistent.csv "
+		 "2>/dev/null", root("MOEPAGER_BUILD_ROOT"));
+	assert_int_not_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(bench_runs_every_policy_and_baseline),
+		cmocka_unit_test(simulated_bench_needs_no_model),
+		cmocka_unit_test(bad_arguments_fail_with_a_message),
+	};
+	int ret = cmocka_run_group_tests_name("bench", tests, NULL, NULL);
+
+	t_tmpdir_cleanup();
+	return ret;
+}

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: MIT
+/* The expert-map store: normalisation, cosine search, RDY replacement, bounded memory, the file. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "emap.h"
+
+#define L 4
+#define J 8
+#define H 5
+
+static struct mp_emap *make(uint32_t capacity, uint32_t sem_dim)
+{
+	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = sem_dim,
+				    .capacity = capacity, .distance = 1 };
+	struct mp_emap *m = NULL;
+
+	assert_int_equal(mp_emap_create(&c, &m), 0);
+	return m;
+}
+
+/* A top-2 map: layer l routes to experts (seed + l) % J and (seed + 3 l + 1) % J. */
+static void top2_map(uint32_t seed, float *map)
+{
+	memset(map, 0, L * J * sizeof(float));
+	for (uint32_t l = 0; l < L; l++) {
+		uint32_t a = (seed + l) % J, b = (seed + 3 * l + 1) % J;
+
+		if (b == a)
+			b = (a + 1) % J;
+		map[l * J + a] = 0.7f;
+		map[l * J + b] = 0.3f;
+	}
+}
+
+static void sem_vec(uint32_t seed, float *sem)
+{
+	for (uint32_t i = 0; i < H; i++)
+		sem[i] = (float)((seed * 7 + i * 3) % 11) - 5.0f;
+}
+
+static void insert_normalises_every_layer_row(void **state)
+{
+	struct mp_emap *m = make(8, 0);
+	float map[L * J] = { 0 };
+
+	(void)state;
+	for (uint32_t j = 0; j < J; j++)
+		map[0 * J + j] = (float)(j + 1);	/* sums to 36 */
+	map[1 * J + 3] = 5.0f;
+	/* layer 2 all zero, layer 3 two values */
+	map[3 * J + 0] = 1.0f;
+	map[3 * J + 7] = 3.0f;
+	assert_int_equal(mp_emap_insert(m, map, NULL), 0);
+	for (uint32_t l = 0; l < L; l++) {
+		const float *row = mp_emap_layer(m, 0, l);
+		double sum = 0;
+
+		for (uint32_t j = 0; j < J; j++)
+			sum += row[j];
+		assert_true(fabs(sum - (l == 2 ? 0.0 : 1.0)) < 1e-6);
+	}
+	assert_true(fabsf(mp_emap_layer(m, 0, 0)[7] - 8.0f / 36.0f) < 1e-6f);
+	assert_true(fabsf(mp_emap_layer(m, 0, 3)[7] - 0.75f) < 1e-6f);
+	mp_emap_destroy(m);
+}
+
+static void bad_gate_values_are_refused(void **state)
+{
+	struct mp_emap *m = make(8, 0);
+	float map[L * J] = { 0 };
+
+	(void)state;
+	t_log_capture();
+	t_log_reset();
+	map[2 * J + 5] = -0.5f;
+	assert_int_equal(mp_emap_insert(m, map, NULL), -EINVAL);
+	assert_true(t_log_contains("layer 2 expert 5"));
+	map[2 * J + 5] = NAN;
+	assert_int_equal(mp_emap_insert(m, map, NULL), -EINVAL);
+	mp_emap_destroy(m);
+}
+
+static void exact_replay_scores_one_and_finds_its_record(void **state)
+{
+	struct mp_emap *m = make(16, H);
+	float map[L * J], sem[H], score;
+
+	(void)state;
+	for (uint32_t s = 0; s < 6; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		assert_int_equal(mp_emap_insert(m, map, sem), (int)s);
+	}
+	for (uint32_t s = 0; s < 6; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		/* The full prefix identifies the record; its score is 1 (within rounding). */
+		assert_int_equal(mp_emap_search_traj(m, map, L, &score), (int)s);
+		assert_true(score > 0.99999f && score < 1.00001f);
+		assert_int_equal(mp_emap_search_sem(m, sem, &score), (int)s);
+		assert_true(score > 0.99999f);
+	}
+	mp_emap_destroy(m);
+}
+
+static void prefix_search_ignores_later_layers(void **state)
+{
+	struct mp_emap *m = make(16, 0);
+	float a[L * J], b[L * J], q[L * J], score;
+
+	(void)state;
+	top2_map(1, a);
+	memcpy(b, a, sizeof(b));
+	/* b shares a's first two layers and differs after. */
+	memset(b + 2 * J, 0, 2 * J * sizeof(float));
+	b[2 * J + 6] = 1.0f;
+	b[3 * J + 6] = 1.0f;
+	assert_int_equal(mp_emap_insert(m, a, NULL), 0);
+	assert_int_equal(mp_emap_insert(m, b, NULL), 1);
+	/* A query equal to b on layers 0..2: a 2-layer prefix cannot tell, a 3-layer one can. */
+	memcpy(q, b, sizeof(q));
+	assert_true(mp_emap_search_traj(m, q, 2, &score) >= 0);
+	assert_true(score > 0.99999f);
+	assert_int_equal(mp_emap_search_traj(m, q, 3, &score), 1);
+	assert_int_equal(mp_emap_search_traj(m, q, 0, &score), -ENOENT);
+	mp_emap_destroy(m);
+}
+
+static void semantic_prefix_search_compares_the_first_floats_only(void **state)
+{
+	struct mp_emap *m = make(8, H);
+	float map[L * J], a[H] = { 1, 0, 0, 5, 5 }, b[H] = { 0, 1, 0, 5, 5 };
+	float q[H] = { 1, 0, 0, -9, -9 }, score;
+
+	(void)state;
+	top2_map(0, map);
+	assert_int_equal(mp_emap_insert(m, map, a), 0);
+	assert_int_equal(mp_emap_insert(m, map, b), 1);
+	/* On all 5 floats q is closer to neither; on the first 3 it equals a. */
+	assert_int_equal(mp_emap_search_sem_prefix(m, q, 3, &score), 0);
+	assert_true(score > 0.99999f);
+	assert_int_equal(mp_emap_search_sem_prefix(m, q, H + 1, &score), -ENOENT);
+	mp_emap_destroy(m);
+}
+
+static void empty_store_has_nothing_to_find(void **state)
+{
+	struct mp_emap *m = make(4, H);
+	float map[L * J], sem[H], score;
+
+	(void)state;
+	top2_map(0, map);
+	sem_vec(0, sem);
+	assert_int_equal(mp_emap_search_traj(m, map, 2, &score), -ENOENT);
+	assert_int_equal(mp_emap_search_sem(m, sem, &score), -ENOENT);
+	mp_emap_destroy(m);
+}
+
+static bool same_map(const struct mp_emap *m, uint32_t idx, const float *map)
+{
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t j = 0; j < J; j++)
+			if (fabsf(mp_emap_layer(m, idx, l)[j] - map[l * J + j]) > 1e-6f)
+				return false;
+	return true;
+}
+
+static void full_store_duplicate_replaces_its_twin(void **state)
+{
+	struct mp_emap *m = make(4, H);
+	struct mp_emap_stats st;
+	float map[L * J], sem[H];
+
+	(void)state;
+	for (uint32_t s = 0; s < 4; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		assert_int_equal(mp_emap_insert(m, map, sem), (int)s);
+	}
+	/* A duplicate of record 2 (RDY = 1) must land on record 2, keeping 0, 1 and 3. */
+	top2_map(2, map);
+	sem_vec(2, sem);
+	assert_int_equal(mp_emap_insert(m, map, sem), 2);
+	mp_emap_stats(m, &st);
+	assert_int_equal(st.count, 4);
+	assert_int_equal(st.replaced, 1);
+	assert_int_equal(st.inserted, 5);
+	for (uint32_t s = 0; s < 4; s++) {
+		top2_map(s, map);
+		assert_true(same_map(m, s, map));
+	}
+	/* A new, different map replaces one record; the store stays at capacity. */
+	top2_map(5, map);
+	sem_vec(5, sem);
+	assert_true(mp_emap_insert(m, map, sem) >= 0);
+	mp_emap_stats(m, &st);
+	assert_int_equal(st.count, 4);
+	mp_emap_destroy(m);
+}
+
+static void memory_is_bounded_and_reported(void **state)
+{
+	struct mp_emap *m = make(32, H);
+	struct mp_emap_stats a, b;
+	float map[L * J], sem[H];
+
+	(void)state;
+	mp_emap_stats(m, &a);
+	/* Maps, semantic vectors, norms and scratch: fixed at creation. */
+	assert_true(a.bytes >= 32ull * (L * J + H) * sizeof(float));
+	assert_true(a.bytes < 32ull * (L * J + H + L + 8) * sizeof(float) + 4096);
+	for (uint32_t s = 0; s < 200; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		assert_true(mp_emap_insert(m, map, sem) >= 0);
+	}
+	mp_emap_stats(m, &b);
+	assert_int_equal(b.count, 32);
+	assert_int_equal(b.bytes, a.bytes);
+	mp_emap_destroy(m);
+}
+
+static void persistence_round_trip_keeps_every_record(void **state)
+{
+	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8,
+				    .distance = 1 };
+	struct mp_emap *m = make(8, H), *back = NULL;
+	struct mp_emap_stats st;
+	float map[L * J], sem[H], score;
+	const char *path = t_path("maps.emap");
+
+	(void)state;
+	for (uint32_t s = 0; s < 11; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		assert_true(mp_emap_insert(m, map, sem) >= 0);
+	}
+	assert_int_equal(mp_emap_save(m, path), 0);
+	assert_int_equal(mp_emap_load(path, &c, &back), 0);
+	mp_emap_stats(back, &st);
+	assert_int_equal(st.count, 8);
+	assert_int_equal(st.inserted, 11);
+	for (uint32_t y = 0; y < 8; y++) {
+		assert_memory_equal(mp_emap_layer(back, y, 0), mp_emap_layer(m, y, 0),
+				    L * J * sizeof(float));
+		assert_memory_equal(mp_emap_sem(back, y), mp_emap_sem(m, y), H * sizeof(float));
+	}
+	/* Searches over the loaded store find the same records. */
+	top2_map(10, map);
+	assert_int_equal(mp_emap_search_traj(back, map, L, &score),
+			 mp_emap_search_traj(m, map, L, &score));
+	assert_true(score > 0.99999f);
+	mp_emap_destroy(back);
+	mp_emap_destroy(m);
+}
+
+static void corrupt_files_are_refused_naming_the_offset(void **state)
+{
+	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8 };
+	struct mp_emap_config other = c;
+	struct mp_emap *m = make(8, H), *back = NULL;
+	float map[L * J], sem[H];
+	const char *path = t_path("bad.emap");
+	char cmd[1024];
+
+	(void)state;
+	t_log_capture();
+	for (uint32_t s = 0; s < 3; s++) {
+		top2_map(s, map);
+		sem_vec(s, sem);
+		assert_true(mp_emap_insert(m, map, sem) >= 0);
+	}
+	assert_int_equal(mp_emap_save(m, path), 0);
+	other.experts = J * 2;
+	t_log_reset();
+	assert_int_equal(mp_emap_load(path, &other, &back), -EINVAL);
+	assert_true(t_log_contains("4 layers x 8 experts"));
+
+	assert_int_equal(t_flip_byte(path, 64 + 17), 0);	/* a record byte */
+	t_log_reset();
+	assert_int_equal(mp_emap_load(path, &c, &back), -EBADMSG);
+	assert_true(t_log_contains("offset 64: record checksum mismatch"));
+	assert_int_equal(t_flip_byte(path, 64 + 17), 0);
+	assert_int_equal(mp_emap_load(path, &c, &back), 0);
+	mp_emap_destroy(back);
+
+	assert_int_equal(t_flip_byte(path, 20), 0);		/* experts, header checksummed */
+	t_log_reset();
+	assert_int_equal(mp_emap_load(path, &c, &back), -EBADMSG);
+	assert_true(t_log_contains("header checksum"));
+	assert_int_equal(t_flip_byte(path, 20), 0);
+
+	assert_int_equal(t_flip_byte(path, 0), 0);
+	t_log_reset();
+	assert_int_equal(mp_emap_load(path, &c, &back), -EPROTO);
+	assert_true(t_log_contains("not an expert-map file"));
+	assert_int_equal(t_flip_byte(path, 0), 0);
+
+	assert_int_equal(truncate(path, 64 + 100), 0);
+	t_log_reset();
+	assert_int_equal(mp_emap_load(path, &c, &back), -ENODATA);
+	assert_true(t_log_contains("truncated"));
+
+	snprintf(cmd, sizeof(cmd), "%s.none", path);
+	assert_int_equal(mp_emap_load(cmd, &c, &back), -ENOENT);
+	mp_emap_destroy(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(insert_normalises_every_layer_row),
+		cmocka_unit_test(bad_gate_values_are_refused),
+		cmocka_unit_test(exact_replay_scores_one_and_finds_its_record),
+		cmocka_unit_test(prefix_search_ignores_later_layers),
+		cmocka_unit_test(semantic_prefix_search_compares_the_first_floats_only),
+		cmocka_unit_test(empty_store_has_nothing_to_find),
+		cmocka_unit_test(full_store_duplicate_replaces_its_twin),
+		cmocka_unit_test(memory_is_bounded_and_reported),
+		cmocka_unit_test(persistence_round_trip_keeps_every_record),
+		cmocka_unit_test(corrupt_files_are_refused_naming_the_offset),
+	};
+	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
+
+	t_tmpdir_cleanup();
+	return ret;
+}

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Eviction policies' decisions on hand-made sequences (lfu, finemoe, coserve,
+ * belady, prefetch admission), and the simulator: belady and oracle against
+ * known optima, and the ranking of policies on a synthetic trace of another
+ * geometry than the shipped ones.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "policy.h"
+
+#define NK 16
+
+static bool all_ok(void *arg, uint32_t key)
+{
+	(void)arg;
+	(void)key;
+	return true;
+}
+
+static bool not_key3(void *arg, uint32_t key)
+{
+	(void)arg;
+	return key != 3;
+}
+
+static void open_policy(struct mp_policy *pol, const char *name, uint32_t layers,
+			uint32_t experts, const struct mp_policy_hints *h)
+{
+	struct mp_policy_env env = { .nkeys = layers * experts, .layers = layers,
+				     .experts = experts, .slots_per_layer = experts, .hints = h };
+
+	assert_non_null(mp_policy_find(name));
+	assert_int_equal(mp_policy_init(pol, mp_policy_find(name), &env), 0);
+}
+
+static void lfu_evicts_the_least_used(void **state)
+{
+	struct mp_policy pol;
+
+	(void)state;
+	open_policy(&pol, "lfu", 1, NK, NULL);
+	for (uint32_t k = 0; k < 4; k++)
+		pol.ops->on_insert(&pol, k);
+	/* Uses: 0 x3, 1 x1, 2 x2, 3 x0 -> 3, then (3 not evictable) 1. */
+	for (int i = 0; i < 3; i++)
+		pol.ops->on_access(&pol, 0);
+	pol.ops->on_access(&pol, 1);
+	pol.ops->on_access(&pol, 2);
+	pol.ops->on_access(&pol, 2);
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 3);
+	assert_int_equal(pol.ops->pick_victim(&pol, not_key3, NULL), 1);
+	/* Counts survive eviction: 0 comes back with its 3 uses. */
+	pol.ops->on_remove(&pol, 0);
+	pol.ops->on_insert(&pol, 0);
+	pol.ops->on_remove(&pol, 3);
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 1);
+	mp_policy_fini(&pol);
+}
+
+static void finemoe_evicts_the_lowest_p_times_freq(void **state)
+{
+	float p[NK];
+	struct mp_policy_hints h = { .p = p };
+	struct mp_policy pol;
+
+	(void)state;
+	for (uint32_t k = 0; k < NK; k++)
+		p[k] = -1.0f;
+	open_policy(&pol, "finemoe", 2, 8, &h);
+	for (uint32_t k = 0; k < 4; k++) {
+		pol.ops->on_insert(&pol, k);
+		pol.ops->on_access(&pol, k);
+	}
+	/* freq: 0:4 1:1 2:2 3:1 ; p: 0:0.1 1:0.9 2:0.3 3:0.5 -> p*freq 0.4 0.9 0.6 0.5 */
+	for (int i = 0; i < 3; i++)
+		pol.ops->on_access(&pol, 0);
+	pol.ops->on_access(&pol, 2);
+	p[0] = 0.1f;
+	p[1] = 0.9f;
+	p[2] = 0.3f;
+	p[3] = 0.5f;
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 0);
+	/* p = 0 goes first whatever its frequency. */
+	p[2] = 0.0f;
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 2);
+	mp_policy_fini(&pol);
+}
+
+static void report(struct mp_policy *pol, uint32_t token, uint32_t layer, uint32_t experts,
+		   uint32_t e)
+{
+	uint32_t key = layer * experts + e;
+	struct mp_policy_route r = { 0, token, layer, 1, &key, NULL };
+
+	pol->ops->on_route(pol, &r);
+}
+
+static void coserve_evicts_unrunnable_successors_first(void **state)
+{
+	const uint32_t J = 4;
+	struct mp_policy pol;
+
+	(void)state;
+	open_policy(&pol, "coserve", 2, J, NULL);
+	/* History: layer 0 expert 0 is always followed by layer 1 expert 1; 2 by 3. */
+	for (uint32_t t = 0; t < 6; t++) {
+		report(&pol, t, 0, J, t % 2 ? 2 : 0);
+		report(&pol, t, 1, J, t % 2 ? 3 : 1);
+	}
+	/* Layer 1 expert 3 is used as often as 1, and more than layer 0's 0. */
+	pol.ops->on_insert(&pol, 0 * J + 0);
+	pol.ops->on_insert(&pol, 1 * J + 3);
+	pol.ops->on_insert(&pol, 1 * J + 1);
+	/* The current token just ran layer 0 expert 0: layer 1 expert 3 cannot follow it. */
+	report(&pol, 6, 0, J, 0);
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 1 * J + 3);
+	/* Without an unrunnable successor, the lowest usage probability goes. */
+	pol.ops->on_remove(&pol, 1 * J + 3);
+	pol.ops->on_insert(&pol, 0 * J + 1);	/* never used: probability 0 */
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 0 * J + 1);
+	mp_policy_fini(&pol);
+}
+
+static void belady_evicts_the_farthest_next_use(void **state)
+{
+	uint64_t next[NK];
+	struct mp_policy_hints h = { .next_use = next };
+	struct mp_policy pol;
+
+	(void)state;
+	open_policy(&pol, "belady", 1, NK, &h);
+	for (uint32_t k = 0; k < 4; k++) {
+		pol.ops->on_insert(&pol, k);
+		next[k] = 10 + k * 5;
+	}
+	next[1] = UINT64_MAX;	/* never again */
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 1);
+	next[1] = 5;
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 3);
+	assert_int_equal(pol.ops->pick_victim(&pol, not_key3, NULL), 2);
+	mp_policy_fini(&pol);
+}
+
+static void prefetch_never_evicts_an_expert_needed_sooner(void **state)
+{
+	uint64_t next[4] = { 20, 30, UINT64_MAX, 5 };
+	struct mp_policy_hints h = { .next_use = next, .now = 10 };
+
+	(void)state;
+	/* incoming 0 (at 20) may evict 1 (at 30) and 2 (unknown), not 1 for 0 reversed. */
+	assert_true(mp_policy_admit(&h, 0, 1));
+	assert_true(mp_policy_admit(&h, 0, 2));
+	assert_false(mp_policy_admit(&h, 1, 0));
+	/* A victim whose predicted use has passed (5 < now) is fair game. */
+	assert_true(mp_policy_admit(&h, 1, 3));
+	/* An incoming expert with no known use never displaces one with a known use. */
+	assert_false(mp_policy_admit(&h, 2, 1));
+	assert_true(mp_policy_admit(NULL, 2, 1));
+}
+
+static void policy_names_are_listed(void **state)
+{
+	(void)state;
+	assert_non_null(strstr(mp_policy_names(), "coserve"));
+	assert_non_null(strstr(mp_policy_names(), "belady"));
+	assert_null(mp_policy_find("random"));
+}
+
+/*
+ * The simulator
+ */
+
+static struct mp_trace *parse(const char *text)
+{
+	struct mp_trace *t = NULL;
+
+	assert_int_equal(mp_trace_parse(text, strlen(text), "handmade", &t), 0);
+	return t;
+}
+
+/* One layer, 4 experts, top-1: request 1 (evaluated) is the given sequence. */
+static struct mp_trace *one_layer_trace(const uint32_t *seq, uint32_t n)
+{
+	static char buf[8192];
+	size_t len = (size_t)snprintf(buf, sizeof(buf), "# moe-trace v1\n# layers=1\n"
+				      "# experts=4\n# topk=1\nrequest,token,layer,e0\n0,0,0,0\n");
+
+	for (uint32_t i = 0; i < n; i++)
+		len += (size_t)snprintf(buf + len, sizeof(buf) - len, "1,%u,0,%u\n", i, seq[i]);
+	return parse(buf);
+}
+
+/* Fewest misses any replacement can have with `cap` slots (exhaustive search). */
+static uint32_t opt_misses(const uint32_t *seq, uint32_t n, uint32_t i, uint32_t cache,
+			   uint32_t cap)
+{
+	uint32_t best = UINT32_MAX, used = (uint32_t)__builtin_popcount(cache);
+
+	if (i == n)
+		return 0;
+	if (cache & (1u << seq[i]))
+		return opt_misses(seq, n, i + 1, cache, cap);
+	if (used < cap)
+		return 1 + opt_misses(seq, n, i + 1, cache | (1u << seq[i]), cap);
+	for (uint32_t v = 0; v < 4; v++) {
+		uint32_t m;
+
+		if (!(cache & (1u << v)))
+			continue;
+		m = opt_misses(seq, n, i + 1, (cache & ~(1u << v)) | (1u << seq[i]), cap);
+		if (m < best)
+			best = m;
+	}
+	return 1 + best;
+}
+
+static uint64_t lru_hits(const uint32_t *seq, uint32_t n)
+{
+	int32_t mru = -1, lru = -1;
+	uint64_t hits = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t e = (int32_t)seq[i];
+
+		if (e == mru) {
+			hits++;
+		} else if (e == lru) {
+			hits++;
+			lru = mru;
+			mru = e;
+		} else {
+			lru = mru;
+			mru = e;
+		}
+	}
+	return hits;
+}
+
+static void belady_reaches_the_on_demand_optimum(void **state)
+{
+	const uint32_t seq[] = { 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 3, 2, 1, 0, 2, 0, 3, 1, 2, 3 };
+	const uint32_t n = sizeof(seq) / sizeof(seq[0]);
+	struct mp_trace *t = one_layer_trace(seq, n);
+	struct mp_sim_config c = { .trace = t, .train_fraction = 0.5, .capacity = 2,
+				   .prefetch = "none", .evict = "belady" };
+	struct mp_sim_result r, lru;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	assert_int_equal(r.uses, n);
+	assert_int_equal(r.uses - r.hits, opt_misses(seq, n, 0, 0, 2));
+	/* LRU gets what a two-slot LRU written out here gets, fewer than the optimum. */
+	c.evict = "lru";
+	assert_int_equal(mp_prefetch_simulate(&c, &lru), 0);
+	assert_int_equal(lru.hits, lru_hits(seq, n));
+	assert_true(lru.hits < r.hits);
+	mp_trace_close(t);
+}
+
+/* A structured synthetic trace: request topics, per-layer preferences, layer-to-layer links. */
+static struct mp_trace *synthetic(uint32_t L, uint32_t J, uint32_t K, uint32_t R, uint32_t T,
+				  uint64_t seed)
+{
+	size_t cap = (size_t)R * T * L * (16 + 8 * K) + 4096, len = 0;
+	char *buf = malloc(cap);
+	float *pref = malloc((size_t)8 * L * J * sizeof(float));
+	uint64_t x = seed;
+	struct mp_trace *t;
+
+#define RND() (x = x * 6364136223846793005ull + 1442695040888963407ull, \
+	       (double)(x >> 11) / 9007199254740992.0)
+	assert_non_null(buf);
+	assert_non_null(pref);
+	for (size_t i = 0; i < (size_t)8 * L * J; i++)
+		pref[i] = (float)(RND() * 6.0);
+	len += (size_t)snprintf(buf + len, cap - len, "# moe-trace v1\n# layers=%u\n"
+				"# experts=%u\n# topk=%u\nrequest,token,layer", L, J, K);
+	for (uint32_t i = 0; i < K; i++)
+		len += (size_t)snprintf(buf + len, cap - len, ",e%u", i);
+	len += (size_t)snprintf(buf + len, cap - len, "\n");
+	for (uint32_t r = 0; r < R; r++) {
+		uint32_t topic = (uint32_t)(RND() * 8);
+
+		for (uint32_t tok = 0; tok < T; tok++) {
+			uint32_t prev = 0;
+
+			if (RND() < 0.1)
+				topic = (uint32_t)(RND() * 8);
+			for (uint32_t l = 0; l < L; l++) {
+				float score[64];
+				uint32_t ids[8];
+
+				for (uint32_t j = 0; j < J; j++)
+					score[j] = pref[((size_t)topic * L + l) * J + j] +
+						   (float)(RND() * 3.0) +
+						   ((j + prev) % 5 == 0 ? 2.0f : 0.0f);
+				for (uint32_t i = 0; i < K; i++) {
+					uint32_t b = 0;
+
+					while (score[b] < -1e29f)
+						b++;
+					for (uint32_t j = 0; j < J; j++)
+						if (score[j] > score[b])
+							b = j;
+					ids[i] = b;
+					score[b] = -1e30f;
+				}
+				prev = ids[0];
+				len += (size_t)snprintf(buf + len, cap - len, "%u,%u,%u", r,
+							tok, l);
+				for (uint32_t i = 0; i < K; i++)
+					len += (size_t)snprintf(buf + len, cap - len, ",%u",
+								ids[i]);
+				len += (size_t)snprintf(buf + len, cap - len, "\n");
+			}
+		}
+	}
+#undef RND
+	assert_int_equal(mp_trace_parse(buf, len, "synthetic", &t), 0);
+	free(buf);
+	free(pref);
+	return t;
+}
+
+static double hit_rate(const struct mp_trace *t, const char *prefetch, const char *evict,
+		       uint32_t capacity)
+{
+	struct mp_sim_config c = { .trace = t, .capacity = capacity, .prefetch = prefetch,
+				   .evict = evict, .load_cost = 2.0, .dense_cost = 0.25,
+				   .io_channels = 2 };
+	struct mp_sim_result r;
+
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	assert_true(r.uses > 0);
+	return (double)r.hits / (double)r.uses;
+}
+
+static void oracle_prefetch_misses_only_what_it_cannot_reach(void **state)
+{
+	struct mp_trace *t = synthetic(8, 16, 2, 4, 20, 7);
+	struct mp_sim_config c = { .trace = t, .capacity = 64, .prefetch = "oracle",
+				   .evict = "belady", .load_cost = 0.2, .io_channels = 2 };
+	struct mp_sim_result r;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	/* Loads are fast and the cache large: only the very first layers can be late. */
+	assert_true(r.uses - r.hits <= 2 * 3);
+	assert_int_equal(r.prefetch_wasted, 0);
+	mp_trace_close(t);
+}
+
+static void ranking_holds_on_a_synthetic_geometry(void **state)
+{
+	/* 24 layers x 32 experts, top-4: neither shipped trace's geometry. */
+	struct mp_trace *t = synthetic(24, 32, 4, 10, 40, 11);
+	uint32_t half = 24 * 32 / 2;
+	double none = hit_rate(t, "none", "lru", half);
+	double fine = hit_rate(t, "finemoe", "finemoe", half);
+	double orac = hit_rate(t, "oracle", "belady", half);
+
+	(void)state;
+	print_message("hit rates at 50%%: none+lru %.3f finemoe %.3f oracle %.3f\n", none, fine,
+		      orac);
+	assert_true(fine > none);
+	assert_true(orac > fine);
+	mp_trace_close(t);
+}
+
+static void unknown_policies_are_refused(void **state)
+{
+	struct mp_trace *t = synthetic(4, 8, 2, 2, 4, 3);
+	struct mp_sim_config c = { .trace = t, .capacity = 8, .prefetch = "psychic",
+				   .evict = "lru" };
+	struct mp_sim_result r;
+
+	(void)state;
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), -EINVAL);
+	assert_true(t_log_contains("unknown prefetch policy 'psychic'"));
+	c.prefetch = "none";
+	c.capacity = 2;
+	t_log_reset();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), -EINVAL);
+	assert_true(t_log_contains("cannot hold top-2"));
+	mp_trace_close(t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(lfu_evicts_the_least_used),
+		cmocka_unit_test(finemoe_evicts_the_lowest_p_times_freq),
+		cmocka_unit_test(coserve_evicts_unrunnable_successors_first),
+		cmocka_unit_test(belady_evicts_the_farthest_next_use),
+		cmocka_unit_test(prefetch_never_evicts_an_expert_needed_sooner),
+		cmocka_unit_test(policy_names_are_listed),
+		cmocka_unit_test(belady_reaches_the_on_demand_optimum),
+		cmocka_unit_test(oracle_prefetch_misses_only_what_it_cannot_reach),
+		cmocka_unit_test(ranking_holds_on_a_synthetic_geometry),
+		cmocka_unit_test(unknown_policies_are_refused),
+	};
+
+	return cmocka_run_group_tests_name("policies", tests, NULL, NULL);
+}

@@ -1,0 +1,698 @@
+// SPDX-License-Identifier: MIT
+/* Prefetch policies on hand-made traces: δ-selection, finemoe, oracle, dependency, eam, driver. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "pager_internal.h"
+#include "prefetch.h"
+
+/*
+ * Hand-made traces
+ */
+
+struct mk {
+	uint32_t layers, experts, topk, requests, tokens;
+	/* expert chosen at (request, token, layer, i) */
+	uint32_t (*pick)(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint32_t experts);
+};
+
+static struct mp_trace *make_trace(const struct mk *m)
+{
+	size_t cap = 1u << 22, len = 0;
+	char *buf = malloc(cap);
+	struct mp_trace *t = NULL;
+
+	assert_non_null(buf);
+	len += (size_t)snprintf(buf + len, cap - len, "# moe-trace v1\n# layers=%u\n# experts=%u\n"
+				"# topk=%u\nrequest,token,layer", m->layers, m->experts, m->topk);
+	for (uint32_t i = 0; i < m->topk; i++)
+		len += (size_t)snprintf(buf + len, cap - len, ",e%u", i);
+	for (uint32_t i = 0; i < m->topk; i++)
+		len += (size_t)snprintf(buf + len, cap - len, ",w%u", i);
+	len += (size_t)snprintf(buf + len, cap - len, "\n");
+	for (uint32_t r = 0; r < m->requests; r++)
+		for (uint32_t t = 0; t < m->tokens; t++)
+			for (uint32_t l = 0; l < m->layers; l++) {
+				len += (size_t)snprintf(buf + len, cap - len, "%u,%u,%u", r, t, l);
+				for (uint32_t i = 0; i < m->topk; i++)
+					len += (size_t)snprintf(buf + len, cap - len, ",%u",
+								m->pick(r, t, l, i, m->experts));
+				for (uint32_t i = 0; i < m->topk; i++)
+					len += (size_t)snprintf(buf + len, cap - len, ",%.3f",
+								i ? 0.4 : 0.6);
+				len += (size_t)snprintf(buf + len, cap - len, "\n");
+				assert_true(len < cap - 256);
+			}
+	assert_int_equal(mp_trace_parse(buf, len, "handmade", &t), 0);
+	free(buf);
+	return t;
+}
+
+/* Token t of every request follows one of 3 fixed trajectories, chosen by t % 3. */
+static uint32_t pick_cycle3(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint32_t experts)
+{
+	uint32_t path = t % 3;
+
+	(void)r;
+	return (path * 5 + l * (path + 1) + i * 3) % experts;
+}
+
+static void collect(const struct mp_prefetch *pf, uint32_t layer, uint32_t *ids, uint32_t *n)
+{
+	*n = 0;
+	for (uint32_t i = 0; i < pf->n; i++)
+		if (pf->items[i].layer == layer)
+			ids[(*n)++] = pf->items[i].expert;
+}
+
+static bool same_set(const uint32_t *a, uint32_t na, const uint32_t *b, uint32_t nb)
+{
+	if (na != nb)
+		return false;
+	for (uint32_t i = 0; i < na; i++) {
+		bool found = false;
+
+		for (uint32_t j = 0; j < nb && !found; j++)
+			found = a[i] == b[j];
+		if (!found)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * δ-selection
+ */
+
+static void score_one_selects_exactly_topk(void **state)
+{
+	const float p[6] = { 0.05f, 0.4f, 0.1f, 0.3f, 0.1f, 0.05f };
+	uint32_t out[6];
+
+	(void)state;
+	assert_int_equal(mp_prefetch_select(p, 6, 2, 1.0f, out), 2);
+	assert_int_equal(out[0], 1);
+	assert_int_equal(out[1], 3);
+	/* A score above 1 (rounding) or NaN trusts the map too. */
+	assert_int_equal(mp_prefetch_select(p, 6, 2, 1.0001f, out), 2);
+	assert_int_equal(mp_prefetch_select(p, 6, 2, NAN, out), 2);
+}
+
+static void score_zero_selects_every_nonzero_expert(void **state)
+{
+	const float p[6] = { 0.0f, 0.5f, 0.25f, 0.0f, 0.25f, 0.0f };
+	uint32_t out[6];
+
+	(void)state;
+	assert_int_equal(mp_prefetch_select(p, 6, 2, 0.0f, out), 3);
+	assert_int_equal(mp_prefetch_select(p, 6, 2, -0.7f, out), 3);
+	assert_int_equal(out[0], 1);
+}
+
+static void partial_score_stops_at_the_cumulative_threshold(void **state)
+{
+	const float p[5] = { 0.1f, 0.4f, 0.2f, 0.25f, 0.05f };
+	uint32_t out[5];
+
+	(void)state;
+	/* δ = 0.75: 0.4 + 0.25 = 0.65 < 0.75, + 0.2 = 0.85. */
+	assert_int_equal(mp_prefetch_select(p, 5, 2, 0.25f, out), 3);
+	assert_int_equal(out[2], 2);
+	/* δ = 0.6 is met by the top 2 already: the minimum k decides. */
+	assert_int_equal(mp_prefetch_select(p, 5, 2, 0.4f, out), 2);
+}
+
+static void delta_one_with_rounded_sums_is_capped(void **state)
+{
+	/* Sums to 0.99999 in float: δ = 1 can never be met exactly; the set stops at n. */
+	const float p[3] = { 0.33333f, 0.33333f, 0.33333f };
+	uint32_t out[3];
+
+	(void)state;
+	assert_int_equal(mp_prefetch_select(p, 3, 1, 0.0f, out), 3);
+}
+
+static void fewer_nonzero_than_k_still_gives_k(void **state)
+{
+	const float p[4] = { 0.0f, 0.0f, 1.0f, 0.0f };
+	uint32_t out[4];
+
+	(void)state;
+	assert_int_equal(mp_prefetch_select(p, 4, 2, 0.0f, out), 2);
+	assert_int_equal(out[0], 2);
+}
+
+static void priority_is_p_over_layer_distance(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 8, .experts = 4, .topk = 1 };
+	struct mp_prefetch pf;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_none, &env), 0);
+	mp_prefetch_emit(&pf, 5, 1, 0.6f, 2);
+	mp_prefetch_emit(&pf, 0, 2, 0.5f, -1);
+	mp_prefetch_emit(&pf, 3, 3, 0.4f, 3);	/* l == l_now: guarded */
+	assert_int_equal(pf.n, 3);
+	assert_true(fabsf(pf.items[0].prio - 0.2f) < 1e-6f);
+	assert_true(fabsf(pf.items[1].prio - 0.5f) < 1e-6f);
+	assert_true(fabsf(pf.items[2].prio - 0.4f) < 1e-6f);
+	mp_prefetch_fini(&pf);
+}
+
+/*
+ * Policies
+ */
+
+static void run_token(struct mp_prefetch *pf, const struct mp_trace *t, uint32_t r, uint32_t tok,
+		      uint32_t check_from, uint32_t *exact, uint32_t *checked)
+{
+	uint32_t L = mp_trace_layers(t), K = mp_trace_topk(t), d = pf->env.distance;
+
+	mp_prefetch_begin(pf, r, tok, NULL);
+	for (uint32_t l = 0; l < L; l++) {
+		const uint32_t *ids, *truth;
+		const float *w, *tw;
+		uint32_t got[64], n;
+
+		assert_int_equal(mp_trace_route(t, r, tok, l, &ids, &w), 0);
+		assert_int_equal(mp_prefetch_gate(pf, l, ids, w, K, NULL, NULL), 0);
+		if (l + d >= L || l < check_from)
+			continue;
+		assert_int_equal(mp_trace_route(t, r, tok, l + d, &truth, &tw), 0);
+		collect(pf, l + d, got, &n);
+		(*checked)++;
+		*exact += same_set(got, n, truth, K);
+	}
+	mp_prefetch_end(pf);
+}
+
+static void finemoe_predicts_a_seen_trajectory_exactly(void **state)
+{
+	struct mk m = { 12, 16, 2, 2, 30, pick_cycle3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 12, .experts = 16, .topk = 2, .distance = 3 };
+	struct mp_prefetch pf;
+	uint32_t exact = 0, checked = 0;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	/* Learn request 0, then replay request 1 (the same three trajectories). */
+	for (uint32_t tok = 0; tok < 30; tok++)
+		run_token(&pf, t, 0, tok, UINT32_MAX, &exact, &checked);
+	assert_int_equal(checked, 0);
+	for (uint32_t tok = 0; tok < 30; tok++)
+		run_token(&pf, t, 1, tok, 0, &exact, &checked);
+	/* Score 1 on every prefix: exactly the true top-2 at every predicted layer. */
+	assert_int_equal(checked, 30 * (12 - 3));
+	assert_int_equal(exact, checked);
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+}
+
+static void finemoe_with_an_empty_store_stays_on_demand(void **state)
+{
+	struct mk m = { 6, 8, 2, 1, 2, pick_cycle3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 6, .experts = 8, .topk = 2, .distance = 2 };
+	struct mp_prefetch pf;
+	const uint32_t *ids;
+	const float *w;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	mp_prefetch_begin(&pf, 0, 0, NULL);
+	assert_int_equal(pf.n, 0);
+	assert_int_equal(mp_trace_route(t, 0, 0, 0, &ids, &w), 0);
+	assert_int_equal(mp_prefetch_gate(&pf, 0, ids, w, 2, NULL, NULL), 0);
+	assert_int_equal(pf.n, 0);
+	mp_prefetch_end(&pf);
+	/* One map stored: the next iteration's first layers come from it. */
+	assert_non_null(mp_prefetch_finemoe_emap(&pf));
+	mp_prefetch_begin(&pf, 0, 1, NULL);
+	assert_true(pf.n >= 2 * 2);
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+}
+
+static void an_iteration_without_gates_teaches_nothing(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 4, .experts = 8, .topk = 2, .distance = 1 };
+	const uint32_t ids[2] = { 1, 2 };
+	struct mp_emap_stats st;
+	struct mp_prefetch pf;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	mp_prefetch_begin(&pf, 0, 0, NULL);
+	for (uint32_t l = 0; l < 4; l++)
+		assert_int_equal(mp_prefetch_gate(&pf, l, ids, NULL, 2, NULL, NULL), 0);
+	mp_prefetch_end(&pf);
+	/* A begin on a wrong guess of the next token, abandoned by the real next one. */
+	mp_prefetch_begin(&pf, 0, 7, NULL);
+	mp_prefetch_begin(&pf, 1, 0, NULL);
+	mp_prefetch_end(&pf);
+	mp_emap_stats(mp_prefetch_finemoe_emap(&pf), &st);
+	assert_int_equal(st.count, 1);
+	assert_int_equal(pf.iterations, 1);
+	mp_prefetch_fini(&pf);
+}
+
+static void oracle_emits_the_true_future(void **state)
+{
+	struct mk m = { 10, 8, 2, 1, 7, pick_cycle3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 10, .experts = 8, .topk = 2, .distance = 4,
+				       .trace = t };
+	struct mp_prefetch pf;
+	uint32_t exact = 0, checked = 0;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_oracle, &env), 0);
+	for (uint32_t tok = 0; tok < 7; tok++)
+		run_token(&pf, t, 0, tok, 0, &exact, &checked);
+	assert_int_equal(checked, 7 * 6);
+	assert_int_equal(exact, checked);
+	mp_prefetch_fini(&pf);
+	/* Without a trace the oracle cannot exist. */
+	env.trace = NULL;
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_oracle, &env), -EINVAL);
+	assert_true(t_log_contains("needs the replayed trace"));
+	mp_trace_close(t);
+}
+
+/* Layer l + 1 always follows from layer l: expert (e * 3 + 1) % experts, one chain per token. */
+static uint32_t pick_chain(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint32_t experts)
+{
+	uint32_t e = (r * 7 + t * 5) % experts;
+
+	(void)i;
+	for (uint32_t j = 0; j < l; j++)
+		e = (e * 3 + 1) % experts;
+	return e;
+}
+
+static void dependency_follows_recorded_transitions(void **state)
+{
+	struct mk m = { 8, 16, 1, 2, 40, pick_chain };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 8, .experts = 16, .topk = 1, .distance = 1 };
+	struct mp_prefetch pf;
+	uint32_t exact = 0, checked = 0;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_dependency, &env), 0);
+	for (uint32_t tok = 0; tok < 40; tok++)
+		run_token(&pf, t, 0, tok, UINT32_MAX, &exact, &checked);
+	/* Every transition is deterministic and was seen (16 starts cover the chains). */
+	for (uint32_t tok = 0; tok < 40; tok++)
+		run_token(&pf, t, 1, tok, 0, &exact, &checked);
+	assert_int_equal(checked, 40 * 7);
+	assert_int_equal(exact, checked);
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+}
+
+/* Requests 0 and 2 use low experts, 1 and 3 high ones. */
+static uint32_t pick_halves(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint32_t experts)
+{
+	uint32_t half = experts / 2;
+
+	return (r % 2) * half + (t + l + i) % 2 + (i ? 2 : 0);
+}
+
+static void eam_matches_the_request_with_the_same_activation(void **state)
+{
+	struct mk m = { 4, 8, 2, 4, 6, pick_halves };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 4, .experts = 8, .topk = 2, .distance = 1 };
+	struct mp_prefetch pf;
+	uint32_t exact = 0, checked = 0;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_eam, &env), 0);
+	for (uint32_t r = 0; r < 2; r++)
+		for (uint32_t tok = 0; tok < 6; tok++)
+			run_token(&pf, t, r, tok, UINT32_MAX, &exact, &checked);
+	/* Request 3 resembles request 1: every prediction falls in the high half. */
+	for (uint32_t tok = 0; tok < 6; tok++) {
+		mp_prefetch_begin(&pf, 3, tok, NULL);
+		for (uint32_t l = 0; l < 4; l++) {
+			const uint32_t *ids;
+			const float *w;
+
+			assert_int_equal(mp_trace_route(t, 3, tok, l, &ids, &w), 0);
+			assert_int_equal(mp_prefetch_gate(&pf, l, ids, w, 2, NULL, NULL), 0);
+			for (uint32_t i = 0; i < pf.n; i++) {
+				assert_true(pf.items[i].expert >= 4);
+				checked++;
+			}
+		}
+		mp_prefetch_end(&pf);
+	}
+	assert_true(checked >= 6 * 3 * 2);
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+}
+
+static void nextlayer_speculates_from_the_next_router(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 4, .experts = 6, .topk = 2 };
+	const float spec[6] = { 0.05f, 0.1f, 0.5f, 0.05f, 0.25f, 0.05f };
+	const uint32_t ids[2] = { 0, 1 };
+	struct mp_prefetch pf;
+	uint32_t got[6], n;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_nextlayer, &env), 0);
+	mp_prefetch_begin(&pf, 0, 0, NULL);
+	assert_int_equal(mp_prefetch_gate(&pf, 1, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 2, got, &n);
+	assert_int_equal(n, 2);
+	assert_int_equal(got[0], 2);
+	assert_int_equal(got[1], 4);
+	/* No hidden state: nothing to speculate on. */
+	assert_int_equal(mp_prefetch_gate(&pf, 2, ids, NULL, 2, NULL, NULL), 0);
+	assert_int_equal(pf.n, 0);
+	mp_prefetch_fini(&pf);
+}
+
+static void names_are_checked(void **state)
+{
+	(void)state;
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_prefetch_check_names("finemoe", "coserve"), 0);
+	assert_int_equal(mp_prefetch_check_names("fastest", NULL), -EINVAL);
+	assert_true(t_log_contains("unknown prefetch policy 'fastest'"));
+	assert_int_equal(mp_prefetch_check_names(NULL, "random"), -EINVAL);
+	assert_true(t_log_contains("belady"));
+}
+
+/*
+ * The driver over a real pager: predictions become prefetches, off the calling thread.
+ */
+
+static void driver_prefetches_what_the_policy_predicts(void **state)
+{
+	const char *model = t_path("tiny.mpk");
+	struct mp_pager_config pc;
+	struct mp_prefetcher_config fc = { .policy = "oracle", .distance = 1 };
+	struct mp_prefetcher_stats st;
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	const struct mp_geometry *g;
+	struct mp_trace *t;
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 3), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	g = mp_store_geometry(s);
+	struct mk m = { g->layers, g->experts, g->topk, 1, 3, pick_cycle3 };
+	t = make_trace(&m);
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = mp_store_total_expert_bytes(s);
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_trace_close(t);
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	fc.trace = t;
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	/* Layer 0 of token 0: the oracle asks for layer 1's experts. */
+	const uint32_t *ids, *next;
+	const float *w;
+
+	assert_int_equal(mp_trace_route(t, 0, 0, 0, &ids, &w), 0);
+	assert_int_equal(mp_prefetcher_gate(pf, 0, 0, 0, ids, w, g->topk, NULL, NULL), 0);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_trace_route(t, 0, 0, 1, &next, &w), 0);
+	for (uint32_t i = 0; i < g->topk; i++)
+		assert_int_equal(mp_pager_residency(p, 1, next[i]), MP_RES_MAPPED);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.events, 1);
+	assert_int_equal(st.dropped, 0);
+	assert_true(st.issued >= g->topk);
+	/* Bad input is an error, never a crash. */
+	assert_int_equal(mp_prefetcher_gate(pf, 0, 0, g->layers, ids, w, g->topk, NULL, NULL),
+			 -EINVAL);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_trace_close(t);
+	mp_store_close(s);
+}
+
+static void trajectory_records_drive_the_prefetcher(void **state)
+{
+	const char *model = t_path("tiny5.mpk");
+	struct mp_traj_opts to = { .source = MP_TRAJ_SRC_INPROC };
+	struct mp_prefetcher_config fc = { .policy = "dependency", .distance = 1 };
+	struct mp_prefetcher_stats st;
+	struct mp_pager_config pc;
+	struct mp_prefetcher *pf;
+	const struct mp_geometry *g;
+	struct mp_traj *tr;
+	struct mp_store *s;
+	struct mp_pager *p;
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 7), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	g = mp_store_geometry(s);
+	mp_pager_config_init(&pc);
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_traj_open(&to, &tr), 0);
+	assert_int_equal(mp_traj_start(tr), 0);
+	/* Two tokens of every layer, then a prompt record that must not count. */
+	for (uint32_t tok = 0; tok < 2; tok++)
+		for (uint32_t l = 0; l < g->layers; l++) {
+			uint32_t ids[2] = { l % g->experts, (l + 1) % g->experts };
+
+			assert_int_equal(mp_traj_route(tr, 0, tok, l, g->topk, ids, NULL), 0);
+		}
+	{
+		uint32_t ids[2] = { 0, 1 };
+
+		assert_int_equal(mp_traj_route(tr, 0, MP_TRAJ_NONE, 0, g->topk, ids, NULL), 0);
+	}
+	assert_int_equal(mp_traj_poll(tr, 0, mp_prefetcher_traj_fn, pf), 2 * g->layers + 1);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.events, 2 * g->layers);
+	/* The second token follows the first's transitions: predictions were made. */
+	assert_true(st.predicted > 0);
+	mp_traj_close(tr);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
+static void driver_keeps_the_expert_maps_across_restarts(void **state)
+{
+	const char *model = t_path("tiny2.mpk"), *maps = t_path("tiny2.emap");
+	struct mp_pager_config pc;
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .emap_path = maps };
+	struct mp_prefetcher_stats st;
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	const struct mp_geometry *g;
+	struct mp_trace *t;
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 4), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	g = mp_store_geometry(s);
+	struct mk m = { g->layers, g->experts, g->topk, 1, 5, pick_cycle3 };
+	t = make_trace(&m);
+	mp_pager_config_init(&pc);
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_trace_close(t);
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_prefetcher_train(pf, t, 0, 0, 5), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.emap_records, 5);
+	assert_true(st.emap_bytes > 0);
+	mp_prefetcher_close(pf);
+	assert_int_equal(access(maps, F_OK), 0);
+	/* A restarted prefetcher starts with what the first one learned. */
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.emap_records, 5);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_trace_close(t);
+	mp_store_close(s);
+}
+
+static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
+{
+	const char *model = t_path("tiny3.mpk");
+	struct mp_prefetcher_config fc = { .policy = "nextlayer" };
+	struct mp_engine_config ec = { .threads = 1 };
+	struct mp_runner_config rc = { 0 };
+	struct mp_prefetcher_stats st;
+	struct mp_pager_config pc;
+	struct mp_prefetcher *pf;
+	struct mp_runner *r;
+	struct mp_engine *e;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t prompt[3] = { 1, 2, 3 };
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 5), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	mp_pager_config_init(&pc);
+	pc.budget = "50%";
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
+	rc.engine = e;
+	rc.source = mp_prefetcher_source_ops();
+	rc.source_ctx = pf;
+	assert_int_equal(mp_runner_open(s, &rc, &r), 0);
+	assert_int_equal(mp_runner_prefill(r, prompt, 3), 0);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(mp_runner_step(r, mp_runner_argmax(r)), 0);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st);
+	/* Decode steps only (the prompt is no iteration), every layer of each. */
+	assert_int_equal(st.events, 4 * mp_store_geometry(s)->layers);
+	/* nextlayer speculated from the runner's layer inputs: k experts per layer but the last. */
+	assert_int_equal(st.predicted, 4ull * (mp_store_geometry(s)->layers - 1) *
+				       mp_store_geometry(s)->topk);
+	mp_runner_close(r);
+	mp_engine_close(e);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
+static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
+{
+	const char *model = t_path("tiny4.mpk");
+	struct mp_pager_config pc;
+	struct mp_policy_hints h = { 0 };
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t a, b, c;
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 6), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = 2 * mp_store_expert_bytes(s);
+	pc.eviction = "lru";
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	h.next_use = malloc(p->nslots * sizeof(uint64_t));
+	assert_non_null(h.next_use);
+	for (uint32_t k = 0; k < p->nslots; k++)
+		h.next_use[k] = UINT64_MAX;
+	h.now = 10;
+	pthread_mutex_lock(&p->lock);
+	p->policy.env.hints = &h;
+	pthread_mutex_unlock(&p->lock);
+	a = mp_pager_slot(p, 0, 0);
+	b = mp_pager_slot(p, 0, 1);
+	c = mp_pager_slot(p, 0, 2);
+	assert_int_equal(mp_pager_prefetch(p, 0, 0, 1), 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_prefetch(p, 0, 1, 1), 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	/* Full. The LRU victim (0, 0) is needed at 12, the incoming (0, 2) only at 20. */
+	h.next_use[a] = 12;
+	h.next_use[b] = 13;
+	h.next_use[c] = 20;
+	assert_int_equal(mp_pager_prefetch(p, 0, 2, 1), 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 0, 2), MP_RES_NONE);
+	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 0, 1), MP_RES_MAPPED);
+	/* Needed at 11, before the victim: admitted, and the victim goes. */
+	h.next_use[c] = 11;
+	assert_int_equal(mp_pager_prefetch(p, 0, 2, 1), 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 0, 2), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_NONE);
+	/* Demand is never refused: reading (0, 0) brings it back whatever the hints say. */
+	h.next_use[a] = 30;
+	{
+		const volatile uint8_t *e = mp_pager_expert(p, 0, 0);
+
+		assert_non_null(e);
+		(void)e[0];
+	}
+	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_MAPPED);
+	pthread_mutex_lock(&p->lock);
+	p->policy.env.hints = NULL;
+	pthread_mutex_unlock(&p->lock);
+	mp_pager_close(p);
+	free(h.next_use);
+	mp_store_close(s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(score_one_selects_exactly_topk),
+		cmocka_unit_test(score_zero_selects_every_nonzero_expert),
+		cmocka_unit_test(partial_score_stops_at_the_cumulative_threshold),
+		cmocka_unit_test(delta_one_with_rounded_sums_is_capped),
+		cmocka_unit_test(fewer_nonzero_than_k_still_gives_k),
+		cmocka_unit_test(priority_is_p_over_layer_distance),
+		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
+		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
+		cmocka_unit_test(an_iteration_without_gates_teaches_nothing),
+		cmocka_unit_test(oracle_emits_the_true_future),
+		cmocka_unit_test(dependency_follows_recorded_transitions),
+		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
+		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
+		cmocka_unit_test(names_are_checked),
+		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
+		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
+		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
+		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
+		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),
+	};
+	int ret = cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
+
+	t_tmpdir_cleanup();
+	return ret;
+}

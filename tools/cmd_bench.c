@@ -1,0 +1,615 @@
+// SPDX-License-Identifier: MIT
+/*
+ * moepager bench: prefetch and eviction policies against the baselines a user
+ * would pick (mmap under a memory cgroup, per-expert O_DIRECT reads into an
+ * LRU cache), replaying routing traces at several budgets.
+ */
+#include <argp.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <moepager.h>
+
+#include "bench.h"
+#include "cli.h"
+
+#define MAX_LIST BENCH_MAX_LIST
+
+static struct bench_opts env;
+
+enum {
+	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
+	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS, OPT_THREADS,
+	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT, OPT_ENGINE,
+};
+
+static const char doc[] =
+	"Replays routing traces against a memory budget with each policy in turn and\n"
+	"reports decode throughput, stalls and expert hit rates.\n"
+	"\n"
+	"The first --train-fraction of each trace's requests (FineMoE's 7:3 split; a\n"
+	"one-request trace is split by tokens) warms the policies' state (the expert\n"
+	"map store, transition counts, activation matrices) without timing; the\n"
+	"rest is decoded and measured, one token per trace token, its routing forced\n"
+	"to the trace's. Policies run one after another; before each, the page cache\n"
+	"is dropped (root: echo 3 > /proc/sys/vm/drop_caches; otherwise reads are\n"
+	"O_DIRECT and the mmap baseline says its cache was not dropped).\n"
+	"\n"
+	"--policies takes prefetch policies (none, nextlayer, eam, finemoe,\n"
+	"dependency, oracle), optionally with an eviction policy as PREFETCH:EVICT\n"
+	"(lru, lfu, fifo, finemoe, coserve, belady), and the baselines mmap (the\n"
+	"model mmapped, the kernel's page cache limited by a memory cgroup (v1\n"
+	"memory controller where mounted, else v2) to the budget plus what the\n"
+	"process holds besides expert pages) and pread-lru (O_DIRECT reads of\n"
+	"whole experts into an LRU cache of the budget, no prefetch). Without\n"
+	"PREFETCH:EVICT or --evict each prefetch policy uses its paper's eviction:\n"
+	"finemoe:finemoe, eam:lfu, dependency:coserve, oracle:belady, others lru.\n"
+	"\n"
+	"--simulate replays the traces through a cache model instead (no model\n"
+	"file needed, budgets as percentages): hit rates within seconds, times in\n"
+	"model units (one expert FFN = 1, one expert load = --load-cost).\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager bench --simulate --trace gsm8k.csv,humaneval.csv --budget 25%,50% \\\n"
+	"      --policies none,finemoe,oracle\n"
+	"  moepager bench --model mixtral-mini.mpk --trace gsm8k.csv,humaneval.csv \\\n"
+	"      --budget 50% --policies mmap,pread-lru,finemoe,oracle --json --plot out\n";
+
+static const struct argp_option opts[] = {
+	{ "model", OPT_MODEL, "FILE", 0, "The .mpk model (not with --simulate)", 0 },
+	{ "trace", OPT_TRACE, "FILE[,FILE...]", 0, "moe-trace v1 files to replay (required)", 0 },
+	{ "budget", OPT_BUDGET, "B[,B...]", 0,
+	  "Expert memory: sizes (8G, 512M) or percentages of the expert bytes (default 50%)", 0 },
+	{ "policies", OPT_POLICIES, "P[,P...]", 0,
+	  "Policies to compare (default none,finemoe,oracle)", 0 },
+	{ "evict", OPT_EVICT, "E", 0, "Eviction policy for every prefetch policy", 0 },
+	{ "train-fraction", OPT_TRAIN, "F", 0,
+	  "Share of requests that warm the policies (0.7)", 0 },
+	{ "distance", OPT_DISTANCE, "D", 0, "Prefetch distance in layers (default 3)", 0 },
+	{ "emap-capacity", OPT_EMAP, "C", 0, "Expert-map store records (default 1024)", 0 },
+	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "Evaluate at most N tokens per evaluated request", 0 },
+	{ "repeat", OPT_REPEAT, "N", 0,
+	  "Run every cell N times; report the run with the median tokens/s (default 1)", 0 },
+	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: all CPUs)", 0 },
+	{ "engine", OPT_ENGINE, "NAME", 0, "Engine (default ref)", 0 },
+	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache between runs", 0 },
+	{ "no-admit", OPT_NO_ADMIT, NULL, 0,
+	  "Let prefetches evict experts predicted to be needed sooner", 0 },
+	{ "simulate", OPT_SIMULATE, NULL, 0, "Use the cache model instead of the engine", 0 },
+	{ "load-cost", OPT_LOAD_COST, "X", 0,
+	  "--simulate: one expert load in expert-FFN times (default 2)", 0 },
+	{ "io-channels", OPT_IO_CHANNELS, "N", 0,
+	  "--simulate: loads in flight at once, sharing nothing (default 1)", 0 },
+	{ "json", OPT_JSON, NULL, 0, "Print {\"results\": [...]} on stdout", 0 },
+	{ "csv", OPT_CSV, "FILE", 0, "Also write the results as CSV", 0 },
+	{ "plot", OPT_PLOT, "DIR", 0, "Write SVG and PNG plots (gnuplot) into DIR", 0 },
+	{ 0 },
+};
+
+static int split_list(char *s, char **out, uint32_t max, const char *what)
+{
+	uint32_t n = 0;
+
+	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+		if (n == max) {
+			fprintf(stderr, "moepager bench: more than %u %s\n", max, what);
+			return -EINVAL;
+		}
+		out[n++] = tok;
+	}
+	return (int)n;
+}
+
+static error_t parse_opt(int key, char *arg, struct argp_state *state)
+{
+	int n;
+
+	switch (key) {
+	case OPT_MODEL:
+		env.model = arg;
+		break;
+	case OPT_TRACE:
+		n = split_list(arg, env.traces, MAX_LIST, "traces");
+		if (n <= 0)
+			argp_error(state, "--trace needs at least one file");
+		env.ntraces = (uint32_t)n;
+		break;
+	case OPT_BUDGET:
+		n = split_list(arg, env.budgets, MAX_LIST, "budgets");
+		if (n <= 0)
+			argp_error(state, "--budget needs at least one value");
+		env.nbudgets = (uint32_t)n;
+		break;
+	case OPT_POLICIES:
+		n = split_list(arg, env.policies, MAX_LIST, "policies");
+		if (n <= 0)
+			argp_error(state, "--policies needs at least one name");
+		env.npolicies = (uint32_t)n;
+		break;
+	case OPT_EVICT:
+		env.evict = arg;
+		break;
+	case OPT_TRAIN: {
+		char *end;
+
+		errno = 0;
+		env.train_fraction = strtod(arg, &end);
+		if (errno || *end || !(env.train_fraction > 0 && env.train_fraction < 1))
+			argp_error(state, "--train-fraction %s: not a number in (0, 1)", arg);
+		break;
+	}
+	case OPT_LOAD_COST: {
+		char *end;
+
+		errno = 0;
+		env.load_cost = strtod(arg, &end);
+		if (errno || *end || !(env.load_cost > 0 && env.load_cost < 1e6))
+			argp_error(state, "--load-cost %s: not a positive number", arg);
+		break;
+	}
+	case OPT_REPEAT:
+		if (cli_parse_u32("--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat))
+			argp_usage(state);
+		break;
+	case OPT_IO_CHANNELS:
+		if (cli_parse_u32("--io-channels", arg, 1, 64, &env.io_channels))
+			argp_usage(state);
+		break;
+	case OPT_DISTANCE:
+		if (cli_parse_u32("--distance", arg, 1, MP_MAX_LAYERS, &env.distance))
+			argp_usage(state);
+		break;
+	case OPT_EMAP:
+		if (cli_parse_u32("--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity))
+			argp_usage(state);
+		break;
+	case OPT_MAX_TOKENS:
+		if (cli_parse_u32("--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens))
+			argp_usage(state);
+		break;
+	case OPT_THREADS:
+		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
+			argp_usage(state);
+		break;
+	case OPT_ENGINE:
+		env.engine = arg;
+		break;
+	case OPT_NO_DROP:
+		env.no_drop = true;
+		break;
+	case OPT_NO_ADMIT:
+		env.no_admit = true;
+		break;
+	case OPT_SIMULATE:
+		env.simulate = true;
+		break;
+	case OPT_JSON:
+		env.json = true;
+		break;
+	case OPT_CSV:
+		env.csv = arg;
+		break;
+	case OPT_PLOT:
+		env.plot = arg;
+		break;
+	case ARGP_KEY_ARG:
+		argp_error(state, "unexpected argument '%s'", arg);
+		break;
+	case ARGP_KEY_END:
+		if (!env.ntraces)
+			argp_error(state, "--trace is required");
+		if (!env.simulate && !env.model)
+			argp_error(state, "--model is required (or --simulate)");
+		break;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+	return 0;
+}
+
+static const struct argp argp = { opts, parse_opt, NULL, doc, NULL, NULL, NULL };
+
+/* The eviction each prefetch policy's paper pairs it with. */
+static const char *default_evict(const char *prefetch)
+{
+	if (!strcmp(prefetch, "finemoe"))
+		return "finemoe";
+	if (!strcmp(prefetch, "eam"))
+		return "lfu";
+	if (!strcmp(prefetch, "dependency"))
+		return "coserve";
+	if (!strcmp(prefetch, "oracle"))
+		return "belady";
+	return "lru";
+}
+
+/* Splits "PREFETCH[:EVICT]" (or a baseline name) into spec. Returns 0 or -EINVAL. */
+static int parse_policy(const char *s, struct bench_spec *spec)
+{
+	const char *colon = strchr(s, ':');
+	size_t n = colon ? (size_t)(colon - s) : strlen(s);
+
+	memset(spec, 0, sizeof(*spec));
+	if (n >= sizeof(spec->prefetch)) {
+		fprintf(stderr, "moepager bench: policy name '%s' too long\n", s);
+		return -EINVAL;
+	}
+	memcpy(spec->prefetch, s, n);
+	if (!strcmp(spec->prefetch, "mmap") || !strcmp(spec->prefetch, "pread-lru")) {
+		if (colon) {
+			fprintf(stderr, "moepager bench: baseline %s takes no eviction policy\n",
+				spec->prefetch);
+			return -EINVAL;
+		}
+		spec->baseline = spec->prefetch[0] == 'm' ? BENCH_MMAP : BENCH_PREAD;
+		snprintf(spec->evict, sizeof(spec->evict), "%s",
+			 spec->baseline == BENCH_MMAP ? "kernel" : "lru");
+		return 0;
+	}
+	if (mp_prefetch_check_names(spec->prefetch, NULL)) {
+		fprintf(stderr, "moepager bench: unknown policy '%s' (prefetch: %s; baselines: "
+			"mmap, pread-lru)\n", spec->prefetch, mp_prefetch_policy_names());
+		return -EINVAL;
+	}
+	snprintf(spec->evict, sizeof(spec->evict), "%s",
+		 colon ? colon + 1 : env.evict ? env.evict : default_evict(spec->prefetch));
+	if (mp_prefetch_check_names(NULL, spec->evict)) {
+		fprintf(stderr, "moepager bench: %s\n", mp_last_error());
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Budget string -> bytes (model known) and experts the cache holds. */
+static int parse_budget(const char *s, uint64_t expert_bytes, uint64_t total_experts,
+			uint64_t *bytes, uint32_t *experts)
+{
+	size_t n = strlen(s);
+
+	if (expert_bytes) {
+		int err = mp_budget_parse(s, expert_bytes * total_experts, bytes);
+
+		if (err) {
+			fprintf(stderr, "moepager bench: --budget %s: %s\n", s, mp_last_error());
+			return err;
+		}
+		*experts = (uint32_t)(*bytes / expert_bytes);
+		return 0;
+	}
+	/* Simulated without a model: only percentages of the experts make sense. */
+	if (n < 2 || s[n - 1] != '%') {
+		fprintf(stderr, "moepager bench: --budget %s: --simulate without --model takes "
+			"percentages\n", s);
+		return -EINVAL;
+	}
+	char *end;
+	double pct = strtod(s, &end);
+
+	if (end != s + n - 1 || !(pct > 0 && pct <= 100)) {
+		fprintf(stderr, "moepager bench: --budget %s: not a percentage in (0, 100]\n", s);
+		return -EINVAL;
+	}
+	*bytes = 0;
+	*experts = (uint32_t)llround(pct / 100.0 * (double)total_experts);
+	return 0;
+}
+
+/* One cell of the table, summed over the traces. */
+static void add_result(struct bench_result *sum, const struct bench_result *r)
+{
+	sum->tokens += r->tokens;
+	sum->seconds += r->seconds;
+	sum->stall_seconds += r->stall_seconds;
+	sum->uses += r->uses;
+	sum->hits += r->hits;
+	sum->prefetch_issued += r->prefetch_issued;
+	sum->prefetch_used += r->prefetch_used;
+	sum->prefetch_wasted += r->prefetch_wasted;
+	sum->bytes_read += r->bytes_read;
+	if (r->peak_rss > sum->peak_rss)
+		sum->peak_rss = r->peak_rss;
+	sum->events_dropped += r->events_dropped;
+	sum->expired += r->expired;
+	sum->policy_ns += r->policy_ns;
+	if (r->emap_bytes > sum->emap_bytes)
+		sum->emap_bytes = r->emap_bytes;
+	if (r->emap_records > sum->emap_records)
+		sum->emap_records = r->emap_records;
+	if (r->cache_note[0])
+		snprintf(sum->cache_note, sizeof(sum->cache_note), "%s", r->cache_note);
+}
+
+static int run_sim(const struct bench_spec *spec, struct mp_trace *t, uint32_t capacity,
+		   uint64_t expert_bytes, struct bench_result *r)
+{
+	struct mp_sim_config c = {
+		.trace = t, .train_fraction = env.train_fraction, .capacity = capacity,
+		.prefetch = spec->prefetch, .evict = spec->evict, .distance = env.distance,
+		.emap_capacity = env.emap_capacity, .load_cost = env.load_cost ?: 2.0,
+		.dense_cost = 0.25, .io_channels = env.io_channels ?: 1, .no_admit = env.no_admit,
+		.max_tokens = env.max_tokens,
+	};
+	struct mp_sim_result s;
+	int err;
+
+	if (spec->baseline == BENCH_MMAP) {
+		fprintf(stderr, "moepager bench: --simulate has no model of the page cache: "
+			"mmap needs a real run\n");
+		return -EINVAL;
+	}
+	if (spec->baseline == BENCH_PREAD) {
+		c.prefetch = "none";
+		c.evict = "lru";
+	}
+	err = mp_prefetch_simulate(&c, &s);
+	if (err) {
+		fprintf(stderr, "moepager bench: simulate %s:%s: %s\n", spec->prefetch, spec->evict,
+			mp_last_error());
+		return err;
+	}
+	memset(r, 0, sizeof(*r));
+	r->tokens = s.tokens;
+	r->seconds = s.time;
+	r->stall_seconds = s.stall;
+	r->uses = s.uses;
+	r->hits = s.hits;
+	r->prefetch_issued = s.prefetch_loads;
+	r->prefetch_used = s.prefetch_used;
+	r->prefetch_wasted = s.prefetch_wasted;
+	r->bytes_read = (s.demand_loads + s.prefetch_loads) * (expert_bytes ? expert_bytes : 1);
+	return 0;
+}
+
+/* Index of the run with the median throughput (the lower middle one for even counts). */
+static uint32_t median_run(const double *tps, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t below = 0, equal_before = 0;
+
+		for (uint32_t j = 0; j < n; j++) {
+			below += tps[j] < tps[i];
+			equal_before += j < i && tps[j] == tps[i];
+		}
+		if (below + equal_before == (n - 1) / 2)
+			return i;
+	}
+	return 0;
+}
+
+static double ratio(uint64_t a, uint64_t b)
+{
+	return b ? (double)a / (double)b : 0.0;
+}
+
+static json_t *result_json(const struct bench_row *row)
+{
+	const struct bench_result *r = &row->r;
+	json_t *o = json_object();
+
+	json_object_set_new(o, "policy", json_string(row->spec.prefetch));
+	json_object_set_new(o, "evict", json_string(row->spec.evict));
+	json_object_set_new(o, "budget", json_string(row->budget));
+	json_object_set_new(o, "budget_bytes", json_integer((json_int_t)row->budget_bytes));
+	json_object_set_new(o, "decode_tokens_per_s",
+			    json_real(r->seconds > 0 ? r->tokens / r->seconds : 0));
+	json_object_set_new(o, "stall_ms_per_token",
+			    json_real(r->tokens ? 1e3 * r->stall_seconds / r->tokens : 0));
+	json_object_set_new(o, "hit_rate", json_real(ratio(r->hits, r->uses)));
+	json_object_set_new(o, "prefetch_accuracy",
+			    json_real(ratio(r->prefetch_used, r->prefetch_issued)));
+	json_object_set_new(o, "prefetch_waste",
+			    json_real(ratio(r->prefetch_wasted, r->prefetch_issued)));
+	json_object_set_new(o, "bytes_read", json_integer((json_int_t)r->bytes_read));
+	json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)r->peak_rss));
+	json_object_set_new(o, "tokens", json_integer((json_int_t)r->tokens));
+	json_object_set_new(o, "expert_uses", json_integer((json_int_t)r->uses));
+	json_object_set_new(o, "mode", json_string(env.simulate ? "simulated" : "measured"));
+	if (row->reps > 1) {
+		json_t *runs = json_array();
+
+		for (uint32_t i = 0; i < row->reps; i++)
+			json_array_append_new(runs, json_real(row->tps[i]));
+		json_object_set_new(o, "decode_tokens_per_s_runs", runs);
+	}
+	if (!env.simulate && row->spec.baseline == BENCH_POLICY) {
+		json_object_set_new(o, "prefetch_events_dropped",
+				    json_integer((json_int_t)r->events_dropped));
+		json_object_set_new(o, "prefetch_expired", json_integer((json_int_t)r->expired));
+		json_object_set_new(o, "prefetch_policy_ms", json_real(r->policy_ns / 1e6));
+		json_object_set_new(o, "emap_records", json_integer(r->emap_records));
+		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
+	}
+	if (r->cache_note[0])
+		json_object_set_new(o, "page_cache", json_string(r->cache_note));
+	return o;
+}
+
+static void print_table(const struct bench_row *rows, uint32_t n, FILE *f)
+{
+	fprintf(f, "%-12s %-8s %-7s %10s %12s %7s %8s %7s %10s %10s\n", "policy", "evict",
+		"budget", env.simulate ? "tok/unit" : "tok/s", env.simulate ? "stall/tok" :
+		"stall ms/tok", "hit", "pf-acc", "pf-waste", "read MB", "peak RSS MB");
+	for (uint32_t i = 0; i < n; i++) {
+		const struct bench_result *r = &rows[i].r;
+
+		fprintf(f, "%-12s %-8s %-7s %10.4f %12.2f %6.1f%% %7.1f%% %7.1f%% %10.0f %10.0f\n",
+			rows[i].spec.prefetch, rows[i].spec.evict, rows[i].budget,
+			r->seconds > 0 ? r->tokens / r->seconds : 0,
+			r->tokens ? (env.simulate ? 1 : 1e3) * r->stall_seconds / r->tokens : 0,
+			100 * ratio(r->hits, r->uses), 100 * ratio(r->prefetch_used,
+								   r->prefetch_issued),
+			100 * ratio(r->prefetch_wasted, r->prefetch_issued),
+			r->bytes_read / 1e6, r->peak_rss / 1e6);
+	}
+}
+
+static int write_csv(const struct bench_row *rows, uint32_t n)
+{
+	FILE *f = fopen(env.csv, "w");
+
+	if (!f) {
+		fprintf(stderr, "moepager bench: %s: %s\n", env.csv, strerror(errno));
+		return -errno;
+	}
+	fprintf(f, "policy,evict,budget,budget_bytes,decode_tokens_per_s,stall_ms_per_token,"
+		"hit_rate,prefetch_accuracy,prefetch_waste,bytes_read,peak_rss_bytes,tokens\n");
+	for (uint32_t i = 0; i < n; i++) {
+		const struct bench_result *r = &rows[i].r;
+
+		fprintf(f, "%s,%s,%s,%llu,%.6f,%.6f,%.6f,%.6f,%.6f,%llu,%llu,%llu\n",
+			rows[i].spec.prefetch, rows[i].spec.evict, rows[i].budget,
+			(unsigned long long)rows[i].budget_bytes,
+			r->seconds > 0 ? r->tokens / r->seconds : 0,
+			r->tokens ? 1e3 * r->stall_seconds / r->tokens : 0,
+			ratio(r->hits, r->uses), ratio(r->prefetch_used, r->prefetch_issued),
+			ratio(r->prefetch_wasted, r->prefetch_issued),
+			(unsigned long long)r->bytes_read, (unsigned long long)r->peak_rss,
+			(unsigned long long)r->tokens);
+	}
+	if (fclose(f)) {
+		fprintf(stderr, "moepager bench: %s: %s\n", env.csv, strerror(errno));
+		return -EIO;
+	}
+	return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	static char default_budget[] = "50%";
+	static char default_policies[] = "none,finemoe,oracle";
+	struct mp_trace *traces[MAX_LIST] = { 0 };
+	struct bench_spec specs[MAX_LIST];
+	struct bench_row *rows = NULL;
+	struct mp_store *store = NULL;
+	uint64_t expert_bytes = 0;
+	uint32_t nrows = 0;
+	int err = 0;
+
+	memset(&env, 0, sizeof(env));
+	env.train_fraction = 0.7;
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
+		return 1;
+	if (!env.nbudgets) {
+		env.budgets[0] = default_budget;
+		env.nbudgets = 1;
+	}
+	if (!env.npolicies) {
+		split_list(default_policies, env.policies, MAX_LIST, "policies");
+		env.npolicies = 3;
+	}
+	if (env.evict && mp_prefetch_check_names(NULL, env.evict)) {
+		fprintf(stderr, "moepager bench: %s\n", mp_last_error());
+		return 1;
+	}
+	for (uint32_t i = 0; i < env.npolicies; i++)
+		if (parse_policy(env.policies[i], &specs[i]))
+			return 1;
+	if (env.model) {
+		err = mp_store_open(env.model, &store);
+		if (err) {
+			fprintf(stderr, "moepager bench: %s: %s\n", env.model, mp_last_error());
+			return 1;
+		}
+		expert_bytes = mp_store_expert_bytes(store);
+	}
+	for (uint32_t i = 0; i < env.ntraces; i++) {
+		err = mp_trace_open(env.traces[i], &traces[i]);
+		if (err) {
+			fprintf(stderr, "moepager bench: %s\n", mp_last_error());
+			goto out;
+		}
+		if (store && (err = mp_trace_check_geometry(traces[i], mp_store_geometry(store)))) {
+			fprintf(stderr, "moepager bench: %s: %s\n", env.traces[i], mp_last_error());
+			goto out;
+		}
+		if (i && (mp_trace_layers(traces[i]) != mp_trace_layers(traces[0]) ||
+			  mp_trace_experts(traces[i]) != mp_trace_experts(traces[0]))) {
+			fprintf(stderr, "moepager bench: %s: geometry differs from %s\n",
+				env.traces[i], env.traces[0]);
+			err = -EINVAL;
+			goto out;
+		}
+	}
+	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
+	if (!rows) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t b = 0; b < env.nbudgets; b++) {
+		uint64_t total = (uint64_t)mp_trace_layers(traces[0]) * mp_trace_experts(traces[0]);
+		uint64_t bytes;
+		uint32_t cap;
+
+		err = parse_budget(env.budgets[b], expert_bytes, total, &bytes, &cap);
+		if (err)
+			goto out;
+		for (uint32_t p = 0; p < env.npolicies; p++) {
+			struct bench_row *row = &rows[nrows++];
+
+			row->spec = specs[p];
+			row->budget = env.budgets[b];
+			row->budget_bytes = bytes;
+			/* Each repetition sums the traces; the row keeps the median run. */
+			struct bench_result runs[BENCH_MAX_REPEAT];
+			uint32_t reps = env.repeat ? env.repeat : 1;
+
+			for (uint32_t rep = 0; rep < reps; rep++) {
+				memset(&runs[rep], 0, sizeof(runs[rep]));
+				for (uint32_t t = 0; t < env.ntraces; t++) {
+					struct bench_result r;
+
+					if (env.simulate)
+						err = run_sim(&specs[p], traces[t], cap,
+							      expert_bytes, &r);
+					else
+						err = bench_run_real(&env, &specs[p], store,
+								     traces[t], env.traces[t],
+								     bytes, &r);
+					if (err)
+						goto out;
+					add_result(&runs[rep], &r);
+				}
+				row->tps[rep] = runs[rep].seconds > 0 ?
+						runs[rep].tokens / runs[rep].seconds : 0;
+			}
+			row->reps = reps;
+			row->r = runs[median_run(row->tps, reps)];
+			if (!env.json) {
+				fprintf(stderr, "bench: %s:%s budget %s done\n", row->spec.prefetch,
+					row->spec.evict, row->budget);
+			}
+		}
+	}
+	if (env.json) {
+		json_t *root = json_object(), *arr = json_array();
+
+		for (uint32_t i = 0; i < nrows; i++)
+			json_array_append_new(arr, result_json(&rows[i]));
+		json_object_set_new(root, "results", arr);
+		json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+		fputc('\n', stdout);
+		json_decref(root);
+	} else {
+		print_table(rows, nrows, stdout);
+	}
+	if (env.csv && (err = write_csv(rows, nrows)))
+		goto out;
+	if (env.plot) {
+		err = bench_plot(&env, rows, nrows, traces);
+		if (err)
+			goto out;
+		fprintf(env.json ? stderr : stdout,
+			"plots: %s/{throughput,hit_rate,heatmap}.{svg,png}\n", env.plot);
+	}
+out:
+	free(rows);
+	for (uint32_t i = 0; i < env.ntraces; i++)
+		mp_trace_close(traces[i]);
+	mp_store_close(store);
+	return err ? 1 : 0;
+}
