@@ -136,4 +136,31 @@ void mp_keylist_remove(struct mp_keylist *l, uint32_t key);
 /* The key nearest the tail that evictable() accepts, or -ENOENT. */
 int64_t mp_keylist_victim(const struct mp_keylist *l, mp_policy_evictable_fn evictable, void *arg);
 
+/*
+ * LRU's hooks over an mp_keylist in pol->priv, shared by the list-based
+ * policies (lru, fifo, belady's recency fallback).
+ */
+int mp_policy_lru_init(struct mp_policy *pol);
+void mp_policy_lru_insert(struct mp_policy *pol, uint32_t key);
+void mp_policy_lru_access(struct mp_policy *pol, uint32_t key);
+void mp_policy_lru_remove(struct mp_policy *pol, uint32_t key);
+int64_t mp_policy_lru_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg);
+void mp_policy_lru_fini(struct mp_policy *pol);
+
+/*
+ * LFU's state and hooks, shared by the policies that rank by use counts
+ * (lfu, finemoe): counts survive eviction; resident keys keep a recency
+ * list for ties.
+ */
+struct mp_lfu_state {
+	struct mp_keylist recent;	/* resident keys, most recent at the head */
+	uint64_t *freq;
+};
+
+int mp_policy_lfu_init(struct mp_policy *pol);
+void mp_policy_lfu_insert(struct mp_policy *pol, uint32_t key);
+void mp_policy_lfu_access(struct mp_policy *pol, uint32_t key);
+void mp_policy_lfu_remove(struct mp_policy *pol, uint32_t key);
+void mp_policy_lfu_fini(struct mp_policy *pol);
+
 #endif /* MP_POLICY_H */

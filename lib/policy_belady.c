@@ -12,41 +12,11 @@
 
 static int belady_init(struct mp_policy *pol)
 {
-	struct mp_keylist *l;
-	int err;
-
 	/* A prefetcher over a trace replay attaches the hints after the pager opened. */
 	if (!pol->env.hints || !pol->env.hints->next_use)
 		mp_info("eviction belady: no future known yet: least recently used until a trace "
 			"replay's prefetcher gives next-use hints");
-	l = malloc(sizeof(*l));
-	if (!l)
-		return -ENOMEM;
-	err = mp_keylist_init(l, pol->env.nkeys);
-	if (err) {
-		free(l);
-		return err;
-	}
-	pol->priv = l;
-	return 0;
-}
-
-static void belady_insert(struct mp_policy *pol, uint32_t key)
-{
-	mp_keylist_push_head(pol->priv, key);
-}
-
-static void belady_access(struct mp_policy *pol, uint32_t key)
-{
-	struct mp_keylist *l = pol->priv;
-
-	if (l->on[key])
-		mp_keylist_push_head(l, key);
-}
-
-static void belady_remove(struct mp_policy *pol, uint32_t key)
-{
-	mp_keylist_remove(pol->priv, key);
+	return mp_policy_lru_init(pol);
 }
 
 static int64_t belady_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg)
@@ -67,23 +37,15 @@ static int64_t belady_victim(struct mp_policy *pol, mp_policy_evictable_fn evict
 	return best;
 }
 
-static void belady_fini(struct mp_policy *pol)
-{
-	if (pol->priv)
-		mp_keylist_fini(pol->priv);
-	free(pol->priv);
-	pol->priv = NULL;
-}
-
 const struct mp_policy_ops mp_policy_belady = {
 	.name = "belady",
 	.description = "evict the expert used farthest in the future (trace replay only: the "
 		       "on-demand optimum)",
 	.init = belady_init,
-	.on_insert = belady_insert,
-	.on_access = belady_access,
-	.on_fault = belady_access,
-	.on_remove = belady_remove,
+	.on_insert = mp_policy_lru_insert,
+	.on_access = mp_policy_lru_access,
+	.on_fault = mp_policy_lru_access,
+	.on_remove = mp_policy_lru_remove,
 	.pick_victim = belady_victim,
-	.fini = belady_fini,
+	.fini = mp_policy_lru_fini,
 };

@@ -8,14 +8,9 @@
 
 #include "policy.h"
 
-struct lfu {
-	struct mp_keylist recent;	/* resident keys, most recent at the head */
-	uint64_t *freq;
-};
-
-static int lfu_init(struct mp_policy *pol)
+int mp_policy_lfu_init(struct mp_policy *pol)
 {
-	struct lfu *f = calloc(1, sizeof(*f));
+	struct mp_lfu_state *f = calloc(1, sizeof(*f));
 
 	if (!f)
 		return -ENOMEM;
@@ -29,32 +24,32 @@ static int lfu_init(struct mp_policy *pol)
 	return 0;
 }
 
-static void lfu_insert(struct mp_policy *pol, uint32_t key)
+void mp_policy_lfu_insert(struct mp_policy *pol, uint32_t key)
 {
-	struct lfu *f = pol->priv;
+	struct mp_lfu_state *f = pol->priv;
 
 	mp_keylist_push_head(&f->recent, key);
 }
 
-static void lfu_access(struct mp_policy *pol, uint32_t key)
+void mp_policy_lfu_access(struct mp_policy *pol, uint32_t key)
 {
-	struct lfu *f = pol->priv;
+	struct mp_lfu_state *f = pol->priv;
 
 	f->freq[key]++;
 	if (f->recent.on[key])
 		mp_keylist_push_head(&f->recent, key);
 }
 
-static void lfu_remove(struct mp_policy *pol, uint32_t key)
+void mp_policy_lfu_remove(struct mp_policy *pol, uint32_t key)
 {
-	struct lfu *f = pol->priv;
+	struct mp_lfu_state *f = pol->priv;
 
 	mp_keylist_remove(&f->recent, key);
 }
 
 static int64_t lfu_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg)
 {
-	struct lfu *f = pol->priv;
+	struct mp_lfu_state *f = pol->priv;
 	int64_t best = -ENOENT;
 
 	/* From the tail, so among equal counts the least recent wins. */
@@ -64,9 +59,9 @@ static int64_t lfu_victim(struct mp_policy *pol, mp_policy_evictable_fn evictabl
 	return best;
 }
 
-static void lfu_fini(struct mp_policy *pol)
+void mp_policy_lfu_fini(struct mp_policy *pol)
 {
-	struct lfu *f = pol->priv;
+	struct mp_lfu_state *f = pol->priv;
 
 	if (!f)
 		return;
@@ -79,11 +74,11 @@ static void lfu_fini(struct mp_policy *pol)
 const struct mp_policy_ops mp_policy_lfu = {
 	.name = "lfu",
 	.description = "least frequently used (counts kept across evictions), then least recent",
-	.init = lfu_init,
-	.on_insert = lfu_insert,
-	.on_access = lfu_access,
-	.on_fault = lfu_access,
-	.on_remove = lfu_remove,
+	.init = mp_policy_lfu_init,
+	.on_insert = mp_policy_lfu_insert,
+	.on_access = mp_policy_lfu_access,
+	.on_fault = mp_policy_lfu_access,
+	.on_remove = mp_policy_lfu_remove,
 	.pick_victim = lfu_victim,
-	.fini = lfu_fini,
+	.fini = mp_policy_lfu_fini,
 };

@@ -5,7 +5,7 @@
 
 #include "policy.h"
 
-static int lru_init(struct mp_policy *pol)
+int mp_policy_lru_init(struct mp_policy *pol)
 {
 	struct mp_keylist *l = malloc(sizeof(*l));
 	int err;
@@ -21,12 +21,12 @@ static int lru_init(struct mp_policy *pol)
 	return 0;
 }
 
-static void lru_touch(struct mp_policy *pol, uint32_t key)
+void mp_policy_lru_insert(struct mp_policy *pol, uint32_t key)
 {
 	mp_keylist_push_head(pol->priv, key);
 }
 
-static void lru_access(struct mp_policy *pol, uint32_t key)
+void mp_policy_lru_access(struct mp_policy *pol, uint32_t key)
 {
 	struct mp_keylist *l = pol->priv;
 
@@ -35,17 +35,17 @@ static void lru_access(struct mp_policy *pol, uint32_t key)
 		mp_keylist_push_head(l, key);
 }
 
-static void lru_remove(struct mp_policy *pol, uint32_t key)
+void mp_policy_lru_remove(struct mp_policy *pol, uint32_t key)
 {
 	mp_keylist_remove(pol->priv, key);
 }
 
-static int64_t lru_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg)
+int64_t mp_policy_lru_victim(struct mp_policy *pol, mp_policy_evictable_fn evictable, void *arg)
 {
 	return mp_keylist_victim(pol->priv, evictable, arg);
 }
 
-static void lru_fini(struct mp_policy *pol)
+void mp_policy_lru_fini(struct mp_policy *pol)
 {
 	if (pol->priv)
 		mp_keylist_fini(pol->priv);
@@ -56,11 +56,11 @@ static void lru_fini(struct mp_policy *pol)
 const struct mp_policy_ops mp_policy_lru = {
 	.name = "lru",
 	.description = "least recently used (routing reports and faults count as uses)",
-	.init = lru_init,
-	.on_insert = lru_touch,
-	.on_access = lru_access,
-	.on_fault = lru_access,
-	.on_remove = lru_remove,
-	.pick_victim = lru_victim,
-	.fini = lru_fini,
+	.init = mp_policy_lru_init,
+	.on_insert = mp_policy_lru_insert,
+	.on_access = mp_policy_lru_access,
+	.on_fault = mp_policy_lru_access,
+	.on_remove = mp_policy_lru_remove,
+	.pick_victim = mp_policy_lru_victim,
+	.fini = mp_policy_lru_fini,
 };
