@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The moepager command-line tool: dispatches to one file per subcommand. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <moepager.h>
@@ -41,6 +42,8 @@ int main(int argc, char **argv)
 		printf("moepager %s\n", mp_version_string());
 		return 0;
 	}
+	/* The subcommands' doc strings are laid out for 100 columns (argp's default is 79). */
+	setenv("ARGP_HELP_FMT", "rmargin=100", 0);
 	cli_install_log_handler();
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		if (!strcmp(argv[1], commands[i].name))
