@@ -15,6 +15,7 @@
 #include <moepager.h>
 
 #include "cli.h"
+#include "run_record.h"
 #include "text.h"
 
 #define MAX_REPEAT 100u
@@ -39,6 +40,7 @@ static struct run_env {
 	const char *budget;
 	uint64_t membw_bytes;
 	bool warm_all;
+	bool record_alternate;
 	bool resident;
 	bool json;
 } env;
@@ -47,7 +49,7 @@ enum {
 	OPT_PROMPT_TOKENS = 0x100, OPT_TOKENS, OPT_TRACE, OPT_REQUEST, OPT_BUDGET, OPT_PREFETCH,
 	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE, OPT_ENGINE_DIR, OPT_THREADS, OPT_JSON,
 	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT, OPT_PROMPT,
-	OPT_TOKENIZER,
+	OPT_TOKENIZER, OPT_RECORD_ALTERNATE,
 };
 
 static const char doc[] =
@@ -90,6 +92,9 @@ static const struct argp_option opts[] = {
 	{ "seed", OPT_SEED, "N", 0, "Seed of the prompt ids (default 1)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0,
 	  "Run prefill and decode N times (cache reset between); report medians", 0 },
+	{ "record-alternate", OPT_RECORD_ALTERNATE, NULL, 0,
+	  "Record the trajectory through BPF in every second repetition (--repeat >= 2) and "
+	  "report the recording's cost", 0 },
 	{ "trace", OPT_TRACE, "FILE", 0, "Replay the routing of a moe-trace v1 file", 0 },
 	{ "request", OPT_REQUEST, "R", 0, "Trace request to replay (default 0)", 0 },
 	{ "resident", OPT_RESIDENT, NULL, 0, "All experts in memory (the default)", 0 },
@@ -129,6 +134,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_WARMUP:
 		if (cli_parse_u32("--warmup", arg, 0, MP_MAX_SEQ, &env.warmup))
 			argp_usage(state);
+		break;
+	case OPT_RECORD_ALTERNATE:
+		env.record_alternate = true;
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
@@ -224,6 +232,7 @@ struct run {
 	struct mp_membw *membw;
 	FILE *dump;
 	struct mp_tokenizer *tok;	/* with --prompt */
+	struct run_record rec;		/* with --record-alternate */
 	uint32_t *prompt;
 	uint32_t *generated;
 	double *step_ms;
@@ -523,6 +532,35 @@ static double rep_median(const struct results *res, size_t field)
 	return median(v, res->reps);
 }
 
+/*
+ * --record-alternate: even repetitions ran unrecorded, odd ones recorded.
+ * Medians of each, and the median of the ratios of neighbouring pairs (the
+ * figure least moved by a machine whose speed wanders between repetitions).
+ */
+static json_t *json_record(const struct run *r, const struct results *res)
+{
+	double off[MAX_REPEAT], on[MAX_REPEAT], ratio[MAX_REPEAT];
+	uint32_t noff = 0, non = 0, nratio = 0;
+	double moff, mon;
+
+	for (uint32_t i = 0; i < res->reps; i++) {
+		if (i % 2)
+			on[non++] = res->rep[i].tps;
+		else
+			off[noff++] = res->rep[i].tps;
+		if (i % 2)
+			ratio[nratio++] = res->rep[i].tps / res->rep[i - 1].tps;
+	}
+	moff = median(off, noff);
+	mon = median(on, non);
+	return json_pack("{s:s, s:f, s:f, s:f, s:f, s:I, s:I}",
+			 "source", mp_traj_source_name(r->rec.source),
+			 "unrecorded_tokens_per_s", moff, "recorded_tokens_per_s", mon,
+			 "ratio_of_medians", moff > 0 ? mon / moff : 0.0,
+			 "median_pair_ratio", median(ratio, nratio),
+			 "records", (json_int_t)r->rec.records, "dropped", (json_int_t)r->rec.dropped);
+}
+
 static json_t *json_reps(const struct results *res)
 {
 	json_t *a = json_array();
@@ -590,6 +628,19 @@ static int print_results(struct run *r, struct results *res)
 		       weights_gbps, membw, ratio);
 		printf("hit rate %.3f, %llu demand faults, stall %.2f ms/token, peak RSS %.0f MB\n",
 		       hit_rate, (unsigned long long)pg->demand_faults, stall_ms, r->rss / 1e6);
+		if (env.record_alternate) {
+			json_t *rec = json_record(r, res);
+
+			printf("recording (%s): %.2f tokens/s recorded, %.2f unrecorded, "
+			       "median pair ratio %.3f, %lld records, %lld dropped\n",
+			       json_string_value(json_object_get(rec, "source")),
+			       json_real_value(json_object_get(rec, "recorded_tokens_per_s")),
+			       json_real_value(json_object_get(rec, "unrecorded_tokens_per_s")),
+			       json_real_value(json_object_get(rec, "median_pair_ratio")),
+			       json_integer_value(json_object_get(rec, "records")),
+			       json_integer_value(json_object_get(rec, "dropped")));
+			json_decref(rec);
+		}
 		if (text)
 			printf("%s\n", text);
 		free(text);
@@ -637,6 +688,8 @@ static int print_results(struct run *r, struct results *res)
 	json_object_set_new(o, "weights_membw_ratio", json_real(ratio));
 	json_object_set_new(o, "trace_overrides", json_integer((json_int_t)res->trace_overrides));
 	json_object_set_new(o, "repeats", json_reps(res));
+	if (env.record_alternate)
+		json_object_set_new(o, "record", json_record(r, res));
 	json_dumpf(o, stdout, JSON_COMPACT);
 	printf("\n");
 	json_decref(o);
@@ -758,6 +811,10 @@ int cmd_run(int argc, char **argv)
 	if (err)
 		return err;
 	res.tokens_requested = env.tokens;
+	if (env.record_alternate && env.repeat < 2) {
+		fprintf(stderr, "moepager run: --record-alternate needs --repeat 2 or more\n");
+		return -EINVAL;
+	}
 
 	err = mp_store_open(env.model, &r.store);
 	if (err)
@@ -821,9 +878,16 @@ int cmd_run(int argc, char **argv)
 	signal(SIGINT, on_sigint);
 	res.deterministic = true;
 	for (uint32_t i = 0; !err && i < env.repeat && (!i || !stop_requested); i++) {
+		bool record = env.record_alternate && i % 2;
+
 		if (i)
 			mp_runner_reset(r.runner);
-		err = generate(&r, &res);
+		if (record)
+			err = run_record_begin(&r.rec);
+		if (!err)
+			err = generate(&r, &res);
+		if (record)
+			run_record_end(&r.rec);
 	}
 	if (!err)
 		err = print_results(&r, &res);
