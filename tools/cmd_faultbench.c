@@ -58,7 +58,7 @@ static const char doc[] =
 	"cache_mode and the parameters.\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  moepager faultbench --model /work/data/mixtral-mini.mpk\n"
+	"  moepager faultbench --model mixtral-mini.mpk\n"
 	"  moepager faultbench --model m.mpk --json --experts 16 --repeat 5\n";
 
 enum { OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE };
