@@ -216,14 +216,4 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-const struct mp_kernels mp_kernels_avx512 = {
-	.isa = "avx512",
-	.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,
-		  [MP_DTYPE_BF16] = gemv_bf16 },
-	.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,
-		   [MP_DTYPE_BF16] = widen_bf16 },
-	.tile4x4 = tile4x4,
-	.dot = dot,
-	.axpy = axpy,
-	.read_sum = read_sum,
-};
+MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512");

@@ -101,14 +101,4 @@ static float read_sum(const void *buf, size_t bytes)
 	return sum;
 }
 
-const struct mp_kernels mp_kernels_scalar = {
-	.isa = "scalar",
-	.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,
-		  [MP_DTYPE_BF16] = gemv_bf16 },
-	.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,
-		   [MP_DTYPE_BF16] = widen_bf16 },
-	.tile4x4 = tile4x4,
-	.dot = dot,
-	.axpy = axpy,
-	.read_sum = read_sum,
-};
+MP_KERNELS_DEFINE(mp_kernels_scalar, "scalar");

@@ -31,6 +31,24 @@ struct mp_kernels {
 	float (*read_sum)(const void *buf, size_t bytes);
 };
 
+/*
+ * Defines an ISA's table from the static functions every kern_*.c file
+ * names alike (gemv_f32, widen_bf16, tile4x4, dot, axpy, read_sum), so the
+ * three tables cannot drift apart.
+ */
+#define MP_KERNELS_DEFINE(sym, isa_name)						\
+	const struct mp_kernels sym = {							\
+		.isa = isa_name,							\
+		.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,		\
+			  [MP_DTYPE_BF16] = gemv_bf16 },				\
+		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
+			   [MP_DTYPE_BF16] = widen_bf16 },				\
+		.tile4x4 = tile4x4,							\
+		.dot = dot,								\
+		.axpy = axpy,								\
+		.read_sum = read_sum,							\
+	}
+
 extern const struct mp_kernels mp_kernels_scalar;
 #if defined(__x86_64__)
 #define MP_HAVE_X86_KERNELS 1

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Helpers the subcommands share: log handler, number parsing, progress line. */
+#include <argp.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,23 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out)
 bad:
 	fprintf(stderr, "moepager: %s: '%s' is not a size (e.g. 4096, 512M, 8G)\n", opt, s);
 	return -EINVAL;
+}
+
+int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path)
+{
+	switch (key) {
+	case ARGP_KEY_ARG:
+		if (*path)
+			argp_usage(state);
+		*path = arg;
+		return 0;
+	case ARGP_KEY_END:
+		if (!*path)
+			argp_usage(state);
+		return 0;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
 }
 
 bool cli_progress_enabled(void)

@@ -39,6 +39,15 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
  */
 int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 
+/*
+ * The positional-argument part of an argp parser for commands that take
+ * exactly one FILE: stores it in *path, refuses a second one and a missing
+ * one. Other keys return ARGP_ERR_UNKNOWN, so a parser ends with
+ * `default: return cli_parse_one_path(key, arg, state, &env.path);`.
+ */
+struct argp_state;
+int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path);
+
 /* True when stdout (fd 1) / stderr (fd 2) is a terminal: progress goes to stderr only then. */
 bool cli_progress_enabled(void);
 /* Draws "label: 42% (1.2/2.9 GB)" on stderr, rewriting the line. */

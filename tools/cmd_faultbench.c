@@ -107,17 +107,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_VERBOSE:
 		env.verbose = true;
 		break;
-	case ARGP_KEY_ARG:
-		if (env.path)
-			argp_usage(state);
-		env.path = arg;
-		break;
-	case ARGP_KEY_END:
-		if (!env.path)
-			argp_usage(state);
-		break;
 	default:
-		return ARGP_ERR_UNKNOWN;
+		return cli_parse_one_path(key, arg, state, &env.path);
 	}
 	return 0;
 }
