@@ -361,6 +361,104 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 	return arg;
 }
 
+/* Adds w to acc[j] for each of the k largest values of row (ties: lower j first). */
+static void add_topk(const float *row, uint32_t J, uint32_t k, double w, double *acc)
+{
+	uint32_t taken[MP_MAX_TOPK];
+
+	for (uint32_t i = 0; i < k; i++) {
+		uint32_t best = J;
+
+		for (uint32_t j = 0; j < J; j++) {
+			bool used = false;
+
+			for (uint32_t t = 0; t < i; t++)
+				used |= taken[t] == j;
+			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
+				best = j;
+		}
+		if (best == J)
+			return;		/* fewer than k experts ran (an all-zero row) */
+		taken[i] = best;
+		acc[best] += w;
+	}
+}
+
+/*
+ * out[j] = (k/J + sum_y w_y [j in top-k of y's row]) / (1 + sum_y w_y): the
+ * pseudo-record keeps every probability above zero and is all there is for
+ * an empty store or a context no record shares.
+ */
+static void finish_use(const double *acc, double wsum, uint32_t J, uint32_t k, float *out)
+{
+	for (uint32_t j = 0; j < J; j++)
+		out[j] = (float)(((double)k / J + acc[j]) / (1.0 + wsum));
+}
+
+int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
+			  uint32_t k, float *out)
+{
+	const uint32_t J = m->cfg.experts;
+	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
+
+	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK ||
+	    k > J || J > MP_MAX_PREDICT_EXPERTS || (uint64_t)offset + J > m->cfg.sem_dim)
+		return -EINVAL;
+	for (uint32_t y = 0; y < m->count; y++) {
+		const float *c = m->sem + (size_t)y * m->cfg.sem_dim + offset;
+		double w = 0;
+
+		for (uint32_t j = 0; j < J; j++)
+			w += (double)ctx[j] * c[j];
+		if (!(w > 0))
+			continue;
+		wsum += w;
+		add_topk(m->maps + (size_t)y * m->lj + (size_t)layer * J, J, k, w, acc);
+	}
+	finish_use(acc, wsum, J, k, out);
+	m->searches++;
+	return 0;
+}
+
+int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
+			 uint32_t target, uint32_t k, float *out, float *score)
+{
+	const uint32_t J = m->cfg.experts;
+	uint32_t near[MP_EMAP_NEIGHBOURS], n = 0;
+	float near_c[MP_EMAP_NEIGHBOURS];
+	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0, vsq;
+
+	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
+	    !k || k > MP_MAX_TOPK || k > J || J > MP_MAX_PREDICT_EXPERTS)
+		return -EINVAL;
+	vsq = sumsq(map, prefix_layers * J);
+	/* The most similar records, kept sorted by decreasing cosine (insertion: n is small). */
+	for (uint32_t y = 0; y < m->count; y++) {
+		float c = cos_prefix(m, y, map, vsq, prefix_layers);
+		uint32_t i;
+
+		if (!(c > 0) || (n == MP_EMAP_NEIGHBOURS && c <= near_c[n - 1]))
+			continue;
+		i = n < MP_EMAP_NEIGHBOURS ? n++ : n - 1;
+		for (; i > 0 && near_c[i - 1] < c; i--) {
+			near[i] = near[i - 1];
+			near_c[i] = near_c[i - 1];
+		}
+		near[i] = y;
+		near_c[i] = c;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		wsum += near_c[i];
+		add_topk(m->maps + (size_t)near[i] * m->lj + (size_t)target * J, J, k, near_c[i],
+			 acc);
+	}
+	finish_use(acc, wsum, J, k, out);
+	if (score)
+		*score = n ? near_c[0] : 0.0f;
+	m->searches++;
+	return 0;
+}
+
 const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer)
 {
 	if (idx >= m->count || layer >= m->cfg.layers)

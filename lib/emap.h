@@ -58,6 +58,35 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 /* The record whose semantic vector's first n floats are most similar to sem's. */
 int mp_emap_search_sem_prefix(struct mp_emap *m, const float *sem, uint32_t n, float *score);
 
+/*
+ * Probabilities of use: for each expert of a layer, how likely it is to be
+ * among the layer's top-k, estimated from several records at once rather
+ * than the one best match (whose rows are zero but for the top-k). Each
+ * record votes for its row's k largest experts with a weight; one uniform
+ * pseudo-record of weight 1 (k/J each) keeps every probability above zero
+ * and is all there is for an empty store or a context no record shares.
+ * Both write experts floats in [0, 1] summing to k into out and return 0,
+ * or -EINVAL (bad arguments; experts above MP_MAX_PREDICT_EXPERTS).
+ *
+ * mp_emap_predict_layer(): weights ctx . c_y, where c_y is the `experts`
+ * floats of record y's semantic vector from `offset` on. With the previous
+ * iteration's map as the semantic vector and offset = layer * experts, this
+ * is the layer's learnt iteration-to-iteration transition: where the layer
+ * goes at its next pass, given the experts it used at its last.
+ *
+ * mp_emap_predict_traj(): the MP_EMAP_NEIGHBOURS records whose first
+ * prefix_layers layers are most similar (cosine, positive only) vote for
+ * layer `target`, weighted by that cosine; *score is the best cosine (0:
+ * no record shares anything).
+ */
+#define MP_MAX_PREDICT_EXPERTS	256u
+/* Enough votes for a probability within about +-0.12 (binomial), few enough to stay local. */
+#define MP_EMAP_NEIGHBOURS	16u
+int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
+			  uint32_t k, float *out);
+int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
+			 uint32_t target, uint32_t k, float *out, float *score);
+
 /* Layer `layer` of record `idx` (experts floats summing to 1 or 0), or NULL. */
 const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer);
 /* The semantic vector of record idx, or NULL. */

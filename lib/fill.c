@@ -167,6 +167,8 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	s->mapped_at = mp_now_ns();
 	p->mapped_n++;
 	p->st.bytes_file += p->expert_bytes;
+	p->st.file_reads++;
+	p->st.file_read_ns += t_map - t_read;
 	if (p->policy.ops->on_insert)
 		p->policy.ops->on_insert(&p->policy, slot);
 	if (s->waiters)

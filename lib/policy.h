@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 /*
  * Keys are the pager's slot numbers: key = layer * slots_per_layer + expert.
@@ -34,15 +35,25 @@ struct mp_policy_env {
 };
 
 /*
- * Whether a prefetch of `incoming` may evict `victim`: not when the victim's
+ * Whether a prefetch of `incoming` may evict `victim`: not when both have a
+ * probability of use and the victim's is no lower, nor when the victim's
  * next use is known and comes no later than the incoming expert's (a
- * prefetch never evicts an expert needed sooner than the one it brings).
+ * prefetch never evicts an expert more likely, or sooner, needed than the
+ * one it brings).
  */
 static inline bool mp_policy_admit(const struct mp_policy_hints *h, uint32_t incoming,
 				   uint32_t victim)
 {
 	uint64_t now, vi, in;
 
+	if (h && h->p) {
+		float pi, pv;
+
+		__atomic_load(&h->p[incoming], &pi, __ATOMIC_RELAXED);
+		__atomic_load(&h->p[victim], &pv, __ATOMIC_RELAXED);
+		if (pi >= 0 && pv >= 0 && !(pi > pv))
+			return false;
+	}
 	if (!h || !h->next_use)
 		return true;
 	now = __atomic_load_n(&h->now, __ATOMIC_RELAXED);

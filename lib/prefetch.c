@@ -200,6 +200,35 @@ void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, fl
 	pf->hint_dirty[layer] = 1;
 }
 
+float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist)
+{
+	float c = pf->load_ratio;
+
+	if (!(c > 0))
+		return 0.0f;
+	return c / (c + (float)(dist > 0 ? dist : 1));
+}
+
+void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			  int32_t l_now)
+{
+	uint32_t J = pf->env.experts, K = pf->env.topk;
+	float P[MP_MAX_EXPERTS], p_min;
+	uint32_t ids[MP_MAX_EXPERTS];
+	uint32_t m;
+
+	if (layer >= pf->env.layers)
+		return;
+	for (uint32_t j = 0; j < J; j++)
+		P[j] = use[j] / (float)K;
+	p_min = mp_prefetch_min_p(pf, (int32_t)layer - l_now);
+	m = mp_prefetch_select(P, J, K, score, ids);
+	for (uint32_t i = 0; i < m; i++)
+		if (use[ids[i]] >= p_min)
+			mp_prefetch_emit(pf, layer, ids[i], use[ids[i]], l_now);
+	mp_prefetch_hint(pf, layer, use);
+}
+
 void mp_prefetch_end(struct mp_prefetch *pf)
 {
 	size_t lj = (size_t)pf->env.layers * pf->env.experts;

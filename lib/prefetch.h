@@ -89,6 +89,11 @@ struct mp_prefetch {
 	 */
 	float *hint_p;
 	uint8_t *hint_dirty;
+	/*
+	 * One expert read over one layer's compute (not its stalls), as the
+	 * driver or simulator measures it; 0: unknown. mp_prefetch_min_p().
+	 */
+	float load_ratio;
 	uint64_t iterations;
 	uint64_t emitted;
 };
@@ -150,5 +155,23 @@ void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P);
 /* select() on layer's distribution P, emits the set, and records P as the layer's hints. */
 void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, float score,
 		      int32_t l_now);
+
+/*
+ * The least probability of use worth a read for a layer dist layers ahead.
+ * When reads are the bottleneck, a wrong prefetch costs a whole read of
+ * channel time, c = load_ratio layer-times, while a right one only hides the
+ * compute of the layers before its use, dist layer-times at most: worth it
+ * when p * dist > (1 - p) * c, i.e. p > c / (c + dist). With fast reads c is
+ * small and nearly everything predicted is worth it. 0 when c is unknown.
+ */
+float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist);
+
+/*
+ * Like mp_prefetch_plan() for probabilities of use (summing to topk, e.g.
+ * from mp_emap_predict_*()): δ-selection on use / topk, then only the
+ * members at or above mp_prefetch_min_p(); the hints are `use`.
+ */
+void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			  int32_t l_now);
 
 #endif /* MP_PREFETCH_H */

@@ -29,6 +29,7 @@ struct pf_event {
 	uint32_t token;
 	uint32_t layer;
 	uint32_t k;
+	uint64_t t_ns;		/* when the engine reported it */
 	bool has_weights;
 	bool has_probs;
 	bool has_x;
@@ -95,6 +96,14 @@ struct mp_prefetcher {
 	uint64_t *next_use_true;	/* [nsteps][L][K] */
 
 	_Atomic uint64_t events, dropped, iterations, predicted, issued, policy_ns;
+
+	/* Measuring pf.load_ratio: gaps between consecutive gates, reads from the pager. */
+	float *gaps;		/* [L] this iteration's */
+	uint32_t ngaps;
+	uint64_t last_ns, last_step;
+	uint32_t last_layer;
+	uint64_t reads0, read_ns0;
+	double t_layer, t_load;	/* smoothed, ns */
 };
 
 static uint32_t key_of(const struct mp_prefetcher *d, uint32_t layer, uint32_t expert)
@@ -220,6 +229,55 @@ static const float *speculate(struct mp_prefetcher *d, uint32_t layer, const flo
 	return d->spec;
 }
 
+static int by_value(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Keeps pf.load_ratio, one expert read over one layer's compute, current.
+ * A layer's compute is the lower quartile of an iteration's gate-to-gate
+ * gaps: gaps with a fault in them include its stall, and under memory
+ * pressure fewer than three in four layers find every expert resident. A
+ * read is the mean read time of the file-tier reads since the last
+ * iteration, concurrent reads included (they share the device).
+ */
+static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
+{
+	const double a = 0.25;	/* smoothing over about four iterations */
+	struct mp_pager_stats st;
+
+	if (ev->step == d->last_step && ev->layer == d->last_layer + 1 && d->last_ns &&
+	    ev->t_ns > d->last_ns && d->ngaps < d->L)
+		d->gaps[d->ngaps++] = (float)(ev->t_ns - d->last_ns);
+	d->last_ns = ev->t_ns;
+	d->last_step = ev->step;
+	d->last_layer = ev->layer;
+	if (ev->layer != 0)
+		return;
+	if (d->ngaps >= 4) {
+		double q;
+
+		qsort(d->gaps, d->ngaps, sizeof(*d->gaps), by_value);
+		q = d->gaps[d->ngaps / 4];
+		d->t_layer = d->t_layer > 0 ? (1 - a) * d->t_layer + a * q : q;
+	}
+	d->ngaps = 0;
+	mp_pager_stats(d->pager, &st);
+	if (st.file_reads > d->reads0 && st.file_read_ns >= d->read_ns0) {
+		double t = (double)(st.file_read_ns - d->read_ns0) / (double)(st.file_reads -
+									     d->reads0);
+
+		d->t_load = d->t_load > 0 ? (1 - a) * d->t_load + a * t : t;
+	}
+	d->reads0 = st.file_reads;
+	d->read_ns0 = st.file_read_ns;
+	if (d->t_layer > 0 && d->t_load > 0)
+		d->pf.load_ratio = (float)(d->t_load / d->t_layer);
+}
+
 static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const float *probs,
 		   const float *x)
 {
@@ -227,6 +285,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 	uint64_t t0 = mp_now_ns();
 
 	pthread_mutex_lock(&d->lock);
+	measure(d, ev);
 	expire(d, ev->step * d->L + ev->layer);
 	if (!pf->in_iter || pf->request != ev->request || pf->token != ev->token ||
 	    (ev->layer == 0 && !d->early)) {
@@ -335,6 +394,7 @@ int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token
 	ev->token = token;
 	ev->layer = layer;
 	ev->k = k;
+	ev->t_ns = mp_now_ns();
 	memcpy(ev->ids, ids, k * sizeof(*ids));
 	ev->has_weights = weights != NULL;
 	if (weights)
@@ -497,6 +557,7 @@ void mp_prefetcher_stats(struct mp_prefetcher *d, struct mp_prefetcher_stats *ou
 	out->policy_ns = atomic_load(&d->policy_ns);
 	pthread_mutex_lock(&d->lock);
 	out->expired = d->expired;
+	out->load_ratio = d->pf.load_ratio;
 	m = mp_prefetch_finemoe_emap(&d->pf);
 	if (m) {
 		struct mp_emap_stats es;
@@ -553,6 +614,7 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->hints.p);
 	free(d->hints.next_use);
 	free(d->issued_pos);
+	free(d->gaps);
 	free(d->future);
 	free(d->next_use_true);
 	free(d->emap_path);
@@ -657,10 +719,11 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->hints.p = malloc(d->nkeys * sizeof(float));
 	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
 	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
+	d->gaps = malloc(d->L * sizeof(*d->gaps));
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
 	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
-	    !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
+	    !d->gaps || !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
 	if (ops == &mp_prefetch_nextlayer) {

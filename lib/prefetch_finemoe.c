@@ -2,8 +2,10 @@
 /*
  * FineMoE's expert-map prefetcher: semantic search for the first d layers,
  * trajectory-prefix search for the rest, similarity-aware selection
- * (δ = 1 - score, at least top-k), priority p / (l - l_now). Every finished
- * iteration goes into the expert-map store.
+ * (δ = 1 - score, at least top-k), priority p / (l - l_now). Predictions are
+ * probabilities of use voted by many records (lib/emap.h), so only experts
+ * worth a read are read (mp_prefetch_min_p()) and every expert gets an
+ * eviction hint. Every finished iteration goes into the expert-map store.
  */
 #include <stdlib.h>
 
@@ -38,10 +40,25 @@ static int finemoe_init(struct mp_prefetch *pf)
 	return 0;
 }
 
+/*
+ * Without semantic vectors a record's context is the map before it, so each
+ * layer's learnt transition (mp_emap_predict_layer()) from the layer's last
+ * row says how likely each of its experts is at the layer's next pass.
+ * Returns 0 with use[] filled, or -EINVAL (geometry beyond the estimator).
+ */
+static int next_pass(struct mp_prefetch *pf, uint32_t layer, const float *last_map, float *use)
+{
+	struct finemoe *f = pf->priv;
+	const uint32_t J = pf->env.experts;
+
+	return mp_emap_predict_layer(f->emap, layer, last_map + (size_t)layer * J, layer * J,
+				     pf->env.topk, use);
+}
+
 static void finemoe_begin(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
-	float score;
+	float use[MP_MAX_EXPERTS], score;
 	int y;
 
 	/* Cold start (empty store) or no context yet: nothing to go on, demand only. */
@@ -50,14 +67,22 @@ static void finemoe_begin(struct mp_prefetch *pf)
 	y = mp_emap_search_sem(f->emap, pf->sem, &score);
 	if (y < 0)
 		return;
-	for (uint32_t l = 0; l < pf->env.distance; l++)
-		mp_prefetch_plan(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l), score, -1);
-	/*
-	 * The match also says how likely every later layer's experts are this
-	 * iteration: eviction hints only (the trajectory search refines them).
-	 */
-	for (uint32_t l = pf->env.distance; l < pf->env.layers; l++)
-		mp_prefetch_hint(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l));
+	for (uint32_t l = 0; l < pf->env.layers; l++) {
+		if (!pf->env.sem_dim) {
+			/* The closest context's score sets δ; the transition, the set. */
+			if (next_pass(pf, l, pf->context, use))
+				return;
+			if (l < pf->env.distance)
+				mp_prefetch_plan_use(pf, l, use, score, -1);
+			else
+				mp_prefetch_hint(pf, l, use);
+		} else if (l < pf->env.distance) {
+			mp_prefetch_plan(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l), score, -1);
+		} else {
+			/* Later layers: eviction hints (the trajectory search refines them). */
+			mp_prefetch_hint(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l));
+		}
+	}
 }
 
 static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
@@ -65,31 +90,20 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 {
 	struct finemoe *f = pf->priv;
 	uint32_t target = layer + pf->env.distance;
-	float score;
-	int y;
+	float use[MP_MAX_EXPERTS], score;
 
 	(void)ids;
 	(void)k;
 	(void)spec;
-	/*
-	 * Without semantic vectors a record's context is the map before it, so
-	 * the record whose context best matches this iteration's trajectory so
-	 * far predicts the next iteration: eviction hints for the layers already
-	 * run (their next use is there).
-	 */
-	if (!pf->env.sem_dim) {
-		y = mp_emap_search_sem_prefix(f->emap, pf->traj, (layer + 1) * pf->env.experts,
-					      &score);
-		for (uint32_t l = 0; y >= 0 && l <= layer; l++)
-			mp_prefetch_hint(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l));
-	}
+	/* The layer's next use is in the next iteration: hint how likely each expert is there. */
+	if (!pf->env.sem_dim && !next_pass(pf, layer, pf->traj, use))
+		mp_prefetch_hint(pf, layer, use);
 	if (target >= pf->env.layers)
 		return;
-	y = mp_emap_search_traj(f->emap, pf->traj, layer + 1, &score);
-	if (y < 0)
-		return;
-	mp_prefetch_plan(pf, target, mp_emap_layer(f->emap, (uint32_t)y, target), score,
-			 (int32_t)layer);
+	/* No record shares anything with this trajectory: nothing to go on. */
+	if (!mp_emap_predict_traj(f->emap, pf->traj, layer + 1, target, pf->env.topk, use,
+				  &score) && score > 0)
+		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
 
 static void finemoe_end(struct mp_prefetch *pf)

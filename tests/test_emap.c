@@ -313,6 +313,95 @@ static void corrupt_files_are_refused_naming_the_offset(void **state)
 	mp_emap_destroy(m);
 }
 
+/* Records whose context (sem = previous map) uses experts {0, 1} at layer 2 go to {4, 5} there. */
+static void predict_layer_learns_the_layer_transition(void **state)
+{
+	struct mp_emap *m = make(16, L * J);
+	float map[L * J], ctx[L * J], use[J];
+	const float row01[J] = { 0.5f, 0.5f };
+	double sum = 0;
+
+	(void)state;
+	for (uint32_t i = 0; i < 4; i++) {
+		memset(ctx, 0, sizeof(ctx));
+		ctx[2 * J + 0] = ctx[2 * J + 1] = 0.5f;
+		memset(map, 0, sizeof(map));
+		map[2 * J + 4] = 0.6f;
+		map[2 * J + 5] = 0.4f;
+		assert_int_equal(mp_emap_insert(m, map, ctx), (int)i);
+	}
+	/* A record with another context: weight 0 for this one. */
+	memset(ctx, 0, sizeof(ctx));
+	ctx[2 * J + 7] = 1.0f;
+	memset(map, 0, sizeof(map));
+	map[2 * J + 3] = 1.0f;
+	map[2 * J + 6] = 1.0f;
+	assert_int_equal(mp_emap_insert(m, map, ctx), 4);
+
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 2 * J, 2, use), 0);
+	/* Four votes of weight 0.5 each and the pseudo-record (2/8 each, weight 1): / 3. */
+	for (uint32_t j = 0; j < J; j++) {
+		double want = (0.25 + ((j == 4 || j == 5) ? 2.0 : 0.0)) / 3.0;
+
+		assert_float_equal(use[j], want, 1e-6);
+		sum += use[j];
+	}
+	assert_float_equal(sum, 2.0, 1e-5);
+	/* A context no record shares: the uniform prior k/J. */
+	const float row2[J] = { 0, 0, 1.0f };
+
+	assert_int_equal(mp_emap_predict_layer(m, 2, row2, 2 * J, 2, use), 0);
+	for (uint32_t j = 0; j < J; j++)
+		assert_float_equal(use[j], 0.25, 1e-6);
+	/* Arguments out of range are refused. */
+	assert_int_equal(mp_emap_predict_layer(m, L, row01, 0, 2, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, L * J - 4, 2, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, 0, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, J + 1, use), -EINVAL);
+	mp_emap_destroy(m);
+}
+
+/* Neighbours vote with their cosine; only the MP_EMAP_NEIGHBOURS closest count. */
+static void predict_traj_votes_the_nearest_records(void **state)
+{
+	struct mp_emap *m = make(64, 0);
+	float a[L * J], b[L * J], use[J], score;
+	double sum = 0;
+
+	(void)state;
+	top2_map(0, a);
+	top2_map(3, b);
+	/* More copies of a than there are neighbour places, then b's. */
+	for (uint32_t i = 0; i < MP_EMAP_NEIGHBOURS + 4; i++)
+		assert_true(mp_emap_insert(m, a, NULL) >= 0);
+	for (uint32_t i = 0; i < 8; i++)
+		assert_true(mp_emap_insert(m, b, NULL) >= 0);
+	assert_int_equal(mp_emap_predict_traj(m, a, 2, 3, 2, use, &score), 0);
+	assert_float_equal(score, 1.0, 1e-5);
+	/* All places go to a's exact copies (cosine 1): a's layer-3 pair gets 16 of 17 votes. */
+	for (uint32_t j = 0; j < J; j++) {
+		bool in_a = a[3 * J + j] > 0;
+		double want = (0.25 + (in_a ? (double)MP_EMAP_NEIGHBOURS : 0.0)) /
+			      (1.0 + MP_EMAP_NEIGHBOURS);
+
+		assert_float_equal(use[j], want, 1e-5);
+		sum += use[j];
+	}
+	assert_float_equal(sum, 2.0, 1e-5);
+	/* A prefix nothing shares (a: {0,1} {1,4}, b: {3,4} {4,7}): score 0, the prior. */
+	float none[L * J] = { 0 };
+
+	none[0 * J + 6] = 1.0f;
+	none[1 * J + 2] = 1.0f;
+	assert_int_equal(mp_emap_predict_traj(m, none, 2, 3, 2, use, &score), 0);
+	assert_float_equal(score, 0.0, 0);
+	for (uint32_t j = 0; j < J; j++)
+		assert_float_equal(use[j], 0.25, 1e-6);
+	assert_int_equal(mp_emap_predict_traj(m, a, 0, 3, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_traj(m, a, 2, L, 2, use, &score), -EINVAL);
+	mp_emap_destroy(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -326,6 +415,8 @@ int main(void)
 		cmocka_unit_test(memory_is_bounded_and_reported),
 		cmocka_unit_test(persistence_round_trip_keeps_every_record),
 		cmocka_unit_test(corrupt_files_are_refused_naming_the_offset),
+		cmocka_unit_test(predict_layer_learns_the_layer_transition),
+		cmocka_unit_test(predict_traj_votes_the_nearest_records),
 	};
 	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
 

@@ -164,6 +164,40 @@ static void priority_is_p_over_layer_distance(void **state)
 	mp_prefetch_fini(&pf);
 }
 
+/* p > c / (c + dist): c = load_ratio; no gate while c is unknown. */
+static void plan_use_reads_only_what_is_worth_a_read(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 8, .experts = 4, .topk = 2 };
+	const float use[4] = { 0.9f, 0.6f, 0.3f, 0.2f };
+	struct mp_prefetch pf;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_none, &env), 0);
+	assert_float_equal(mp_prefetch_min_p(&pf, 3), 0.0, 0);
+	pf.load_ratio = 4.0f;
+	assert_float_equal(mp_prefetch_min_p(&pf, 3), 4.0 / 7.0, 1e-6);
+	assert_float_equal(mp_prefetch_min_p(&pf, 0), 4.0 / 5.0, 1e-6);	/* as dist 1 */
+	/* Score 0: δ = 1 takes all four; at distance 3 only p >= 4/7 is read. */
+	mp_prefetch_plan_use(&pf, 5, use, 0.0f, 2);
+	assert_int_equal(pf.n, 2);
+	assert_int_equal(pf.items[0].expert, 0);
+	assert_int_equal(pf.items[1].expert, 1);
+	/* The hints keep all four, read or not. */
+	for (uint32_t j = 0; j < 4; j++)
+		assert_float_equal(pf.hint_p[5 * 4 + j], use[j], 0);
+	assert_int_equal(pf.hint_dirty[5], 1);
+	/* One layer ahead the bar is 4/5: only the first. */
+	pf.n = 0;
+	mp_prefetch_plan_use(&pf, 3, use, 0.0f, 2);
+	assert_int_equal(pf.n, 1);
+	/* Cheap reads (c = 0.1): everything δ selects. */
+	pf.n = 0;
+	pf.load_ratio = 0.1f;
+	mp_prefetch_plan_use(&pf, 3, use, 0.0f, 2);
+	assert_int_equal(pf.n, 4);
+	mp_prefetch_fini(&pf);
+}
+
 /*
  * Policies
  */
@@ -677,6 +711,7 @@ int main(void)
 		cmocka_unit_test(delta_one_with_rounded_sums_is_capped),
 		cmocka_unit_test(fewer_nonzero_than_k_still_gives_k),
 		cmocka_unit_test(priority_is_p_over_layer_distance),
+		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
 		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
 		cmocka_unit_test(an_iteration_without_gates_teaches_nothing),

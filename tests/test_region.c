@@ -197,6 +197,34 @@ static void freed_chunks_are_recycled_not_reallocated(void **state)
 	assert_int_equal(b.populated_bytes, a.populated_bytes - DATA);
 }
 
+/*
+ * A recycled slot gets its full chunks in ascending address order, whatever
+ * order they were freed in, so mapping it moves them with one UFFDIO_MOVE.
+ */
+static void recycled_chunks_come_in_ascending_order(void **state)
+{
+	struct mp_region_config c = cfg;
+	struct owner *o = *state;
+	struct mp_region *r;
+	struct iovec iov[8];
+	int n;
+
+	(void)o;
+	c.slot_bytes = 8u << 20;
+	c.data_bytes = (6u << 20) + (1u << 20);	/* three full chunks and a tail */
+	c.nslots = 2;
+	assert_int_equal(mp_region_create(&c, &own_ops, NULL, &r), 0);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov), 4);
+	assert_int_equal(mp_region_slot_free(r, 0), 0);
+	/* The spare stack is last in, first out: taken naively they would come descending. */
+	n = mp_region_slot_alloc(r, 1, iov);
+	assert_int_equal(n, 4);
+	for (int i = 1; i < 3; i++)
+		assert_ptr_equal(iov[i].iov_base, (uint8_t *)iov[i - 1].iov_base + (2u << 20));
+	assert_int_equal(mp_region_slot_free(r, 1), 0);
+	mp_region_destroy(r);
+}
+
 struct toucher {
 	const volatile uint8_t *p;
 	uint8_t got;
@@ -429,6 +457,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(first_touch_maps_whole_slot_with_one_fault),
 		cmocka_unit_test(unmap_then_touch_refaults_with_same_bytes),
 		cmocka_unit_test(freed_chunks_are_recycled_not_reallocated),
+		cmocka_unit_test(recycled_chunks_come_in_ascending_order),
 		cmocka_unit_test(poisoned_slot_raises_sigbus_until_cleared),
 		cmocka_unit_test(access_past_data_is_poisoned_not_hung),
 		cmocka_unit_test(poison_over_mapped_pages_skips_them_eexist),

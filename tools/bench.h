@@ -62,6 +62,7 @@ struct bench_result {
 	uint64_t policy_ns;		/* time the prefetch thread spent in the policy */
 	uint64_t emap_bytes;		/* finemoe: memory of the map store */
 	uint32_t emap_records;
+	float load_ratio;		/* the prefetcher's measured read/layer ratio (last trace) */
 	char cache_note[96];		/* how the page cache started */
 };
 

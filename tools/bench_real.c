@@ -359,6 +359,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	res->policy_ns = ps.policy_ns;
 	res->emap_bytes = ps.emap_bytes;
 	res->emap_records = ps.emap_records;
+	res->load_ratio = ps.load_ratio;
 close_pf:
 	free(fd.x);
 	mp_prefetcher_close(pf);

@@ -320,6 +320,8 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 		sum->emap_bytes = r->emap_bytes;
 	if (r->emap_records > sum->emap_records)
 		sum->emap_records = r->emap_records;
+	if (r->load_ratio > 0)
+		sum->load_ratio = r->load_ratio;
 	if (r->cache_note[0])
 		snprintf(sum->cache_note, sizeof(sum->cache_note), "%s", r->cache_note);
 }
@@ -423,6 +425,7 @@ static json_t *result_json(const struct bench_row *row)
 		json_object_set_new(o, "prefetch_policy_ms", json_real(r->policy_ns / 1e6));
 		json_object_set_new(o, "emap_records", json_integer(r->emap_records));
 		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
+		json_object_set_new(o, "load_ratio", json_real(r->load_ratio));
 	}
 	if (r->cache_note[0])
 		json_object_set_new(o, "page_cache", json_string(r->cache_note));

@@ -23,11 +23,13 @@
  *   order 11), so a fresh page costs a host fault: populating new pages
  *   runs at 0.4-1.6 GB/s, recycled pages cost nothing.
  *
- *   `moepager faultbench` on mixtral-mini with this design (5 runs, machine
- *   shared with other jobs): host-tier faults ~50 us per 21 MiB expert at
- *   the median (420 GB/s; handler service p99 ~130 us, end-to-end p99 0.4-4
- *   ms of CPU waits); file-tier faults 0.76-0.95 of raw io_uring O_DIRECT
- *   (1.2-2.0 GB/s) in the same run; cold mmap 0.5-0.8 GB/s.
+ *   `moepager faultbench` on mixtral-mini with this design (machine shared
+ *   with other jobs): host-tier faults ~40 us per 21 MiB expert at the
+ *   median (~500 GB/s: 7 us for the 10 PMDs in one move, 24 us for the 256
+ *   PTEs of the 1 MiB tail, the rest fault entry and wake-ups), p99 75-95 us
+ *   on a quiet machine, set by the first fault after an idle vCPU halts
+ *   (docs/region.md); file-tier faults 0.8-1.0 of raw io_uring O_DIRECT
+ *   (1.2-2.6 GB/s) in the same run; cold mmap 0.5-0.8 GB/s.
  *
  * A memfd ties a page to its file offset, i.e. to one slot: refilling a
  * slot after evicting another always allocates fresh shmem pages, which
@@ -504,6 +506,27 @@ static int slot_check(struct mp_region *r, uint32_t slot, enum slot_mem want, co
 	return 0;
 }
 
+/*
+ * Puts a slot's full chunks in ascending spot order. The spare stack hands
+ * a recycled victim's spots back in reverse (LIFO), and move_chunks() can
+ * merge only ascending runs: one UFFDIO_MOVE for a run of 10 PMDs takes
+ * ~7 us, ten of them 13-50 us (a syscall and a VMA lookup each). Every
+ * later map and unmap of the slot moves its chunks in as few runs as the
+ * spots allow.
+ */
+static void sort_spots(struct mp_region *r, uint32_t slot)
+{
+	uint32_t *sp = slot_spot(r, slot, 0);
+
+	for (uint32_t i = 1; i < r->nfull; i++) {
+		uint32_t v = sp[i], k = i;
+
+		for (; k && sp[k - 1] > v; k--)
+			sp[k] = sp[k - 1];
+		sp[k] = v;
+	}
+}
+
 int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov)
 {
 	uint32_t j;
@@ -514,11 +537,14 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov)
 		return err;
 	pthread_mutex_lock(&r->lock);
 	for (j = 0; j < r->nchunks; j++) {
-		int cls = chunk_cls(r, j);
-
-		err = spot_take(r, cls, slot_spot(r, slot, j));
+		err = spot_take(r, chunk_cls(r, j), slot_spot(r, slot, j));
 		if (err)
 			goto put_taken;
+	}
+	sort_spots(r, slot);
+	for (j = 0; j < r->nchunks; j++) {
+		int cls = chunk_cls(r, j);
+
 		iov[j].iov_base = spot_addr(r, cls, *slot_spot(r, slot, j));
 		iov[j].iov_len = r->cls[cls].size;
 	}

@@ -244,6 +244,8 @@ struct mp_pager_stats {
 	uint64_t budget_bytes;
 	uint32_t resident_experts;
 	uint32_t mapped_experts;
+	uint64_t file_reads;		/* experts read from the file tier (each counted once) */
+	uint64_t file_read_ns;		/* their read and checksum time, summed */
 };
 
 /* A snapshot of the counters. */

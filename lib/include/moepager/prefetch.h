@@ -149,6 +149,11 @@ struct mp_prefetcher_stats {
 	uint64_t policy_ns;		/* time spent in the policy (searches), on the thread */
 	uint32_t emap_records;		/* finemoe: records in the map store */
 	uint64_t emap_bytes;		/* finemoe: memory of the map store */
+	/*
+	 * One expert read over one layer's compute, as measured (0: not yet):
+	 * finemoe prefetches an expert only when worth a read (docs/prefetch.md).
+	 */
+	float load_ratio;
 };
 
 MP_API void mp_prefetcher_stats(struct mp_prefetcher *pf, struct mp_prefetcher_stats *out);
