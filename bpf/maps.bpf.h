@@ -27,6 +27,14 @@ struct {
 	__type(value, struct traj_trans_count);
 } transitions SEC(".maps");
 
+/* Expert ranges of the target: written by the region probes and the loader, read per fault. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, TRAJ_MAX_REGIONS);
+	__type(key, __u64);
+	__type(value, struct traj_region);
+} regions SEC(".maps");
+
 struct traj_counters counters;
 
 static const struct traj_expert_stats zero_stats;

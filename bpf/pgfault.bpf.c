@@ -6,12 +6,8 @@
 
 #include "maps.bpf.h"
 
-/* Set through rodata before load: the verifier sees constants. */
+/* Set through rodata before load: the verifier sees a constant. */
 const volatile __u32 targ_tgid;
-const volatile __u64 range_base;
-const volatile __u64 slot_bytes;	/* one expert slot */
-const volatile __u32 slots_per_layer;
-const volatile __u32 layers;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -20,25 +16,49 @@ struct {
 	__type(value, struct traj_thread_state);
 } thread_state SEC(".maps");
 
+struct find_ctx {
+	__u64 addr;
+	__u32 layer;
+	__u32 expert;
+	bool found;
+};
+
+/* bpf_for_each_map_elem callback: stops at the range holding c->addr. */
+static long find_range(struct bpf_map *map, const __u64 *id, const struct traj_region *r,
+		       struct find_ctx *c)
+{
+	__u64 slot;
+
+	if (c->addr < r->base || !r->slot_bytes || !r->slots_per_layer)
+		return 0;
+	slot = (c->addr - r->base) / r->slot_bytes;
+	if (slot >= (__u64)r->layers * r->slots_per_layer)
+		return 0;
+	c->layer = (__u32)(slot / r->slots_per_layer);
+	c->expert = (__u32)(slot % r->slots_per_layer);
+	c->found = true;
+	return 1;
+}
+
 SEC("tp_btf/page_fault_user")
 int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
 	     unsigned long error_code)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, layer, expert;
+	struct find_ctx c = { .addr = address };
 	struct traj_thread_state *last, now;
 	struct traj_expert_stats *v;
 	struct traj_trans_count *t;
-	__u64 slot;
 
-	if ((__u32)(pid_tgid >> 32) != targ_tgid || address < range_base || !slot_bytes ||
-	    !slots_per_layer)
+	if ((__u32)(pid_tgid >> 32) != targ_tgid)
 		return 0;
-	slot = (address - range_base) / slot_bytes;
-	if (slot >= (__u64)layers * slots_per_layer)
+	/* A few ranges (one per open model): a walk is cheaper than any index. */
+	bpf_for_each_map_elem(&regions, find_range, &c, 0);
+	if (!c.found)
 		return 0;
-	layer = (__u32)(slot / slots_per_layer);
-	expert = (__u32)(slot % slots_per_layer);
+	layer = c.layer;
+	expert = c.expert;
 
 	v = expert_entry(layer, expert);
 	if (v)

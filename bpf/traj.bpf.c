@@ -243,5 +243,35 @@ int BPF_USDT(evict, __u32 layer, __u32 expert, __u64 bytes)
 	return 0;
 }
 
+/* A pager opened an expert range: its page faults are attributed from now on. */
+SEC("usdt")
+int BPF_USDT(region, __u64 id, __u64 base, __u64 slot_bytes, __u32 slots_per_layer,
+	     __u32 layers, __u32 experts)
+{
+	struct traj_region r = {
+		.base = base, .slot_bytes = slot_bytes, .slots_per_layer = slots_per_layer,
+		.layers = layers, .experts = experts,
+	};
+
+	if (id == TRAJ_REGION_EXPLICIT || !slot_bytes || !slots_per_layer || !layers) {
+		__sync_fetch_and_add(&counters.bad_args, 1);
+		return 0;
+	}
+	if (bpf_map_update_elem(&regions, &id, &r, BPF_ANY))
+		__sync_fetch_and_add(&counters.regions_full, 1);
+	else
+		__sync_fetch_and_add(&counters.regions, 1);
+	return 0;
+}
+
+/* ... and closed it: the addresses may be reused by anything. */
+SEC("usdt")
+int BPF_USDT(region_close, __u64 id, __u64 base)
+{
+	if (id != TRAJ_REGION_EXPLICIT)
+		bpf_map_delete_elem(&regions, &id);
+	return 0;
+}
+
 /* GPL-compatible so the kernel allows bpf_probe_read_user(); the source itself is MIT. */
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -18,6 +18,7 @@
 #include <bpf/libbpf.h>
 
 #include "bpf_feed.h"
+#include "target_ranges.h"
 #include "traj.h"
 #include "traj.skel.h"
 #include "pgfault.skel.h"
@@ -40,10 +41,14 @@ _Static_assert((int)TRAJ_ROUTE == (int)MP_TRAJ_ROUTE && (int)TRAJ_PREFILL == (in
 	       "kinds");
 _Static_assert(TRAJ_F_WEIGHTS == MP_TRAJ_F_WEIGHTS, "flags");
 
-/* The probes attached, in the order of docs/probes.md. */
+/* The probes attached, in the order of docs/probes.md; the region ones only with pager_ranges. */
 static const char *const probe_names[] = {
 	"route", "prefill", "fault_begin", "fault_done", "prefetch_issue", "prefetch_done", "evict",
+	"region", "region_close",
 };
+#define FIRST_REGION_PROBE	7u
+/* Rounds of reading the target's range list before giving up on it changing under us. */
+#define SYNC_ROUNDS		50
 
 struct bpf_feed {
 	struct traj_bpf *skel;
@@ -54,6 +59,9 @@ struct bpf_feed {
 	struct mp_traj_range range;
 	uint32_t attached;
 	bool pin, keep_pins, pinned;
+	bool pager_ranges;		/* attribute the ranges the target's pagers publish */
+	bool region_probes;		/* region/region_close attached: later opens are seen */
+	uint32_t listed;		/* ranges read from the target's list at start */
 	char binary[PATH_MAX];
 	char pin_dir[PATH_MAX];
 	/* Context of the poll in progress. */
@@ -178,12 +186,10 @@ static int load_pgfault(struct bpf_feed *b)
 			    strerror(errno));
 	b->pf = pf;
 	pf->rodata->targ_tgid = (__u32)b->pid;
-	pf->rodata->range_base = b->range.base;
-	pf->rodata->slot_bytes = b->range.slot_bytes;
-	pf->rodata->slots_per_layer = b->range.slots_per_layer;
-	pf->rodata->layers = b->range.layers;
-	/* One ring and one set of counts: share traj's maps. */
+	/* One ring, one set of counts and ranges: share traj's maps. */
 	err = bpf_map__reuse_fd(pf->maps.events, bpf_map__fd(b->skel->maps.events));
+	if (!err)
+		err = bpf_map__reuse_fd(pf->maps.regions, bpf_map__fd(b->skel->maps.regions));
 	if (!err)
 		err = bpf_map__reuse_fd(pf->maps.expert_stats,
 					bpf_map__fd(b->skel->maps.expert_stats));
@@ -197,7 +203,117 @@ static int load_pgfault(struct bpf_feed *b)
 	if (err)
 		return fail(b, err, "loading the page-fault program (tp_btf/page_fault_user) "
 			    "failed: %s%s", strerror(-err), load_hint(err));
+	if (b->range.slot_bytes) {
+		__u64 id = TRAJ_REGION_EXPLICIT;
+		struct traj_region r = {
+			.base = b->range.base, .slot_bytes = b->range.slot_bytes,
+			.slots_per_layer = b->range.slots_per_layer, .layers = b->range.layers,
+		};
+
+		err = bpf_map_update_elem(bpf_map__fd(b->skel->maps.regions), &id, &r, BPF_ANY);
+		if (err)
+			return fail(b, -errno, "setting the expert range failed: %s",
+				    strerror(errno));
+	}
 	return 0;
+}
+
+/* Adds ranges[0..n) not yet known (the region probe may have been first); notes what it added. */
+static void add_ranges(struct bpf_feed *b, const struct target_range *ranges, uint32_t n,
+		       uint64_t *added, uint32_t *nadded)
+{
+	int fd = bpf_map__fd(b->skel->maps.regions);
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct target_range *t = &ranges[i];
+		struct traj_region r = {
+			.base = t->base, .slot_bytes = t->slot_bytes,
+			.slots_per_layer = t->slots_per_layer, .layers = t->layers,
+			.experts = t->experts,
+		};
+		bool seen = false;
+
+		if (t->id == TRAJ_REGION_EXPLICIT || !t->slot_bytes || !t->slots_per_layer ||
+		    !t->layers)
+			continue;
+		if (bpf_map_update_elem(fd, &t->id, &r, BPF_NOEXIST)) {
+			if (errno != EEXIST)
+				mp_warn("pid %d: expert range %llu at 0x%llx not attributed: %s",
+					b->pid, (unsigned long long)t->id,
+					(unsigned long long)t->base, strerror(errno));
+			continue;
+		}
+		for (uint32_t j = 0; j < *nadded; j++)
+			seen |= added[j] == t->id;
+		if (!seen && *nadded < TRAJ_MAX_REGIONS)
+			added[(*nadded)++] = t->id;
+	}
+}
+
+/* Removes the ranges this loader added that ranges[0..n) no longer lists (closed meanwhile). */
+static void drop_closed(struct bpf_feed *b, const struct target_range *ranges, uint32_t n,
+			uint64_t *added, uint32_t *nadded)
+{
+	int fd = bpf_map__fd(b->skel->maps.regions);
+
+	for (uint32_t j = 0; j < *nadded;) {
+		bool open = false;
+
+		for (uint32_t i = 0; i < n; i++)
+			open |= ranges[i].id == added[j];
+		if (open) {
+			j++;
+			continue;
+		}
+		/* Ids are never reused: deleting a closed one never removes a live range. */
+		bpf_map_delete_elem(fd, &added[j]);
+		added[j] = added[--*nadded];
+	}
+}
+
+/*
+ * The ranges the target's pagers opened before the region probes were
+ * attached come from its list. A range that closes while this runs may be
+ * added after its region_close removed it: the list's generation moves
+ * (the pager fires the probe inside its write section), so read again and
+ * drop it, until a round sees the generation unchanged.
+ */
+static int sync_ranges(struct bpf_feed *b)
+{
+	struct target_range ranges[TRAJ_MAX_REGIONS];
+	uint64_t addr, gen, now, added[TRAJ_MAX_REGIONS];
+	uint32_t nadded = 0;
+	int n = 0, err;
+
+	err = target_ranges_locate(b->pid, b->binary, &addr);
+	if (err)
+		return err;
+	for (int round = 0; round < SYNC_ROUNDS; round++) {
+		n = target_ranges_read(b->pid, addr, ranges, TRAJ_MAX_REGIONS, &gen);
+		if (n < 0)
+			return n;
+		if (n > TRAJ_MAX_REGIONS) {
+			mp_warn("pid %d has %d expert ranges open: page faults are attributed in "
+				"%u of them", b->pid, n, TRAJ_MAX_REGIONS);
+			n = TRAJ_MAX_REGIONS;
+		}
+		drop_closed(b, ranges, (uint32_t)n, added, &nadded);
+		add_ranges(b, ranges, (uint32_t)n, added, &nadded);
+		err = target_ranges_gen(b->pid, addr, &now);
+		if (err)
+			return err;
+		if (now != gen)
+			continue;
+		b->listed = (uint32_t)n;
+		for (int i = 0; i < n; i++)
+			mp_debug("pid %d: expert range %llu at 0x%llx, %u layers x %u slots of "
+				 "%llu bytes", b->pid, (unsigned long long)ranges[i].id,
+				 (unsigned long long)ranges[i].base, ranges[i].layers,
+				 ranges[i].slots_per_layer, (unsigned long long)ranges[i].slot_bytes);
+		return 0;
+	}
+	return mp_err(-EAGAIN, "the expert ranges of pid %d kept changing (%d rounds)", b->pid,
+		      SYNC_ROUNDS);
 }
 
 int bpf_feed_open(const struct mp_traj_opts *opts, enum mp_log_level fail_level,
@@ -217,6 +333,7 @@ int bpf_feed_open(const struct mp_traj_opts *opts, enum mp_log_level fail_level,
 	b->range = opts->range;
 	b->pin = opts->pin;
 	b->keep_pins = opts->keep_pins;
+	b->pager_ranges = opts->pager_ranges;
 	if (kill(b->pid, 0) && errno == ESRCH) {
 		err = fail(b, -ESRCH, "no process %d to record", b->pid);
 		goto err_free;
@@ -252,7 +369,7 @@ int bpf_feed_open(const struct mp_traj_opts *opts, enum mp_log_level fail_level,
 			   load_hint(err));
 		goto err_destroy;
 	}
-	if (b->range.slot_bytes && (err = load_pgfault(b)))
+	if ((b->range.slot_bytes || b->pager_ranges) && (err = load_pgfault(b)))
 		goto err_destroy;
 
 	b->rb = ring_buffer__new(bpf_map__fd(b->skel->maps.events), handle_event, b, NULL);
@@ -392,6 +509,8 @@ static struct bpf_link **probe_link(struct bpf_feed *b, size_t i, struct bpf_pro
 		{ s->progs.prefetch_issue, &s->links.prefetch_issue },
 		{ s->progs.prefetch_done, &s->links.prefetch_done },
 		{ s->progs.evict, &s->links.evict },
+		{ s->progs.region, &s->links.region },
+		{ s->progs.region_close, &s->links.region_close },
 	};
 
 	_Static_assert(MP_ARRAY_SIZE(t) == MP_ARRAY_SIZE(probe_names), "probe table");
@@ -407,12 +526,16 @@ int bpf_feed_start(struct bpf_feed *b)
 	int err = 0;
 
 	b->attached = 0;
+	b->region_probes = false;
 	for (size_t i = 0; i < MP_ARRAY_SIZE(probe_names); i++) {
+		if (i >= FIRST_REGION_PROBE && !b->pager_ranges)
+			break;
 		link = probe_link(b, i, &prog);
 		*link = bpf_program__attach_usdt(prog, b->pid, b->binary, "moepager",
 						 probe_names[i], NULL);
 		if (*link) {
 			b->attached++;
+			b->region_probes |= i == FIRST_REGION_PROBE;
 			continue;
 		}
 		err = -errno;
@@ -424,6 +547,15 @@ int bpf_feed_start(struct bpf_feed *b)
 		err = fail(b, err, "attaching moepager:%s in %s (pid %d) failed: %s%s",
 			   probe_names[i], b->binary, b->pid, strerror(-err), perm_hint(err));
 		goto err_detach;
+	}
+	if (b->pager_ranges) {
+		/* After the region probes: a range opened from now on is seen by them. */
+		err = sync_ranges(b);
+		if (err && err != -ENOENT)
+			goto err_detach;
+		if (!b->region_probes)
+			mp_warn("no moepager:region probe in %s: page faults of expert ranges "
+				"opened from now on are not attributed", b->binary);
 	}
 	if (b->pf) {
 		err = pgfault_bpf__attach(b->pf);
@@ -440,9 +572,15 @@ int bpf_feed_start(struct bpf_feed *b)
 	}
 	if (b->pin && (err = pin_maps(b)))
 		goto err_detach;
-	mp_info("trajectory feed: BPF, pid %d, %u probes in %s%s%s%s", b->pid, b->attached,
-		b->binary, b->pf ? ", page faults in the expert range" : "",
-		b->pinned ? ", maps pinned in " : "", b->pinned ? b->pin_dir : "");
+	if (b->pager_ranges)
+		mp_info("trajectory feed: BPF, pid %d, %u probes in %s, page faults in its expert "
+			"ranges (%u open now%s)%s%s", b->pid, b->attached, b->binary, b->listed,
+			b->region_probes ? ", and those opened later" : "",
+			b->pinned ? ", maps pinned in " : "", b->pinned ? b->pin_dir : "");
+	else
+		mp_info("trajectory feed: BPF, pid %d, %u probes in %s%s%s%s", b->pid,
+			b->attached, b->binary, b->pf ? ", page faults in the expert range" : "",
+			b->pinned ? ", maps pinned in " : "", b->pinned ? b->pin_dir : "");
 	libbpf_set_print(old_print);
 	return 0;
 

@@ -106,11 +106,30 @@ struct traj_thread_state {
 	__u32 expert;
 };
 
+/*
+ * An expert range the page-fault program attributes, keyed by the pager's
+ * range id (moepager:region, the target's mp_pager_ranges list); id 0 is an
+ * explicit range given by the recorder's user.
+ */
+#define TRAJ_MAX_REGIONS	64
+#define TRAJ_REGION_EXPLICIT	0
+
+struct traj_region {
+	__u64 base;
+	__u64 slot_bytes;
+	__u32 slots_per_layer;
+	__u32 layers;
+	__u32 experts;
+	__u32 pad;
+};
+
 /* Counters in .bss, read by the loader. */
 struct traj_counters {
 	__u64 events;		/* records submitted to the ring */
 	__u64 dropped;		/* records lost because the ring was full */
 	__u64 bad_args;		/* route probes with k out of range or unreadable ids */
+	__u64 regions;		/* region probes seen (ranges opened while attached) */
+	__u64 regions_full;	/* region probes lost: TRAJ_MAX_REGIONS ranges already known */
 };
 
 #endif /* MP_BPF_TRAJ_H */

@@ -20,7 +20,17 @@ struct fill_hash {
 	XXH3_state_t *h;
 	uint64_t got;
 	const atomic_bool *cancel;
+	struct mp_pager *p;
+	struct slot *s;
 };
+
+/* A prefetch nobody waits for yet makes way while demand reads are running. */
+static bool fill_yield(void *arg)
+{
+	struct fill_hash *fh = arg;
+
+	return !atomic_load(&fh->s->wanted) && atomic_load(&fh->p->demand_reads) > 0;
+}
 
 /* The tier hands bytes over in order while later requests are in flight: hash them now. */
 static int fill_ready(void *arg, const void *buf, size_t len)
@@ -39,11 +49,11 @@ static int fill_ready(void *arg, const void *buf, size_t len)
  * Every attempt is checked against the store's checksum, whatever the tier.
  * Returns 0 or the last attempt's error. Called unlocked.
  */
-static int read_expert(struct worker *w, struct slot *s, int nseg)
+static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch)
 {
 	struct mp_pager *p = w->p;
 	const struct mp_expert_info *x = mp_store_expert(p->store, s->layer, s->expert);
-	struct fill_hash fh = { .h = w->hash, .cancel = &p->closing };
+	struct fill_hash fh = { .h = w->hash, .cancel = &p->closing, .p = p, .s = s };
 	struct mp_tier_read rd = {
 		.layer = s->layer,
 		.expert = s->expert,
@@ -56,6 +66,8 @@ static int read_expert(struct worker *w, struct slot *s, int nseg)
 		.ready = fill_ready,
 		.arg = &fh,
 		.cancel = &p->closing,
+		.yield = prefetch ? fill_yield : NULL,
+		.yield_arg = &fh,
 	};
 	int err = 0;
 
@@ -128,6 +140,7 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 
 	s->state = ST_FILLING;
 	s->prefetched = prefetch && !s->waiters;
+	atomic_store(&s->wanted, !s->prefetched);
 	p->fills++;
 	err = mp_pager_reserve(p, slot);
 	if (err)
@@ -140,7 +153,11 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	if (!nseg)
 		nseg = mp_region_slot_alloc(p->region, slot, w->iov);
 	t_read = mp_now_ns();
-	err = nseg < 0 ? nseg : read_expert(w, s, nseg);
+	if (!prefetch)
+		atomic_fetch_add(&p->demand_reads, 1);
+	err = nseg < 0 ? nseg : read_expert(w, s, nseg, prefetch);
+	if (!prefetch)
+		atomic_fetch_sub(&p->demand_reads, 1);
 	t_map = mp_now_ns();
 	if (!err && atomic_load(&p->closing))
 		err = -ESHUTDOWN;
@@ -167,8 +184,11 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	s->mapped_at = mp_now_ns();
 	p->mapped_n++;
 	p->st.bytes_file += p->expert_bytes;
-	p->st.file_reads++;
-	p->st.file_read_ns += t_map - t_read;
+	/* Prefetch reads may yield to these: only demand reads time the device. */
+	if (!prefetch) {
+		p->st.file_reads++;
+		p->st.file_read_ns += t_map - t_read;
+	}
 	if (p->policy.ops->on_insert)
 		p->policy.ops->on_insert(&p->policy, slot);
 	if (s->waiters)

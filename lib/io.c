@@ -202,8 +202,10 @@ int mp_io_read(struct mp_io *io, const struct mp_io_read *rd)
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 
+		uint32_t depth = rd->yield && rd->yield(rd->yield_arg) ? 1 : io->depth;
+
 		/* Keep the queue full, unless a failure is being drained. */
-		while (!err && inflight < io->depth && (nresubmit || next < nreq) &&
+		while (!err && inflight < depth && (nresubmit || next < nreq) &&
 		       io_uring_sq_space_left(&io->ring)) {
 			struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
 			uint32_t i = nresubmit ? io->resubmit[--nresubmit] : next++;

@@ -3,6 +3,7 @@
 #ifndef MP_IO_H
 #define MP_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -34,6 +35,13 @@ struct mp_io_read {
 	void *arg;
 	const char *what;		/* names the data in messages ("layer 3 expert 5") */
 	const char *path;		/* names the file in messages */
+	/*
+	 * May be NULL. While it returns true, one request stays in flight
+	 * rather than the ring's depth: a read that can wait (a prefetch)
+	 * leaves the device to one that cannot (a demand read).
+	 */
+	bool (*yield)(void *arg);
+	void *yield_arg;
 };
 
 /*

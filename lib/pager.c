@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "pager_internal.h"
+#include "pager_ranges.h"
 #include "probes.h"
 #include "tier_fault.h"
 
@@ -105,6 +106,8 @@ static void destroy(struct mp_pager *p)
 {
 	mp_pager_workers_stop(p);
 	mp_guard_unregister(p);
+	if (p->region)
+		mp_pager_ranges_remove((uintptr_t)mp_region_base(p->region));
 	mp_region_destroy(p->region);
 	mp_tier_destroy(p->tier);
 	mp_policy_fini(&p->policy);
@@ -222,6 +225,11 @@ int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *u
 					.data_bytes = p->data_bytes,
 					.numa_node = cfg.numa_bind ? cfg.numa_node : -1,
 					.name = p->name }, &mp_pager_region_ops, p, &p->region);
+	if (err)
+		goto destroy;
+	/* Tracers attribute page faults by this (moepager:region, docs/probes.md). */
+	err = mp_pager_ranges_add((uintptr_t)mp_region_base(p->region), p->slot_bytes,
+				  p->slots_per_layer, p->layers, p->experts);
 	if (err)
 		goto destroy;
 	err = mp_guard_register(p, mp_region_base(p->region), mp_region_bytes(p->region));
@@ -360,9 +368,12 @@ int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_
 			continue;
 		}
 		p->st.misses++;
-		if (s->state == ST_FILLING && s->prefetched) {
-			s->prefetched = false;
-			p->st.prefetch_used++;
+		if (s->state == ST_FILLING) {
+			atomic_store(&s->wanted, true);
+			if (s->prefetched) {
+				s->prefetched = false;
+				p->st.prefetch_used++;
+			}
 		}
 		if (p->policy.ops->on_access)
 			p->policy.ops->on_access(&p->policy, keys[i]);

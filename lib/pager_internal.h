@@ -48,6 +48,7 @@ struct slot {
 	bool lost;		/* pages zapped behind our back: discard and refill */
 	bool gone;		/* the application unmapped this part of the range */
 	bool prefetched;	/* filled by a prefetch and not used yet */
+	atomic_bool wanted;	/* FILLING for a thread or a route: the read may not yield */
 	bool demanded;		/* threads faulted on it: min_resident applies */
 	bool counted;		/* this fault episode was counted (file or host) */
 	bool tail_poisoned;	/* the padding after the data carries poison markers */
@@ -123,6 +124,7 @@ struct mp_pager {
 	bool route_fill;
 	bool broken;			/* the handler died: nothing is served any more */
 	atomic_bool closing;
+	atomic_uint demand_reads;	/* demand fills reading now: prefetch reads yield */
 	struct mp_pager_stats st;	/* counters (resident figures are filled on read) */
 
 	uint32_t nworkers;

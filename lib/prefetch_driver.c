@@ -241,8 +241,9 @@ static int by_value(const void *a, const void *b)
  * A layer's compute is the lower quartile of an iteration's gate-to-gate
  * gaps: gaps with a fault in them include its stall, and under memory
  * pressure fewer than three in four layers find every expert resident. A
- * read is the mean read time of the file-tier reads since the last
- * iteration, concurrent reads included (they share the device).
+ * read is the mean time of the file tier's demand reads since the last
+ * iteration (mp_pager_stats: prefetch reads yield to them, so they would
+ * time the yielding, not the device).
  */
 static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
 {

@@ -68,6 +68,24 @@ static inline void mp_probe_args_evict(uint32_t layer, uint32_t expert, uint64_t
 	(void)layer; (void)expert; (void)bytes;
 }
 
+/*
+ * A pager opened the expert range of a model: id (unique in the process,
+ * from 1), base address, slot stride, slots per layer, layers and experts
+ * per layer. Slot s = (address - base) / slot_bytes holds layer
+ * s / slots_per_layer, expert s % slots_per_layer.
+ */
+static inline void mp_probe_args_region(uint64_t id, uint64_t base, uint64_t slot_bytes,
+					uint32_t slots_per_layer, uint32_t layers, uint32_t experts)
+{
+	(void)id; (void)base; (void)slot_bytes; (void)slots_per_layer; (void)layers; (void)experts;
+}
+
+/* ... and closes it: faults at base are no longer the pager's. */
+static inline void mp_probe_args_region_close(uint64_t id, uint64_t base)
+{
+	(void)id; (void)base;
+}
+
 #ifdef MP_HAVE_USDT
 #include <sys/sdt.h>
 
@@ -91,6 +109,12 @@ static inline void mp_probe_args_evict(uint32_t layer, uint32_t expert, uint64_t
 		    (uint32_t)(tier), (uint64_t)(latency_ns), (int32_t)(err))
 #define MP_PROBE_EMIT_evict(layer, expert, bytes)					\
 	STAP_PROBE3(moepager, evict, (uint32_t)(layer), (uint32_t)(expert), (uint64_t)(bytes))
+#define MP_PROBE_EMIT_region(id, base, slot_bytes, slots_per_layer, layers, experts)	\
+	STAP_PROBE6(moepager, region, (uint64_t)(id), (uint64_t)(base),		\
+		    (uint64_t)(slot_bytes), (uint32_t)(slots_per_layer), (uint32_t)(layers),	\
+		    (uint32_t)(experts))
+#define MP_PROBE_EMIT_region_close(id, base)						\
+	STAP_PROBE2(moepager, region_close, (uint64_t)(id), (uint64_t)(base))
 
 /* True when this build carries the probes (tests check it rather than guess). */
 #define MP_PROBES_ENABLED 1
@@ -102,6 +126,8 @@ static inline void mp_probe_args_evict(uint32_t layer, uint32_t expert, uint64_t
 #define MP_PROBE_EMIT_prefetch_issue(...)	((void)0)
 #define MP_PROBE_EMIT_prefetch_done(...)	((void)0)
 #define MP_PROBE_EMIT_evict(...)		((void)0)
+#define MP_PROBE_EMIT_region(...)		((void)0)
+#define MP_PROBE_EMIT_region_close(...)		((void)0)
 #define MP_PROBES_ENABLED 0
 #endif
 

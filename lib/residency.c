@@ -246,6 +246,7 @@ static void count_fault(struct mp_pager *p, struct slot *s, bool host)
 /* A prefetched expert was used (routed to, or faulted on). */
 static void prefetch_use(struct mp_pager *p, struct slot *s)
 {
+	atomic_store(&s->wanted, true);
 	if (s->prefetched) {
 		s->prefetched = false;
 		p->st.prefetch_used++;

@@ -39,6 +39,9 @@ struct mp_tier_read {
 	void *arg;
 	/* Set when the pager closes: a slow tier should stop with -ECANCELED. */
 	const atomic_bool *cancel;
+	/* May be NULL: see struct mp_io_read (a tier without a queue ignores it). */
+	bool (*yield)(void *arg);
+	void *yield_arg;
 };
 
 struct mp_tier_ops {

@@ -56,6 +56,8 @@ static int file_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		.arg = rd->arg,
 		.what = what,
 		.path = f->path,
+		.yield = rd->yield,
+		.yield_arg = rd->yield_arg,
 	};
 	int err;
 

@@ -16,7 +16,7 @@
 #include "helpers.h"
 #include "probes.h"
 
-static char moepager[1024], fire[1024], mixtral[1024];
+static char moepager[1024], fire[1024], touch[1024], mixtral[1024];
 /* Pins a test kept (--keep): removed by the teardown even when the test failed. */
 static char kept_pin[256];
 
@@ -49,6 +49,7 @@ static void paths(void)
 		fail_msg("MOEPAGER_BUILD_ROOT/MOEPAGER_SOURCE_ROOT unset (meson test sets them)");
 	snprintf(moepager, sizeof(moepager), "%s/tools/moepager", b);
 	snprintf(fire, sizeof(fire), "%s/tests/traj_fire", b);
+	snprintf(touch, sizeof(touch), "%s/tests/pager_touch", b);
 	snprintf(mixtral, sizeof(mixtral), "%s/data/traces/mixtral-8x7b/gsm8k.csv", s);
 }
 
@@ -377,6 +378,7 @@ static void trace_of_moepager_run_equals_the_replayed_trace(void **state)
 struct decode_counts {
 	bool decoding;		/* a generated token's route was seen: measuring has begun */
 	uint64_t fault_begin, fault_done, evict, fault_err;
+	uint64_t pgfault, pgfault_outside;	/* whole recording */
 };
 
 static int count_decode(const struct mp_traj_rec *r, void *arg)
@@ -384,6 +386,8 @@ static int count_decode(const struct mp_traj_rec *r, void *arg)
 	struct decode_counts *c = arg;
 
 	c->decoding |= r->kind == MP_TRAJ_ROUTE && r->token != MP_TRAJ_NONE;
+	c->pgfault += r->kind == MP_TRAJ_PGFAULT;
+	c->pgfault_outside += r->kind == MP_TRAJ_PGFAULT && (r->layer >= 32 || r->expert >= 8);
 	if (!c->decoding)
 		return 0;
 	c->fault_begin += r->kind == MP_TRAJ_FAULT_BEGIN;
@@ -430,6 +434,10 @@ static void trace_of_a_paged_run_counts_its_faults_and_evictions(void **state)
 	assert_int_equal(c.fault_done, jint(rj, "demand_faults"));
 	assert_int_equal(c.fault_err, 0);
 	assert_int_equal(c.evict, jint(rj, "evictions"));
+	/* The run's pager opened its range after the tracer attached: the region probe. */
+	assert_true(c.pgfault > 0);
+	assert_int_equal(c.pgfault, jint(tr, "page_faults"));
+	assert_int_equal(c.pgfault_outside, 0);
 	json_decref(rj);
 	json_decref(tr);
 }
@@ -530,6 +538,182 @@ static void bpftrace_one_liner_counts_routes(void **state)
 	assert_memory_equal(got, want, sizeof(want));
 }
 
+/* What a recording of pager_touch must hold: its range, as the process printed it. */
+struct touch_check {
+	uint64_t base, slot_bytes, slots_per_layer;
+	uint32_t layers, experts;
+	uint32_t seq[1024];	/* slots of the page-fault records, repeats collapsed */
+	uint32_t nseq;
+	uint64_t pgfaults, fault_begins, outside, disagree;
+	uint32_t last_slot;	/* of the last page-fault record, UINT32_MAX before one */
+};
+
+static int check_touch(const struct mp_traj_rec *r, void *arg)
+{
+	struct touch_check *c = arg;
+	uint64_t slot = (uint64_t)r->layer * c->slots_per_layer + r->expert;
+	uint64_t lo = c->base + slot * c->slot_bytes;
+
+	if (r->kind != MP_TRAJ_PGFAULT && r->kind != MP_TRAJ_FAULT_BEGIN)
+		return 0;
+	/* The fault's address is inside the slot the record names, and the expert exists. */
+	if (r->layer >= c->layers || r->expert >= c->experts || r->value < lo ||
+	    r->value >= lo + c->slot_bytes)
+		c->outside++;
+	if (r->kind == MP_TRAJ_FAULT_BEGIN) {
+		/* One reading thread: the pager serves the fault the program just saw. */
+		c->fault_begins++;
+		c->disagree += c->last_slot != slot;
+		return 0;
+	}
+	c->pgfaults++;
+	if (c->last_slot != slot && c->nseq < sizeof(c->seq) / sizeof(c->seq[0]))
+		c->seq[c->nseq++] = (uint32_t)slot;
+	c->last_slot = (uint32_t)slot;
+	return 0;
+}
+
+/* Waits for line in the file path; fails when pid exits first. */
+static void wait_line(const char *path, const char *line, pid_t pid)
+{
+	int st;
+
+	for (int i = 0; i < 1000; i++) {
+		if (strstr(slurp(path), line))
+			return;
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			fail_msg("pager_touch exited (status 0x%x) before '%s': %s", st, line,
+				 slurp(path));
+		usleep(10000);
+	}
+	fail_msg("pager_touch never printed '%s'", line);
+}
+
+/*
+ * `moepager trace --pid` of a process whose pager opened before the tracer
+ * attached (open_late false: the range comes from the process's list) or
+ * after (the moepager:region probe), with no --range (or with the range
+ * given explicitly): every expert read faults once under a 2-expert budget,
+ * and the page-fault records name exactly the experts read, in order, at
+ * addresses inside their slots.
+ */
+static void trace_pid_attributes_pager_faults(bool open_late, bool explicit_range)
+{
+	enum { ROUNDS = 2, LAYERS = 4, EXPERTS = 8 };
+	char model[512], traj[512], outp[512], cmd[4096], pin[64], range[128] = "";
+	struct touch_check c = { .layers = LAYERS, .experts = EXPERTS, .last_slot = UINT32_MAX };
+	unsigned long long base, slot, spl;
+	unsigned layers;
+	json_error_t jerr;
+	struct stat sb;
+	const char *r;
+	int go[2], st, out;
+	pid_t target, tracer;
+	json_t *j;
+
+	snprintf(model, sizeof(model), "%s", t_path("touch.mpk"));
+	snprintf(traj, sizeof(traj), "%s", t_path(open_late ? "late.mptraj" : "early.mptraj"));
+	snprintf(outp, sizeof(outp), "%s", t_path("touch.txt"));
+	assert_int_equal(run("%s gen --preset tiny --out %s", moepager, model), 0);
+	assert_int_equal(pipe(go), 0);
+	out = open(outp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	assert_true(out >= 0);
+	target = fork();
+	assert_true(target >= 0);
+	if (!target) {
+		dup2(go[0], 0);
+		dup2(out, 1);
+		close(go[1]);
+		execl(touch, touch, model, "2", "2", open_late ? "--open-late" : (char *)NULL,
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(go[0]);
+	close(out);
+	/* Early: the pager is open (range printed) and the process waits. */
+	wait_line(outp, "ready", target);
+	if (explicit_range) {
+		r = strstr(slurp(outp), "range ");
+		assert_non_null(r);
+		assert_int_equal(sscanf(r, "range %llx %llu %llu %u", &base, &slot, &spl,
+					&layers), 4);
+		snprintf(range, sizeof(range), "--range 0x%llx,%llu,%llu,%u", base, slot, spl,
+			 layers);
+	}
+	snprintf(cmd, sizeof(cmd), "exec %s trace --pid %d %s --json --out %s >%s 2>%s",
+		 moepager, target, range, traj, t_path("out.txt"), t_path("err.txt"));
+	tracer = fork();
+	assert_true(tracer >= 0);
+	if (!tracer) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	snprintf(pin, sizeof(pin), "/sys/fs/bpf/moepager/%d", target);
+	for (int i = 0; i < 1000 && stat(pin, &sb); i++) {
+		if (waitpid(tracer, &st, WNOHANG) == tracer) {
+			close(go[1]);
+			waitpid(target, NULL, 0);
+			require_recorded(WEXITSTATUS(st));
+			fail_msg("moepager trace exited before attaching");
+		}
+		usleep(10000);
+	}
+	assert_int_equal(stat(pin, &sb), 0);
+	assert_int_equal(write(go[1], "g", 1), 1);
+	close(go[1]);
+	assert_int_equal(waitpid(target, &st, 0), target);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		fail_msg("pager_touch failed (status 0x%x): %s", st, slurp(outp));
+	assert_int_equal(waitpid(tracer, &st, 0), tracer);
+	assert_true(WIFEXITED(st));
+	if (WEXITSTATUS(st))
+		fail_msg("moepager trace --pid: %s", slurp(t_path("err.txt")));
+
+	r = strstr(slurp(outp), "range ");
+	assert_non_null(r);
+	assert_int_equal(sscanf(r, "range %llx %llu %llu %u", &base, &slot, &spl, &layers), 4);
+	assert_int_equal(layers, LAYERS);
+	c.base = base;
+	c.slot_bytes = slot;
+	c.slots_per_layer = spl;
+	assert_true(mp_traj_file_read(traj, NULL, check_touch, &c) > 0);
+	assert_int_equal(c.outside, 0);
+	assert_int_equal(c.disagree, 0);
+	assert_true(c.fault_begins >= ROUNDS * LAYERS * EXPERTS);
+	assert_int_equal(c.nseq, ROUNDS * LAYERS * EXPERTS);
+	for (uint32_t i = 0; i < c.nseq; i++) {
+		uint32_t n = i % (LAYERS * EXPERTS);
+
+		if (c.seq[i] != (n / EXPERTS) * spl + n % EXPERTS)
+			fail_msg("page fault %u: slot %u, want layer %u expert %u", i, c.seq[i],
+				 n / EXPERTS, n % EXPERTS);
+	}
+	j = json_loads(slurp(t_path("out.txt")), 0, &jerr);
+	assert_non_null(j);
+	assert_int_equal(json_integer_value(json_object_get(j, "page_faults")), c.pgfaults);
+	assert_true(json_is_true(json_object_get(j, "pgfault")));
+	assert_int_equal(json_integer_value(json_object_get(j, "dropped")), 0);
+	json_decref(j);
+}
+
+static void trace_pid_attributes_faults_of_a_pager_opened_before(void **state)
+{
+	(void)state;
+	trace_pid_attributes_pager_faults(false, false);
+}
+
+static void trace_pid_attributes_faults_of_a_pager_opened_after(void **state)
+{
+	(void)state;
+	trace_pid_attributes_pager_faults(true, false);
+}
+
+static void trace_pid_with_range_attributes_faults_in_that_range(void **state)
+{
+	(void)state;
+	trace_pid_attributes_pager_faults(false, true);
+}
+
 static void bad_targets_fail_with_a_message(void **state)
 {
 	(void)state;
@@ -575,6 +759,9 @@ int main(void)
 					  remove_kept_pins),
 		cmocka_unit_test(trace_of_a_paged_run_counts_its_faults_and_evictions),
 		cmocka_unit_test(bpftrace_one_liner_counts_routes),
+		cmocka_unit_test(trace_pid_attributes_faults_of_a_pager_opened_before),
+		cmocka_unit_test(trace_pid_attributes_faults_of_a_pager_opened_after),
+		cmocka_unit_test(trace_pid_with_range_attributes_faults_in_that_range),
 		cmocka_unit_test(bad_targets_fail_with_a_message),
 	};
 	int ret;

@@ -101,6 +101,56 @@ static void direct_read_delivers_every_byte_in_order(void **state)
 	munmap(buf, MP_ALIGN_UP(len, 4096));
 }
 
+struct yielder {
+	int calls;
+	int until;		/* yield for this many calls, then let the read run at depth */
+};
+
+static bool yield_for_a_while(void *arg)
+{
+	struct yielder *y = arg;
+
+	return y->calls++ < y->until;
+}
+
+/*
+ * A read that yields (one request in flight) for a while, then runs at depth,
+ * delivers the same bytes in order, asking before every submission round.
+ */
+static void yielding_read_delivers_every_byte_in_order(void **state)
+{
+	uint64_t len = 2u << 20;
+	uint8_t *buf = dest(len);
+	struct iovec iov = { buf, len };
+	int fd = open(t_path("data"), O_RDONLY | O_DIRECT);
+
+	(void)state;
+	assert_true(fd >= 0);
+	for (int until = 0; until <= 1000; until += 1000) {	/* never; then all along */
+		struct delivery d = { .dst = buf };
+		struct yielder y = { .until = until };
+		struct mp_io_read rd = {
+			.fd = fd, .offset = 0, .len = len, .iov = &iov, .iovcnt = 1,
+			.request_bytes = 64u << 10, .align = 4096, .ready = ready, .arg = &d,
+			.what = "test", .path = "data", .yield = yield_for_a_while,
+			.yield_arg = &y,
+		};
+
+		memset(buf, 0xee, len);
+		assert_int_equal(mp_io_read(io, &rd), 0);
+		assert_int_equal(d.got, len);
+		assert_int_equal(d.out_of_order, 0);
+		assert_memory_equal(buf, content, len);
+		if (until) {
+			/* 32 requests of 64 KiB, each submitted in a round of its own. */
+			assert_true(y.calls >= 32);
+			assert_int_equal(d.calls, 32);
+		}
+	}
+	close(fd);
+	munmap(buf, len);
+}
+
 static void buffered_read_of_odd_length_is_exact(void **state)
 {
 	uint64_t len = 12345;
@@ -207,6 +257,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(direct_read_delivers_every_byte_in_order),
+		cmocka_unit_test(yielding_read_delivers_every_byte_in_order),
 		cmocka_unit_test(buffered_read_of_odd_length_is_exact),
 		cmocka_unit_test(file_ending_inside_the_data_is_enodata),
 		cmocka_unit_test(ready_abort_stops_the_read_with_its_value),

@@ -43,8 +43,12 @@ static volatile sig_atomic_t exiting;
 
 static const char doc[] =
 	"Record which experts each token of a moepager process uses: attach BPF to the\n"
-	"process's moepager USDT probes (docs/probes.md) and, with --range, to its page\n"
-	"faults in the expert range, and write a trajectory file (docs/trajectory-format.md).\n"
+	"process's moepager USDT probes (docs/probes.md) and to its page faults in the\n"
+	"expert ranges of its pagers, and write a trajectory file (docs/trajectory-format.md).\n"
+	"The ranges are found without help: those open when recording starts are read from\n"
+	"the process's libmoepager (its mp_pager_ranges list), those opened later arrive\n"
+	"through the moepager:region probe. --range names one range explicitly instead (a\n"
+	"range moepager does not publish); then only that range is attributed.\n"
 	"Recording stops when the process exits, on Ctrl-C, or after --duration. While\n"
 	"recording, the count maps are pinned in /sys/fs/bpf/moepager/PID/ (bpftool map dump\n"
 	"pinned ...); they are removed at the end unless --keep. Needs root (or CAP_BPF and\n"
@@ -76,8 +80,8 @@ static const struct argp_option opts[] = {
 	{ "keep", 'k', NULL, 0, "Leave the pinned maps in place after recording", 0 },
 	{ "top", 't', NULL, 0, "Show a live per-layer expert heatmap on the terminal", 0 },
 	{ "range", OPT_RANGE, "BASE,SLOT,SLOTS,LAYERS", 0,
-	  "Attribute page faults in the expert range: base address, slot bytes (2M ok), "
-	  "slots per layer, layers", 0 },
+	  "Attribute page faults in this range only (default: the ranges the process's "
+	  "pagers open): base address, slot bytes (2M ok), slots per layer, layers", 0 },
 	{ "lib", OPT_LIB, "PATH", 0, "File with the probes (default: the target's "
 	  "libmoepager.so; with a command, the one this tool uses)", 0 },
 	{ "layers", OPT_LAYERS, "N", 0, "Model layers, recorded in the file", 0 },
@@ -405,6 +409,8 @@ static int record(void)
 	o.pid = env.pid;
 	o.binary = env.lib ? env.lib : env.cmd ? own_library() : NULL;
 	o.range = env.range;
+	/* Without an explicit range, the pagers' own ranges (open now or later) are attributed. */
+	o.pager_ranges = !env.range.slot_bytes;
 	o.keep_pins = env.keep;
 	err = mp_traj_open(&o, &t);
 	if (err) {

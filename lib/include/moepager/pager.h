@@ -244,8 +244,13 @@ struct mp_pager_stats {
 	uint64_t budget_bytes;
 	uint32_t resident_experts;
 	uint32_t mapped_experts;
-	uint64_t file_reads;		/* experts read from the file tier (each counted once) */
-	uint64_t file_read_ns;		/* their read and checksum time, summed */
+	/*
+	 * Demand reads from the file tier and their read and checksum time,
+	 * summed (prefetch reads make way for demand ones, so their times say
+	 * little about the device).
+	 */
+	uint64_t file_reads;
+	uint64_t file_read_ns;
 };
 
 /* A snapshot of the counters. */

@@ -99,6 +99,12 @@ struct mp_traj_opts {
 	bool pin;
 	bool keep_pins;			/* leave them pinned after stop/close */
 	const char *pin_dir;
+	/*
+	 * BPF: also attribute page faults in every expert range pid's pagers
+	 * open, without a range: those open at start (listed by its
+	 * libmoepager, docs/probes.md) and those opened later (moepager:region).
+	 */
+	bool pager_ranges;
 };
 
 struct mp_traj;
