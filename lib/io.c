@@ -201,7 +201,7 @@ int mp_io_read(struct mp_io *io, const struct mp_io_read *rd)
 	while (prefix < nreq || inflight) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
-
+		/* A yielding read trickles: one request, asked again each round. */
 		uint32_t depth = rd->yield && rd->yield(rd->yield_arg) ? 1 : io->depth;
 
 		/* Keep the queue full, unless a failure is being drained. */

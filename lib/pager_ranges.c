@@ -21,8 +21,8 @@ static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void write_begin(void)
 {
-	__atomic_store_n(&mp_pager_ranges.gen, mp_pager_ranges.gen + 1, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
+	/* Acquire: the list changes below cannot move above the odd gen. */
+	__atomic_fetch_add(&mp_pager_ranges.gen, 1, __ATOMIC_ACQ_REL);
 }
 
 static void write_end(void)
