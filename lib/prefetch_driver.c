@@ -258,7 +258,7 @@ static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
 	d->last_layer = ev->layer;
 	if (ev->layer != 0)
 		return;
-	if (d->ngaps >= 4) {
+	if (d->ngaps) {
 		double q;
 
 		qsort(d->gaps, d->ngaps, sizeof(*d->gaps), by_value);
@@ -347,9 +347,10 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
-int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token,
-		       uint32_t layer, const uint32_t *ids, const float *weights, uint32_t k,
-		       const float *probs, const float *x)
+/* t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio. */
+static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, uint32_t layer,
+		   const uint32_t *ids, const float *weights, uint32_t k, const float *probs,
+		   const float *x, uint64_t t_ns)
 {
 	struct pf_event *ev;
 	uint64_t head, step;
@@ -395,7 +396,7 @@ int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token
 	ev->token = token;
 	ev->layer = layer;
 	ev->k = k;
-	ev->t_ns = mp_now_ns();
+	ev->t_ns = t_ns;
 	memcpy(ev->ids, ids, k * sizeof(*ids));
 	ev->has_weights = weights != NULL;
 	if (weights)
@@ -413,14 +414,23 @@ int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token
 	return 0;
 }
 
+int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token,
+		       uint32_t layer, const uint32_t *ids, const float *weights, uint32_t k,
+		       const float *probs, const float *x)
+{
+	return gate_at(d, request, token, layer, ids, weights, k, probs, x, mp_now_ns());
+}
+
 int mp_prefetcher_traj_fn(const struct mp_traj_rec *r, void *arg)
 {
 	struct mp_prefetcher *d = arg;
 
 	if (r->kind != MP_TRAJ_ROUTE || r->token == MP_TRAJ_NONE || r->token == MP_TOKEN_PROMPT)
 		return 0;
-	mp_prefetcher_gate(d, r->request, r->token, r->layer, r->ids,
-			   (r->flags & MP_TRAJ_F_WEIGHTS) ? r->weights : NULL, r->k, NULL, NULL);
+	/* Records arrive in batches: the probe's own time keeps the gaps between gates. */
+	gate_at(d, r->request, r->token, r->layer, r->ids,
+		(r->flags & MP_TRAJ_F_WEIGHTS) ? r->weights : NULL, r->k, NULL, NULL,
+		r->ts_ns ? r->ts_ns : mp_now_ns());
 	return 0;
 }
 

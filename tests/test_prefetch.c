@@ -487,6 +487,66 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
 	mp_store_close(s);
 }
 
+/*
+ * The driver learns one read's cost in layers of compute (load_ratio) from
+ * the pager's demand reads and the gaps between gates: a budget of two
+ * experts makes every token read, and a pause between gates stands in for
+ * the layer's compute. Times are the machine's: only the wiring is checked.
+ */
+static void driver_measures_the_load_ratio(void **state)
+{
+	const char *model = t_path("tiny-lr.mpk");
+	struct mp_prefetcher_config fc = { .policy = "none" };
+	struct mp_prefetcher_stats st;
+	struct mp_pager_config pc;
+	struct mp_pager_stats ps;
+	struct mp_prefetcher *pf;
+	const struct mp_geometry *g;
+	struct mp_store *s;
+	struct mp_pager *p;
+	int err;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 11), 0);
+	assert_int_equal(mp_store_open(model, &s), 0);
+	g = mp_store_geometry(s);
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = 2 * mp_store_expert_bytes(s);
+	err = mp_pager_open(s, &pc, &p);
+	if (err == -EPERM && !t_require_all()) {
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_float_equal(st.load_ratio, 0.0, 0);
+	for (uint32_t tok = 0; tok < 3; tok++)
+		for (uint32_t l = 0; l < g->layers; l++) {
+			uint32_t ids[2] = { (tok + l) % g->experts, (tok + l + 3) % g->experts };
+
+			assert_int_equal(mp_prefetcher_gate(pf, 0, tok, l, ids, NULL, 2, NULL, NULL),
+					 0);
+			assert_int_equal(mp_pager_route(p, 0, tok, l, ids, NULL, 2), 0);
+			/* Touch both: a miss waits for its demand read. */
+			for (uint32_t i = 0; i < 2; i++) {
+				const volatile uint8_t *x = mp_pager_expert(p, l, ids[i]);
+
+				assert_non_null(x);
+				(void)x[0];
+			}
+			usleep(2000);
+		}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_pager_stats(p, &ps);
+	assert_true(ps.file_reads > 0 && ps.file_read_ns > 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_true(st.load_ratio > 0 && st.load_ratio < 1e6f);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
 static void trajectory_records_drive_the_prefetcher(void **state)
 {
 	const char *model = t_path("tiny5.mpk");
@@ -723,6 +783,7 @@ int main(void)
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
+		cmocka_unit_test(driver_measures_the_load_ratio),
 		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),
 	};
