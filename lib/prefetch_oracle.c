@@ -13,7 +13,9 @@ static void plan_true(struct mp_prefetch *pf, uint32_t layer, int32_t l_now)
 	const uint32_t *ids;
 	const float *w;
 
-	if (layer >= pf->env.layers ||
+	/* A guess past the request's end (the driver's early begin) has no future. */
+	if (layer >= pf->env.layers || pf->request >= mp_trace_requests(pf->env.trace) ||
+	    pf->token >= mp_trace_tokens(pf->env.trace, pf->request) ||
 	    mp_trace_route(pf->env.trace, pf->request, pf->token, layer, &ids, &w))
 		return;
 	memset(P, 0, J * sizeof(float));

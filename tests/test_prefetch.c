@@ -311,6 +311,14 @@ static void oracle_emits_the_true_future(void **state)
 		run_token(&pf, t, 0, tok, 0, &exact, &checked);
 	assert_int_equal(checked, 7 * 6);
 	assert_int_equal(exact, checked);
+	/* A guessed next token past the request's end: no future, no error. */
+	t_log_capture();
+	t_log_reset();
+	mp_prefetch_begin(&pf, 0, 7, NULL);
+	assert_int_equal(pf.n, 0);
+	mp_prefetch_begin(&pf, 5, 0, NULL);
+	assert_int_equal(pf.n, 0);
+	assert_false(t_log_contains("outside the trace"));
 	mp_prefetch_fini(&pf);
 	/* Without a trace the oracle cannot exist. */
 	env.trace = NULL;
