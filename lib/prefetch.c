@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The prefetch policy table, the iteration bookkeeping every policy shares, and δ-selection. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,20 +185,30 @@ void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P)
 	pf->hint_dirty[layer] = 1;
 }
 
-void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, float score,
-		      int32_t l_now)
+/*
+ * δ-selection on P (summing to 1), then emits each member whose value is at
+ * least min, with that value as its p; value becomes the layer's hints.
+ */
+static void plan_select(struct mp_prefetch *pf, uint32_t layer, const float *P,
+			const float *value, float min, float score, int32_t l_now)
 {
-	uint32_t J = pf->env.experts;
 	uint32_t ids[MP_MAX_EXPERTS];
 	uint32_t m;
 
 	if (layer >= pf->env.layers)
 		return;
-	m = mp_prefetch_select(P, J, pf->env.topk, score, ids);
+	m = mp_prefetch_select(P, pf->env.experts, pf->env.topk, score, ids);
+	/* !(v < min) rather than v >= min: a NaN the selection took stays taken. */
 	for (uint32_t i = 0; i < m; i++)
-		mp_prefetch_emit(pf, layer, ids[i], P[ids[i]], l_now);
-	memcpy(pf->hint_p + (size_t)layer * J, P, J * sizeof(float));
-	pf->hint_dirty[layer] = 1;
+		if (!(value[ids[i]] < min))
+			mp_prefetch_emit(pf, layer, ids[i], value[ids[i]], l_now);
+	mp_prefetch_hint(pf, layer, value);
+}
+
+void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, float score,
+		      int32_t l_now)
+{
+	plan_select(pf, layer, P, P, -INFINITY, score, l_now);
 }
 
 float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist)
@@ -212,21 +223,12 @@ float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist)
 void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
 			  int32_t l_now)
 {
-	uint32_t J = pf->env.experts, K = pf->env.topk;
-	float P[MP_MAX_EXPERTS], p_min;
-	uint32_t ids[MP_MAX_EXPERTS];
-	uint32_t m;
+	float P[MP_MAX_EXPERTS];
 
-	if (layer >= pf->env.layers)
-		return;
-	for (uint32_t j = 0; j < J; j++)
-		P[j] = use[j] / (float)K;
-	p_min = mp_prefetch_min_p(pf, (int32_t)layer - l_now);
-	m = mp_prefetch_select(P, J, K, score, ids);
-	for (uint32_t i = 0; i < m; i++)
-		if (use[ids[i]] >= p_min)
-			mp_prefetch_emit(pf, layer, ids[i], use[ids[i]], l_now);
-	mp_prefetch_hint(pf, layer, use);
+	for (uint32_t j = 0; j < pf->env.experts; j++)
+		P[j] = use[j] / (float)pf->env.topk;
+	plan_select(pf, layer, P, use, mp_prefetch_min_p(pf, (int32_t)layer - l_now), score,
+		    l_now);
 }
 
 void mp_prefetch_end(struct mp_prefetch *pf)

@@ -114,6 +114,40 @@ static void require_recorded(int status)
 	fail_msg("moepager trace exited %d: %s", status, slurp(t_path("err.txt")));
 }
 
+/*
+ * Runs cmd (a `moepager trace --pid target` line) in the background, waits
+ * until it has attached (its maps are pinned, tries x 10 ms at most), then
+ * lets the target go with a byte on go_fd, which it closes. Returns the
+ * tracer's pid.
+ */
+static pid_t trace_then_release(const char *cmd, pid_t target, int go_fd, int tries)
+{
+	char pin[64];
+	struct stat sb;
+	pid_t tracer = fork();
+	int st;
+
+	assert_true(tracer >= 0);
+	if (!tracer) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	snprintf(pin, sizeof(pin), "/sys/fs/bpf/moepager/%d", target);
+	for (int i = 0; i < tries && stat(pin, &sb); i++) {
+		if (waitpid(tracer, &st, WNOHANG) == tracer) {
+			close(go_fd);
+			waitpid(target, NULL, 0);
+			require_recorded(WEXITSTATUS(st));
+			fail_msg("moepager trace exited before attaching");
+		}
+		usleep(10000);
+	}
+	assert_int_equal(stat(pin, &sb), 0);
+	assert_int_equal(write(go_fd, "g", 1), 1);
+	close(go_fd);
+	return tracer;
+}
+
 static void wait_mapped(pid_t pid)
 {
 	char maps[64], line[512];
@@ -221,26 +255,7 @@ static void trace_of_a_running_pid_stops_when_it_exits(void **state)
 	wait_mapped(target);
 	snprintf(cmd, sizeof(cmd), "exec %s trace --pid %d --out %s >%s 2>%s", moepager, target,
 		 traj, t_path("out.txt"), t_path("err.txt"));
-	tracer = fork();
-	assert_true(tracer >= 0);
-	if (!tracer) {
-		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
-	/* Attached once the maps are pinned. */
-	snprintf(pin, sizeof(pin), "/sys/fs/bpf/moepager/%d", target);
-	for (int i = 0; i < 500 && stat(pin, &sb); i++) {
-		if (waitpid(tracer, &st, WNOHANG) == tracer) {
-			close(go[1]);
-			waitpid(target, NULL, 0);
-			require_recorded(WEXITSTATUS(st));
-			fail_msg("moepager trace exited before attaching");
-		}
-		usleep(10000);
-	}
-	assert_int_equal(stat(pin, &sb), 0);
-	assert_int_equal(write(go[1], "g", 1), 1);
-	close(go[1]);
+	tracer = trace_then_release(cmd, target, go[1], 500);
 	assert_int_equal(waitpid(target, &st, 0), target);
 	assert_int_equal(WEXITSTATUS(st), 0);
 	assert_int_equal(waitpid(tracer, &st, 0), tracer);
@@ -600,12 +615,11 @@ static void wait_line(const char *path, const char *line, pid_t pid)
 static void trace_pid_attributes_pager_faults(bool open_late, bool explicit_range)
 {
 	enum { ROUNDS = 2, LAYERS = 4, EXPERTS = 8 };
-	char model[512], traj[512], outp[512], cmd[4096], pin[64], range[128] = "";
+	char model[512], traj[512], outp[512], cmd[4096], range[128] = "";
 	struct touch_check c = { .layers = LAYERS, .experts = EXPERTS, .last_slot = UINT32_MAX };
 	unsigned long long base, slot, spl;
 	unsigned layers;
 	json_error_t jerr;
-	struct stat sb;
 	const char *r;
 	int go[2], st, out;
 	pid_t target, tracer;
@@ -642,25 +656,7 @@ static void trace_pid_attributes_pager_faults(bool open_late, bool explicit_rang
 	}
 	snprintf(cmd, sizeof(cmd), "exec %s trace --pid %d %s --json --out %s >%s 2>%s",
 		 moepager, target, range, traj, t_path("out.txt"), t_path("err.txt"));
-	tracer = fork();
-	assert_true(tracer >= 0);
-	if (!tracer) {
-		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
-	snprintf(pin, sizeof(pin), "/sys/fs/bpf/moepager/%d", target);
-	for (int i = 0; i < 1000 && stat(pin, &sb); i++) {
-		if (waitpid(tracer, &st, WNOHANG) == tracer) {
-			close(go[1]);
-			waitpid(target, NULL, 0);
-			require_recorded(WEXITSTATUS(st));
-			fail_msg("moepager trace exited before attaching");
-		}
-		usleep(10000);
-	}
-	assert_int_equal(stat(pin, &sb), 0);
-	assert_int_equal(write(go[1], "g", 1), 1);
-	close(go[1]);
+	tracer = trace_then_release(cmd, target, go[1], 1000);
 	assert_int_equal(waitpid(target, &st, 0), target);
 	if (!WIFEXITED(st) || WEXITSTATUS(st))
 		fail_msg("pager_touch failed (status 0x%x): %s", st, slurp(outp));

@@ -441,9 +441,32 @@ static void names_are_checked(void **state)
  * The driver over a real pager: predictions become prefetches, off the calling thread.
  */
 
+/* The tiny bf16 model generated at t_path(name) with seed, opened. */
+static struct mp_store *tiny_store(const char *name, uint64_t seed)
+{
+	struct mp_store *s;
+
+	assert_int_equal(t_gen_tiny(t_path(name), MP_DTYPE_BF16, seed), 0);
+	assert_int_equal(mp_store_open(t_path(name), &s), 0);
+	return s;
+}
+
+/* mp_pager_open(); skips the test (closing s) when userfaultfd is refused outside CI. */
+static struct mp_pager *open_or_skip(struct mp_store *s, const struct mp_pager_config *pc)
+{
+	struct mp_pager *p;
+	int err = mp_pager_open(s, pc, &p);
+
+	if (err == -EPERM && !t_require_all()) {
+		mp_store_close(s);
+		skip();
+	}
+	assert_int_equal(err, 0);
+	return p;
+}
+
 static void driver_prefetches_what_the_policy_predicts(void **state)
 {
-	const char *model = t_path("tiny.mpk");
 	struct mp_pager_config pc;
 	struct mp_prefetcher_config fc = { .policy = "oracle", .distance = 1 };
 	struct mp_prefetcher_stats st;
@@ -452,23 +475,15 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
 	struct mp_pager *p;
 	const struct mp_geometry *g;
 	struct mp_trace *t;
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 3), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny.mpk", 3);
 	g = mp_store_geometry(s);
-	struct mk m = { g->layers, g->experts, g->topk, 1, 3, pick_cycle3 };
-	t = make_trace(&m);
 	mp_pager_config_init(&pc);
 	pc.budget_bytes = mp_store_total_expert_bytes(s);
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_trace_close(t);
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
+	p = open_or_skip(s, &pc);
+	struct mk m = { g->layers, g->experts, g->topk, 1, 3, pick_cycle3 };
+	t = make_trace(&m);
 	fc.trace = t;
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	/* Layer 0 of token 0: the oracle asks for layer 1's experts. */
@@ -503,7 +518,6 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
  */
 static void driver_measures_the_load_ratio(void **state)
 {
-	const char *model = t_path("tiny-lr.mpk");
 	struct mp_prefetcher_config fc = { .policy = "none" };
 	struct mp_prefetcher_stats st;
 	struct mp_pager_config pc;
@@ -512,20 +526,13 @@ static void driver_measures_the_load_ratio(void **state)
 	const struct mp_geometry *g;
 	struct mp_store *s;
 	struct mp_pager *p;
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 11), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny-lr.mpk", 11);
 	g = mp_store_geometry(s);
 	mp_pager_config_init(&pc);
 	pc.budget_bytes = 2 * mp_store_expert_bytes(s);
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
+	p = open_or_skip(s, &pc);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	mp_prefetcher_stats(pf, &st);
 	assert_float_equal(st.load_ratio, 0.0, 0);
@@ -557,7 +564,6 @@ static void driver_measures_the_load_ratio(void **state)
 
 static void trajectory_records_drive_the_prefetcher(void **state)
 {
-	const char *model = t_path("tiny5.mpk");
 	struct mp_traj_opts to = { .source = MP_TRAJ_SRC_INPROC };
 	struct mp_prefetcher_config fc = { .policy = "dependency", .distance = 1 };
 	struct mp_prefetcher_stats st;
@@ -567,19 +573,12 @@ static void trajectory_records_drive_the_prefetcher(void **state)
 	struct mp_traj *tr;
 	struct mp_store *s;
 	struct mp_pager *p;
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 7), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny5.mpk", 7);
 	g = mp_store_geometry(s);
 	mp_pager_config_init(&pc);
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
+	p = open_or_skip(s, &pc);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	assert_int_equal(mp_traj_open(&to, &tr), 0);
 	assert_int_equal(mp_traj_start(tr), 0);
@@ -609,7 +608,7 @@ static void trajectory_records_drive_the_prefetcher(void **state)
 
 static void driver_keeps_the_expert_maps_across_restarts(void **state)
 {
-	const char *model = t_path("tiny2.mpk"), *maps = t_path("tiny2.emap");
+	const char *maps = t_path("tiny2.emap");
 	struct mp_pager_config pc;
 	struct mp_prefetcher_config fc = { .policy = "finemoe", .emap_path = maps };
 	struct mp_prefetcher_stats st;
@@ -618,22 +617,14 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 	struct mp_pager *p;
 	const struct mp_geometry *g;
 	struct mp_trace *t;
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 4), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny2.mpk", 4);
 	g = mp_store_geometry(s);
+	mp_pager_config_init(&pc);
+	p = open_or_skip(s, &pc);
 	struct mk m = { g->layers, g->experts, g->topk, 1, 5, pick_cycle3 };
 	t = make_trace(&m);
-	mp_pager_config_init(&pc);
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_trace_close(t);
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	assert_int_equal(mp_prefetcher_train(pf, t, 0, 0, 5), 0);
 	mp_prefetcher_stats(pf, &st);
@@ -653,7 +644,6 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 
 static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 {
-	const char *model = t_path("tiny3.mpk");
 	struct mp_prefetcher_config fc = { .policy = "nextlayer" };
 	struct mp_engine_config ec = { .threads = 1 };
 	struct mp_runner_config rc = { 0 };
@@ -665,19 +655,12 @@ static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 	struct mp_store *s;
 	struct mp_pager *p;
 	uint32_t prompt[3] = { 1, 2, 3 };
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 5), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny3.mpk", 5);
 	mp_pager_config_init(&pc);
 	pc.budget = "50%";
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
+	p = open_or_skip(s, &pc);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
 	rc.engine = e;
@@ -703,26 +686,18 @@ static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 
 static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
 {
-	const char *model = t_path("tiny4.mpk");
 	struct mp_pager_config pc;
 	struct mp_policy_hints h = { 0 };
 	struct mp_store *s;
 	struct mp_pager *p;
 	uint32_t a, b, c;
-	int err;
 
 	(void)state;
-	assert_int_equal(t_gen_tiny(model, MP_DTYPE_BF16, 6), 0);
-	assert_int_equal(mp_store_open(model, &s), 0);
+	s = tiny_store("tiny4.mpk", 6);
 	mp_pager_config_init(&pc);
 	pc.budget_bytes = 2 * mp_store_expert_bytes(s);
 	pc.eviction = "lru";
-	err = mp_pager_open(s, &pc, &p);
-	if (err == -EPERM && !t_require_all()) {
-		mp_store_close(s);
-		skip();
-	}
-	assert_int_equal(err, 0);
+	p = open_or_skip(s, &pc);
 	h.next_use = malloc(p->nslots * sizeof(uint64_t));
 	assert_non_null(h.next_use);
 	for (uint32_t k = 0; k < p->nslots; k++)

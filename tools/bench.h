@@ -8,6 +8,8 @@
 
 #include <moepager.h>
 
+#include "cli.h"
+
 #define BENCH_MAX_LIST 32
 #define BENCH_MAX_REPEAT 16
 
@@ -20,7 +22,7 @@ struct bench_opts {
 	char *policies[BENCH_MAX_LIST];
 	uint32_t npolicies;
 	const char *evict;
-	const char *engine;
+	struct cli_engine_opts eng;
 	const char *csv;
 	const char *plot;
 	double train_fraction;
@@ -28,7 +30,6 @@ struct bench_opts {
 	uint32_t distance;
 	uint32_t emap_capacity;
 	uint32_t max_tokens;
-	uint32_t threads;
 	uint32_t io_channels;
 	uint32_t repeat;
 	bool no_drop;

@@ -475,11 +475,11 @@ out:
 
 static int child_main(struct child_ctx *c, struct bench_result *res)
 {
-	struct mp_engine_config ec = { .threads = c->o->threads };
+	struct mp_engine_config ec = { .threads = c->o->eng.threads };
 	struct mp_engine *e;
 	int err;
 
-	err = mp_engine_open(c->o->engine ? c->o->engine : "ref", &ec, &e);
+	err = mp_engine_open(c->o->eng.engine, &ec, &e);
 	if (err) {
 		fprintf(stderr, "moepager bench: engine: %s\n", mp_last_error());
 		return err;

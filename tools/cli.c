@@ -100,6 +100,38 @@ int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char 
 	}
 }
 
+enum { OPT_ENGINE = 0x700, OPT_THREADS };
+
+static const struct argp_option engine_opts[] = {
+	{ "engine", OPT_ENGINE, "NAME", 0, "Matmul engine (default ref)", 0 },
+	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: online CPUs)", 0 },
+	{ 0 }
+};
+
+static error_t parse_engine_opt(int key, char *arg, struct argp_state *state)
+{
+	struct cli_engine_opts *o = state->input;
+
+	switch (key) {
+	case ARGP_KEY_INIT:
+		o->engine = "ref";
+		o->threads = 0;
+		return 0;
+	case OPT_ENGINE:
+		o->engine = arg;
+		return 0;
+	case OPT_THREADS:
+		if (cli_parse_u32("--threads", arg, 1, 1024, &o->threads))
+			argp_usage(state);
+		return 0;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+}
+
+const struct argp cli_engine_argp = { engine_opts, parse_engine_opt, NULL, NULL, NULL, NULL,
+				      NULL };
+
 bool cli_progress_enabled(void)
 {
 	return isatty(1) && isatty(2);

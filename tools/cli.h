@@ -48,6 +48,20 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 struct argp_state;
 int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path);
 
+/* --engine NAME and --threads N, for every command that runs the engine. */
+struct cli_engine_opts {
+	const char *engine;	/* "ref" unless given */
+	uint32_t threads;	/* 0: the engine's default (online CPUs) */
+};
+
+/*
+ * The argp child that parses them: list it in the command's children,
+ * { &cli_engine_argp, 0, NULL, 0 }, and hand it the options in the
+ * command's ARGP_KEY_INIT: state->child_inputs[0] = &env.eng.
+ */
+struct argp;
+extern const struct argp cli_engine_argp;
+
 /* True when stdout (fd 1) / stderr (fd 2) is a terminal: progress goes to stderr only then. */
 bool cli_progress_enabled(void);
 /* Draws "label: 42% (1.2/2.9 GB)" on stderr, rewriting the line. */

@@ -24,8 +24,8 @@ static struct bench_opts env;
 
 enum {
 	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
-	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS, OPT_THREADS,
-	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT, OPT_ENGINE,
+	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS,
+	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT,
 };
 
 static const char doc[] =
@@ -75,8 +75,6 @@ static const struct argp_option opts[] = {
 	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "Evaluate at most N tokens per evaluated request", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0,
 	  "Run every cell N times; report the run with the median tokens/s (default 1)", 0 },
-	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: all CPUs)", 0 },
-	{ "engine", OPT_ENGINE, "NAME", 0, "Engine (default ref)", 0 },
 	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache between runs", 0 },
 	{ "no-admit", OPT_NO_ADMIT, NULL, 0,
 	  "Let prefetches evict experts predicted to be needed sooner", 0 },
@@ -172,13 +170,6 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		if (cli_parse_u32("--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens))
 			argp_usage(state);
 		break;
-	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			argp_usage(state);
-		break;
-	case OPT_ENGINE:
-		env.engine = arg;
-		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;
 		break;
@@ -197,6 +188,9 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 	case OPT_PLOT:
 		env.plot = arg;
 		break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
+		break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);
 		break;
@@ -212,7 +206,8 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 	return 0;
 }
 
-static const struct argp argp = { opts, parse_opt, NULL, doc, NULL, NULL, NULL };
+static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+static const struct argp argp = { opts, parse_opt, NULL, doc, children, NULL, NULL };
 
 /* The eviction each prefetch policy's paper pairs it with. */
 static const char *default_evict(const char *prefetch)

@@ -19,15 +19,13 @@ static struct eval_env {
 	const char *tokenizer;
 	const char *text;
 	const char *ids;
-	const char *engine;
+	struct cli_engine_opts eng;
 	uint32_t window;
 	uint32_t max_windows;
-	uint32_t threads;
 	bool json;
 } env;
 
-enum { OPT_TOKENIZER = 0x100, OPT_TEXT, OPT_IDS, OPT_WINDOW, OPT_MAX_WINDOWS, OPT_ENGINE,
-       OPT_THREADS, OPT_JSON };
+enum { OPT_TOKENIZER = 0x100, OPT_TEXT, OPT_IDS, OPT_WINDOW, OPT_MAX_WINDOWS, OPT_JSON };
 
 static const char doc[] =
 	"Teacher-forced perplexity of an .mpk language model on held-out text, computed\n"
@@ -53,8 +51,6 @@ static const struct argp_option opts[] = {
 	{ "ids", OPT_IDS, "FILE", 0, "Held-out token ids (little-endian uint16)", 0 },
 	{ "window", OPT_WINDOW, "N", 0, "Tokens per window (default: the model's max_seq)", 0 },
 	{ "max-windows", OPT_MAX_WINDOWS, "N", 0, "Score at most N windows (default all)", 0 },
-	{ "engine", OPT_ENGINE, "NAME", 0, "Matmul engine (default ref)", 0 },
-	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: online CPUs)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -82,15 +78,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (cli_parse_u32("--max-windows", arg, 1, UINT32_MAX, &env.max_windows))
 			argp_usage(state);
 		break;
-	case OPT_ENGINE:
-		env.engine = arg;
-		break;
-	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			argp_usage(state);
-		break;
 	case OPT_JSON:
 		env.json = true;
+		break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
 		argp_usage(state);
@@ -136,7 +128,8 @@ static int print_json(size_t tokens, const struct mp_eval_result *res, double se
 int cmd_eval(int argc, char **argv)
 {
 	static char prog[] = "moepager eval";
-	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
+	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
 	struct mp_runner_config rcfg = { 0 };
 	struct mp_eval_result res;
@@ -152,7 +145,6 @@ int cmd_eval(int argc, char **argv)
 	int err;
 
 	memset(&env, 0, sizeof(env));
-	env.engine = "ref";
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -186,8 +178,8 @@ int cmd_eval(int argc, char **argv)
 		goto cleanup;
 	}
 
-	ecfg.threads = env.threads;
-	err = mp_engine_open(env.engine, &ecfg, &engine);
+	ecfg.threads = env.eng.threads;
+	err = mp_engine_open(env.eng.engine, &ecfg, &engine);
 	if (!err)
 		err = mp_resident_open(store, NULL, NULL, &resident);
 	if (err)

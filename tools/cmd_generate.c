@@ -19,17 +19,15 @@ static struct gen_env {
 	const char *model;
 	const char *tokenizer;
 	const char *prompt;
-	const char *engine;
+	struct cli_engine_opts eng;
 	uint32_t tokens;
 	uint32_t top_k;
-	uint32_t threads;
 	uint64_t seed;
 	double temperature;
 	bool json;
 } env;
 
-enum { OPT_TOKENIZER = 0x100, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_SEED, OPT_ENGINE,
-       OPT_THREADS, OPT_JSON };
+enum { OPT_TOKENIZER = 0x100, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_SEED, OPT_JSON };
 
 static const char doc[] =
 	"Continue a text prompt with a trained .mpk model (resident experts). The\n"
@@ -52,8 +50,6 @@ static const struct argp_option opts[] = {
 	  0 },
 	{ "top-k", OPT_TOP_K, "K", 0, "Sample among the K likeliest tokens (default 40)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "Seed of the sampler (default 1)", 0 },
-	{ "engine", OPT_ENGINE, "NAME", 0, "Matmul engine (default ref)", 0 },
-	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: online CPUs)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -91,15 +87,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
 			argp_usage(state);
 		break;
-	case OPT_ENGINE:
-		env.engine = arg;
-		break;
-	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			argp_usage(state);
-		break;
 	case OPT_JSON:
 		env.json = true;
+		break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
 		argp_usage(state);
@@ -205,7 +197,8 @@ free_text:
 int cmd_generate(int argc, char **argv)
 {
 	static char prog[] = "moepager generate";
-	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
+	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
 	struct mp_runner_config rcfg = { 0 };
 	struct mp_store *store = NULL;
@@ -219,7 +212,6 @@ int cmd_generate(int argc, char **argv)
 	int err;
 
 	memset(&env, 0, sizeof(env));
-	env.engine = "ref";
 	env.tokens = 64;
 	env.top_k = 40;
 	env.seed = 1;
@@ -256,8 +248,8 @@ int cmd_generate(int argc, char **argv)
 	}
 	memcpy(ids, prompt, prompt_n * sizeof(*ids));
 
-	ecfg.threads = env.threads;
-	err = mp_engine_open(env.engine, &ecfg, &engine);
+	ecfg.threads = env.eng.threads;
+	err = mp_engine_open(env.eng.engine, &ecfg, &engine);
 	if (!err)
 		err = mp_resident_open(store, NULL, NULL, &resident);
 	if (err)

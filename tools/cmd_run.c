@@ -23,7 +23,7 @@
 static struct run_env {
 	const char *model;
 	const char *trace;
-	const char *engine;
+	struct cli_engine_opts eng;
 	const char *engine_dir;
 	const char *prefetch;
 	const char *evict;
@@ -34,7 +34,6 @@ static struct run_env {
 	uint32_t tokens;
 	uint32_t warmup;
 	uint32_t request;
-	uint32_t threads;
 	uint32_t repeat;
 	uint64_t seed;
 	const char *budget;
@@ -47,7 +46,7 @@ static struct run_env {
 
 enum {
 	OPT_PROMPT_TOKENS = 0x100, OPT_TOKENS, OPT_TRACE, OPT_REQUEST, OPT_BUDGET, OPT_PREFETCH,
-	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE, OPT_ENGINE_DIR, OPT_THREADS, OPT_JSON,
+	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE_DIR, OPT_JSON,
 	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT, OPT_PROMPT,
 	OPT_TOKENIZER, OPT_RECORD_ALTERNATE,
 };
@@ -105,10 +104,8 @@ static const struct argp_option opts[] = {
 	  "Prefetch policy, paged (default: no prefetcher); see moepager bench --help", 0 },
 	{ "warm-all", OPT_WARM_ALL, NULL, 0,
 	  "Paged: read every expert the budget holds before decoding", 0 },
-	{ "engine", OPT_ENGINE, "NAME", 0, "Matmul engine (default ref)", 0 },
 	{ "engine-dir", OPT_ENGINE_DIR, "DIR", 0, "Directory searched first for engine plug-ins",
 	  0 },
-	{ "threads", OPT_THREADS, "N", 0, "Engine threads (default: online CPUs)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ "membw-bytes", OPT_MEMBW_BYTES, "BYTES", 0,
 	  "Buffer of the bandwidth probe (default 256M, at least 4x the LLC)", 0 },
@@ -174,15 +171,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT:
 		env.evict = arg;
 		break;
-	case OPT_ENGINE:
-		env.engine = arg;
-		break;
 	case OPT_ENGINE_DIR:
 		env.engine_dir = arg;
-		break;
-	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			argp_usage(state);
 		break;
 	case OPT_JSON:
 		env.json = true;
@@ -194,6 +184,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_DUMP_LOGITS:
 		env.dump_logits = arg;
+		break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
 		argp_usage(state);
@@ -791,7 +784,8 @@ static int generate(struct run *r, struct results *res)
 int cmd_run(int argc, char **argv)
 {
 	static char prog[] = "moepager run";
-	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
+	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
 	struct mp_runner_config rcfg = { 0 };
 	struct results res = { 0 };
@@ -804,7 +798,6 @@ int cmd_run(int argc, char **argv)
 	env.prompt_tokens = 16;
 	env.tokens = 32;
 	env.seed = 1;
-	env.engine = "ref";
 	env.repeat = 1;
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
@@ -839,9 +832,9 @@ int cmd_run(int argc, char **argv)
 		err = -EINVAL;
 		goto fail;
 	}
-	ecfg.threads = env.threads;
+	ecfg.threads = env.eng.threads;
 	ecfg.plugin_dir = env.engine_dir;
-	err = mp_engine_open(env.engine, &ecfg, &r.engine);
+	err = mp_engine_open(env.eng.engine, &ecfg, &r.engine);
 	if (!err)
 		err = open_source(&r, &rcfg);
 	if (err)
