@@ -559,6 +559,8 @@ static int forward(struct mp_runner *r, const uint32_t *tokens, uint32_t n, bool
 		return err;
 
 	embed(r, tokens, n);
+	if (decode && r->src->embed)
+		r->src->embed(r->src_ctx, r->request, r->steps, r->x, g->hidden);
 	for (uint32_t l = 0; l < g->layers; l++) {
 		err = attention(r, l, n);
 		if (!err)

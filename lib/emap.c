@@ -14,7 +14,6 @@
 
 #define EMAP_DEFAULT_CAPACITY	1024u
 #define EMAP_MAX_CAPACITY	(1u << 20)
-#define EMAP_MAX_SEM		(1u << 16)
 
 /* The file header: all little-endian, 64 bytes, checksummed (docs/prefetch.md). */
 #define EMAP_MAGIC		"MPEXMAP\n"
@@ -72,8 +71,8 @@ static int check_config(const struct mp_emap_config *c)
 	if (!c->experts || c->experts > MP_MAX_EXPERTS)
 		return mp_err(-EINVAL, "expert map: experts %u out of range 1..%u", c->experts,
 			      MP_MAX_EXPERTS);
-	if (c->sem_dim > EMAP_MAX_SEM)
-		return mp_err(-EINVAL, "expert map: sem_dim %u above %u", c->sem_dim, EMAP_MAX_SEM);
+	if (c->sem_dim > MP_EMAP_MAX_SEM)
+		return mp_err(-EINVAL, "expert map: sem_dim %u above %u", c->sem_dim, MP_EMAP_MAX_SEM);
 	if (c->capacity > EMAP_MAX_CAPACITY)
 		return mp_err(-EINVAL, "expert map: capacity %u above %u", c->capacity,
 			      EMAP_MAX_CAPACITY);
@@ -420,41 +419,81 @@ int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, u
 	return 0;
 }
 
+/* The MP_EMAP_NEIGHBOURS records of highest positive cosine, by decreasing cosine. */
+struct neighbours {
+	uint32_t n;
+	uint32_t y[MP_EMAP_NEIGHBOURS];
+	float c[MP_EMAP_NEIGHBOURS];
+};
+
+static void neighbour_add(struct neighbours *nb, uint32_t y, float c)
+{
+	uint32_t i;
+
+	if (!(c > 0) || (nb->n == MP_EMAP_NEIGHBOURS && c <= nb->c[nb->n - 1]))
+		return;
+	/* Insertion: n is small. */
+	i = nb->n < MP_EMAP_NEIGHBOURS ? nb->n++ : nb->n - 1;
+	for (; i > 0 && nb->c[i - 1] < c; i--) {
+		nb->y[i] = nb->y[i - 1];
+		nb->c[i] = nb->c[i - 1];
+	}
+	nb->y[i] = y;
+	nb->c[i] = c;
+}
+
+/* The neighbours' vote, weighted by their cosine, for layer `target`: finish_use() into out. */
+static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb, uint32_t target,
+			   uint32_t k, float *out)
+{
+	const uint32_t J = m->cfg.experts;
+	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
+
+	for (uint32_t i = 0; i < nb->n; i++) {
+		wsum += nb->c[i];
+		add_topk(m->maps + (size_t)nb->y[i] * m->lj + (size_t)target * J, J, k, nb->c[i],
+			 acc);
+	}
+	finish_use(acc, wsum, J, k, out);
+}
+
 int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			 uint32_t target, uint32_t k, float *out, float *score)
 {
 	const uint32_t J = m->cfg.experts;
-	uint32_t near[MP_EMAP_NEIGHBOURS], n = 0;
-	float near_c[MP_EMAP_NEIGHBOURS];
-	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0, vsq;
+	struct neighbours nb = { 0 };
+	double vsq;
 
 	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
 	    !k || k > MP_MAX_TOPK || k > J || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
 	vsq = sumsq(map, prefix_layers * J);
-	/* The most similar records, kept sorted by decreasing cosine (insertion: n is small). */
-	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_prefix(m, y, map, vsq, prefix_layers);
-		uint32_t i;
-
-		if (!(c > 0) || (n == MP_EMAP_NEIGHBOURS && c <= near_c[n - 1]))
-			continue;
-		i = n < MP_EMAP_NEIGHBOURS ? n++ : n - 1;
-		for (; i > 0 && near_c[i - 1] < c; i--) {
-			near[i] = near[i - 1];
-			near_c[i] = near_c[i - 1];
-		}
-		near[i] = y;
-		near_c[i] = c;
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		wsum += near_c[i];
-		add_topk(m->maps + (size_t)near[i] * m->lj + (size_t)target * J, J, k, near_c[i],
-			 acc);
-	}
-	finish_use(acc, wsum, J, k, out);
+	for (uint32_t y = 0; y < m->count; y++)
+		neighbour_add(&nb, y, cos_prefix(m, y, map, vsq, prefix_layers));
+	neighbour_vote(m, &nb, target, k, out);
 	if (score)
-		*score = n ? near_c[0] : 0.0f;
+		*score = nb.n ? nb.c[0] : 0.0f;
+	m->searches++;
+	return 0;
+}
+
+int mp_emap_predict_sem(struct mp_emap *m, const float *sem, uint32_t k, float *out,
+			float *score)
+{
+	const uint32_t J = m->cfg.experts;
+	struct neighbours nb = { 0 };
+	double vnorm;
+
+	if (!sem || !out || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK || k > J ||
+	    J > MP_MAX_PREDICT_EXPERTS)
+		return -EINVAL;
+	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
+	for (uint32_t y = 0; y < m->count; y++)
+		neighbour_add(&nb, y, cos_sem(m, y, sem, vnorm));
+	for (uint32_t l = 0; l < m->cfg.layers; l++)
+		neighbour_vote(m, &nb, l, k, out + (size_t)l * J);
+	if (score)
+		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
 }

@@ -13,6 +13,9 @@
 
 struct mp_emap;
 
+/* Longest semantic vector a store (and the prefetcher's queue) takes. */
+#define MP_EMAP_MAX_SEM		(1u << 16)
+
 struct mp_emap_config {
 	uint32_t layers;
 	uint32_t experts;
@@ -78,6 +81,10 @@ int mp_emap_search_sem_prefix(struct mp_emap *m, const float *sem, uint32_t n, f
  * prefix_layers layers are most similar (cosine, positive only) vote for
  * layer `target`, weighted by that cosine; *score is the best cosine (0:
  * no record shares anything).
+ *
+ * mp_emap_predict_sem(): the same vote by the records whose semantic vectors
+ * are nearest sem, for every layer at once (out: layers x experts floats):
+ * FineMoE's semantic search, before an iteration has any gate.
  */
 #define MP_MAX_PREDICT_EXPERTS	256u
 /* Enough votes for a probability within about +-0.12 (binomial), few enough to stay local. */
@@ -86,6 +93,8 @@ int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, u
 			  uint32_t k, float *out);
 int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			 uint32_t target, uint32_t k, float *out, float *score);
+int mp_emap_predict_sem(struct mp_emap *m, const float *sem, uint32_t k, float *out,
+			float *score);
 
 /* Layer `layer` of record `idx` (experts floats summing to 1 or 0), or NULL. */
 const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer);

@@ -30,6 +30,7 @@ struct pf_event {
 	uint32_t layer;
 	uint32_t k;
 	uint64_t t_ns;		/* when the engine reported it */
+	bool begin;		/* an iteration's start with its semantic vector, no gate */
 	bool has_weights;
 	bool has_probs;
 	bool has_x;
@@ -53,6 +54,8 @@ struct mp_prefetcher {
 	struct pf_event *ring;
 	float *ring_probs;	/* [queue][J] */
 	float *ring_x;		/* [queue][hidden], nextlayer only */
+	float *ring_sem;	/* [queue][sem.dim], with semantic vectors only */
+	float *train_sem;	/* [sem.dim]: mp_prefetcher_train()'s vector */
 	uint32_t hidden;
 	float *routers;		/* nextlayer: [L][J][hidden] router weights as f32 */
 	float *spec;		/* [J] scratch: the speculative gate */
@@ -77,7 +80,7 @@ struct mp_prefetcher {
 	struct mp_prefetch pf;
 	bool pf_ok;
 	uint64_t cur_step;	/* iteration the policy is in */
-	bool early;		/* the policy began the next iteration on a guess */
+	bool early;		/* the policy began the next iteration before its first gate */
 	uint32_t guess_req, guess_tok;
 
 	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
@@ -280,12 +283,19 @@ static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
 }
 
 static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const float *probs,
-		   const float *x)
+		   const float *x, const float *sem)
 {
 	struct mp_prefetch *pf = &d->pf;
 	uint64_t t0 = mp_now_ns();
 
 	pthread_mutex_lock(&d->lock);
+	if (ev->begin) {
+		mp_prefetch_begin(pf, ev->request, ev->token, sem);
+		issue(d, ev->step);
+		atomic_fetch_add(&d->iterations, 1);
+		d->early = true;
+		goto out;
+	}
 	measure(d, ev);
 	expire(d, ev->step * d->L + ev->layer);
 	if (!pf->in_iter || pf->request != ev->request || pf->token != ev->token ||
@@ -312,6 +322,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 			d->early = true;
 		}
 	}
+out:
 	pthread_mutex_unlock(&d->lock);
 	atomic_fetch_add(&d->policy_ns, mp_now_ns() - t0);
 }
@@ -338,7 +349,8 @@ static void *thread_main(void *arg)
 			uint32_t i = (uint32_t)(tail & d->mask);
 
 			handle(d, &d->ring[i], d->ring_probs + (size_t)i * d->J,
-			       d->ring_x ? d->ring_x + (size_t)i * d->hidden : NULL);
+			       d->ring_x ? d->ring_x + (size_t)i * d->hidden : NULL,
+			       d->ring_sem ? d->ring_sem + (size_t)i * d->cfg.sem.dim : NULL);
 			atomic_fetch_add(&d->events, 1);
 			tail++;
 			atomic_store_explicit(&d->tail, tail, memory_order_release);
@@ -347,21 +359,16 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
-/* t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio. */
-static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, uint32_t layer,
-		   const uint32_t *ids, const float *weights, uint32_t k, const float *probs,
-		   const float *x, uint64_t t_ns)
+/*
+ * Claims the next queue entry for (request, token) under plock (held on
+ * return, with *step the producer's iteration index), or returns NULL with
+ * the event counted as dropped and plock released.
+ */
+static struct pf_event *claim(struct mp_prefetcher *d, uint32_t request, uint32_t token,
+			      uint64_t *step)
 {
-	struct pf_event *ev;
-	uint64_t head, step;
-	uint64_t one = 1;
+	uint64_t head;
 
-	if (!d || !ids || !k || k > MP_TRAJ_MAX_K || layer >= d->L)
-		return mp_err(-EINVAL, "prefetcher: gate of layer %u with %u experts", layer, k);
-	for (uint32_t i = 0; i < k; i++)
-		if (ids[i] >= d->J)
-			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
-				      layer, ids[i]);
 	pthread_mutex_lock(&d->plock);
 	if (!d->pstarted || request != d->preq || token != d->ptok) {
 		if (d->pstarted)
@@ -370,7 +377,66 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 		d->preq = request;
 		d->ptok = token;
 	}
-	step = d->pstep;
+	*step = d->pstep;
+	head = atomic_load_explicit(&d->head, memory_order_relaxed);
+	if (head - atomic_load_explicit(&d->tail, memory_order_acquire) > d->mask) {
+		pthread_mutex_unlock(&d->plock);
+		atomic_fetch_add(&d->dropped, 1);
+		return NULL;
+	}
+	return &d->ring[head & d->mask];
+}
+
+/* Publishes the entry claim() returned, releases plock and wakes the thread. */
+static void publish(struct mp_prefetcher *d)
+{
+	uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
+	uint64_t one = 1;
+
+	atomic_store_explicit(&d->head, head + 1, memory_order_release);
+	pthread_mutex_unlock(&d->plock);
+	if (write(d->efd, &one, sizeof(one)) < 0)
+		(void)0;	/* cannot overflow at one per event; the poll timeout covers it */
+}
+
+int mp_prefetcher_begin(struct mp_prefetcher *d, uint32_t request, uint32_t token,
+			const float *sem)
+{
+	struct pf_event *ev;
+	uint64_t step, slot;
+
+	if (!d || !sem || !d->cfg.sem.dim)
+		return mp_err(-EINVAL, "prefetcher: begin of request %u token %u: %s", request,
+			      token, !d ? "no prefetcher" : !sem ? "no semantic vector" :
+			      "opened without semantic vectors (sem.dim = 0)");
+	ev = claim(d, request, token, &step);
+	if (!ev)
+		return -ENOSPC;
+	slot = (uint64_t)(ev - d->ring);
+	*ev = (struct pf_event){ .step = step, .request = request, .token = token,
+				 .t_ns = mp_now_ns(), .begin = true };
+	memcpy(d->ring_sem + slot * d->cfg.sem.dim, sem, d->cfg.sem.dim * sizeof(float));
+	publish(d);
+	return 0;
+}
+
+/* t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio. */
+static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, uint32_t layer,
+		   const uint32_t *ids, const float *weights, uint32_t k, const float *probs,
+		   const float *x, uint64_t t_ns)
+{
+	struct pf_event *ev;
+	uint64_t step, slot;
+
+	if (!d || !ids || !k || k > MP_TRAJ_MAX_K || layer >= d->L)
+		return mp_err(-EINVAL, "prefetcher: gate of layer %u with %u experts", layer, k);
+	for (uint32_t i = 0; i < k; i++)
+		if (ids[i] >= d->J)
+			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
+				      layer, ids[i]);
+	ev = claim(d, request, token, &step);
+	if (!ev)
+		return -ENOSPC;
 	/* Positions and the true future are kept here, synchronously: O(k), no search. */
 	store_u64(&d->hints.now, step * d->L + layer);
 	if (d->truth && d->next_use_true) {
@@ -384,33 +450,25 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 		for (uint32_t i = 0; i < k; i++)
 			store_u64(&d->hints.next_use[key_of(d, layer, ids[i])], UINT64_MAX);
 	}
-	head = atomic_load_explicit(&d->head, memory_order_relaxed);
-	if (head - atomic_load_explicit(&d->tail, memory_order_acquire) > d->mask) {
-		pthread_mutex_unlock(&d->plock);
-		atomic_fetch_add(&d->dropped, 1);
-		return -ENOSPC;
-	}
-	ev = &d->ring[head & d->mask];
+	slot = (uint64_t)(ev - d->ring);
 	ev->step = step;
 	ev->request = request;
 	ev->token = token;
 	ev->layer = layer;
 	ev->k = k;
 	ev->t_ns = t_ns;
+	ev->begin = false;
 	memcpy(ev->ids, ids, k * sizeof(*ids));
 	ev->has_weights = weights != NULL;
 	if (weights)
 		memcpy(ev->weights, weights, k * sizeof(*weights));
 	ev->has_probs = probs != NULL;
 	if (probs)
-		memcpy(d->ring_probs + (head & d->mask) * d->J, probs, d->J * sizeof(float));
+		memcpy(d->ring_probs + slot * d->J, probs, d->J * sizeof(float));
 	ev->has_x = x && d->ring_x;
 	if (ev->has_x)
-		memcpy(d->ring_x + (head & d->mask) * d->hidden, x, d->hidden * sizeof(float));
-	atomic_store_explicit(&d->head, head + 1, memory_order_release);
-	pthread_mutex_unlock(&d->plock);
-	if (write(d->efd, &one, sizeof(one)) < 0)
-		(void)0;	/* cannot overflow at one per event; the poll timeout covers it */
+		memcpy(d->ring_x + slot * d->hidden, x, d->hidden * sizeof(float));
+	publish(d);
 	return 0;
 }
 
@@ -469,10 +527,20 @@ int mp_prefetcher_train(struct mp_prefetcher *d, const struct mp_trace *t, uint3
 	    request >= mp_trace_requests(t) || end > mp_trace_tokens(t, request) || begin > end)
 		return mp_err(-EINVAL, "prefetcher: train: trace, request %u or tokens [%u, %u) "
 			      "do not fit", request, begin, end);
+	if (d->cfg.sem.dim && !d->cfg.sem.fn)
+		return mp_err(-EINVAL, "prefetcher: train: semantic vectors of trace tokens need "
+			      "sem.fn");
 	mp_prefetcher_flush(d, 10000);
 	pthread_mutex_lock(&d->lock);
 	for (uint32_t tok = begin; tok < end && !err; tok++) {
-		mp_prefetch_begin(&d->pf, request, tok, NULL);
+		if (d->cfg.sem.dim) {
+			err = d->cfg.sem.fn(d->cfg.sem.arg, request, tok, d->train_sem);
+			if (err) {
+				mp_err(err, "semantic vector of token %u: %s", tok, strerror(-err));
+				break;
+			}
+		}
+		mp_prefetch_begin(&d->pf, request, tok, d->cfg.sem.dim ? d->train_sem : NULL);
 		for (uint32_t l = 0; l < d->L && !err; l++) {
 			const uint32_t *ids;
 			const float *w;
@@ -488,7 +556,7 @@ int mp_prefetcher_train(struct mp_prefetcher *d, const struct mp_trace *t, uint3
 	d->pf.n = 0;
 	d->early = false;
 	pthread_mutex_unlock(&d->lock);
-	return err ? mp_err(-EINVAL, "prefetcher: train: request %u: %s", request,
+	return err ? mp_err(err, "prefetcher: train: request %u: %s", request,
 			    mp_last_error()) : 0;
 }
 
@@ -617,6 +685,8 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->ring);
 	free(d->ring_probs);
 	free(d->ring_x);
+	free(d->ring_sem);
+	free(d->train_sem);
 	free(d->routers);
 	free(d->spec);
 	free(d->pend_logits);
@@ -737,6 +807,17 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	    !d->gaps || !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
+	if (d->cfg.sem.dim) {
+		if (d->cfg.sem.dim > MP_EMAP_MAX_SEM) {
+			err = mp_err(-EINVAL, "prefetcher: semantic vectors of %u floats (at most "
+				     "%u)", d->cfg.sem.dim, MP_EMAP_MAX_SEM);
+			goto close;
+		}
+		d->ring_sem = calloc((size_t)q * d->cfg.sem.dim, sizeof(float));
+		d->train_sem = calloc(d->cfg.sem.dim, sizeof(float));
+		if (!d->ring_sem || !d->train_sem)
+			goto close;
+	}
 	if (ops == &mp_prefetch_nextlayer) {
 		d->ring_x = calloc((size_t)q * d->hidden, sizeof(float));
 		if (!d->ring_x)
@@ -757,6 +838,7 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	struct mp_prefetch_env env = {
 		.layers = d->L, .experts = d->J, .topk = d->K, .distance = d->cfg.distance,
 		.emap_capacity = d->cfg.emap_capacity, .trace = d->cfg.trace,
+		.sem_dim = d->cfg.sem.dim,
 	};
 	err = mp_prefetch_init(&d->pf, ops, &env);
 	if (err)
@@ -850,6 +932,16 @@ static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 	return 0;
 }
 
+/* The token's embedding is the iteration's semantic vector (when the sizes agree). */
+static void src_embed(void *ctx, uint32_t request, uint32_t token, const float *e,
+		      uint32_t hidden)
+{
+	struct mp_prefetcher *d = ctx;
+
+	if (hidden == d->cfg.sem.dim)
+		mp_prefetcher_begin(d, request, token, e);	/* dropped: no prediction */
+}
+
 static int src_guard(void *ctx, int (*fn)(void *arg), void *arg)
 {
 	struct mp_prefetcher *d = ctx;
@@ -862,6 +954,7 @@ static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.route = src_route,
 	.guard = src_guard,
 	.gate = src_gate,
+	.embed = src_embed,
 };
 
 const struct mp_expert_source_ops *mp_prefetcher_source_ops(void)

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * FineMoE's expert-map prefetcher: semantic search for the first d layers,
- * trajectory-prefix search for the rest, similarity-aware selection
+ * FineMoE's expert-map prefetcher: semantic search for the first d layers
+ * (the token's embedding when the engine gives one, else the previous
+ * iteration's map), trajectory-prefix search for the rest, similarity-aware selection
  * (δ = 1 - score, at least top-k), priority p / (l - l_now). Predictions are
  * probabilities of use voted by many records (lib/emap.h), so only experts
  * worth a read are read (mp_prefetch_min_p()) and every expert gets an
@@ -14,6 +15,7 @@
 
 struct finemoe {
 	struct mp_emap *emap;
+	float *sem_use;		/* [layers][experts]: the semantic vote (with sem_dim) */
 };
 
 static int finemoe_init(struct mp_prefetch *pf)
@@ -31,8 +33,16 @@ static int finemoe_init(struct mp_prefetch *pf)
 
 	if (!f)
 		return -ENOMEM;
+	if (pf->env.sem_dim) {
+		f->sem_use = calloc((size_t)c.layers * c.experts, sizeof(float));
+		if (!f->sem_use) {
+			free(f);
+			return -ENOMEM;
+		}
+	}
 	err = mp_emap_create(&c, &f->emap);
 	if (err) {
+		free(f->sem_use);
 		free(f);
 		return err;
 	}
@@ -55,33 +65,51 @@ static int next_pass(struct mp_prefetch *pf, uint32_t layer, const float *last_m
 				     pf->env.topk, use);
 }
 
+/*
+ * With semantic vectors: the records nearest this iteration's vector vote
+ * for every layer; the first d layers are planned, the others hinted (the
+ * trajectory search refines them as the gates come).
+ */
+static void begin_semantic(struct mp_prefetch *pf)
+{
+	struct finemoe *f = pf->priv;
+	const uint32_t J = pf->env.experts;
+	float score;
+
+	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
+	if (mp_emap_predict_sem(f->emap, pf->sem, pf->env.topk, f->sem_use, &score) ||
+	    !(score > 0))
+		return;
+	for (uint32_t l = 0; l < pf->env.layers; l++) {
+		const float *use = f->sem_use + (size_t)l * J;
+
+		if (l < pf->env.distance)
+			mp_prefetch_plan_use(pf, l, use, score, -1);
+		else
+			mp_prefetch_hint(pf, l, use);
+	}
+}
+
 static void finemoe_begin(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
 	float use[MP_MAX_EXPERTS], score;
-	int y;
 
+	if (pf->env.sem_dim) {
+		begin_semantic(pf);
+		return;
+	}
 	/* Cold start (empty store) or no context yet: nothing to go on, demand only. */
-	if (!pf->env.sem_dim && !pf->have_context)
+	if (!pf->have_context || mp_emap_search_sem(f->emap, pf->sem, &score) < 0)
 		return;
-	y = mp_emap_search_sem(f->emap, pf->sem, &score);
-	if (y < 0)
-		return;
+	/* The closest context's score sets δ; the layer's transition, the set. */
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
-		if (!pf->env.sem_dim) {
-			/* The closest context's score sets δ; the transition, the set. */
-			if (next_pass(pf, l, pf->context, use))
-				return;
-			if (l < pf->env.distance)
-				mp_prefetch_plan_use(pf, l, use, score, -1);
-			else
-				mp_prefetch_hint(pf, l, use);
-		} else if (l < pf->env.distance) {
-			mp_prefetch_plan(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l), score, -1);
-		} else {
-			/* Later layers: eviction hints (the trajectory search refines them). */
-			mp_prefetch_hint(pf, l, mp_emap_layer(f->emap, (uint32_t)y, l));
-		}
+		if (next_pass(pf, l, pf->context, use))
+			return;
+		if (l < pf->env.distance)
+			mp_prefetch_plan_use(pf, l, use, score, -1);
+		else
+			mp_prefetch_hint(pf, l, use);
 	}
 }
 
@@ -120,6 +148,7 @@ static void finemoe_fini(struct mp_prefetch *pf)
 	if (!f)
 		return;
 	mp_emap_destroy(f->emap);
+	free(f->sem_use);
 	free(f);
 	pf->priv = NULL;
 }

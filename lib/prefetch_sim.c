@@ -42,6 +42,8 @@ struct sim {
 	bool pf_ok;
 	struct mp_policy_hints hints;
 	bool truth;		/* next_use comes from the trace (oracle/belady) */
+	float *sem;		/* [cfg->sem.dim]: the iteration's semantic vector */
+	int err;		/* the first semantic source error */
 };
 
 int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_replay_seg *train,
@@ -206,11 +208,26 @@ static int route(const struct sim *s, const struct mp_replay_seg *seg, uint32_t 
 	return mp_trace_route(s->t, seg->request, tok, l, ids, w);
 }
 
+/* Begins an iteration with its semantic vector, when there is a source. */
+static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
+{
+	const struct mp_sem_source *src = &s->cfg->sem;
+	int err = 0;
+
+	if (src->dim && !s->err) {
+		err = src->fn(src->arg, request, tok, s->sem);
+		if (err)
+			s->err = mp_err(err, "simulate: semantic vector of request %u token %u: %s",
+					request, tok, strerror(-err));
+	}
+	mp_prefetch_begin(&s->pf, request, tok, src->dim && !err ? s->sem : NULL);
+}
+
 static void learn(struct sim *s, const struct mp_replay_seg *segs, uint32_t n)
 {
 	for (uint32_t g = 0; g < n; g++) {
 		for (uint32_t tok = segs[g].begin; tok < segs[g].end; tok++) {
-			mp_prefetch_begin(&s->pf, segs[g].request, tok, NULL);
+			sim_begin(s, segs[g].request, tok);
 			for (uint32_t l = 0; l < s->L; l++) {
 				const uint32_t *ids;
 				const float *w, *probs;
@@ -289,11 +306,14 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, NULL);
 	take_items(s, it);
 	if (l + 1 == s->L) {
-		/* The map is complete: the next iteration's context is known now. */
+		/*
+		 * The map is complete: without semantic vectors it is the next
+		 * iteration's context, known now; a token's embedding only when
+		 * its step starts.
+		 */
 		mp_prefetch_end(&s->pf);
-		if (it + 1 < nsteps) {
-			mp_prefetch_begin(&s->pf, segs[steps[it + 1].seg].request,
-					  steps[it + 1].tok, NULL);
+		if (it + 1 < nsteps && !s->cfg->sem.dim) {
+			sim_begin(s, segs[steps[it + 1].seg].request, steps[it + 1].tok);
 			take_items(s, it + 1);
 		}
 	}
@@ -362,6 +382,7 @@ static void sim_free(struct sim *s)
 	free(s->q);
 	free(s->qidx);
 	free(s->hints.next_use);
+	free(s->sem);
 }
 
 int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *out)
@@ -414,9 +435,10 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.q = calloc(s.nkeys, sizeof(*s.q));
 	s.qidx = malloc(s.nkeys * sizeof(*s.qidx));
 	s.hints.next_use = malloc(s.nkeys * sizeof(uint64_t));
+	s.sem = cfg.sem.dim ? malloc(cfg.sem.dim * sizeof(float)) : NULL;
 	err = -ENOMEM;
 	if (!train || !eval || !s.state || !s.prefetched || !s.pinned || !s.done ||
-	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use)
+	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem))
 		goto out;
 	for (uint32_t k = 0; k < s.nkeys; k++)
 		s.qidx[k] = -1;
@@ -429,7 +451,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 
 	struct mp_prefetch_env penv = {
 		.layers = s.L, .experts = s.J, .topk = s.K, .distance = cfg.distance,
-		.emap_capacity = cfg.emap_capacity, .trace = s.t,
+		.emap_capacity = cfg.emap_capacity, .trace = s.t, .sem_dim = cfg.sem.dim,
 	};
 	err = mp_prefetch_init(&s.pf, pops, &penv);
 	if (err)
@@ -448,6 +470,9 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.pol_ok = true;
 
 	learn(&s, train, ntrain);
+	err = s.err;
+	if (err)
+		goto out;
 
 	for (uint32_t g = 0; g < neval; g++)
 		nsteps += eval[g].end - eval[g].begin;
@@ -464,17 +489,19 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 		goto out;
 
 	s.hints.now = 0;
-	mp_prefetch_begin(&s.pf, eval[steps[0].seg].request, steps[0].tok, NULL);
-	take_items(&s, 0);
 	for (uint64_t it = 0; it < nsteps; it++) {
 		const struct mp_replay_seg *seg = &eval[steps[it].seg];
 
+		if (!it || cfg.sem.dim) {
+			sim_begin(&s, seg->request, steps[it].tok);
+			take_items(&s, it);
+		}
 		for (uint32_t l = 0; l < s.L; l++)
 			run_layer(&s, seg, steps[it].tok, l, it, next, nsteps, steps, eval);
 		out->tokens++;
 	}
 	out->time = s.now;
-	err = 0;
+	err = s.err;
 out:
 	free(next);
 	free(steps);

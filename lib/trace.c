@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Reader for moe-trace v1 routing traces (docs/moe-trace.md): one pass, checked line by line. */
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <locale.h>
@@ -851,6 +852,45 @@ const char *mp_trace_meta(const struct mp_trace *t, const char *key)
 		if (!strcmp(t->meta[i].key, key))
 			return t->meta[i].value;
 	return NULL;
+}
+
+int mp_trace_token_ids(const struct mp_trace *t, uint32_t r, uint32_t *ids)
+{
+	const char *name = mp_trace_meta(t, "name") ?: "trace";
+	char key[32];
+	const char *s;
+	uint32_t n = 0;
+
+	if (!ids || r >= t->requests)
+		return mp_err(-EINVAL, "%s: token ids of request %u: %s", name, r,
+			      ids ? "no such request" : "no buffer");
+	snprintf(key, sizeof(key), "tokens.%u", r);
+	s = mp_trace_meta(t, key);
+	if (!s)
+		return mp_err(-ENOENT, "%s: request %u has no %s metadata", name, r, key);
+	for (;;) {
+		unsigned long long v;
+		char *end;
+
+		while (*s == ' ' || *s == '\t')
+			s++;
+		if (!*s)
+			break;
+		errno = 0;
+		v = strtoull(s, &end, 10);
+		if (*s < '0' || *s > '9' || end == s || errno || v > UINT32_MAX ||
+		    (*end && *end != ' ' && *end != '\t'))
+			return mp_err(-EINVAL, "%s: %s: '%.20s' is not a token id", name, key, s);
+		if (n == t->tokens[r])
+			return mp_err(-EINVAL, "%s: %s lists more ids than the request's %u tokens",
+				      name, key, t->tokens[r]);
+		ids[n++] = (uint32_t)v;
+		s = end;
+	}
+	if (n != t->tokens[r])
+		return mp_err(-EINVAL, "%s: %s lists %u ids for the request's %u tokens", name, key,
+			      n, t->tokens[r]);
+	return 0;
 }
 
 /* Row index of a position, or -1 when it is outside the trace. */

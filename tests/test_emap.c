@@ -402,6 +402,63 @@ static void predict_traj_votes_the_nearest_records(void **state)
 	mp_emap_destroy(m);
 }
 
+static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
+{
+	struct mp_emap *m = make(64, H);
+	float a[L * J], b[L * J], sa[H], sb[H], use[L * J], score;
+
+	(void)state;
+	top2_map(0, a);
+	top2_map(3, b);
+	/* Two semantic vectors at right angles: each record votes only for its own kind. */
+	memset(sa, 0, sizeof(sa));
+	memset(sb, 0, sizeof(sb));
+	sa[0] = 2.0f;
+	sb[1] = 1.0f;
+	for (uint32_t i = 0; i < 3; i++)
+		assert_true(mp_emap_insert(m, a, sa) >= 0);
+	assert_true(mp_emap_insert(m, b, sb) >= 0);
+	assert_int_equal(mp_emap_predict_sem(m, sb, 2, use, &score), 0);
+	assert_float_equal(score, 1.0, 1e-6);
+	/* b's one record (cosine 1) against the prior: (k/J + 1) / 2 on b's pair of every layer. */
+	for (uint32_t l = 0; l < L; l++) {
+		double sum = 0;
+
+		for (uint32_t j = 0; j < J; j++) {
+			double want = (0.25 + (b[l * J + j] > 0 ? 1.0 : 0.0)) / 2.0;
+
+			assert_float_equal(use[l * J + j], want, 1e-6);
+			sum += use[l * J + j];
+		}
+		assert_float_equal(sum, 2.0, 1e-5);
+	}
+	/* Halfway between: all four vote, weighted by the cosine (a's three each 1/sqrt 2). */
+	float mid[H] = { 1.0f, 1.0f, 0, 0, 0 };
+	double c = 1.0 / sqrt(2.0);
+
+	assert_int_equal(mp_emap_predict_sem(m, mid, 2, use, &score), 0);
+	assert_float_equal(score, c, 1e-6);
+	for (uint32_t j = 0; j < J; j++) {
+		double votes = (a[0 * J + j] > 0 ? 3 * c : 0) + (b[0 * J + j] > 0 ? c : 0);
+
+		assert_float_equal(use[0 * J + j], (0.25 + votes) / (1.0 + 4 * c), 1e-5);
+	}
+	/* A vector nothing shares: the prior everywhere, score 0. */
+	float other[H] = { 0, 0, 3.0f, 0, 0 };
+
+	assert_int_equal(mp_emap_predict_sem(m, other, 2, use, &score), 0);
+	assert_float_equal(score, 0.0, 0);
+	for (uint32_t i = 0; i < L * J; i++)
+		assert_float_equal(use[i], 0.25, 1e-6);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_sem(m, sa, 0, use, &score), -EINVAL);
+	mp_emap_destroy(m);
+	/* A store without semantic vectors has nothing to search them by. */
+	m = make(8, 0);
+	assert_int_equal(mp_emap_predict_sem(m, sa, 2, use, &score), -EINVAL);
+	mp_emap_destroy(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -417,6 +474,7 @@ int main(void)
 		cmocka_unit_test(corrupt_files_are_refused_naming_the_offset),
 		cmocka_unit_test(predict_layer_learns_the_layer_transition),
 		cmocka_unit_test(predict_traj_votes_the_nearest_records),
+		cmocka_unit_test(predict_sem_votes_the_nearest_records_for_every_layer),
 	};
 	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
 

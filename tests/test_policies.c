@@ -426,6 +426,47 @@ static void finemoe_wins_when_reads_are_the_bottleneck(void **state)
 	mp_trace_close(t);
 }
 
+/* Semantic vectors for the simulator: counts its calls, fails on cue. */
+struct sem_calls {
+	uint32_t calls;
+	uint32_t fail_at;	/* 0: never */
+};
+
+static int sem_counted(void *arg, uint32_t r, uint32_t t, float *out)
+{
+	struct sem_calls *c = arg;
+
+	(void)r;
+	if (++c->calls == c->fail_at)
+		return -EIO;
+	for (uint32_t i = 0; i < 4; i++)
+		out[i] = i == t % 4 ? 1.0f : 0.0f;
+	return 0;
+}
+
+static void simulator_gives_every_iteration_its_semantic_vector(void **state)
+{
+	struct mp_trace *t = synthetic(4, 8, 2, 4, 10, 5);
+	struct sem_calls calls = { 0 };
+	struct mp_sim_config c = { .trace = t, .capacity = 16, .prefetch = "finemoe",
+				   .evict = "finemoe", .sem = { 4, sem_counted, &calls } };
+	struct mp_sim_result r;
+
+	(void)state;
+	t_log_capture();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	/* Every token of the 4 requests (3 learnt, 1 evaluated), once each. */
+	assert_int_equal(calls.calls, 4 * 10);
+	assert_int_equal(r.tokens, 10);
+	assert_true(r.prefetch_emitted > 0);
+	/* A source that fails is the simulation's error, naming the token. */
+	calls = (struct sem_calls){ .fail_at = 35 };
+	t_log_reset();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), -EIO);
+	assert_true(t_log_contains("semantic vector of request 3 token 4: Input/output error"));
+	mp_trace_close(t);
+}
+
 static void unknown_policies_are_refused(void **state)
 {
 	struct mp_trace *t = synthetic(4, 8, 2, 2, 4, 3);
@@ -460,6 +501,7 @@ int main(void)
 		cmocka_unit_test(belady_reaches_the_on_demand_optimum),
 		cmocka_unit_test(oracle_prefetch_misses_only_what_it_cannot_reach),
 		cmocka_unit_test(ranking_holds_on_a_synthetic_geometry),
+		cmocka_unit_test(simulator_gives_every_iteration_its_semantic_vector),
 		cmocka_unit_test(unknown_policies_are_refused),
 	};
 

@@ -62,6 +62,28 @@ static uint32_t pick_cycle3(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint
 	return (path * 5 + l * (path + 1) + i * 3) % experts;
 }
 
+/* As pick_cycle3, but the trajectory is a hash of (request, token): no token predicts the next. */
+static uint32_t path_of(uint32_t r, uint32_t t)
+{
+	return (((r + 1) * 2654435761u) ^ (t * 40503u)) / 7u % 3u;
+}
+
+static uint32_t pick_hashed3(uint32_t r, uint32_t t, uint32_t l, uint32_t i, uint32_t experts)
+{
+	uint32_t path = path_of(r, t);
+
+	return (path * 5 + l * (path + 1) + i * 3) % experts;
+}
+
+/* The semantic vector of a token of pick_hashed3: which trajectory it takes, one-hot. */
+static int sem_of(void *arg, uint32_t r, uint32_t t, float *out)
+{
+	(void)arg;
+	for (uint32_t i = 0; i < 3; i++)
+		out[i] = i == path_of(r, t) ? 1.0f : 0.0f;
+	return 0;
+}
+
 static void collect(const struct mp_prefetch *pf, uint32_t layer, uint32_t *ids, uint32_t *n)
 {
 	*n = 0;
@@ -246,6 +268,70 @@ static void finemoe_predicts_a_seen_trajectory_exactly(void **state)
 	assert_int_equal(exact, checked);
 	mp_prefetch_fini(&pf);
 	mp_trace_close(t);
+}
+
+/*
+ * Tokens whose trajectory nothing before them predicts, but their semantic
+ * vector does: with it finemoe plans the first d layers exactly before any
+ * gate, and hints the later ones; without it (the previous map as context)
+ * it cannot.
+ */
+static uint32_t begin_exact(uint32_t sem_dim)
+{
+	struct mk m = { 8, 16, 2, 2, 40, pick_hashed3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 8, .experts = 16, .topk = 2, .distance = 3,
+				       .sem_dim = sem_dim };
+	struct mp_prefetch pf;
+	uint32_t exact = 0;
+	float sem[3];
+
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	for (uint32_t r = 0; r < 2; r++) {
+		for (uint32_t tok = 0; tok < 40; tok++) {
+			bool all = true;
+
+			sem_of(NULL, r, tok, sem);
+			mp_prefetch_begin(&pf, r, tok, sem_dim ? sem : NULL);
+			for (uint32_t l = 0; r == 1 && l < 8; l++) {
+				const uint32_t *truth;
+				const float *tw;
+				uint32_t got[16], n, hi = 0;
+
+				assert_int_equal(mp_trace_route(t, r, tok, l, &truth, &tw), 0);
+				if (l < 3) {
+					collect(&pf, l, got, &n);
+					all &= same_set(got, n, truth, 2);
+					continue;
+				}
+				/* Later layers: the true pair has the two highest hints. */
+				for (uint32_t j = 0; j < 16; j++)
+					hi += pf.hint_p[l * 16 + j] >
+					      fmaxf(pf.hint_p[l * 16 + truth[0]],
+						    pf.hint_p[l * 16 + truth[1]]);
+				all &= !sem_dim || hi == 0;
+			}
+			exact += r == 1 && all;
+			for (uint32_t l = 0; l < 8; l++) {
+				const uint32_t *ids;
+				const float *w;
+
+				assert_int_equal(mp_trace_route(t, r, tok, l, &ids, &w), 0);
+				assert_int_equal(mp_prefetch_gate(&pf, l, ids, w, 2, NULL, NULL), 0);
+			}
+			mp_prefetch_end(&pf);
+		}
+	}
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+	return exact;
+}
+
+static void finemoe_plans_the_first_layers_from_the_semantic_vector(void **state)
+{
+	(void)state;
+	assert_int_equal(begin_exact(3), 40);
+	assert_true(begin_exact(0) < 40);
 }
 
 static void finemoe_with_an_empty_store_stays_on_demand(void **state)
@@ -465,9 +551,19 @@ static struct mp_pager *open_or_skip(struct mp_store *s, const struct mp_pager_c
 	return p;
 }
 
-static void driver_prefetches_what_the_policy_predicts(void **state)
+/* A pager over a new tiny store whose budget holds every expert (nothing is evicted). */
+static struct mp_pager *open_unbounded(const char *name, uint64_t seed, struct mp_store **s)
 {
 	struct mp_pager_config pc;
+
+	*s = tiny_store(name, seed);
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = mp_store_total_expert_bytes(*s);
+	return open_or_skip(*s, &pc);
+}
+
+static void driver_prefetches_what_the_policy_predicts(void **state)
+{
 	struct mp_prefetcher_config fc = { .policy = "oracle", .distance = 1 };
 	struct mp_prefetcher_stats st;
 	struct mp_prefetcher *pf;
@@ -477,11 +573,8 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
 	struct mp_trace *t;
 
 	(void)state;
-	s = tiny_store("tiny.mpk", 3);
+	p = open_unbounded("tiny.mpk", 3, &s);
 	g = mp_store_geometry(s);
-	mp_pager_config_init(&pc);
-	pc.budget_bytes = mp_store_total_expert_bytes(s);
-	p = open_or_skip(s, &pc);
 	struct mk m = { g->layers, g->experts, g->topk, 1, 3, pick_cycle3 };
 	t = make_trace(&m);
 	fc.trace = t;
@@ -559,6 +652,68 @@ static void driver_measures_the_load_ratio(void **state)
 	assert_true(st.load_ratio > 0 && st.load_ratio < 1e6f);
 	mp_prefetcher_close(pf);
 	mp_pager_close(p);
+	mp_store_close(s);
+}
+
+/*
+ * Semantic vectors through the driver: trained from trace tokens with
+ * sem.fn, then an iteration begun with its vector alone brings in the
+ * first d layers' experts before any gate.
+ */
+static void driver_begins_an_iteration_from_its_semantic_vector(void **state)
+{
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .distance = 2,
+					   .sem = { 3, sem_of, NULL } };
+	struct mp_prefetcher_config plain = { .policy = "finemoe" };
+	struct mp_prefetcher *pf;
+	const struct mp_geometry *g;
+	struct mp_store *s;
+	struct mp_pager *p;
+	struct mp_trace *t;
+	float sem[3];
+
+	(void)state;
+	t_log_capture();
+	p = open_unbounded("tiny-sem.mpk", 13, &s);
+	g = mp_store_geometry(s);
+	struct mk m = { g->layers, g->experts, g->topk, 2, 12, pick_hashed3 };
+	t = make_trace(&m);
+	/* Without sem.fn there are no vectors for the trace's tokens. */
+	fc.sem.fn = NULL;
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_prefetcher_train(pf, t, 0, 0, 12), -EINVAL);
+	mp_prefetcher_close(pf);
+	fc.sem.fn = sem_of;
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_prefetcher_train(pf, t, 0, 0, 12), 0);
+	for (uint32_t tok = 0; tok < 3; tok++) {
+		sem_of(NULL, 1, tok, sem);
+		assert_int_equal(mp_prefetcher_begin(pf, 1, tok, sem), 0);
+		assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+		assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+		for (uint32_t l = 0; l < 2; l++) {
+			const uint32_t *ids;
+			const float *w;
+
+			assert_int_equal(mp_trace_route(t, 1, tok, l, &ids, &w), 0);
+			for (uint32_t i = 0; i < g->topk; i++)
+				assert_int_equal(mp_pager_residency(p, l, ids[i]), MP_RES_MAPPED);
+		}
+		/* Evict everything for the next token's check (none is in use). */
+		for (uint32_t l = 0; l < g->layers; l++)
+			for (uint32_t e = 0; e < g->experts; e++)
+				mp_pager_evict(p, l, e, 0);
+	}
+	assert_int_equal(mp_prefetcher_begin(pf, 1, 3, NULL), -EINVAL);
+	mp_prefetcher_close(pf);
+	/* A prefetcher opened without semantic vectors takes none. */
+	assert_int_equal(mp_prefetcher_open(p, &plain, &pf), 0);
+	t_log_reset();
+	assert_int_equal(mp_prefetcher_begin(pf, 1, 0, sem), -EINVAL);
+	assert_true(t_log_contains("opened without semantic vectors"));
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_trace_close(t);
 	mp_store_close(s);
 }
 
@@ -756,6 +911,7 @@ int main(void)
 		cmocka_unit_test(priority_is_p_over_layer_distance),
 		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
+		cmocka_unit_test(finemoe_plans_the_first_layers_from_the_semantic_vector),
 		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
 		cmocka_unit_test(an_iteration_without_gates_teaches_nothing),
 		cmocka_unit_test(oracle_emits_the_true_future),
@@ -766,6 +922,7 @@ int main(void)
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
+		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),
 		cmocka_unit_test(driver_measures_the_load_ratio),
 		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),

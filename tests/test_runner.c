@@ -30,6 +30,12 @@ struct spy {
 	int guard_fail_layer, guard_fail_expert;
 	uint32_t cur_layer, cur_expert;
 	uint32_t guard_calls;
+	/* The embed op's calls: step, and the vector of the last one. */
+	uint32_t embeds;
+	uint32_t embed_token[8];
+	float embed_vec[1024];
+	uint32_t embed_hidden;
+	uint32_t routes_at_embed;
 };
 
 static const void *spy_expert(void *ctx, uint32_t layer, uint32_t expert)
@@ -70,10 +76,25 @@ static int spy_guard(void *ctx, int (*fn)(void *arg), void *arg)
 	return fn(arg);
 }
 
+static void spy_embed(void *ctx, uint32_t request, uint32_t token, const float *e,
+		      uint32_t hidden)
+{
+	struct spy *s = ctx;
+
+	(void)request;
+	if (s->embeds < 8)
+		s->embed_token[s->embeds] = token;
+	s->embeds++;
+	s->embed_hidden = hidden;
+	s->routes_at_embed = s->n;
+	memcpy(s->embed_vec, e, (hidden < 1024 ? hidden : 1024) * sizeof(float));
+}
+
 static const struct mp_expert_source_ops spy_ops = {
 	.expert = spy_expert,
 	.route = spy_route,
 	.guard = spy_guard,
+	.embed = spy_embed,
 };
 
 struct fixture {
@@ -239,6 +260,43 @@ static void decode_step_reports_its_step_and_router_order(void **state)
 		routes++;
 	}
 	assert_int_equal(routes, g->layers);
+	mp_runner_close(r);
+}
+
+/* Each decode step hands the source its input token's embedding row, before any layer. */
+static void decode_step_gives_the_tokens_embedding_first(void **state)
+{
+	struct fixture *f = *state;
+	const struct mp_geometry *g = mp_store_geometry(f->store);
+	const struct mp_tensor_info *ti = mp_store_tensor(f->store, "tok_embd");
+	struct mp_runner *r = open_runner(f, NULL, 0, 64);
+	struct spy *s = f->spy;
+	const uint32_t steps[2] = { 5, 9 };
+	float *row = malloc(g->hidden * sizeof(float));
+	char *table;
+
+	assert_non_null(ti);
+	assert_non_null(row);
+	assert_true(g->hidden <= 1024);
+	table = malloc(ti->bytes);
+	assert_non_null(table);
+	assert_int_equal(mp_store_read_tensor(f->store, ti, table), 0);
+	/* A prompt is no iteration of its own. */
+	assert_int_equal(mp_runner_prefill(r, prompt, 3), 0);
+	assert_int_equal(s->embeds, 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		s->n = 0;
+		assert_int_equal(mp_runner_step(r, steps[i]), 0);
+		assert_int_equal(s->embeds, i + 1);
+		assert_int_equal(s->embed_token[i], i);
+		assert_int_equal(s->embed_hidden, g->hidden);
+		assert_int_equal(s->routes_at_embed, 0);
+		mp_dtype_to_f32(ti->dtype, table + (size_t)steps[i] * g->hidden *
+				mp_dtype_size(ti->dtype), row, g->hidden);
+		assert_memory_equal(s->embed_vec, row, g->hidden * sizeof(float));
+	}
+	free(table);
+	free(row);
 	mp_runner_close(r);
 }
 
@@ -535,6 +593,7 @@ int main(void)
 		cmocka_unit_test(batched_prefill_equals_token_by_token),
 		cmocka_unit_test(routing_is_reported_before_the_layers_experts_are_read),
 		cmocka_unit_test(decode_step_reports_its_step_and_router_order),
+		cmocka_unit_test(decode_step_gives_the_tokens_embedding_first),
 		cmocka_unit_test(route_error_aborts_the_step),
 		cmocka_unit_test(guard_error_names_layer_and_expert),
 		cmocka_unit_test(tokens_do_not_depend_on_thread_count),

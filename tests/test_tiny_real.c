@@ -296,28 +296,6 @@ static void runner_perplexity_matches_pytorch_within_1pct(void **state)
 	json_decref(fx);
 }
 
-/* Request r's tokens from the trace's "tokens.R" metadata. */
-static size_t trace_tokens(const struct mp_trace *t, uint32_t r, uint32_t *ids)
-{
-	char key[32];
-	const char *s;
-	char *end;
-	size_t n = 0;
-
-	snprintf(key, sizeof(key), "tokens.%u", r);
-	s = mp_trace_meta(t, key);
-	assert_non_null(s);
-	for (;; s = end) {
-		unsigned long v = strtoul(s, &end, 10);
-
-		if (end == s)
-			break;
-		assert_true(n < MAX_IDS);
-		ids[n++] = (uint32_t)v;
-	}
-	return n;
-}
-
 static bool near_tie(const float *p, uint32_t experts, uint32_t k)
 {
 	float sorted[64];
@@ -352,12 +330,13 @@ static void trace_routing_is_the_c_runners_routing(void **state)
 	assert_int_equal(mp_trace_check_geometry(t, mp_store_geometry(m.store)), 0);
 	assert_int_equal(mp_trace_experts(t), 16);
 	for (uint32_t r = 0; r < 8 && r < mp_trace_requests(t); r++) {
-		size_t n = trace_tokens(t, r, ids);
+		uint32_t n = mp_trace_tokens(t, r);
 
-		assert_int_equal(n, mp_trace_tokens(t, r));
+		assert_true(n <= MAX_IDS);
+		assert_int_equal(mp_trace_token_ids(t, r, ids), 0);
 		mp_runner_reset(m.runner);
 		memset(&rl.ids, 0xff, sizeof(rl.ids));
-		for (size_t i = 0; i < n; i++)
+		for (uint32_t i = 0; i < n; i++)
 			assert_int_equal(mp_runner_step(m.runner, ids[i]), 0);
 		for (uint32_t tok = 0; tok < n; tok++) {
 			for (uint32_t l = 0; l < mp_trace_layers(t); l++) {

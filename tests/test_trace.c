@@ -257,6 +257,52 @@ static void probability_columns_are_exposed(void **state)
  * A trace bigger than the file reader's buffer, so rows straddle read
  * boundaries and the row arrays grow several times.
  */
+/* tokens.R: exactly one id per routed token, else a message naming the key. */
+static void token_ids_come_from_the_tokens_metadata(void **state)
+{
+	static const char head[] = "# moe-trace v1\n# layers=1\n# experts=4\n# topk=1\n";
+	static const char rows[] = "request,token,layer,e0\n0,0,0,1\n0,1,0,2\n0,2,0,3\n"
+				   "1,0,0,0\n";
+	static const struct {
+		const char *meta;
+		int err;
+		const char *msg;
+	} cases[] = {
+		{ "# tokens.0=7 0 4294967295\n# tokens.1= 12 \n", 0, NULL },
+		{ "# tokens.1=5\n", -ENOENT, "request 0 has no tokens.0" },
+		{ "# tokens.0=7 8\n", -EINVAL, "lists 2 ids for the request's 3 tokens" },
+		{ "# tokens.0=7 8 9 10\n", -EINVAL, "lists more ids than the request's 3" },
+		{ "# tokens.0=7 -8 9\n", -EINVAL, "'-8 9' is not a token id" },
+		{ "# tokens.0=7 8x 9\n", -EINVAL, "is not a token id" },
+		{ "# tokens.0=7 8 4294967296\n", -EINVAL, "'4294967296' is not a token id" },
+	};
+	uint32_t ids[4];
+
+	(void)state;
+	t_log_capture();
+	for (size_t c = 0; c < ARRAY_SIZE(cases); c++) {
+		char buf[512];
+		struct mp_trace *t = NULL;
+		int len = snprintf(buf, sizeof(buf), "%s%s%s", head, cases[c].meta, rows);
+
+		assert_int_equal(mp_trace_parse(buf, (size_t)len, "ids", &t), 0);
+		t_log_reset();
+		assert_int_equal(mp_trace_token_ids(t, 0, ids), cases[c].err);
+		if (cases[c].msg && !t_log_contains(cases[c].msg))
+			fail_msg("case %zu: no message \"%s\"", c, cases[c].msg);
+		if (!cases[c].err) {
+			assert_int_equal(ids[0], 7);
+			assert_int_equal(ids[1], 0);
+			assert_int_equal(ids[2], UINT32_MAX);
+			assert_int_equal(mp_trace_token_ids(t, 1, ids), 0);
+			assert_int_equal(ids[0], 12);
+		}
+		assert_int_equal(mp_trace_token_ids(t, 2, ids), -EINVAL);
+		assert_int_equal(mp_trace_token_ids(t, 0, NULL), -EINVAL);
+		mp_trace_close(t);
+	}
+}
+
 static void large_trace_streams_across_read_boundaries(void **state)
 {
 	const uint32_t requests = 3, tokens = 12000, layers = 8;
@@ -508,6 +554,7 @@ int main(void)
 		cmocka_unit_test(geometry_check_names_the_mismatch),
 		cmocka_unit_test(ids_only_trace_has_no_weights),
 		cmocka_unit_test(probability_columns_are_exposed),
+		cmocka_unit_test(token_ids_come_from_the_tokens_metadata),
 		cmocka_unit_test(large_trace_streams_across_read_boundaries),
 		cmocka_unit_test(file_errors_name_the_path),
 		cmocka_unit_test(overlong_line_in_file_is_refused),

@@ -34,6 +34,7 @@ struct bench_opts {
 	uint32_t repeat;
 	bool no_drop;
 	bool no_admit;
+	bool no_semantic;
 	bool simulate;
 	bool json;
 };
@@ -64,6 +65,7 @@ struct bench_result {
 	uint64_t emap_bytes;		/* finemoe: memory of the map store */
 	uint32_t emap_records;
 	float load_ratio;		/* the prefetcher's measured read/layer ratio (last trace) */
+	bool semantic;			/* the prefetcher had semantic vectors */
 	char cache_note[96];		/* how the page cache started */
 };
 
@@ -107,10 +109,31 @@ void bench_pread_close(struct bench_pread *p);
 const struct mp_expert_source_ops *bench_pread_ops(void);
 void bench_pread_stats(const struct bench_pread *p, struct bench_source_stats *out);
 
-/* Runs one policy or baseline over one trace's evaluation part. Returns 0 or -errno (printed). */
+/*
+ * A trace's token ids (its tokens.R metadata) and the model's embeddings of
+ * them: the semantic vector of a trace token (bench_sem_fn(), an
+ * mp_sem_source fn) is the one the runner gives the prefetcher when it runs
+ * that token. Open returns 0, -ENOENT when the trace has no token ids (no
+ * message), or another -errno (printed: an id outside the vocabulary, no
+ * embedding tensor, a read error).
+ */
+struct bench_sem;
+int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *trace_path,
+		   struct bench_sem **out);
+void bench_sem_close(struct bench_sem *b);
+uint32_t bench_sem_dim(const struct bench_sem *b);
+uint32_t bench_sem_token(const struct bench_sem *b, uint32_t request, uint32_t token);
+int bench_sem_fn(void *arg, uint32_t request, uint32_t token, float *out);
+
+/*
+ * Runs one policy or baseline over one trace's evaluation part. With sem
+ * (may be NULL) the runner decodes the trace's own tokens, and the
+ * prefetcher gets their semantic vectors unless o->no_semantic. Returns 0 or
+ * -errno (printed).
+ */
 int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
 		   struct mp_store *store, const struct mp_trace *t, const char *trace_path,
-		   uint64_t budget_bytes, struct bench_result *out);
+		   const struct bench_sem *sem, uint64_t budget_bytes, struct bench_result *out);
 
 /* Writes DIR/{throughput,hit_rate,heatmap}.{svg,png} with gnuplot. Returns 0 or -errno. */
 int bench_plot(const struct bench_opts *o, const struct bench_row *rows, uint32_t n,

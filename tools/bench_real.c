@@ -33,6 +33,7 @@ struct feed {
 	uint32_t hidden;
 	uint32_t x_layer, x_token;
 	bool have_x;	/* first trace token fed to the prefetcher */
+	bool semantic;	/* the token's embedding starts the prefetcher's iteration */
 };
 
 static const void *feed_expert(void *ctx, uint32_t layer, uint32_t expert)
@@ -80,6 +81,16 @@ static void feed_gate(void *ctx, uint32_t request, uint32_t token, uint32_t laye
 	f->have_x = true;
 }
 
+static void feed_embed(void *ctx, uint32_t request, uint32_t token, const float *e,
+		       uint32_t hidden)
+{
+	struct feed *f = ctx;
+
+	(void)hidden;	/* the prefetcher was opened with the model's hidden size */
+	if (f->pf && f->semantic && token >= f->feed_from)
+		mp_prefetcher_begin(f->pf, request, token, e);	/* dropped: no prediction */
+}
+
 static int feed_guard(void *ctx, int (*fn)(void *arg), void *arg)
 {
 	struct feed *f = ctx;
@@ -92,6 +103,7 @@ static const struct mp_expert_source_ops feed_ops = {
 	.route = feed_route,
 	.guard = feed_guard,
 	.gate = feed_gate,
+	.embed = feed_embed,
 };
 
 static double now_s(void)
@@ -216,10 +228,18 @@ struct child_ctx {
 	const struct bench_spec *spec;
 	struct mp_store *store;
 	const struct mp_trace *t;
+	const struct bench_sem *sem;	/* the trace's tokens, or NULL */
 	uint64_t budget;
 	struct mp_replay_seg *train, *eval;
 	uint32_t ntrain, neval;
 };
+
+/* The input of decode step tok: the trace's own token when it has them, else greedy. */
+static uint32_t next_token(const struct child_ctx *c, const struct mp_runner *r,
+			   uint32_t request, uint32_t tok)
+{
+	return c->sem ? bench_sem_token(c->sem, request, tok) : mp_runner_argmax(r);
+}
 
 /* Decodes one evaluation segment; the measured steps' wall time goes to *secs. */
 static int decode_segment(struct child_ctx *c, struct mp_engine *e, struct feed *fd,
@@ -248,16 +268,17 @@ static int decode_segment(struct child_ctx *c, struct mp_engine *e, struct feed 
 		return err;
 	}
 	fd->feed_from = seg->begin;
-	err = mp_runner_prefill(r, &prompt, 1);
+	/* The trace's own tokens start at position 0, as they were recorded; else one prompt token. */
+	err = c->sem ? 0 : mp_runner_prefill(r, &prompt, 1);
 	/* Trace tokens before the segment (one-request traces) run unmeasured. */
 	for (uint32_t tok = 0; !err && tok < seg->begin; tok++)
-		err = mp_runner_step(r, mp_runner_argmax(r));
+		err = mp_runner_step(r, next_token(c, r, seg->request, tok));
 	if (fd->pf && !err)
 		mp_prefetcher_flush(fd->pf, 10000);
 	mark(arg, true);
 	t0 = now_s();
 	for (uint32_t tok = seg->begin; !err && tok < end; tok++) {
-		err = mp_runner_step(r, mp_runner_argmax(r));
+		err = mp_runner_step(r, next_token(c, r, seg->request, tok));
 		if (!err)
 			(*tokens)++;
 	}
@@ -318,6 +339,11 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	fc.emap_capacity = c->o->emap_capacity;
 	fc.trace = truth ? c->t : NULL;
 	fc.no_admit = c->o->no_admit;
+	if (c->sem && !c->o->no_semantic) {
+		fc.sem = (struct mp_sem_source){ bench_sem_dim(c->sem), bench_sem_fn,
+						 (void *)c->sem };
+		res->semantic = true;
+	}
 	err = mp_prefetcher_open(p, &fc, &pf);
 	if (err) {
 		fprintf(stderr, "moepager bench: prefetcher: %s\n", mp_last_error());
@@ -332,7 +358,8 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 		fprintf(stderr, "moepager bench: prefetcher: %s\n", mp_last_error());
 		goto close_pf;
 	}
-	fd = (struct feed){ .inner = mp_pager_source_ops(), .inner_ctx = p, .pf = pf, .t = c->t };
+	fd = (struct feed){ .inner = mp_pager_source_ops(), .inner_ctx = p, .pf = pf, .t = c->t,
+			    .semantic = res->semantic };
 	fd.hidden = mp_store_geometry(c->store)->hidden;
 	fd.x = calloc(fd.hidden, sizeof(float));
 	if (!fd.x) {
@@ -525,10 +552,10 @@ static ssize_t read_full(int fd, void *buf, size_t len)
 
 int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
 		   struct mp_store *store, const struct mp_trace *t, const char *trace_path,
-		   uint64_t budget_bytes, struct bench_result *out)
+		   const struct bench_sem *sem, uint64_t budget_bytes, struct bench_result *out)
 {
 	uint32_t nreq = mp_trace_requests(t);
-	struct child_ctx c = { o, spec, store, t, budget_bytes, NULL, NULL, 0, 0 };
+	struct child_ctx c = { o, spec, store, t, sem, budget_bytes, NULL, NULL, 0, 0 };
 	char note[96];
 	struct rusage ru;
 	int pipefd[2], status, err;

@@ -26,6 +26,7 @@ enum {
 	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
 	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS,
 	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT,
+	OPT_NO_SEMANTIC,
 };
 
 static const char doc[] =
@@ -54,6 +55,11 @@ static const char doc[] =
 	"file needed, budgets as percentages): hit rates within seconds, times in\n"
 	"model units (one expert FFN = 1, one expert load = --load-cost).\n"
 	"\n"
+	"A trace that carries its token ids (tokens.R metadata, e.g. the trained\n"
+	"model's) is decoded with those tokens, and with --model the prefetcher\n"
+	"gets each token's embedding as its semantic vector (finemoe's search for\n"
+	"the first d layers; --no-semantic: the previous iteration's map instead).\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench --simulate --trace gsm8k.csv,humaneval.csv --budget 25%,50% \\\n"
 	"      --policies none,finemoe,oracle\n"
@@ -61,7 +67,8 @@ static const char doc[] =
 	"      --budget 50% --policies mmap,pread-lru,finemoe,oracle --json --plot out\n";
 
 static const struct argp_option opts[] = {
-	{ "model", OPT_MODEL, "FILE", 0, "The .mpk model (not with --simulate)", 0 },
+	{ "model", OPT_MODEL, "FILE", 0,
+	  "The .mpk model (--simulate: optional, for byte budgets and semantic vectors)", 0 },
 	{ "trace", OPT_TRACE, "FILE[,FILE...]", 0, "moe-trace v1 files to replay (required)", 0 },
 	{ "budget", OPT_BUDGET, "B[,B...]", 0,
 	  "Expert memory: sizes (8G, 512M) or percentages of the expert bytes (default 50%)", 0 },
@@ -78,6 +85,8 @@ static const struct argp_option opts[] = {
 	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache between runs", 0 },
 	{ "no-admit", OPT_NO_ADMIT, NULL, 0,
 	  "Let prefetches evict experts predicted to be needed sooner", 0 },
+	{ "no-semantic", OPT_NO_SEMANTIC, NULL, 0,
+	  "Give the prefetcher no semantic vectors, even when the trace has token ids", 0 },
 	{ "simulate", OPT_SIMULATE, NULL, 0, "Use the cache model instead of the engine", 0 },
 	{ "load-cost", OPT_LOAD_COST, "X", 0,
 	  "--simulate: one expert load in expert-FFN times (default 2)", 0 },
@@ -175,6 +184,9 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_NO_ADMIT:
 		env.no_admit = true;
+		break;
+	case OPT_NO_SEMANTIC:
+		env.no_semantic = true;
 		break;
 	case OPT_SIMULATE:
 		env.simulate = true;
@@ -317,12 +329,14 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 		sum->emap_records = r->emap_records;
 	if (r->load_ratio > 0)
 		sum->load_ratio = r->load_ratio;
+	sum->semantic |= r->semantic;
 	if (r->cache_note[0])
 		snprintf(sum->cache_note, sizeof(sum->cache_note), "%s", r->cache_note);
 }
 
-static int run_sim(const struct bench_spec *spec, struct mp_trace *t, uint32_t capacity,
-		   uint64_t expert_bytes, struct bench_result *r)
+static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
+		   const struct bench_sem *sem, uint32_t capacity, uint64_t expert_bytes,
+		   struct bench_result *r)
 {
 	struct mp_sim_config c = {
 		.trace = t, .train_fraction = env.train_fraction, .capacity = capacity,
@@ -332,7 +346,11 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t, uint32_t c
 		.max_tokens = env.max_tokens,
 	};
 	struct mp_sim_result s;
+	bool semantic = sem && !env.no_semantic && spec->baseline == BENCH_POLICY;
 	int err;
+
+	if (semantic)
+		c.sem = (struct mp_sem_source){ bench_sem_dim(sem), bench_sem_fn, (void *)sem };
 
 	if (spec->baseline == BENCH_MMAP) {
 		fprintf(stderr, "moepager bench: --simulate has no model of the page cache: "
@@ -350,6 +368,7 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t, uint32_t c
 		return err;
 	}
 	memset(r, 0, sizeof(*r));
+	r->semantic = semantic;
 	r->tokens = s.tokens;
 	r->seconds = s.time;
 	r->stall_seconds = s.stall;
@@ -406,6 +425,7 @@ static json_t *result_json(const struct bench_row *row)
 	json_object_set_new(o, "tokens", json_integer((json_int_t)r->tokens));
 	json_object_set_new(o, "expert_uses", json_integer((json_int_t)r->uses));
 	json_object_set_new(o, "mode", json_string(env.simulate ? "simulated" : "measured"));
+	json_object_set_new(o, "semantic", json_boolean(r->semantic));
 	if (row->reps > 1) {
 		json_t *runs = json_array();
 
@@ -481,6 +501,7 @@ int cmd_bench(int argc, char **argv)
 	static char default_budget[] = "50%";
 	static char default_policies[] = "none,finemoe,oracle";
 	struct mp_trace *traces[MAX_LIST] = { 0 };
+	struct bench_sem *sems[MAX_LIST] = { 0 };
 	struct bench_spec specs[MAX_LIST];
 	struct bench_row *rows = NULL;
 	struct mp_store *store = NULL;
@@ -532,6 +553,12 @@ int cmd_bench(int argc, char **argv)
 			err = -EINVAL;
 			goto out;
 		}
+		/* Token ids, and with a model their embeddings: none is fine. */
+		if (store && (err = bench_sem_open(store, traces[i], env.traces[i], &sems[i]))) {
+			if (err != -ENOENT)
+				goto out;
+			err = 0;
+		}
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
 	if (!rows) {
@@ -562,12 +589,12 @@ int cmd_bench(int argc, char **argv)
 					struct bench_result r;
 
 					if (env.simulate)
-						err = run_sim(&specs[p], traces[t], cap,
-							      expert_bytes, &r);
+						err = run_sim(&specs[p], traces[t], sems[t],
+							      cap, expert_bytes, &r);
 					else
 						err = bench_run_real(&env, &specs[p], store,
 								     traces[t], env.traces[t],
-								     bytes, &r);
+								     sems[t], bytes, &r);
 					if (err)
 						goto out;
 					add_result(&runs[rep], &r);
@@ -606,8 +633,10 @@ int cmd_bench(int argc, char **argv)
 	}
 out:
 	free(rows);
-	for (uint32_t i = 0; i < env.ntraces; i++)
+	for (uint32_t i = 0; i < env.ntraces; i++) {
+		bench_sem_close(sems[i]);
 		mp_trace_close(traces[i]);
+	}
 	mp_store_close(store);
 	return err ? 1 : 0;
 }

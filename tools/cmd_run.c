@@ -387,13 +387,19 @@ static int warm_all(struct mp_pager *p, const struct mp_geometry *g)
 /*
  * A prefetcher between the runner and the pager. With a trace, the future it
  * may know (oracle, belady) is the decode steps of every repetition, in order.
+ * Without one the model routes its own tokens, and each token's embedding is
+ * the iteration's semantic vector (a forced route has nothing to do with it).
  */
 static int open_prefetcher(struct run *r)
 {
 	struct mp_prefetcher_config cfg = { .policy = env.prefetch, .trace = r->trace };
-	struct mp_replay_seg *segs;
-	int err = mp_prefetcher_open(r->pager, &cfg, &r->prefetcher);
 
+	if (!r->trace)
+		cfg.sem.dim = mp_store_geometry(r->store)->hidden;
+	struct mp_replay_seg *segs;
+	int err;
+
+	err = mp_prefetcher_open(r->pager, &cfg, &r->prefetcher);
 	if (err || !r->trace)
 		return err;
 	segs = calloc(env.repeat, sizeof(*segs));

@@ -50,7 +50,17 @@ static void walk(const struct mp_trace *t)
 			}
 		}
 		CHECK(mp_trace_route(t, r, tokens, 0, &ids, &w) == -ERANGE);
+		if (tokens <= MAX_ROWS) {
+			uint32_t *tid = malloc(tokens * sizeof(*tid));
+			int err;
+
+			CHECK(tid != NULL);
+			err = mp_trace_token_ids(t, r, tid);
+			CHECK(err == 0 || err == -ENOENT || err == -EINVAL);
+			free(tid);
+		}
 	}
+	CHECK(mp_trace_token_ids(t, requests, (uint32_t[1]){ 0 }) == -EINVAL);
 	CHECK(mp_trace_route(t, requests, 0, 0, &ids, &w) == -ERANGE);
 	CHECK(mp_trace_route(t, 0, 0, layers, &ids, &w) == -ERANGE);
 	CHECK(mp_trace_tokens(t, requests) == 0);

@@ -50,6 +50,20 @@ MP_API int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_
 			   uint32_t *ntrain, struct mp_replay_seg *eval, uint32_t *neval);
 
 /*
+ * Semantic vectors: FineMoE's context for the first d layers, one per
+ * iteration, e.g. the model's embedding of the iteration's input token
+ * (docs/prefetch.md, "Semantic context"). fn writes the dim floats of trace
+ * token `token` of `request` to out and returns 0 or a negative errno, which
+ * fails the training or simulation that asked. dim = 0: none, and the previous iteration's expert map is the
+ * context instead.
+ */
+struct mp_sem_source {
+	uint32_t dim;
+	int (*fn)(void *arg, uint32_t request, uint32_t token, float *out);
+	void *arg;
+};
+
+/*
  * The prefetcher
  */
 
@@ -76,6 +90,14 @@ struct mp_prefetcher_config {
 	uint32_t queue_events;
 	/* Issue prefetches even when they would evict an expert predicted to be needed sooner. */
 	bool no_admit;
+	/*
+	 * Semantic vectors (finemoe): sem.dim floats per iteration, given by
+	 * mp_prefetcher_begin() (or by the runner through
+	 * mp_prefetcher_source_ops(): the token's embedding, so sem.dim must be
+	 * the model's hidden size); sem.fn gives them for trace tokens in
+	 * mp_prefetcher_train(). sem.dim = 0: none.
+	 */
+	struct mp_sem_source sem;
 };
 
 /*
@@ -90,6 +112,16 @@ MP_API int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_con
 
 /* Stops the thread, saves the map store when configured, frees. NULL is allowed. */
 MP_API void mp_prefetcher_close(struct mp_prefetcher *pf);
+
+/*
+ * Starts iteration (request, token) with its semantic vector (sem.dim
+ * floats, copied): finemoe predicts the first d layers from it before any
+ * gate. Without it an iteration starts at its first gate. Never blocks, like
+ * mp_prefetcher_gate(). Returns 0, -ENOSPC (dropped) or -EINVAL (no vector,
+ * or the prefetcher was opened without sem.dim).
+ */
+MP_API int mp_prefetcher_begin(struct mp_prefetcher *pf, uint32_t request, uint32_t token,
+			       const float *sem);
 
 /*
  * Reports a layer's gate for (request, token): the k chosen ids and their
@@ -114,8 +146,10 @@ MP_API int mp_prefetcher_traj_fn(const struct mp_traj_rec *r, void *arg);
 
 /*
  * Warms the policy on trace tokens [begin, end) of request (no prefetch is
- * issued): FineMoE fills its map store this way. Runs on the caller's
- * thread; waits for queued events first. Returns 0 or -EINVAL.
+ * issued): FineMoE fills its map store this way, with the tokens' semantic
+ * vectors from cfg->sem.fn when sem.dim is set. Runs on the caller's
+ * thread; waits for queued events first. Returns 0, -EINVAL, or the error of
+ * sem.fn.
  */
 MP_API int mp_prefetcher_train(struct mp_prefetcher *pf, const struct mp_trace *t,
 			       uint32_t request, uint32_t begin, uint32_t end);
@@ -177,6 +211,7 @@ struct mp_sim_config {
 	uint32_t io_channels;		/* loads in flight; prefetches use all but one; 0: 1 */
 	uint32_t max_tokens;		/* tokens evaluated per request at most; 0: all */
 	bool no_admit;
+	struct mp_sem_source sem;	/* semantic vectors of the trace's tokens; dim 0: none */
 };
 
 struct mp_sim_result {

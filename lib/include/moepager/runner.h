@@ -61,6 +61,14 @@ struct mp_expert_source_ops {
 	 */
 	void (*gate)(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		     const float *logits, uint32_t experts, const float *x, uint32_t hidden);
+	/*
+	 * For prefetchers, during decode steps only: before the first layer of
+	 * (request, token), the embedding layer's output for the step's input
+	 * token (hidden floats, its row of tok_embd as f32): FineMoE's semantic
+	 * vector. Valid during the call only. May be NULL.
+	 */
+	void (*embed)(void *ctx, uint32_t request, uint32_t token, const float *e,
+		      uint32_t hidden);
 };
 
 /* All experts read into ordinary memory (the --resident baseline). */

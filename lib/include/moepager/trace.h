@@ -37,6 +37,14 @@ MP_API uint32_t mp_trace_tokens(const struct mp_trace *t, uint32_t request);
 MP_API bool mp_trace_has_weights(const struct mp_trace *t);
 /* Metadata value for key ("name", "model", ...), or NULL. */
 MP_API const char *mp_trace_meta(const struct mp_trace *t, const char *key);
+/*
+ * The token ids of request r from its "tokens.R" metadata (docs/moe-trace.md):
+ * mp_trace_tokens(t, r) ids, the input token of each routed position, into
+ * ids. Returns 0, -ENOENT (the trace has no tokens.R), or -EINVAL (r out of
+ * range; a value that is not a list of exactly that many ids: the message
+ * says which).
+ */
+MP_API int mp_trace_token_ids(const struct mp_trace *t, uint32_t r, uint32_t *ids);
 
 /*
  * The routing of (request, token, layer): topk expert ids, and their gate
