@@ -114,8 +114,8 @@ void bench_pread_stats(const struct bench_pread *p, struct bench_source_stats *o
  * them: the semantic vector of a trace token (bench_sem_fn(), an
  * mp_sem_source fn) is the one the runner gives the prefetcher when it runs
  * that token. Open returns 0, -ENOENT when the trace has no token ids (no
- * message), or another -errno (printed: an id outside the vocabulary, no
- * embedding tensor, a read error).
+ * message), or another -errno (printed: a request without ids, an id outside
+ * the vocabulary, no embedding tensor, a read error).
  */
 struct bench_sem;
 int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *trace_path,

@@ -43,10 +43,8 @@ static int read_ids(struct bench_sem *b, const char *trace_path)
 			return -ENOMEM;
 		err = mp_trace_token_ids(b->t, r, b->ids[r]);
 		if (err) {
-			if (err != -ENOENT)
-				fprintf(stderr, "moepager bench: %s: %s\n", trace_path,
-					mp_last_error());
-			return err;
+			fprintf(stderr, "moepager bench: %s: %s\n", trace_path, mp_last_error());
+			return err == -ENOENT ? -EINVAL : err;
 		}
 		for (uint32_t i = 0; i < mp_trace_tokens(b->t, r); i++) {
 			if (b->ids[r][i] >= b->vocab) {
@@ -69,6 +67,9 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	int err;
 
 	*out = NULL;
+	/* A trace without token ids has no semantic vectors: not an error, nothing to say. */
+	if (!mp_trace_meta(t, "tokens.0"))
+		return -ENOENT;
 	if (!emb || emb->bytes != (uint64_t)g->vocab * g->hidden * mp_dtype_size(emb->dtype)) {
 		fprintf(stderr, "moepager bench: %s: no %u x %u tok_embd tensor\n",
 			mp_store_path(s), g->vocab, g->hidden);
@@ -87,7 +88,6 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	err = -ENOMEM;
 	if (!b->ids)
 		goto fail;
-	/* A trace without token ids has no semantic vectors: not an error. */
 	err = read_ids(b, trace_path);
 	if (err)
 		goto fail;
