@@ -95,7 +95,8 @@ struct mp_prefetcher_config {
 	 * mp_prefetcher_begin() (or by the runner through
 	 * mp_prefetcher_source_ops(): the token's embedding, so sem.dim must be
 	 * the model's hidden size); sem.fn gives them for trace tokens in
-	 * mp_prefetcher_train(). sem.dim = 0: none.
+	 * mp_prefetcher_train(). sem.dim = 0: none. The queue keeps one vector
+	 * per event slot: queue_events x sem.dim floats.
 	 */
 	struct mp_sem_source sem;
 };
