@@ -839,6 +839,61 @@ static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 	mp_store_close(s);
 }
 
+/* Decode steps through mp_prefetcher_source_ops(): gate events, and begin events when semantic. */
+static struct mp_prefetcher_stats run_through_source(const char *model, uint32_t sem_dim)
+{
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .sem = { sem_dim, NULL, NULL } };
+	struct mp_engine_config ec = { .threads = 1 };
+	struct mp_runner_config rc = { 0 };
+	struct mp_prefetcher_stats st;
+	struct mp_prefetcher *pf;
+	struct mp_runner *r;
+	struct mp_engine *e;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t prompt[2] = { 1, 2 };
+
+	p = open_unbounded(model, 9, &s);
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
+	rc.engine = e;
+	rc.source = mp_prefetcher_source_ops();
+	rc.source_ctx = pf;
+	assert_int_equal(mp_runner_open(s, &rc, &r), 0);
+	assert_int_equal(mp_runner_prefill(r, prompt, 2), 0);
+	for (uint32_t i = 0; i < 4; i++)
+		assert_int_equal(mp_runner_step(r, 3 + i), 0);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st);
+	mp_runner_close(r);
+	mp_engine_close(e);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+	return st;
+}
+
+static void prefetcher_source_begins_iterations_with_the_token_embedding(void **state)
+{
+	struct mp_prefetcher_stats st;
+	struct mp_store *s;
+	uint32_t layers, hidden;
+
+	(void)state;
+	s = tiny_store("tiny-src.mpk", 9);
+	layers = mp_store_geometry(s)->layers;
+	hidden = mp_store_geometry(s)->hidden;
+	mp_store_close(s);
+	/* sem.dim = hidden: one begin event per decode step ahead of its gates. */
+	st = run_through_source("tiny-src.mpk", hidden);
+	assert_int_equal(st.events, 4 * layers + 4);
+	assert_int_equal(st.dropped, 0);
+	assert_int_equal(st.iterations, 4);
+	/* Vectors of another length are not the embedding: gates only. */
+	st = run_through_source("tiny-src.mpk", hidden + 1);
+	assert_int_equal(st.events, 4 * layers);
+}
+
 static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
 {
 	struct mp_pager_config pc;
@@ -925,6 +980,7 @@ int main(void)
 		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),
 		cmocka_unit_test(driver_measures_the_load_ratio),
 		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
+		cmocka_unit_test(prefetcher_source_begins_iterations_with_the_token_embedding),
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),
 	};
 	int ret = cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
