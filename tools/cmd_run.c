@@ -26,6 +26,7 @@ static struct run_env {
 	struct cli_engine_opts eng;
 	const char *engine_dir;
 	const char *prefetch;
+	const char *emap;
 	const char *evict;
 	const char *dump_logits;
 	const char *prompt_text;
@@ -48,7 +49,7 @@ enum {
 	OPT_PROMPT_TOKENS = 0x100, OPT_TOKENS, OPT_TRACE, OPT_REQUEST, OPT_BUDGET, OPT_PREFETCH,
 	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE_DIR, OPT_JSON,
 	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT, OPT_PROMPT,
-	OPT_TOKENIZER, OPT_RECORD_ALTERNATE,
+	OPT_TOKENIZER, OPT_RECORD_ALTERNATE, OPT_EMAP,
 };
 
 static const char doc[] =
@@ -102,6 +103,8 @@ static const struct argp_option opts[] = {
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy, paged (default lru)", 0 },
 	{ "prefetch", OPT_PREFETCH, "POLICY", 0,
 	  "Prefetch policy, paged (default: no prefetcher); see moepager bench --help", 0 },
+	{ "emap", OPT_EMAP, "FILE", 0,
+	  "finemoe: its expert-map store, loaded at start when FILE exists, saved at exit", 0 },
 	{ "warm-all", OPT_WARM_ALL, NULL, 0,
 	  "Paged: read every expert the budget holds before decoding", 0 },
 	{ "engine-dir", OPT_ENGINE_DIR, "DIR", 0, "Directory searched first for engine plug-ins",
@@ -171,6 +174,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT:
 		env.evict = arg;
 		break;
+	case OPT_EMAP:
+		env.emap = arg;
+		break;
 	case OPT_ENGINE_DIR:
 		env.engine_dir = arg;
 		break;
@@ -198,6 +204,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--resident and --budget exclude each other");
 		if ((env.prefetch || env.evict || env.warm_all) && !env.budget)
 			argp_error(state, "--prefetch, --evict, --warm-all need --budget (paged)");
+		if (env.emap && !env.prefetch)
+			argp_error(state, "--emap needs --prefetch (finemoe keeps an expert-map store)");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -221,6 +229,7 @@ struct run {
 	struct mp_resident *resident;
 	struct mp_pager *pager;
 	struct mp_prefetcher *prefetcher;
+	bool semantic;			/* the prefetcher gets the token embeddings */
 	struct mp_runner *runner;
 	struct mp_membw *membw;
 	FILE *dump;
@@ -392,9 +401,11 @@ static int warm_all(struct mp_pager *p, const struct mp_geometry *g)
  */
 static int open_prefetcher(struct run *r)
 {
-	struct mp_prefetcher_config cfg = { .policy = env.prefetch, .trace = r->trace };
+	struct mp_prefetcher_config cfg = { .policy = env.prefetch, .trace = r->trace,
+					    .emap_path = env.emap };
 
-	if (!r->trace)
+	r->semantic = !r->trace;
+	if (r->semantic)
 		cfg.sem.dim = mp_store_geometry(r->store)->hidden;
 	struct mp_replay_seg *segs;
 	int err;
@@ -596,6 +607,23 @@ static char *generated_text(const struct run *r, const struct results *res)
 	return text;
 }
 
+/* The prefetcher's own figures, since it opened. */
+static json_t *json_prefetch(struct run *r)
+{
+	struct mp_prefetcher_stats st;
+
+	mp_prefetcher_stats(r->prefetcher, &st);
+	return json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}",
+			 "policy", env.prefetch, "semantic", r->semantic,
+			 "events", (json_int_t)st.events, "dropped", (json_int_t)st.dropped,
+			 "iterations", (json_int_t)st.iterations,
+			 "predicted", (json_int_t)st.predicted, "issued", (json_int_t)st.issued,
+			 "expired", (json_int_t)st.expired,
+			 "emap_records", (json_int_t)st.emap_records,
+			 "emap_bytes", (json_int_t)st.emap_bytes, "load_ratio",
+			 (double)st.load_ratio);
+}
+
 static int print_results(struct run *r, struct results *res)
 {
 	const struct mp_geometry *g = mp_store_geometry(r->store);
@@ -687,6 +715,8 @@ static int print_results(struct run *r, struct results *res)
 	json_object_set_new(o, "weights_membw_ratio", json_real(ratio));
 	json_object_set_new(o, "trace_overrides", json_integer((json_int_t)res->trace_overrides));
 	json_object_set_new(o, "repeats", json_reps(res));
+	if (r->prefetcher)
+		json_object_set_new(o, "prefetch", json_prefetch(r));
 	if (env.record_alternate)
 		json_object_set_new(o, "record", json_record(r, res));
 	json_dumpf(o, stdout, JSON_COMPACT);
