@@ -797,9 +797,13 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 	mp_store_close(s);
 }
 
-static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
+/*
+ * Prefills 3 tokens and decodes 4 through mp_prefetcher_source_ops() over a
+ * pager at 50 % of a new tiny store: the prefetcher's stats afterwards.
+ */
+static struct mp_prefetcher_stats decode_through_source(const char *model, uint64_t seed,
+							 const struct mp_prefetcher_config *fc)
 {
-	struct mp_prefetcher_config fc = { .policy = "nextlayer" };
 	struct mp_engine_config ec = { .threads = 1 };
 	struct mp_runner_config rc = { 0 };
 	struct mp_prefetcher_stats st;
@@ -811,12 +815,11 @@ static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 	struct mp_pager *p;
 	uint32_t prompt[3] = { 1, 2, 3 };
 
-	(void)state;
-	s = tiny_store("tiny3.mpk", 5);
+	s = tiny_store(model, seed);
 	mp_pager_config_init(&pc);
 	pc.budget = "50%";
 	p = open_or_skip(s, &pc);
-	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_prefetcher_open(p, fc, &pf), 0);
 	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
 	rc.engine = e;
 	rc.source = mp_prefetcher_source_ops();
@@ -827,44 +830,6 @@ static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
 		assert_int_equal(mp_runner_step(r, mp_runner_argmax(r)), 0);
 	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
 	mp_prefetcher_stats(pf, &st);
-	/* Decode steps only (the prompt is no iteration), every layer of each. */
-	assert_int_equal(st.events, 4 * mp_store_geometry(s)->layers);
-	/* nextlayer speculated from the runner's layer inputs: k experts per layer but the last. */
-	assert_int_equal(st.predicted, 4ull * (mp_store_geometry(s)->layers - 1) *
-				       mp_store_geometry(s)->topk);
-	mp_runner_close(r);
-	mp_engine_close(e);
-	mp_prefetcher_close(pf);
-	mp_pager_close(p);
-	mp_store_close(s);
-}
-
-/* Decode steps through mp_prefetcher_source_ops(): gate events, and begin events when semantic. */
-static struct mp_prefetcher_stats run_through_source(const char *model, uint32_t sem_dim)
-{
-	struct mp_prefetcher_config fc = { .policy = "finemoe", .sem = { sem_dim, NULL, NULL } };
-	struct mp_engine_config ec = { .threads = 1 };
-	struct mp_runner_config rc = { 0 };
-	struct mp_prefetcher_stats st;
-	struct mp_prefetcher *pf;
-	struct mp_runner *r;
-	struct mp_engine *e;
-	struct mp_store *s;
-	struct mp_pager *p;
-	uint32_t prompt[2] = { 1, 2 };
-
-	p = open_unbounded(model, 9, &s);
-	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
-	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
-	rc.engine = e;
-	rc.source = mp_prefetcher_source_ops();
-	rc.source_ctx = pf;
-	assert_int_equal(mp_runner_open(s, &rc, &r), 0);
-	assert_int_equal(mp_runner_prefill(r, prompt, 2), 0);
-	for (uint32_t i = 0; i < 4; i++)
-		assert_int_equal(mp_runner_step(r, 3 + i), 0);
-	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
-	mp_prefetcher_stats(pf, &st);
 	mp_runner_close(r);
 	mp_engine_close(e);
 	mp_prefetcher_close(pf);
@@ -873,25 +838,46 @@ static struct mp_prefetcher_stats run_through_source(const char *model, uint32_t
 	return st;
 }
 
-static void prefetcher_source_begins_iterations_with_the_token_embedding(void **state)
+/* The geometry of the tiny store generated with seed (every seed gives the same). */
+static struct mp_geometry tiny_geometry(const char *model, uint64_t seed)
 {
+	struct mp_store *s = tiny_store(model, seed);
+	struct mp_geometry g = *mp_store_geometry(s);
+
+	mp_store_close(s);
+	return g;
+}
+
+static void prefetcher_source_feeds_decode_steps_to_the_policy(void **state)
+{
+	struct mp_prefetcher_config fc = { .policy = "nextlayer" };
+	struct mp_geometry g = tiny_geometry("tiny3.mpk", 5);
 	struct mp_prefetcher_stats st;
-	struct mp_store *s;
-	uint32_t layers, hidden;
 
 	(void)state;
-	s = tiny_store("tiny-src.mpk", 9);
-	layers = mp_store_geometry(s)->layers;
-	hidden = mp_store_geometry(s)->hidden;
-	mp_store_close(s);
+	st = decode_through_source("tiny3.mpk", 5, &fc);
+	/* Decode steps only (the prompt is no iteration), every layer of each. */
+	assert_int_equal(st.events, 4 * g.layers);
+	/* nextlayer speculated from the runner's layer inputs: k experts per layer but the last. */
+	assert_int_equal(st.predicted, 4ull * (g.layers - 1) * g.topk);
+}
+
+static void prefetcher_source_begins_iterations_with_the_token_embedding(void **state)
+{
+	struct mp_geometry g = tiny_geometry("tiny-src.mpk", 9);
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .sem = { g.hidden, NULL, NULL } };
+	struct mp_prefetcher_stats st;
+
+	(void)state;
 	/* sem.dim = hidden: one begin event per decode step ahead of its gates. */
-	st = run_through_source("tiny-src.mpk", hidden);
-	assert_int_equal(st.events, 4 * layers + 4);
+	st = decode_through_source("tiny-src.mpk", 9, &fc);
+	assert_int_equal(st.events, 4 * g.layers + 4);
 	assert_int_equal(st.dropped, 0);
 	assert_int_equal(st.iterations, 4);
 	/* Vectors of another length are not the embedding: gates only. */
-	st = run_through_source("tiny-src.mpk", hidden + 1);
-	assert_int_equal(st.events, 4 * layers);
+	fc.sem.dim = g.hidden + 1;
+	st = decode_through_source("tiny-src.mpk", 9, &fc);
+	assert_int_equal(st.events, 4 * g.layers);
 }
 
 static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
