@@ -403,13 +403,12 @@ static int open_prefetcher(struct run *r)
 {
 	struct mp_prefetcher_config cfg = { .policy = env.prefetch, .trace = r->trace,
 					    .emap_path = env.emap };
+	struct mp_replay_seg *segs;
+	int err;
 
 	r->semantic = !r->trace;
 	if (r->semantic)
 		cfg.sem.dim = mp_store_geometry(r->store)->hidden;
-	struct mp_replay_seg *segs;
-	int err;
-
 	err = mp_prefetcher_open(r->pager, &cfg, &r->prefetcher);
 	if (err || !r->trace)
 		return err;

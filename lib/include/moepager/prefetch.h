@@ -54,8 +54,8 @@ MP_API int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_
  * iteration, e.g. the model's embedding of the iteration's input token
  * (docs/prefetch.md, "Semantic context"). fn writes the dim floats of trace
  * token `token` of `request` to out and returns 0 or a negative errno, which
- * fails the training or simulation that asked. dim = 0: none, and the previous iteration's expert map is the
- * context instead.
+ * fails the training or simulation that asked. dim = 0: none, and the
+ * previous iteration's expert map is the context instead.
  */
 struct mp_sem_source {
 	uint32_t dim;
