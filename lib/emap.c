@@ -302,38 +302,6 @@ int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
 	return arg;
 }
 
-int mp_emap_search_sem_prefix(struct mp_emap *m, const float *sem, uint32_t n, float *score)
-{
-	float best = -INFINITY;
-	double vsq;
-	int arg = -ENOENT;
-
-	if (!m->count || !sem || !n || n > m->cfg.sem_dim)
-		return -ENOENT;
-	vsq = sumsq(sem, n);
-	if (vsq <= 0)
-		return -ENOENT;
-	for (uint32_t y = 0; y < m->count; y++) {
-		const float *s = m->sem + (size_t)y * m->cfg.sem_dim;
-		double dot = 0, ysq = 0;
-		float c;
-
-		for (uint32_t i = 0; i < n; i++) {
-			dot += (double)sem[i] * s[i];
-			ysq += (double)s[i] * s[i];
-		}
-		c = ysq > 0 ? (float)(dot / sqrt(vsq * ysq)) : 0.0f;
-		if (c > best) {
-			best = c;
-			arg = (int)y;
-		}
-	}
-	m->searches++;
-	if (score)
-		*score = best;
-	return arg;
-}
-
 int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			float *score)
 {

@@ -58,9 +58,6 @@ int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score);
 int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			float *score);
 
-/* The record whose semantic vector's first n floats are most similar to sem's. */
-int mp_emap_search_sem_prefix(struct mp_emap *m, const float *sem, uint32_t n, float *score);
-
 /*
  * Probabilities of use: for each expert of a layer, how likely it is to be
  * among the layer's top-k, estimated from several records at once rather

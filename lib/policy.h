@@ -5,7 +5,6 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 /*
  * Keys are the pager's slot numbers: key = layer * slots_per_layer + expert.

@@ -359,17 +359,9 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
-/*
- * Claims the next queue entry for (request, token) under plock (held on
- * return, with *step the producer's iteration index), or returns NULL with
- * the event counted as dropped and plock released.
- */
-static struct pf_event *claim(struct mp_prefetcher *d, uint32_t request, uint32_t token,
-			      uint64_t *step)
+/* The producer's iteration index of (request, token). Under plock. */
+static uint64_t producer_step(struct mp_prefetcher *d, uint32_t request, uint32_t token)
 {
-	uint64_t head;
-
-	pthread_mutex_lock(&d->plock);
 	if (!d->pstarted || request != d->preq || token != d->ptok) {
 		if (d->pstarted)
 			d->pstep++;
@@ -377,8 +369,17 @@ static struct pf_event *claim(struct mp_prefetcher *d, uint32_t request, uint32_
 		d->preq = request;
 		d->ptok = token;
 	}
-	*step = d->pstep;
-	head = atomic_load_explicit(&d->head, memory_order_relaxed);
+	return d->pstep;
+}
+
+/*
+ * The next free queue entry, under plock (still held when it returns one),
+ * or NULL with the event counted as dropped and plock released.
+ */
+static struct pf_event *claim(struct mp_prefetcher *d)
+{
+	uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
+
 	if (head - atomic_load_explicit(&d->tail, memory_order_acquire) > d->mask) {
 		pthread_mutex_unlock(&d->plock);
 		atomic_fetch_add(&d->dropped, 1);
@@ -409,7 +410,9 @@ int mp_prefetcher_begin(struct mp_prefetcher *d, uint32_t request, uint32_t toke
 		return mp_err(-EINVAL, "prefetcher: begin of request %u token %u: %s", request,
 			      token, !d ? "no prefetcher" : !sem ? "no semantic vector" :
 			      "opened without semantic vectors (sem.dim = 0)");
-	ev = claim(d, request, token, &step);
+	pthread_mutex_lock(&d->plock);
+	step = producer_step(d, request, token);
+	ev = claim(d);
 	if (!ev)
 		return -ENOSPC;
 	slot = (uint64_t)(ev - d->ring);
@@ -434,10 +437,9 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 		if (ids[i] >= d->J)
 			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
 				      layer, ids[i]);
-	ev = claim(d, request, token, &step);
-	if (!ev)
-		return -ENOSPC;
-	/* Positions and the true future are kept here, synchronously: O(k), no search. */
+	pthread_mutex_lock(&d->plock);
+	step = producer_step(d, request, token);
+	/* Positions and the true future are kept here, synchronously (even for a dropped event). */
 	store_u64(&d->hints.now, step * d->L + layer);
 	if (d->truth && d->next_use_true) {
 		for (uint32_t i = 0; i < k; i++) {
@@ -450,6 +452,9 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 		for (uint32_t i = 0; i < k; i++)
 			store_u64(&d->hints.next_use[key_of(d, layer, ids[i])], UINT64_MAX);
 	}
+	ev = claim(d);
+	if (!ev)
+		return -ENOSPC;
 	slot = (uint64_t)(ev - d->ring);
 	ev->step = step;
 	ev->request = request;

@@ -66,10 +66,18 @@ static int next_pass(struct mp_prefetch *pf, uint32_t layer, const float *last_m
 }
 
 /*
- * With semantic vectors: the records nearest this iteration's vector vote
- * for every layer; the first d layers are planned, the others hinted (the
- * trajectory search refines them as the gates come).
+ * At an iteration's start the first d layers are planned, the others hinted
+ * (the trajectory search refines them as the gates come).
  */
+static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *use, float score)
+{
+	if (layer < pf->env.distance)
+		mp_prefetch_plan_use(pf, layer, use, score, -1);
+	else
+		mp_prefetch_hint(pf, layer, use);
+}
+
+/* With semantic vectors: the records nearest this iteration's vector vote for every layer. */
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
@@ -80,14 +88,8 @@ static void begin_semantic(struct mp_prefetch *pf)
 	if (mp_emap_predict_sem(f->emap, pf->sem, pf->env.topk, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
-	for (uint32_t l = 0; l < pf->env.layers; l++) {
-		const float *use = f->sem_use + (size_t)l * J;
-
-		if (l < pf->env.distance)
-			mp_prefetch_plan_use(pf, l, use, score, -1);
-		else
-			mp_prefetch_hint(pf, l, use);
-	}
+	for (uint32_t l = 0; l < pf->env.layers; l++)
+		plan_or_hint(pf, l, f->sem_use + (size_t)l * J, score);
 }
 
 static void finemoe_begin(struct mp_prefetch *pf)
@@ -106,10 +108,7 @@ static void finemoe_begin(struct mp_prefetch *pf)
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
 		if (next_pass(pf, l, pf->context, use))
 			return;
-		if (l < pf->env.distance)
-			mp_prefetch_plan_use(pf, l, use, score, -1);
-		else
-			mp_prefetch_hint(pf, l, use);
+		plan_or_hint(pf, l, use, score);
 	}
 }
 

@@ -854,20 +854,26 @@ const char *mp_trace_meta(const struct mp_trace *t, const char *key)
 	return NULL;
 }
 
+/* The trace's name for messages. */
+static const char *name_of(const struct mp_trace *t)
+{
+	return mp_trace_meta(t, "name") ?: "(unnamed)";
+}
+
 int mp_trace_token_ids(const struct mp_trace *t, uint32_t r, uint32_t *ids)
 {
-	const char *name = mp_trace_meta(t, "name") ?: "trace";
+	const char *name = name_of(t);
 	char key[32];
 	const char *s;
 	uint32_t n = 0;
 
 	if (!ids || r >= t->requests)
-		return mp_err(-EINVAL, "%s: token ids of request %u: %s", name, r,
+		return mp_err(-EINVAL, "trace %s: token ids of request %u: %s", name, r,
 			      ids ? "no such request" : "no buffer");
 	snprintf(key, sizeof(key), "tokens.%u", r);
 	s = mp_trace_meta(t, key);
 	if (!s)
-		return mp_err(-ENOENT, "%s: request %u has no %s metadata", name, r, key);
+		return mp_err(-ENOENT, "trace %s: request %u has no %s metadata", name, r, key);
 	for (;;) {
 		unsigned long long v;
 		char *end;
@@ -880,16 +886,17 @@ int mp_trace_token_ids(const struct mp_trace *t, uint32_t r, uint32_t *ids)
 		v = strtoull(s, &end, 10);
 		if (*s < '0' || *s > '9' || end == s || errno || v > UINT32_MAX ||
 		    (*end && *end != ' ' && *end != '\t'))
-			return mp_err(-EINVAL, "%s: %s: '%.20s' is not a token id", name, key, s);
+			return mp_err(-EINVAL, "trace %s: %s: '%.20s' is not a token id", name,
+				      key, s);
 		if (n == t->tokens[r])
-			return mp_err(-EINVAL, "%s: %s lists more ids than the request's %u tokens",
-				      name, key, t->tokens[r]);
+			return mp_err(-EINVAL, "trace %s: %s lists more ids than the request's "
+				      "%u tokens", name, key, t->tokens[r]);
 		ids[n++] = (uint32_t)v;
 		s = end;
 	}
 	if (n != t->tokens[r])
-		return mp_err(-EINVAL, "%s: %s lists %u ids for the request's %u tokens", name, key,
-			      n, t->tokens[r]);
+		return mp_err(-EINVAL, "trace %s: %s lists %u ids for the request's %u tokens",
+			      name, key, n, t->tokens[r]);
 	return 0;
 }
 
@@ -929,13 +936,11 @@ const float *mp_trace_probs(const struct mp_trace *t, uint32_t request, uint32_t
 
 int mp_trace_check_geometry(const struct mp_trace *t, const struct mp_geometry *g)
 {
-	const char *name = mp_trace_meta(t, "name");
-
 	if (!g)
 		return mp_err(-EINVAL, "trace: NULL geometry");
 	if (t->layers != g->layers || t->experts != g->experts || t->topk != g->topk)
 		return mp_err(-EINVAL, "trace %s has %u layers x %u experts, top-%u; the model has "
-			      "%u layers x %u experts, top-%u", name ? name : "(unnamed)",
+			      "%u layers x %u experts, top-%u", name_of(t),
 			      t->layers, t->experts, t->topk, g->layers, g->experts, g->topk);
 	return 0;
 }

@@ -133,23 +133,6 @@ static void prefix_search_ignores_later_layers(void **state)
 	mp_emap_destroy(m);
 }
 
-static void semantic_prefix_search_compares_the_first_floats_only(void **state)
-{
-	struct mp_emap *m = make(8, H);
-	float map[L * J], a[H] = { 1, 0, 0, 5, 5 }, b[H] = { 0, 1, 0, 5, 5 };
-	float q[H] = { 1, 0, 0, -9, -9 }, score;
-
-	(void)state;
-	top2_map(0, map);
-	assert_int_equal(mp_emap_insert(m, map, a), 0);
-	assert_int_equal(mp_emap_insert(m, map, b), 1);
-	/* On all 5 floats q is closer to neither; on the first 3 it equals a. */
-	assert_int_equal(mp_emap_search_sem_prefix(m, q, 3, &score), 0);
-	assert_true(score > 0.99999f);
-	assert_int_equal(mp_emap_search_sem_prefix(m, q, H + 1, &score), -ENOENT);
-	mp_emap_destroy(m);
-}
-
 static void empty_store_has_nothing_to_find(void **state)
 {
 	struct mp_emap *m = make(4, H);
@@ -466,7 +449,6 @@ int main(void)
 		cmocka_unit_test(bad_gate_values_are_refused),
 		cmocka_unit_test(exact_replay_scores_one_and_finds_its_record),
 		cmocka_unit_test(prefix_search_ignores_later_layers),
-		cmocka_unit_test(semantic_prefix_search_compares_the_first_floats_only),
 		cmocka_unit_test(empty_store_has_nothing_to_find),
 		cmocka_unit_test(full_store_duplicate_replaces_its_twin),
 		cmocka_unit_test(memory_is_bounded_and_reported),

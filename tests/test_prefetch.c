@@ -551,14 +551,15 @@ static struct mp_pager *open_or_skip(struct mp_store *s, const struct mp_pager_c
 	return p;
 }
 
-/* A pager over a new tiny store whose budget holds every expert (nothing is evicted). */
-static struct mp_pager *open_unbounded(const char *name, uint64_t seed, struct mp_store **s)
+/* A pager over a new tiny store with budget ("100%": nothing is evicted; NULL: the default). */
+static struct mp_pager *open_tiny(const char *name, uint64_t seed, const char *budget,
+				  struct mp_store **s)
 {
 	struct mp_pager_config pc;
 
 	*s = tiny_store(name, seed);
 	mp_pager_config_init(&pc);
-	pc.budget_bytes = mp_store_total_expert_bytes(*s);
+	pc.budget = budget;
 	return open_or_skip(*s, &pc);
 }
 
@@ -573,7 +574,7 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
 	struct mp_trace *t;
 
 	(void)state;
-	p = open_unbounded("tiny.mpk", 3, &s);
+	p = open_tiny("tiny.mpk", 3, "100%", &s);
 	g = mp_store_geometry(s);
 	struct mk m = { g->layers, g->experts, g->topk, 1, 3, pick_cycle3 };
 	t = make_trace(&m);
@@ -674,7 +675,7 @@ static void driver_begins_an_iteration_from_its_semantic_vector(void **state)
 
 	(void)state;
 	t_log_capture();
-	p = open_unbounded("tiny-sem.mpk", 13, &s);
+	p = open_tiny("tiny-sem.mpk", 13, "100%", &s);
 	g = mp_store_geometry(s);
 	struct mk m = { g->layers, g->experts, g->topk, 2, 12, pick_hashed3 };
 	t = make_trace(&m);
@@ -722,7 +723,6 @@ static void trajectory_records_drive_the_prefetcher(void **state)
 	struct mp_traj_opts to = { .source = MP_TRAJ_SRC_INPROC };
 	struct mp_prefetcher_config fc = { .policy = "dependency", .distance = 1 };
 	struct mp_prefetcher_stats st;
-	struct mp_pager_config pc;
 	struct mp_prefetcher *pf;
 	const struct mp_geometry *g;
 	struct mp_traj *tr;
@@ -730,10 +730,8 @@ static void trajectory_records_drive_the_prefetcher(void **state)
 	struct mp_pager *p;
 
 	(void)state;
-	s = tiny_store("tiny5.mpk", 7);
+	p = open_tiny("tiny5.mpk", 7, NULL, &s);
 	g = mp_store_geometry(s);
-	mp_pager_config_init(&pc);
-	p = open_or_skip(s, &pc);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
 	assert_int_equal(mp_traj_open(&to, &tr), 0);
 	assert_int_equal(mp_traj_start(tr), 0);
@@ -764,7 +762,6 @@ static void trajectory_records_drive_the_prefetcher(void **state)
 static void driver_keeps_the_expert_maps_across_restarts(void **state)
 {
 	const char *maps = t_path("tiny2.emap");
-	struct mp_pager_config pc;
 	struct mp_prefetcher_config fc = { .policy = "finemoe", .emap_path = maps };
 	struct mp_prefetcher_stats st;
 	struct mp_prefetcher *pf;
@@ -774,10 +771,8 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 	struct mp_trace *t;
 
 	(void)state;
-	s = tiny_store("tiny2.mpk", 4);
+	p = open_tiny("tiny2.mpk", 4, NULL, &s);
 	g = mp_store_geometry(s);
-	mp_pager_config_init(&pc);
-	p = open_or_skip(s, &pc);
 	struct mk m = { g->layers, g->experts, g->topk, 1, 5, pick_cycle3 };
 	t = make_trace(&m);
 	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
@@ -807,7 +802,6 @@ static struct mp_prefetcher_stats decode_through_source(const char *model, uint6
 	struct mp_engine_config ec = { .threads = 1 };
 	struct mp_runner_config rc = { 0 };
 	struct mp_prefetcher_stats st;
-	struct mp_pager_config pc;
 	struct mp_prefetcher *pf;
 	struct mp_runner *r;
 	struct mp_engine *e;
@@ -815,10 +809,7 @@ static struct mp_prefetcher_stats decode_through_source(const char *model, uint6
 	struct mp_pager *p;
 	uint32_t prompt[3] = { 1, 2, 3 };
 
-	s = tiny_store(model, seed);
-	mp_pager_config_init(&pc);
-	pc.budget = "50%";
-	p = open_or_skip(s, &pc);
+	p = open_tiny(model, seed, "50%", &s);
 	assert_int_equal(mp_prefetcher_open(p, fc, &pf), 0);
 	assert_int_equal(mp_engine_open("ref", &ec, &e), 0);
 	rc.engine = e;
