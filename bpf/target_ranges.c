@@ -13,9 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "pager_ranges.h"
-#include "target_ranges.h"
+
+#include "base/base.h"
+#include "base/ranges.h"
+#include "bpf/target_ranges.h"
 
 #define SYMBOL		"mp_pager_ranges"
 /* A walk longer than this is a list being rewritten under us (or not a list). */

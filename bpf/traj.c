@@ -17,9 +17,11 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
-#include "bpf_feed.h"
-#include "target_ranges.h"
-#include "traj.h"
+#include <moepager/traj.h>
+
+#include "traj/bpf_source.h"
+#include "bpf/target_ranges.h"
+#include "bpf/traj.h"
 #include "traj.skel.h"
 #include "pgfault.skel.h"
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 /* The BPF source when the build has no BPF programs: every entry point says so. */
-#include "bpf_feed.h"
+#include <moepager/traj.h>
+
+#include "traj/bpf_source.h"
 
 int bpf_feed_open(const struct mp_traj_opts *opts, enum mp_log_level fail_level,
 		  struct bpf_feed **out)

@@ -6,9 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine_config.h"	/* MP_ENGINE_DIR: <libdir>/moepager/engines of the install */
-#include "engine_impl.h"
-#include "internal.h"
+#include <moepager/engine.h>
+
+#include "engine/engine_impl.h"
+#include "base/base.h"
 
 #define MAX_THREADS 1024u
 

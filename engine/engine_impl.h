@@ -5,8 +5,8 @@
 
 #include <moepager/engine.h>
 
-#include "kernels.h"
-#include "pool.h"
+#include "engine/kernels.h"
+#include "engine/pool.h"
 
 #define MP_ENGINE_NAME_MAX 64
 

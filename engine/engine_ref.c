@@ -3,8 +3,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine_impl.h"
-#include "internal.h"
+#include <moepager/engine.h>
+
+#include "engine/engine_impl.h"
+#include "base/base.h"
 
 /* Work below this many weight bytes runs on the caller: a wake-up would cost more. */
 #define INLINE_BYTES		(48u << 10)

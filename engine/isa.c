@@ -4,7 +4,7 @@
 #include <cpuid.h>
 #endif
 
-#include "kernels.h"
+#include "engine/kernels.h"
 
 #if defined(MP_HAVE_X86_KERNELS)
 static bool has_f16c(void)

@@ -3,7 +3,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "engine/kernels.h"
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 

@@ -2,7 +2,7 @@
 /* AVX-512 kernels (F+BW+VL): 16-lane f32 FMAs, bf16/f16 widened in registers, masked tails. */
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "engine/kernels.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 

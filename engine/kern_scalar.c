@@ -2,7 +2,7 @@
 /* Portable C kernels: the reference every vector path is tested against. */
 #include <string.h>
 
-#include "kernels.h"
+#include "engine/kernels.h"
 
 /* Partial sums per dot product, so the compiler can overlap the additions. */
 #define LANES 8

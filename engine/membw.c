@@ -5,8 +5,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine_impl.h"
-#include "internal.h"
+#include <moepager/engine.h>
+
+#include "engine/engine_impl.h"
+#include "base/base.h"
 
 #define MEMBW_DEFAULT_BYTES	(256ull << 20)
 #define MEMBW_MIN_BYTES		(1ull << 20)
@@ -107,13 +109,6 @@ void mp_membw_close(struct mp_membw *m)
 	free(m);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 int mp_engine_membw(struct mp_engine *e, uint64_t bytes, uint32_t runs, double *gbps)
 {
 	double rates[MEMBW_MAX_RUNS];
@@ -132,8 +127,7 @@ int mp_engine_membw(struct mp_engine *e, uint64_t bytes, uint32_t runs, double *
 	for (uint32_t r = 0; r < runs && !err; r++)
 		err = mp_membw_sample(m, &rates[r]);
 	if (!err) {
-		qsort(rates, runs, sizeof(rates[0]), cmp_double);
-		*gbps = rates[runs / 2];
+		*gbps = mp_median(rates, runs);
 	}
 	mp_membw_close(m);
 	return err;

@@ -10,8 +10,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "pool.h"
+#include <moepager/engine.h>
+
+#include "base/base.h"
+#include "engine/pool.h"
 
 #define POOL_MAX_THREADS	1024u
 /*

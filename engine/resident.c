@@ -3,7 +3,11 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#include "internal.h"
+#include <moepager/store.h>
+#include <moepager/runner.h>
+#include <moepager/source.h>
+
+#include "base/base.h"
 
 struct mp_resident {
 	void *mem;

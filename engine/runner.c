@@ -6,8 +6,14 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "internal.h"
-#include "probes.h"
+#include <moepager/store.h>
+#include <moepager/trace.h>
+#include <moepager/engine.h>
+#include <moepager/runner.h>
+#include <moepager/source.h>
+
+#include "base/base.h"
+#include "base/probes.h"
 
 /* Non-expert tensors start on this boundary in the runner's copy (vector loads, cache lines). */
 #define TENSOR_ALIGN 64u

@@ -8,9 +8,9 @@
 #include <stdint.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "pager_internal.h"
-#include "tier_fault.h"
+#include "base/base.h"
+#include "pager/pager_priv.h"
+#include "tier/inject.h"
 
 struct fx {
 	char path[512];			/* the model file (tiny preset, f32, seed 42) */

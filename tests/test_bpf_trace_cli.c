@@ -14,7 +14,7 @@
 #include <jansson.h>
 
 #include "helpers.h"
-#include "probes.h"
+#include "base/probes.h"
 
 static char moepager[1024], fire[1024], touch[1024], mixtral[1024];
 /* Pins a test kept (--keep): removed by the teardown even when the test failed. */

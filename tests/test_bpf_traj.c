@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 #include "helpers.h"
-#include "probes.h"
+#include "base/probes.h"
 
 #define LAYERS		4
 #define EXPERTS		8

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "emap.h"
+#include "prefetch/emap.h"
 
 #define L 4
 #define J 8

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "tier_fault.h"
+#include "base/base.h"
+#include "tier/inject.h"
 
 #define XBYTES		(300u * 1024 + 100)	/* not a page multiple */
 #define PIECE		(64u * 1024)		/* bytes handed over per ready call */

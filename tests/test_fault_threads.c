@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "fault_common.h"
-#include "region_priv.h"
+#include "uffd/region_priv.h"
 
 static int group_setup(void **state)
 {

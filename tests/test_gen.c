@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "gen.h"
+#include "store/gen.h"
 
 static void *slurp(const char *path, size_t *len)
 {

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "io.h"
+#include "base/base.h"
+#include "tier/io.h"
 
 #define FILE_BYTES	((3u << 20) + 1000)	/* ends off a block */
 

@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "pager_internal.h"
-#include "region_priv.h"
-#include "tier.h"
+#include "base/base.h"
+#include "pager/pager_priv.h"
+#include "uffd/region_priv.h"
+#include "tier/tier.h"
 
 static struct mp_store *store;
 static const struct mp_geometry *geo;

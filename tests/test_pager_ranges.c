@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "pager_ranges.h"
-#include "target_ranges.h"
+#include "base/ranges.h"
+#include "bpf/target_ranges.h"
 
 /* This test's own executable holds the list (the library is linked in statically). */
 static uint64_t locate_self(void)

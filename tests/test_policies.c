@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <moepager/sim.h>
+
 #include "helpers.h"
-#include "policy.h"
+#include "evict/evict.h"
 
 #define NK 16
 
@@ -29,19 +31,19 @@ static bool not_key3(void *arg, uint32_t key)
 	return key != 3;
 }
 
-static void open_policy(struct mp_policy *pol, const char *name, uint32_t layers,
-			uint32_t experts, const struct mp_policy_hints *h)
+static void open_policy(struct mp_evict *pol, const char *name, uint32_t layers,
+			uint32_t experts, const struct mp_evict_hints *h)
 {
-	struct mp_policy_env env = { .nkeys = layers * experts, .layers = layers,
+	struct mp_evict_env env = { .nkeys = layers * experts, .layers = layers,
 				     .experts = experts, .slots_per_layer = experts, .hints = h };
 
-	assert_non_null(mp_policy_find(name));
-	assert_int_equal(mp_policy_init(pol, mp_policy_find(name), &env), 0);
+	assert_non_null(mp_evict_find(name));
+	assert_int_equal(mp_evict_init(pol, mp_evict_find(name), &env), 0);
 }
 
 static void lfu_evicts_the_least_used(void **state)
 {
-	struct mp_policy pol;
+	struct mp_evict pol;
 
 	(void)state;
 	open_policy(&pol, "lfu", 1, NK, NULL);
@@ -60,14 +62,14 @@ static void lfu_evicts_the_least_used(void **state)
 	pol.ops->on_insert(&pol, 0);
 	pol.ops->on_remove(&pol, 3);
 	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 1);
-	mp_policy_fini(&pol);
+	mp_evict_fini(&pol);
 }
 
 static void finemoe_evicts_the_lowest_p_times_freq(void **state)
 {
 	float p[NK];
-	struct mp_policy_hints h = { .p = p };
-	struct mp_policy pol;
+	struct mp_evict_hints h = { .p = p };
+	struct mp_evict pol;
 
 	(void)state;
 	for (uint32_t k = 0; k < NK; k++)
@@ -89,14 +91,14 @@ static void finemoe_evicts_the_lowest_p_times_freq(void **state)
 	/* p = 0 goes first whatever its frequency. */
 	p[2] = 0.0f;
 	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 2);
-	mp_policy_fini(&pol);
+	mp_evict_fini(&pol);
 }
 
-static void report(struct mp_policy *pol, uint32_t token, uint32_t layer, uint32_t experts,
+static void report(struct mp_evict *pol, uint32_t token, uint32_t layer, uint32_t experts,
 		   uint32_t e)
 {
 	uint32_t key = layer * experts + e;
-	struct mp_policy_route r = { 0, token, layer, 1, &key, NULL };
+	struct mp_evict_route r = { 0, token, layer, 1, &key, NULL };
 
 	pol->ops->on_route(pol, &r);
 }
@@ -104,7 +106,7 @@ static void report(struct mp_policy *pol, uint32_t token, uint32_t layer, uint32
 static void coserve_evicts_unrunnable_successors_first(void **state)
 {
 	const uint32_t J = 4;
-	struct mp_policy pol;
+	struct mp_evict pol;
 
 	(void)state;
 	open_policy(&pol, "coserve", 2, J, NULL);
@@ -124,14 +126,14 @@ static void coserve_evicts_unrunnable_successors_first(void **state)
 	pol.ops->on_remove(&pol, 1 * J + 3);
 	pol.ops->on_insert(&pol, 0 * J + 1);	/* never used: probability 0 */
 	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 0 * J + 1);
-	mp_policy_fini(&pol);
+	mp_evict_fini(&pol);
 }
 
 static void belady_evicts_the_farthest_next_use(void **state)
 {
 	uint64_t next[NK];
-	struct mp_policy_hints h = { .next_use = next };
-	struct mp_policy pol;
+	struct mp_evict_hints h = { .next_use = next };
+	struct mp_evict pol;
 
 	(void)state;
 	open_policy(&pol, "belady", 1, NK, &h);
@@ -144,47 +146,47 @@ static void belady_evicts_the_farthest_next_use(void **state)
 	next[1] = 5;
 	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 3);
 	assert_int_equal(pol.ops->pick_victim(&pol, not_key3, NULL), 2);
-	mp_policy_fini(&pol);
+	mp_evict_fini(&pol);
 }
 
 static void prefetch_never_evicts_an_expert_needed_sooner(void **state)
 {
 	uint64_t next[4] = { 20, 30, UINT64_MAX, 5 };
-	struct mp_policy_hints h = { .next_use = next, .now = 10 };
+	struct mp_evict_hints h = { .next_use = next, .now = 10 };
 
 	(void)state;
 	/* incoming 0 (at 20) may evict 1 (at 30) and 2 (unknown), not 1 for 0 reversed. */
-	assert_true(mp_policy_admit(&h, 0, 1));
-	assert_true(mp_policy_admit(&h, 0, 2));
-	assert_false(mp_policy_admit(&h, 1, 0));
+	assert_true(mp_evict_admit(&h, 0, 1));
+	assert_true(mp_evict_admit(&h, 0, 2));
+	assert_false(mp_evict_admit(&h, 1, 0));
 	/* A victim whose predicted use has passed (5 < now) is fair game. */
-	assert_true(mp_policy_admit(&h, 1, 3));
+	assert_true(mp_evict_admit(&h, 1, 3));
 	/* An incoming expert with no known use never displaces one with a known use. */
-	assert_false(mp_policy_admit(&h, 2, 1));
-	assert_true(mp_policy_admit(NULL, 2, 1));
+	assert_false(mp_evict_admit(&h, 2, 1));
+	assert_true(mp_evict_admit(NULL, 2, 1));
 }
 
 static void prefetch_never_evicts_an_expert_more_likely_used(void **state)
 {
 	float p[4] = { 0.6f, 0.4f, -1.0f, 0.6f };
-	struct mp_policy_hints h = { .p = p };
+	struct mp_evict_hints h = { .p = p };
 
 	(void)state;
-	assert_true(mp_policy_admit(&h, 0, 1));
-	assert_false(mp_policy_admit(&h, 1, 0));
+	assert_true(mp_evict_admit(&h, 0, 1));
+	assert_false(mp_evict_admit(&h, 1, 0));
 	/* Equal probabilities: not worth the read. */
-	assert_false(mp_policy_admit(&h, 0, 3));
+	assert_false(mp_evict_admit(&h, 0, 3));
 	/* Either side without a probability: the other rules decide. */
-	assert_true(mp_policy_admit(&h, 2, 0));
-	assert_true(mp_policy_admit(&h, 0, 2));
+	assert_true(mp_evict_admit(&h, 2, 0));
+	assert_true(mp_evict_admit(&h, 0, 2));
 }
 
 static void policy_names_are_listed(void **state)
 {
 	(void)state;
-	assert_non_null(strstr(mp_policy_names(), "coserve"));
-	assert_non_null(strstr(mp_policy_names(), "belady"));
-	assert_null(mp_policy_find("random"));
+	assert_non_null(strstr(mp_evict_names(), "coserve"));
+	assert_non_null(strstr(mp_evict_names(), "belady"));
+	assert_null(mp_evict_find("random"));
 }
 
 /*

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "pager_internal.h"
-#include "prefetch.h"
+#include "pager/pager_priv.h"
+#include "prefetch/policy.h"
 
 /*
  * Hand-made traces
@@ -874,7 +874,7 @@ static void prefetcher_source_begins_iterations_with_the_token_embedding(void **
 static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
 {
 	struct mp_pager_config pc;
-	struct mp_policy_hints h = { 0 };
+	struct mp_evict_hints h = { 0 };
 	struct mp_store *s;
 	struct mp_pager *p;
 	uint32_t a, b, c;
@@ -891,7 +891,7 @@ static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(vo
 		h.next_use[k] = UINT64_MAX;
 	h.now = 10;
 	pthread_mutex_lock(&p->lock);
-	p->policy.env.hints = &h;
+	p->evict.env.hints = &h;
 	pthread_mutex_unlock(&p->lock);
 	a = mp_pager_slot(p, 0, 0);
 	b = mp_pager_slot(p, 0, 1);
@@ -925,7 +925,7 @@ static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(vo
 	}
 	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_MAPPED);
 	pthread_mutex_lock(&p->lock);
-	p->policy.env.hints = NULL;
+	p->evict.env.hints = NULL;
 	pthread_mutex_unlock(&p->lock);
 	mp_pager_close(p);
 	free(h.next_use);

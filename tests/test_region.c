@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "region.h"
-#include "region_priv.h"
-#include "uffd_compat.h"
+#include "base/base.h"
+#include "uffd/region.h"
+#include "uffd/region_priv.h"
+#include "uffd/compat.h"
 
 #define NSLOTS		8
 #define SLOT		(4u << 20)		/* two full chunks */

@@ -11,9 +11,9 @@
 #include <xxhash.h>
 
 #include "helpers.h"
-#include "internal.h"
-#include "mpk_format.h"
-#include "store_layout.h"
+#include "base/base.h"
+#include "store/format.h"
+#include "store/layout.h"
 
 /*
  * File editing: tests corrupt one field and recompute the checksums that

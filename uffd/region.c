@@ -73,9 +73,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "region_priv.h"
-#include "uffd_compat.h"
+#include "base/base.h"
+#include "uffd/region_priv.h"
+#include "uffd/compat.h"
 
 #define PAGE		4096ull
 /* Bounded retry of a transiently failing ioctl off the handler thread: 2 s in all. */

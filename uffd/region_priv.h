@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
-#include "region.h"
+#include "uffd/region.h"
 
 #define SPOT_NONE	UINT32_MAX
 

@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: MIT */
+/* Versions, logging, weight types and model geometry shared by every area. */
+#ifndef MOEPAGER_COMMON_H
+#define MOEPAGER_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_API __attribute__((visibility("default")))
+
+/*
+ * Library version
+ */
+
+/* Version of the loaded library (may differ from the headers'). */
+MP_API int mp_version_major(void);
+MP_API int mp_version_minor(void);
+MP_API const char *mp_version_string(void);
+
+/*
+ * Logging and errors
+ */
+
+enum mp_log_level {
+	MP_LOG_ERROR = 0,
+	MP_LOG_WARN = 1,
+	MP_LOG_INFO = 2,
+	MP_LOG_DEBUG = 3,
+};
+
+typedef void (*mp_log_fn)(enum mp_log_level level, const char *msg, void *arg);
+
+/*
+ * Install the handler that receives every log line (without a trailing
+ * newline). The library never writes to stderr itself; with no handler,
+ * lines are dropped. Passing NULL removes the handler. Not thread-safe
+ * against concurrent logging: install it before opening anything.
+ */
+MP_API void mp_set_log_handler(mp_log_fn fn, void *arg);
+
+/*
+ * The message of the last error logged by this thread ("" if none). Valid
+ * until this thread's next library call that fails.
+ */
+MP_API const char *mp_last_error(void);
+
+/*
+ * Weight types
+ */
+
+enum mp_dtype {
+	MP_DTYPE_F32 = 0,
+	MP_DTYPE_F16 = 1,
+	MP_DTYPE_BF16 = 2,
+	MP_DTYPE_COUNT
+};
+
+/* Bytes per element, or 0 for an unknown type. */
+MP_API size_t mp_dtype_size(enum mp_dtype t);
+/* "f32", "f16", "bf16", or NULL for an unknown type. */
+MP_API const char *mp_dtype_name(enum mp_dtype t);
+/* Parses a name as printed by mp_dtype_name(); returns 0 or -EINVAL. */
+MP_API int mp_dtype_parse(const char *name, enum mp_dtype *out);
+
+/* Scalar conversions (round to nearest even when narrowing). */
+MP_API float mp_f16_to_f32(uint16_t h);
+MP_API uint16_t mp_f32_to_f16(float f);
+MP_API float mp_bf16_to_f32(uint16_t b);
+MP_API uint16_t mp_f32_to_bf16(float f);
+/* Converts n elements of type t at src to f32. */
+MP_API void mp_dtype_to_f32(enum mp_dtype t, const void *src, float *dst, size_t n);
+/* Converts n f32 values to type t at dst. */
+MP_API void mp_dtype_from_f32(enum mp_dtype t, const float *src, void *dst, size_t n);
+
+/*
+ * Checksums
+ */
+
+/* XXH3-64 of a buffer: the checksum of every .mpk extent and of the other file formats. */
+MP_API uint64_t mp_checksum(const void *buf, size_t len);
+
+/*
+ * Model geometry
+ *
+ * The architecture is Mixtral-style: token embedding; per layer RMSNorm,
+ * GQA attention with RoPE, RMSNorm, a router over `experts` SwiGLU experts
+ * of which `topk` are used; final RMSNorm and LM head.
+ */
+struct mp_geometry {
+	uint32_t layers;	/* MoE decoder layers */
+	uint32_t experts;	/* experts per layer */
+	uint32_t topk;		/* experts used per token and layer */
+	uint32_t hidden;	/* model width */
+	uint32_t ffn;		/* expert intermediate width */
+	uint32_t heads;		/* attention query heads */
+	uint32_t kv_heads;	/* attention key/value heads (GQA) */
+	uint32_t head_dim;	/* width of one head */
+	uint32_t vocab;		/* vocabulary size */
+	uint32_t max_seq;	/* longest sequence the KV cache must hold */
+	enum mp_dtype dtype;	/* type of the weight matrices */
+	float rope_theta;	/* RoPE base */
+	float norm_eps;		/* RMSNorm epsilon */
+};
+
+/* Upper bounds a geometry must respect (catch absurd headers early). */
+#define MP_MAX_LAYERS	1024u
+#define MP_MAX_EXPERTS	4096u
+#define MP_MAX_TOPK	64u
+#define MP_MAX_DIM	(1u << 20)
+#define MP_MAX_VOCAB	(1u << 24)
+#define MP_MAX_SEQ	(1u << 20)
+
+/*
+ * Checks that every field is in range and consistent (topk <= experts,
+ * heads a multiple of kv_heads, ...). Returns 0, or -EINVAL with a message
+ * naming the field.
+ */
+MP_API int mp_geometry_check(const struct mp_geometry *g);
+
+/* Bytes of one expert: gate, up and down projections, in that order. */
+MP_API uint64_t mp_geometry_expert_bytes(const struct mp_geometry *g);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEPAGER_COMMON_H */

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Expert sources: where an engine finds an expert's bytes, and the routing it
+ * reports before reading them. The runner consumes a source; the resident
+ * store, the pager and the prefetcher provide one. The interface sits below
+ * all of them so none needs to know the others.
+ */
+#ifndef MOEPAGER_SOURCE_H
+#define MOEPAGER_SOURCE_H
+
+#include <moepager/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * The runner knows nothing of paging: it asks a source where an expert's
+ * bytes are, tells it the routing of a layer before reading any of that
+ * layer's experts, and reads experts only under the source's guard.
+ */
+/* The token id route() reports for prompt tokens (they have no trace index). */
+#define MP_TOKEN_PROMPT UINT32_MAX
+
+struct mp_expert_source_ops {
+	/*
+	 * Address of the expert's gate|up|down bytes as the .mpk lays them out
+	 * (mp_store_expert_bytes() long), valid until the source is closed; or
+	 * NULL after logging why (the runner fails the step with -EIO).
+	 */
+	const void *(*expert)(void *ctx, uint32_t layer, uint32_t expert);
+	/*
+	 * The experts (ids, gate weights; k of each) that token `token` of
+	 * request `request` uses in `layer`, called before any of them is read.
+	 * token counts decode steps as moe-trace counts generated tokens: step
+	 * t (mp_runner_steps() before it) is token t, the trace token it
+	 * replays. A batched prefill reports each prompt token of a layer, all
+	 * as token MP_TOKEN_PROMPT (one iteration: the batch goes through the
+	 * layers together), before the layer's experts run. Returns 0 or a
+	 * negative errno, which aborts the step. May be NULL.
+	 */
+	int (*route)(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		     const uint32_t *ids, const float *weights, uint32_t k);
+	/*
+	 * Runs fn(arg) on the calling thread under a guard and returns its
+	 * result, or a negative errno when the expert memory could not be read
+	 * (e.g. -EIO after a SIGBUS on a poisoned page). Every read of expert
+	 * bytes, on every engine thread, happens inside it. May be NULL.
+	 */
+	int (*guard)(void *ctx, int (*fn)(void *arg), void *arg);
+	/*
+	 * For prefetchers, during decode steps only: right before route() for
+	 * the same (request, token, layer), this layer's router logits (experts
+	 * floats; their softmax is the full gate distribution, computed even
+	 * when a trace forces the route) and the normalised FFN input the
+	 * router read (hidden floats). Both are valid during the call only.
+	 * May be NULL.
+	 */
+	void (*gate)(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		     const float *logits, uint32_t experts, const float *x, uint32_t hidden);
+	/*
+	 * For prefetchers, during decode steps only: before the first layer of
+	 * (request, token), the embedding layer's output for the step's input
+	 * token (hidden floats, its row of tok_embd as f32): FineMoE's semantic
+	 * vector. Valid during the call only. May be NULL.
+	 */
+	void (*embed)(void *ctx, uint32_t request, uint32_t token, const float *e,
+		      uint32_t hidden);
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEPAGER_SOURCE_H */

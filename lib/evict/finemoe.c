@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+/*
+ * FineMoE eviction: the highest PRI = 1 / (p · freq) goes first, i.e. the
+ * lowest p · freq, where p is the expert's probability in the map the
+ * prefetcher searched last for its layer (hints->p) and freq its use count.
+ * No recency term; equal scores go to the least recently used.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "evict/evict.h"
+
+/* p · freq; no hint for the key's layer yet: the uniform prior 1/E. */
+static double fm_score(const struct mp_evict *pol, const struct mp_lfu_state *f, uint32_t key)
+{
+	const struct mp_evict_hints *h = pol->env.hints;
+	double p = 1.0 / pol->env.experts;
+	float hp;
+
+	if (h && h->p) {
+		__atomic_load(&h->p[key], &hp, __ATOMIC_RELAXED);
+		if (hp >= 0)
+			p = hp;
+	}
+
+	return p * (double)f->freq[key];
+}
+
+static int64_t fm_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
+{
+	struct mp_lfu_state *f = pol->priv;
+	int64_t best = -ENOENT;
+	double best_s = 0;
+
+	for (uint32_t k = f->recent.tail; k != MP_KEYLIST_NONE; k = f->recent.prev[k]) {
+		double s = fm_score(pol, f, k);
+
+		if ((best < 0 || s < best_s) && evictable(arg, k)) {
+			best = k;
+			best_s = s;
+		}
+	}
+	return best;
+}
+
+const struct mp_evict_ops mp_evict_finemoe = {
+	.name = "finemoe",
+	.description = "evict the highest 1/(p*freq): p from the prefetcher's searched map, "
+		       "freq uses",
+	/* LFU's bookkeeping (freq, recency for ties); only the victim differs. */
+	.init = mp_evict_lfu_init,
+	.on_insert = mp_evict_lfu_insert,
+	.on_access = mp_evict_lfu_access,
+	.on_fault = mp_evict_lfu_access,
+	.on_remove = mp_evict_lfu_remove,
+	.pick_victim = fm_victim,
+	.fini = mp_evict_lfu_fini,
+};

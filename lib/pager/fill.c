@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: MIT
+/* Fill workers: read an expert from its tier into pool chunks, verify its checksum, map it. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include <moepager/store.h>
+#include <moepager/pager.h>
+
+#include "base/base.h"
+#include "pager/pager_priv.h"
+#include "base/probes.h"
+#include "tier/inject.h"
+
+/* Pause between read attempts: long enough for a transient fault to pass, short for a reader. */
+#define ATTEMPT_PAUSE_NS	(2ull * 1000 * 1000)
+
+struct fill_hash {
+	XXH3_state_t *h;
+	uint64_t got;
+	const atomic_bool *cancel;
+	struct mp_pager *p;
+	struct slot *s;
+};
+
+/* A prefetch nobody waits for yet makes way while demand reads are running. */
+static bool fill_yield(void *arg)
+{
+	struct fill_hash *fh = arg;
+
+	return !atomic_load(&fh->s->wanted) && atomic_load(&fh->p->demand_reads) > 0;
+}
+
+/* The tier hands bytes over in order while later requests are in flight: hash them now. */
+static int fill_ready(void *arg, const void *buf, size_t len)
+{
+	struct fill_hash *fh = arg;
+
+	if (atomic_load(fh->cancel))
+		return -ECANCELED;
+	XXH3_64bits_update(fh->h, buf, len);
+	fh->got += len;
+	return 0;
+}
+
+/*
+ * Reads the slot's expert into its chunks with up to read_attempts tries.
+ * Every attempt is checked against the store's checksum, whatever the tier.
+ * Returns 0 or the last attempt's error. Called unlocked.
+ */
+static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch)
+{
+	struct mp_pager *p = w->p;
+	const struct mp_expert_info *x = mp_store_expert(p->store, s->layer, s->expert);
+	struct fill_hash fh = { .h = w->hash, .cancel = &p->closing, .p = p, .s = s };
+	struct mp_tier_read rd = {
+		.layer = s->layer,
+		.expert = s->expert,
+		.offset = x->offset,
+		.bytes = x->bytes,
+		.checksum = x->checksum,
+		.iov = w->iov,
+		.iovcnt = (unsigned)nseg,
+		.io = w->io,
+		.ready = fill_ready,
+		.arg = &fh,
+		.cancel = &p->closing,
+		.yield = prefetch ? fill_yield : NULL,
+		.yield_arg = &fh,
+	};
+	int err = 0;
+
+	for (uint32_t attempt = 1; attempt <= p->read_attempts; attempt++) {
+		uint64_t sum;
+
+		XXH3_64bits_reset(w->hash);
+		fh.got = 0;
+		err = mp_tier_read(p->tier, &rd);
+		if (!err && fh.got != x->bytes)
+			err = mp_err(-ENODATA, "layer %u expert %u: tier %s delivered %llu of %llu "
+				     "bytes", s->layer, s->expert, p->tier->name,
+				     (unsigned long long)fh.got, (unsigned long long)x->bytes);
+		if (!err) {
+			sum = XXH3_64bits_digest(w->hash);
+			if (sum != x->checksum)
+				err = mp_err(-EBADMSG, "layer %u expert %u: checksum mismatch "
+					     "reading %s at offset %llu (stored %016llx, computed "
+					     "%016llx)", s->layer, s->expert, p->tier->name,
+					     (unsigned long long)x->offset,
+					     (unsigned long long)x->checksum,
+					     (unsigned long long)sum);
+		}
+		if (!err || err == -ECANCELED || atomic_load(&p->closing))
+			break;
+		pthread_mutex_lock(&p->lock);
+		p->st.read_errors++;
+		pthread_mutex_unlock(&p->lock);
+		plog_warn(p, "layer %u expert %u: read attempt %u of %u from %s failed: %s",
+			  s->layer, s->expert, attempt, p->read_attempts, p->tier->name,
+			  strerror(-err));
+		if (attempt < p->read_attempts) {
+			struct timespec ts = { 0, (long)(ATTEMPT_PAUSE_NS * attempt) };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+	return err;
+}
+
+/* MAPPED but lost (zapped behind our back): drop what is left. Called locked. */
+static void repair(struct mp_pager *p, uint32_t slot)
+{
+	struct slot *s = &p->slots[slot];
+
+	s->state = ST_BUSY;
+	s->busy_op = BUSY_DROP;
+	pthread_mutex_unlock(&p->lock);
+	mp_region_slot_discard(p->region, slot);
+	pthread_mutex_lock(&p->lock);
+	s->lost = false;
+	s->state = ST_EMPTY;
+	p->mapped_n--;
+	mp_pager_unreserve(p, slot);
+	if (p->evict.ops->on_remove)
+		p->evict.ops->on_remove(&p->evict, slot);
+	s->refault = false;
+	if (s->gone)
+		mp_pager_release_waiters(p, s, -EFAULT);
+}
+
+/* EMPTY -> FILLING -> MAPPED (or POISONED). Called locked; drops it for the slow parts. */
+static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
+{
+	struct mp_pager *p = w->p;
+	struct slot *s = &p->slots[slot];
+	uint64_t begin = mp_now_ns(), t_alloc, t_read, t_map;
+	bool prefetch = cls == Q_PREFETCH;
+	int nseg = 0, err;
+
+	s->state = ST_FILLING;
+	s->prefetched = prefetch && !s->waiters;
+	atomic_store(&s->wanted, !s->prefetched);
+	p->fills++;
+	err = mp_pager_reserve(p, slot);
+	if (err)
+		goto no_memory;
+	pthread_mutex_unlock(&p->lock);
+
+	t_alloc = mp_now_ns();
+	/* Fault injection's alloc:enomem rules refuse the memory here (0 otherwise). */
+	nseg = mp_tier_fault_alloc(p->tier, s->layer, s->expert);
+	if (!nseg)
+		nseg = mp_region_slot_alloc(p->region, slot, w->iov);
+	t_read = mp_now_ns();
+	if (!prefetch)
+		atomic_fetch_add(&p->demand_reads, 1);
+	err = nseg < 0 ? nseg : read_expert(w, s, nseg, prefetch);
+	if (!prefetch)
+		atomic_fetch_sub(&p->demand_reads, 1);
+	t_map = mp_now_ns();
+	if (!err && atomic_load(&p->closing))
+		err = -ESHUTDOWN;
+	if (!err)
+		err = mp_region_slot_map(p->region, slot);
+	if (!err)
+		plog_debug(p, "layer %u expert %u: %s fill: queued+budget %.0f us, chunks %.0f us, "
+			   "read+verify %.0f us (%.2f GB/s), map %.0f us", s->layer, s->expert,
+			   prefetch ? "prefetch" : "demand", (double)(t_alloc - begin) / 1e3,
+			   (double)(t_read - t_alloc) / 1e3, (double)(t_map - t_read) / 1e3,
+			   (double)p->expert_bytes / (double)(t_map - t_read),
+			   (double)(mp_now_ns() - t_map) / 1e3);
+
+	pthread_mutex_lock(&p->lock);
+	if (err) {
+		if (nseg > 0 && err != -EFAULT)
+			mp_region_slot_free(p->region, slot);
+		else if (err == -EFAULT)
+			mp_region_slot_discard(p->region, slot);
+		mp_pager_unreserve(p, slot);
+		goto failed;
+	}
+	s->state = ST_MAPPED;
+	s->mapped_at = mp_now_ns();
+	p->mapped_n++;
+	p->st.bytes_file += p->expert_bytes;
+	/* Prefetch reads may yield to these: only demand reads time the device. */
+	if (!prefetch) {
+		p->st.file_reads++;
+		p->st.file_read_ns += t_map - t_read;
+	}
+	if (p->evict.ops->on_insert)
+		p->evict.ops->on_insert(&p->evict, slot);
+	if (s->waiters)
+		s->demanded = true;
+	mp_pager_release_waiters(p, s, 0);
+	if (prefetch)
+		MP_PROBE(prefetch_done, s->layer, s->expert, p->tier->number,
+			 mp_now_ns() - s->prefetch_at, 0);
+	p->fills--;
+	pthread_cond_broadcast(&p->state_cv);
+	pthread_mutex_unlock(&p->lock);
+	mp_region_slot_wake(p->region, slot);
+	pthread_mutex_lock(&p->lock);
+	if (p->resident > p->budget)
+		mp_pager_enforce_budget(p);
+	return;
+
+no_memory:
+failed:
+	p->fills--;
+	if (err == -ECANCELED)
+		err = -ESHUTDOWN;
+	if (prefetch)
+		MP_PROBE(prefetch_done, s->layer, s->expert, p->tier->number,
+			 mp_now_ns() - s->prefetch_at, err);
+	s->prefetched = false;
+	/*
+	 * A thread waits, or will (demand): poison, so it gets an error now
+	 * rather than a fault that blocks forever. An unwanted prefetch just
+	 * leaves the expert out; a later touch reads it again.
+	 */
+	if (s->waiters || cls == Q_DEMAND || err == -ESHUTDOWN) {
+		plog_err(p, err, "layer %u expert %u: cannot be read (%s) after %.1f ms; its "
+			 "readers get an error", s->layer, s->expert, strerror(-err),
+			 (double)(mp_now_ns() - begin) / 1e6);
+		mp_pager_poison_locked(p, slot, err);
+	} else {
+		s->state = ST_EMPTY;
+		pthread_cond_broadcast(&p->state_cv);
+	}
+}
+
+static void run_job(struct worker *w, uint32_t slot, enum queue_class cls)
+{
+	struct mp_pager *p = w->p;
+	struct slot *s = &p->slots[slot];
+
+	if (s->state == ST_MAPPED && s->lost) {
+		repair(p, slot);
+		if (s->gone || (!s->waiters && !s->demanded))
+			return;
+		cls = Q_DEMAND;
+	}
+	switch (s->state) {
+	case ST_EMPTY:
+		fill(w, slot, cls);
+		break;
+	case ST_HOST:
+		/* A host-tier expert to map: routed, prefetched, or deferred by the handler. */
+		if (cls == Q_PREFETCH)
+			s->prefetched = !s->waiters;
+		mp_pager_map_locked(p, slot);
+		break;
+	default:
+		/* Resident, being read or poisoned since it was queued: nothing to do. */
+		break;
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct mp_pager *p = w->p;
+	sigset_t all;
+
+	/* Application signals go to its own threads. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	/* Woken by each batch of completions, it must resubmit before the queue runs dry. */
+	mp_thread_short_slice();
+	pthread_mutex_lock(&p->lock);
+	while (!atomic_load(&p->closing)) {
+		enum queue_class cls;
+		uint32_t slot;
+
+		if (mp_pager_dequeue(p, &slot, &cls)) {
+			pthread_cond_wait(&p->work_cv, &p->lock);
+			continue;
+		}
+		p->jobs++;
+		run_job(w, slot, cls);
+		p->jobs--;
+		if (cls == Q_PREFETCH)
+			p->prefetch_fills--;
+		mp_pager_after_idle(p);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+int mp_pager_workers_start(struct mp_pager *p)
+{
+	uint32_t chunks = mp_region_chunks(p->region);
+	int err;
+
+	p->workers = calloc(p->nworkers, sizeof(*p->workers));
+	if (!p->workers)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < p->nworkers; i++) {
+		struct worker *w = &p->workers[i];
+		char name[16];
+
+		w->p = p;
+		w->id = i;
+		w->iov = calloc(chunks, sizeof(*w->iov));
+		w->hash = XXH3_createState();
+		if (!w->iov || !w->hash)
+			return -ENOMEM;
+		err = mp_io_open(p->io_depth, &w->io);
+		if (err)
+			return err;
+		err = pthread_create(&w->thread, NULL, worker_main, w);
+		if (err)
+			return plog_err(p, -err, "starting fill worker %u: %s", i, strerror(err));
+		w->started = true;
+		snprintf(name, sizeof(name), "mp-fill%u", i % 100u);
+		pthread_setname_np(w->thread, name);
+	}
+	return 0;
+}
+
+void mp_pager_workers_stop(struct mp_pager *p)
+{
+	if (!p->workers)
+		return;
+	pthread_mutex_lock(&p->lock);
+	pthread_cond_broadcast(&p->work_cv);
+	pthread_cond_broadcast(&p->state_cv);
+	pthread_mutex_unlock(&p->lock);
+	for (uint32_t i = 0; i < p->nworkers; i++) {
+		struct worker *w = &p->workers[i];
+
+		if (w->started)
+			pthread_join(w->thread, NULL);
+		mp_io_close(w->io);
+		free(w->iov);
+		if (w->hash)
+			XXH3_freeState(w->hash);
+	}
+	free(p->workers);
+	p->workers = NULL;
+}

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: MIT
+/* The SIGBUS guard: a poisoned expert read inside mp_pager_guard() becomes an error return. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include <moepager/pager.h>
+
+#include "base/base.h"
+#include "pager/pager_priv.h"
+
+/*
+ * The signal hook is process-wide by nature; it is the one piece of
+ * global state here. Pagers register their ranges in a fixed table the
+ * handler reads without locks (it runs in signal context); everything
+ * else happens after the siglongjmp, under the registry lock.
+ */
+#define MAX_RANGES 64
+
+struct guard_range {
+	_Atomic uintptr_t start;	/* 0: free entry */
+	_Atomic uintptr_t end;
+	struct mp_pager *p;
+};
+
+static struct guard_range ranges[MAX_RANGES];
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+static struct sigaction prev_action;
+static int hook_err;
+
+struct guard_frame {
+	sigjmp_buf jb;
+	struct guard_frame *prev;
+	void *addr;
+};
+
+/* Initial-exec TLS: the handler must not call into the dynamic linker. */
+static __thread struct guard_frame *guard_top __attribute__((tls_model("initial-exec")));
+
+static bool in_ranges(uintptr_t a)
+{
+	for (int i = 0; i < MAX_RANGES; i++) {
+		uintptr_t s = atomic_load_explicit(&ranges[i].start, memory_order_acquire);
+
+		if (s && a >= s && a < atomic_load_explicit(&ranges[i].end, memory_order_relaxed))
+			return true;
+	}
+	return false;
+}
+
+/* Hands a SIGBUS that is not ours to whatever handled SIGBUS before us. */
+static void chain(int sig, siginfo_t *si, void *uc)
+{
+	if (prev_action.sa_flags & SA_SIGINFO) {
+		if (prev_action.sa_sigaction)
+			prev_action.sa_sigaction(sig, si, uc);
+		return;
+	}
+	if (prev_action.sa_handler == SIG_IGN)
+		return;
+	if (prev_action.sa_handler != SIG_DFL) {
+		prev_action.sa_handler(sig);
+		return;
+	}
+	/*
+	 * Default action: restore it. A fault re-executes the access and
+	 * dies of it (with the right core); a sent signal is raised again.
+	 */
+	signal(SIGBUS, SIG_DFL);
+	if (si->si_code <= 0)
+		raise(SIGBUS);
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	struct guard_frame *f = guard_top;
+
+	if (f && si->si_code > 0 && in_ranges((uintptr_t)si->si_addr)) {
+		f->addr = si->si_addr;
+		siglongjmp(f->jb, 1);
+	}
+	chain(sig, si, uc);
+}
+
+static void hook_install(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_sigbus;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGBUS, &sa, &prev_action))
+		hook_err = -errno;
+}
+
+/*
+ * Someone installed a SIGBUS handler after ours (a test harness, a
+ * runtime): put ours back in front, chaining to theirs. Checked on every
+ * guard entry, so the guard keeps working whatever was installed since.
+ */
+static int hook_ensure(void)
+{
+	static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
+	struct sigaction cur;
+
+	pthread_once(&hook_once, hook_install);
+	if (hook_err)
+		return hook_err;
+	if (sigaction(SIGBUS, NULL, &cur))
+		return -errno;
+	if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
+		return 0;
+	pthread_mutex_lock(&hook_lock);
+	if (!sigaction(SIGBUS, NULL, &cur) &&
+	    !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)) {
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_sigaction = on_sigbus;
+		sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+		sigemptyset(&sa.sa_mask);
+		prev_action = cur;
+		sigaction(SIGBUS, &sa, NULL);
+	}
+	pthread_mutex_unlock(&hook_lock);
+	return 0;
+}
+
+int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len)
+{
+	int err = -ENOSPC;
+
+	pthread_once(&hook_once, hook_install);
+	if (hook_err)
+		return mp_err(hook_err, "guard: installing the SIGBUS handler: %s",
+			      strerror(-hook_err));
+	pthread_mutex_lock(&registry_lock);
+	for (int i = 0; i < MAX_RANGES; i++) {
+		if (atomic_load(&ranges[i].start))
+			continue;
+		ranges[i].p = p;
+		atomic_store_explicit(&ranges[i].end, (uintptr_t)start + len, memory_order_relaxed);
+		atomic_store_explicit(&ranges[i].start, (uintptr_t)start, memory_order_release);
+		err = 0;
+		break;
+	}
+	pthread_mutex_unlock(&registry_lock);
+	if (err)
+		return mp_err(err, "guard: more than %d pagers open at once", MAX_RANGES);
+	return 0;
+}
+
+void mp_guard_unregister(struct mp_pager *p)
+{
+	pthread_mutex_lock(&registry_lock);
+	for (int i = 0; i < MAX_RANGES; i++) {
+		if (ranges[i].p == p && atomic_load(&ranges[i].start)) {
+			atomic_store(&ranges[i].start, 0);
+			ranges[i].p = NULL;
+		}
+	}
+	pthread_mutex_unlock(&registry_lock);
+}
+
+static void guard_enter(struct mp_pager *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->guards++;
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void guard_leave(struct mp_pager *p)
+{
+	pthread_mutex_lock(&p->lock);
+	if (!--p->guards)
+		pthread_cond_broadcast(&p->guard_cv);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* After the jump: find the pager the address belongs to, report, and start the retry. */
+static int guard_fault(void *addr)
+{
+	struct mp_pager *owner = NULL;
+	uint32_t clear = SLOT_NONE;
+	int err = -EIO;
+
+	pthread_mutex_lock(&registry_lock);
+	for (int i = 0; i < MAX_RANGES; i++) {
+		uintptr_t s = atomic_load(&ranges[i].start);
+
+		if (s && (uintptr_t)addr >= s && (uintptr_t)addr < atomic_load(&ranges[i].end)) {
+			owner = ranges[i].p;
+			break;
+		}
+	}
+	if (owner) {
+		err = mp_pager_fault_cause(owner, addr, &clear);
+		/* Keeps the owner open while its poison is cleared outside the registry lock. */
+		if (clear != SLOT_NONE)
+			guard_enter(owner);
+	}
+	pthread_mutex_unlock(&registry_lock);
+	if (!owner)
+		return mp_err(-EIO, "guard: SIGBUS at %p, in no open pager's range", addr);
+	if (clear != SLOT_NONE) {
+		mp_pager_clear(owner, clear);
+		guard_leave(owner);
+	}
+	return err;
+}
+
+int mp_pager_guard(struct mp_pager *p, int (*fn)(void *arg), void *arg)
+{
+	struct guard_frame f;
+	volatile int ret = 0;
+
+	if (!fn)
+		return mp_err(-EINVAL, "guard: no function");
+	ret = hook_ensure();
+	if (ret)
+		return mp_err(ret, "guard: SIGBUS handler not installed: %s", strerror(-ret));
+	if (p)
+		guard_enter(p);
+	f.prev = guard_top;
+	f.addr = NULL;
+	if (sigsetjmp(f.jb, 1) == 0) {
+		guard_top = &f;
+		atomic_signal_fence(memory_order_seq_cst);
+		ret = fn(arg);
+		atomic_signal_fence(memory_order_seq_cst);
+		guard_top = f.prev;
+	} else {
+		guard_top = f.prev;
+		ret = guard_fault(f.addr);
+	}
+	if (p)
+		guard_leave(p);
+	return ret;
+}

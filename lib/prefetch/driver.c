@@ -1,0 +1,977 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The prefetch driver: the engine's gate reports go through a bounded queue
+ * (never blocking the engine; a full queue drops and counts) to a thread
+ * that runs the prefetch policy and calls mp_pager_prefetch(); it also keeps
+ * the hints the pager's eviction policy and prefetch admission read.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdio.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <moepager/store.h>
+#include <moepager/trace.h>
+#include <moepager/traj.h>
+#include <moepager/source.h>
+#include <moepager/pager.h>
+#include <moepager/prefetch.h>
+
+#include "base/base.h"
+#include "pager/hooks.h"
+#include "prefetch/policy.h"
+
+#define DEFAULT_QUEUE 1024u
+#define POLL_MS 50
+
+struct pf_event {
+	uint64_t step;		/* producer's iteration index */
+	uint32_t request;
+	uint32_t token;
+	uint32_t layer;
+	uint32_t k;
+	uint64_t t_ns;		/* when the engine reported it */
+	bool begin;		/* an iteration's start with its semantic vector, no gate */
+	bool has_weights;
+	bool has_probs;
+	bool has_x;
+	uint32_t ids[MP_TRAJ_MAX_K];
+	float weights[MP_TRAJ_MAX_K];
+};
+
+struct mp_prefetcher {
+	struct mp_pager *pager;
+	struct mp_prefetcher_config cfg;
+	uint32_t L, J, K, spl, nkeys;
+	char *emap_path;
+
+	/* Producer side (engine threads), under plock for multiple producers. */
+	pthread_mutex_t plock;
+	uint64_t pstep;
+	uint32_t preq, ptok;
+	bool pstarted;
+
+	/* The queue: single consumer; head written by producers, tail by the thread. */
+	struct pf_event *ring;
+	float *ring_probs;	/* [queue][J] */
+	float *ring_x;		/* [queue][hidden], nextlayer only */
+	float *ring_sem;	/* [queue][sem.dim], with semantic vectors only */
+	float *train_sem;	/* [sem.dim]: mp_prefetcher_train()'s vector */
+	uint32_t hidden;
+	float *routers;		/* nextlayer: [L][J][hidden] router weights as f32 */
+	float *spec;		/* [J] scratch: the speculative gate */
+
+	/* The source's stash between gate() and route() of one (request, token, layer). */
+	float *pend_logits;	/* [J] */
+	float *pend_probs;	/* [J] */
+	float *pend_x;		/* [hidden] */
+	uint32_t pend_req, pend_tok, pend_layer;
+	bool pend;
+	uint32_t mask;
+	_Atomic uint64_t head;
+	_Atomic uint64_t tail;
+	int efd;
+
+	/* The thread and the policy (policy state only under lock). */
+	pthread_t thread;
+	bool thread_started;
+	atomic_bool stop;
+	pthread_mutex_t lock;
+	pthread_cond_t drained;
+	struct mp_prefetch pf;
+	bool pf_ok;
+	uint64_t cur_step;	/* iteration the policy is in */
+	bool early;		/* the policy began the next iteration before its first gate */
+	uint32_t guess_req, guess_tok;
+
+	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
+	uint64_t *issued_pos;
+	uint64_t expired;
+
+	/* Hints for the pager's eviction policy (nkeys each). */
+	struct mp_evict_hints hints;
+	bool hints_attached;
+	bool truth;
+
+	/* The replay order (oracle/belady). */
+	struct mp_replay_seg *future;
+	uint32_t nfuture;
+	uint64_t nsteps;
+	uint64_t *next_use_true;	/* [nsteps][L][K] */
+
+	_Atomic uint64_t events, dropped, iterations, predicted, issued, policy_ns;
+
+	/* Measuring pf.load_ratio: gaps between consecutive gates, reads from the pager. */
+	float *gaps;		/* [L] this iteration's */
+	uint32_t ngaps;
+	uint64_t last_ns, last_step;
+	uint32_t last_layer;
+	uint64_t reads0, read_ns0;
+	double t_layer, t_load;	/* smoothed, ns */
+};
+
+static uint32_t key_of(const struct mp_prefetcher *d, uint32_t layer, uint32_t expert)
+{
+	return layer * d->spl + expert;
+}
+
+static void store_u64(uint64_t *p, uint64_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+
+/* Hands the policy's last output to the pager and the hints; items of iteration step. */
+static void issue(struct mp_prefetcher *d, uint64_t step)
+{
+	struct mp_prefetch *pf = &d->pf;
+	uint64_t now = __atomic_load_n(&d->hints.now, __ATOMIC_RELAXED);
+
+	for (uint32_t l = 0; l < d->L; l++) {
+		if (!pf->hint_dirty[l])
+			continue;
+		for (uint32_t j = 0; j < d->J; j++)
+			__atomic_store(&d->hints.p[key_of(d, l, j)], &pf->hint_p[l * d->J + j],
+				       __ATOMIC_RELAXED);
+	}
+	for (uint32_t i = 0; i < pf->n; i++) {
+		const struct mp_prefetch_item *it = &pf->items[i];
+		uint32_t key = key_of(d, it->layer, it->expert);
+		uint64_t pos = step * d->L + it->layer;
+		double prio = (double)it->prio * 1e6;
+		int r;
+
+		if (!d->truth && d->hints.next_use) {
+			uint64_t cur = __atomic_load_n(&d->hints.next_use[key], __ATOMIC_RELAXED);
+
+			if (cur == UINT64_MAX || cur < now || pos < cur)
+				store_u64(&d->hints.next_use[key], pos);
+		}
+		r = mp_pager_prefetch(d->pager, it->layer, it->expert,
+				      prio > 1e9 ? 1000000000 : (int)prio);
+		atomic_fetch_add(&d->predicted, 1);
+		if (r > 0)
+			atomic_fetch_add(&d->issued, 1);
+		if (r >= 0 && (r > 0 || pos < d->issued_pos[key]))
+			d->issued_pos[key] = pos;
+	}
+}
+
+/*
+ * Drops queued prefetches whose layer has run since they were predicted: a
+ * read that can only arrive after its use costs bandwidth and memory for
+ * nothing (the engine demanded the expert, or did not need it).
+ */
+struct expiry {
+	const struct mp_prefetcher *d;
+	uint64_t now;
+};
+
+static bool stale(void *arg, uint32_t key)
+{
+	const struct expiry *x = arg;
+
+	return x->d->issued_pos[key] < x->now;
+}
+
+static void expire(struct mp_prefetcher *d, uint64_t now)
+{
+	struct expiry x = { d, now };
+	bool any = false;
+
+	for (uint32_t k = 0; k < d->nkeys && !any; k++)
+		any = d->issued_pos[k] < now;
+	if (!any)
+		return;
+	d->expired += mp_pager_drop_prefetches(d->pager, stale, &x);
+	for (uint32_t k = 0; k < d->nkeys; k++)
+		if (d->issued_pos[k] < now)
+			d->issued_pos[k] = UINT64_MAX;
+}
+
+/* The next (request, token) after the current one, for an early begin. */
+static void guess_next(struct mp_prefetcher *d, uint64_t step, uint32_t req, uint32_t tok,
+		       uint32_t *nreq, uint32_t *ntok)
+{
+	*nreq = req;
+	*ntok = tok + 1;
+	if (d->future && step + 1 < d->nsteps) {
+		uint64_t s = step + 1;
+
+		for (uint32_t g = 0; g < d->nfuture; g++) {
+			uint64_t len = d->future[g].end - d->future[g].begin;
+
+			if (s < len) {
+				*nreq = d->future[g].request;
+				*ntok = d->future[g].begin + (uint32_t)s;
+				return;
+			}
+			s -= len;
+		}
+	}
+}
+
+/* Layer l + 1's router applied to layer l's input x, as a softmax (Mixtral-offloading). */
+static const float *speculate(struct mp_prefetcher *d, uint32_t layer, const float *x)
+{
+	const float *W;
+	float max = -INFINITY;
+	double sum = 0;
+
+	if (!d->routers || !x || layer + 1 >= d->L)
+		return NULL;
+	W = d->routers + (size_t)(layer + 1) * d->J * d->hidden;
+	for (uint32_t j = 0; j < d->J; j++) {
+		double acc = 0;
+
+		for (uint32_t i = 0; i < d->hidden; i++)
+			acc += (double)W[(size_t)j * d->hidden + i] * x[i];
+		d->spec[j] = (float)acc;
+		max = fmaxf(max, d->spec[j]);
+	}
+	for (uint32_t j = 0; j < d->J; j++) {
+		d->spec[j] = expf(d->spec[j] - max);
+		sum += d->spec[j];
+	}
+	for (uint32_t j = 0; j < d->J; j++)
+		d->spec[j] = (float)(d->spec[j] / sum);
+	return d->spec;
+}
+
+static int by_value(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Keeps pf.load_ratio, one expert read over one layer's compute, current.
+ * A layer's compute is the lower quartile of an iteration's gate-to-gate
+ * gaps: gaps with a fault in them include its stall, and under memory
+ * pressure fewer than three in four layers find every expert resident. A
+ * read is the mean time of the file tier's demand reads since the last
+ * iteration (mp_pager_stats: prefetch reads yield to them, so they would
+ * time the yielding, not the device).
+ */
+static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
+{
+	const double a = 0.25;	/* smoothing over about four iterations */
+	struct mp_pager_stats st;
+
+	if (ev->step == d->last_step && ev->layer == d->last_layer + 1 && d->last_ns &&
+	    ev->t_ns > d->last_ns && d->ngaps < d->L)
+		d->gaps[d->ngaps++] = (float)(ev->t_ns - d->last_ns);
+	d->last_ns = ev->t_ns;
+	d->last_step = ev->step;
+	d->last_layer = ev->layer;
+	if (ev->layer != 0)
+		return;
+	if (d->ngaps) {
+		double q;
+
+		qsort(d->gaps, d->ngaps, sizeof(*d->gaps), by_value);
+		q = d->gaps[d->ngaps / 4];
+		d->t_layer = d->t_layer > 0 ? (1 - a) * d->t_layer + a * q : q;
+	}
+	d->ngaps = 0;
+	mp_pager_stats(d->pager, &st);
+	if (st.file_reads > d->reads0 && st.file_read_ns >= d->read_ns0) {
+		double t = (double)(st.file_read_ns - d->read_ns0) / (double)(st.file_reads -
+									     d->reads0);
+
+		d->t_load = d->t_load > 0 ? (1 - a) * d->t_load + a * t : t;
+	}
+	d->reads0 = st.file_reads;
+	d->read_ns0 = st.file_read_ns;
+	if (d->t_layer > 0 && d->t_load > 0)
+		d->pf.load_ratio = (float)(d->t_load / d->t_layer);
+}
+
+static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const float *probs,
+		   const float *x, const float *sem)
+{
+	struct mp_prefetch *pf = &d->pf;
+	uint64_t t0 = mp_now_ns();
+
+	pthread_mutex_lock(&d->lock);
+	if (ev->begin) {
+		mp_prefetch_begin(pf, ev->request, ev->token, sem);
+		issue(d, ev->step);
+		atomic_fetch_add(&d->iterations, 1);
+		d->early = true;
+		goto out;
+	}
+	measure(d, ev);
+	expire(d, ev->step * d->L + ev->layer);
+	if (!pf->in_iter || pf->request != ev->request || pf->token != ev->token ||
+	    (ev->layer == 0 && !d->early)) {
+		mp_prefetch_begin(pf, ev->request, ev->token, NULL);
+		issue(d, ev->step);
+		atomic_fetch_add(&d->iterations, 1);
+	}
+	d->early = false;
+	d->cur_step = ev->step;
+	if (!mp_prefetch_gate(pf, ev->layer, ev->ids, ev->has_weights ? ev->weights : NULL, ev->k,
+			      ev->has_probs ? probs : NULL,
+			      ev->has_x ? speculate(d, ev->layer, x) : NULL))
+		issue(d, ev->step);
+	if (ev->layer + 1 == d->L) {
+		mp_prefetch_end(pf);
+		/* The map is complete: without semantic vectors it is the next one's context. */
+		if (!pf->env.sem_dim) {
+			guess_next(d, ev->step, ev->request, ev->token, &d->guess_req,
+				   &d->guess_tok);
+			mp_prefetch_begin(pf, d->guess_req, d->guess_tok, NULL);
+			issue(d, ev->step + 1);
+			atomic_fetch_add(&d->iterations, 1);
+			d->early = true;
+		}
+	}
+out:
+	pthread_mutex_unlock(&d->lock);
+	atomic_fetch_add(&d->policy_ns, mp_now_ns() - t0);
+}
+
+static void *thread_main(void *arg)
+{
+	struct mp_prefetcher *d = arg;
+	struct pollfd pfd = { .fd = d->efd, .events = POLLIN };
+
+	while (!atomic_load(&d->stop)) {
+		uint64_t tail = atomic_load_explicit(&d->tail, memory_order_relaxed);
+		uint64_t head = atomic_load_explicit(&d->head, memory_order_acquire);
+		uint64_t v;
+
+		if (tail == head) {
+			pthread_mutex_lock(&d->lock);
+			pthread_cond_broadcast(&d->drained);
+			pthread_mutex_unlock(&d->lock);
+			if (poll(&pfd, 1, POLL_MS) > 0 && read(d->efd, &v, sizeof(v)) < 0)
+				(void)0;	/* EAGAIN: another wake-up consumed it */
+			continue;
+		}
+		while (tail != head) {
+			uint32_t i = (uint32_t)(tail & d->mask);
+
+			handle(d, &d->ring[i], d->ring_probs + (size_t)i * d->J,
+			       d->ring_x ? d->ring_x + (size_t)i * d->hidden : NULL,
+			       d->ring_sem ? d->ring_sem + (size_t)i * d->cfg.sem.dim : NULL);
+			atomic_fetch_add(&d->events, 1);
+			tail++;
+			atomic_store_explicit(&d->tail, tail, memory_order_release);
+		}
+	}
+	return NULL;
+}
+
+/* The producer's iteration index of (request, token). Under plock. */
+static uint64_t producer_step(struct mp_prefetcher *d, uint32_t request, uint32_t token)
+{
+	if (!d->pstarted || request != d->preq || token != d->ptok) {
+		if (d->pstarted)
+			d->pstep++;
+		d->pstarted = true;
+		d->preq = request;
+		d->ptok = token;
+	}
+	return d->pstep;
+}
+
+/*
+ * The next free queue entry, under plock (still held when it returns one),
+ * or NULL with the event counted as dropped and plock released.
+ */
+static struct pf_event *claim(struct mp_prefetcher *d)
+{
+	uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
+
+	if (head - atomic_load_explicit(&d->tail, memory_order_acquire) > d->mask) {
+		pthread_mutex_unlock(&d->plock);
+		atomic_fetch_add(&d->dropped, 1);
+		return NULL;
+	}
+	return &d->ring[head & d->mask];
+}
+
+/* Publishes the entry claim() returned, releases plock and wakes the thread. */
+static void publish(struct mp_prefetcher *d)
+{
+	uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
+	uint64_t one = 1;
+
+	atomic_store_explicit(&d->head, head + 1, memory_order_release);
+	pthread_mutex_unlock(&d->plock);
+	if (write(d->efd, &one, sizeof(one)) < 0)
+		(void)0;	/* cannot overflow at one per event; the poll timeout covers it */
+}
+
+int mp_prefetcher_begin(struct mp_prefetcher *d, uint32_t request, uint32_t token,
+			const float *sem)
+{
+	struct pf_event *ev;
+	uint64_t step, slot;
+
+	if (!d || !sem || !d->cfg.sem.dim)
+		return mp_err(-EINVAL, "prefetcher: begin of request %u token %u: %s", request,
+			      token, !d ? "no prefetcher" : !sem ? "no semantic vector" :
+			      "opened without semantic vectors (sem.dim = 0)");
+	pthread_mutex_lock(&d->plock);
+	step = producer_step(d, request, token);
+	ev = claim(d);
+	if (!ev)
+		return -ENOSPC;
+	slot = (uint64_t)(ev - d->ring);
+	*ev = (struct pf_event){ .step = step, .request = request, .token = token,
+				 .t_ns = mp_now_ns(), .begin = true };
+	memcpy(d->ring_sem + slot * d->cfg.sem.dim, sem, d->cfg.sem.dim * sizeof(float));
+	publish(d);
+	return 0;
+}
+
+/* t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio. */
+static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, uint32_t layer,
+		   const uint32_t *ids, const float *weights, uint32_t k, const float *probs,
+		   const float *x, uint64_t t_ns)
+{
+	struct pf_event *ev;
+	uint64_t step, slot;
+
+	if (!d || !ids || !k || k > MP_TRAJ_MAX_K || layer >= d->L)
+		return mp_err(-EINVAL, "prefetcher: gate of layer %u with %u experts", layer, k);
+	for (uint32_t i = 0; i < k; i++)
+		if (ids[i] >= d->J)
+			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
+				      layer, ids[i]);
+	pthread_mutex_lock(&d->plock);
+	step = producer_step(d, request, token);
+	/* Positions and the true future are kept here, synchronously (even for a dropped event). */
+	store_u64(&d->hints.now, step * d->L + layer);
+	if (d->truth && d->next_use_true) {
+		for (uint32_t i = 0; i < k; i++) {
+			uint64_t nu = step < d->nsteps ?
+				d->next_use_true[(step * d->L + layer) * d->K + i] : UINT64_MAX;
+
+			store_u64(&d->hints.next_use[key_of(d, layer, ids[i])], nu);
+		}
+	} else if (!d->truth && d->hints.next_use) {
+		for (uint32_t i = 0; i < k; i++)
+			store_u64(&d->hints.next_use[key_of(d, layer, ids[i])], UINT64_MAX);
+	}
+	ev = claim(d);
+	if (!ev)
+		return -ENOSPC;
+	slot = (uint64_t)(ev - d->ring);
+	ev->step = step;
+	ev->request = request;
+	ev->token = token;
+	ev->layer = layer;
+	ev->k = k;
+	ev->t_ns = t_ns;
+	ev->begin = false;
+	memcpy(ev->ids, ids, k * sizeof(*ids));
+	ev->has_weights = weights != NULL;
+	if (weights)
+		memcpy(ev->weights, weights, k * sizeof(*weights));
+	ev->has_probs = probs != NULL;
+	if (probs)
+		memcpy(d->ring_probs + slot * d->J, probs, d->J * sizeof(float));
+	ev->has_x = x && d->ring_x;
+	if (ev->has_x)
+		memcpy(d->ring_x + slot * d->hidden, x, d->hidden * sizeof(float));
+	publish(d);
+	return 0;
+}
+
+int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token,
+		       uint32_t layer, const uint32_t *ids, const float *weights, uint32_t k,
+		       const float *probs, const float *x)
+{
+	return gate_at(d, request, token, layer, ids, weights, k, probs, x, mp_now_ns());
+}
+
+int mp_prefetcher_traj_fn(const struct mp_traj_rec *r, void *arg)
+{
+	struct mp_prefetcher *d = arg;
+
+	if (r->kind != MP_TRAJ_ROUTE || r->token == MP_TRAJ_NONE || r->token == MP_TOKEN_PROMPT)
+		return 0;
+	/* Records arrive in batches: the probe's own time keeps the gaps between gates. */
+	gate_at(d, r->request, r->token, r->layer, r->ids,
+		(r->flags & MP_TRAJ_F_WEIGHTS) ? r->weights : NULL, r->k, NULL, NULL,
+		r->ts_ns ? r->ts_ns : mp_now_ns());
+	return 0;
+}
+
+int mp_prefetcher_flush(struct mp_prefetcher *d, uint32_t timeout_ms)
+{
+	uint64_t deadline = mp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	int err = 0;
+
+	pthread_mutex_lock(&d->lock);
+	while (atomic_load(&d->tail) != atomic_load(&d->head)) {
+		struct timespec ts;
+		uint64_t now = mp_now_ns();
+
+		if (now >= deadline) {
+			err = -ETIMEDOUT;
+			break;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 5000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&d->drained, &d->lock, &ts);
+	}
+	pthread_mutex_unlock(&d->lock);
+	return err;
+}
+
+int mp_prefetcher_train(struct mp_prefetcher *d, const struct mp_trace *t, uint32_t request,
+			uint32_t begin, uint32_t end)
+{
+	int err = 0;
+
+	if (!d || !t || mp_trace_layers(t) != d->L || mp_trace_experts(t) != d->J ||
+	    request >= mp_trace_requests(t) || end > mp_trace_tokens(t, request) || begin > end)
+		return mp_err(-EINVAL, "prefetcher: train: trace, request %u or tokens [%u, %u) "
+			      "do not fit", request, begin, end);
+	if (d->cfg.sem.dim && !d->cfg.sem.fn)
+		return mp_err(-EINVAL, "prefetcher: train: semantic vectors of trace tokens need "
+			      "sem.fn");
+	mp_prefetcher_flush(d, 10000);
+	pthread_mutex_lock(&d->lock);
+	for (uint32_t tok = begin; tok < end && !err; tok++) {
+		if (d->cfg.sem.dim) {
+			err = d->cfg.sem.fn(d->cfg.sem.arg, request, tok, d->train_sem);
+			if (err) {
+				mp_err(err, "semantic vector of token %u: %s", tok, strerror(-err));
+				break;
+			}
+		}
+		mp_prefetch_begin(&d->pf, request, tok, d->cfg.sem.dim ? d->train_sem : NULL);
+		for (uint32_t l = 0; l < d->L && !err; l++) {
+			const uint32_t *ids;
+			const float *w;
+
+			err = mp_trace_route(t, request, tok, l, &ids, &w);
+			if (!err)
+				err = mp_prefetch_gate(&d->pf, l, ids, w, mp_trace_topk(t),
+						       mp_trace_probs(t, request, tok, l), NULL);
+		}
+		mp_prefetch_end(&d->pf);
+	}
+	/* Training output is not prefetched and its hints are not this run's. */
+	d->pf.n = 0;
+	d->early = false;
+	pthread_mutex_unlock(&d->lock);
+	return err ? mp_err(err, "prefetcher: train: request %u: %s", request,
+			    mp_last_error()) : 0;
+}
+
+int mp_prefetcher_set_future(struct mp_prefetcher *d, const struct mp_replay_seg *segs,
+			     uint32_t n)
+{
+	const struct mp_trace *t = d->cfg.trace;
+	uint64_t nsteps = 0, *next, *last, s;
+	struct mp_replay_seg *copy;
+
+	if (!t || !n)
+		return mp_err(-EINVAL, "prefetcher: a future needs the replayed trace");
+	for (uint32_t g = 0; g < n; g++) {
+		if (segs[g].request >= mp_trace_requests(t) || segs[g].begin > segs[g].end ||
+		    segs[g].end > mp_trace_tokens(t, segs[g].request))
+			return mp_err(-EINVAL, "prefetcher: future segment %u is outside the trace",
+				      g);
+		nsteps += segs[g].end - segs[g].begin;
+	}
+	copy = malloc(n * sizeof(*copy));
+	next = malloc((nsteps ? nsteps : 1) * d->L * d->K * sizeof(*next));
+	last = malloc(d->nkeys * sizeof(*last));
+	if (!copy || !next || !last) {
+		free(copy);
+		free(next);
+		free(last);
+		return -ENOMEM;
+	}
+	memcpy(copy, segs, n * sizeof(*copy));
+	for (uint32_t k = 0; k < d->nkeys; k++)
+		last[k] = UINT64_MAX;
+	s = nsteps;
+	for (uint32_t g = n; g-- > 0;) {
+		for (uint32_t tok = segs[g].end; tok-- > segs[g].begin;) {
+			s--;
+			for (uint32_t l = d->L; l-- > 0;) {
+				const uint32_t *ids;
+				const float *w;
+
+				mp_trace_route(t, segs[g].request, tok, l, &ids, &w);
+				for (uint32_t i = 0; i < d->K; i++) {
+					uint32_t key = key_of(d, l, ids[i]);
+
+					next[(s * d->L + l) * d->K + i] = last[key];
+					last[key] = s * d->L + l;
+				}
+			}
+		}
+	}
+	pthread_mutex_lock(&d->plock);
+	free(d->future);
+	free(d->next_use_true);
+	d->future = copy;
+	d->nfuture = n;
+	d->nsteps = nsteps;
+	d->next_use_true = next;
+	d->pstep = 0;
+	d->pstarted = false;
+	if (d->truth)
+		for (uint32_t k = 0; k < d->nkeys; k++)
+			store_u64(&d->hints.next_use[k], last[k]);
+	pthread_mutex_unlock(&d->plock);
+	free(last);
+	return 0;
+}
+
+void mp_prefetcher_stats(struct mp_prefetcher *d, struct mp_prefetcher_stats *out)
+{
+	struct mp_emap *m;
+
+	memset(out, 0, sizeof(*out));
+	out->events = atomic_load(&d->events);
+	out->dropped = atomic_load(&d->dropped);
+	out->iterations = atomic_load(&d->iterations);
+	out->predicted = atomic_load(&d->predicted);
+	out->issued = atomic_load(&d->issued);
+	out->policy_ns = atomic_load(&d->policy_ns);
+	pthread_mutex_lock(&d->lock);
+	out->expired = d->expired;
+	out->load_ratio = d->pf.load_ratio;
+	m = mp_prefetch_finemoe_emap(&d->pf);
+	if (m) {
+		struct mp_emap_stats es;
+
+		mp_emap_stats(m, &es);
+		out->emap_records = es.count;
+		out->emap_bytes = es.bytes;
+	}
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* Points the pager's eviction policy at our hints, or detaches them. */
+static void attach_hints(struct mp_prefetcher *d, bool on)
+{
+	mp_pager_set_hints(d->pager, on ? &d->hints : NULL);
+	d->hints_attached = on;
+}
+
+void mp_prefetcher_close(struct mp_prefetcher *d)
+{
+	if (!d)
+		return;
+	if (d->thread_started) {
+		atomic_store(&d->stop, true);
+		pthread_join(d->thread, NULL);
+	}
+	if (d->hints_attached)
+		attach_hints(d, false);
+	if (d->pf_ok && d->emap_path && mp_prefetch_finemoe_emap(&d->pf)) {
+		int err = mp_emap_save(mp_prefetch_finemoe_emap(&d->pf), d->emap_path);
+
+		if (err)
+			mp_warn("prefetcher: the expert maps were not saved: %s", mp_last_error());
+	}
+	if (d->pf_ok)
+		mp_prefetch_fini(&d->pf);
+	if (d->efd >= 0)
+		close(d->efd);
+	pthread_mutex_destroy(&d->plock);
+	pthread_mutex_destroy(&d->lock);
+	pthread_cond_destroy(&d->drained);
+	free(d->ring);
+	free(d->ring_probs);
+	free(d->ring_x);
+	free(d->ring_sem);
+	free(d->train_sem);
+	free(d->routers);
+	free(d->spec);
+	free(d->pend_logits);
+	free(d->pend_probs);
+	free(d->pend_x);
+	free(d->hints.p);
+	free(d->hints.next_use);
+	free(d->issued_pos);
+	free(d->gaps);
+	free(d->future);
+	free(d->next_use_true);
+	free(d->emap_path);
+	free(d);
+}
+
+/* nextlayer: every layer's router as f32, read once from the store. */
+static int load_routers(struct mp_prefetcher *d)
+{
+	struct mp_store *s = mp_pager_store(d->pager);
+	size_t per = (size_t)d->J * d->hidden;
+	void *buf;
+	int err = 0;
+
+	d->routers = malloc((size_t)d->L * per * sizeof(float));
+	buf = malloc(per * sizeof(float));
+	if (!d->routers || !buf) {
+		free(buf);
+		return -ENOMEM;
+	}
+	for (uint32_t l = 0; l < d->L && !err; l++) {
+		const struct mp_tensor_info *t;
+		char name[MP_TENSOR_NAME_MAX];
+
+		snprintf(name, sizeof(name), "blk.%u.router", l);
+		t = mp_store_tensor(s, name);
+		if (!t || t->bytes != per * mp_dtype_size(t->dtype)) {
+			err = mp_err(-EINVAL, "prefetch nextlayer: %s: no %u x %u router", name,
+				     d->J, d->hidden);
+			break;
+		}
+		err = mp_store_read_tensor(s, t, buf);
+		if (!err)
+			mp_dtype_to_f32(t->dtype, buf, d->routers + l * per, per);
+	}
+	free(buf);
+	return err;
+}
+
+static int load_emap(struct mp_prefetcher *d)
+{
+	struct mp_emap *cur = mp_prefetch_finemoe_emap(&d->pf), *m;
+	int err;
+
+	if (!cur || access(d->emap_path, F_OK))
+		return 0;
+	err = mp_emap_load(d->emap_path, mp_emap_config(cur), &m);
+	if (err)
+		return err;
+	mp_prefetch_finemoe_set_emap(&d->pf, m);
+	mp_info("prefetcher: %s: loaded the expert-map store", d->emap_path);
+	return 0;
+}
+
+int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cfg,
+		       struct mp_prefetcher **out)
+{
+	const struct mp_prefetch_ops *ops;
+	const struct mp_geometry *geo;
+	const char *name;
+	struct mp_prefetcher *d;
+	uint32_t q;
+	int err;
+
+	*out = NULL;
+	if (!p)
+		return mp_err(-EINVAL, "prefetcher: no pager");
+	name = cfg && cfg->policy ? cfg->policy : getenv("MOEPAGER_PREFETCH");
+	if (!name || !*name)
+		name = "none";
+	ops = mp_prefetch_find(name);
+	if (!ops)
+		return mp_err(-EINVAL, "prefetcher: unknown policy '%s' (%s)", name,
+			      mp_prefetch_names());
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->efd = -1;
+	pthread_mutex_init(&d->plock, NULL);
+	pthread_mutex_init(&d->lock, NULL);
+	pthread_cond_init(&d->drained, NULL);
+	if (cfg)
+		d->cfg = *cfg;
+	geo = mp_store_geometry(mp_pager_store(p));
+	d->pager = p;
+	d->L = geo->layers;
+	d->J = geo->experts;
+	d->K = geo->topk;
+	d->spl = mp_pager_slots_per_layer(p);
+	d->nkeys = d->L * d->spl;
+	q = d->cfg.queue_events ? d->cfg.queue_events : DEFAULT_QUEUE;
+	if (q & (q - 1)) {
+		err = mp_err(-EINVAL, "prefetcher: queue_events %u is not a power of two", q);
+		goto close;
+	}
+	d->mask = q - 1;
+	d->ring = calloc(q, sizeof(*d->ring));
+	d->ring_probs = calloc((size_t)q * d->J, sizeof(float));
+	d->hidden = geo->hidden;
+	d->pend_logits = calloc(d->J, sizeof(float));
+	d->pend_probs = calloc(d->J, sizeof(float));
+	d->pend_x = calloc(d->hidden, sizeof(float));
+	d->spec = calloc(d->J, sizeof(float));
+	d->hints.p = malloc(d->nkeys * sizeof(float));
+	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
+	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
+	d->gaps = malloc(d->L * sizeof(*d->gaps));
+	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
+	err = -ENOMEM;
+	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
+	    !d->gaps || !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
+	    (d->cfg.emap_path && !d->emap_path))
+		goto close;
+	if (d->cfg.sem.dim) {
+		if (d->cfg.sem.dim > MP_EMAP_MAX_SEM) {
+			err = mp_err(-EINVAL, "prefetcher: semantic vectors of %u floats (at most "
+				     "%u)", d->cfg.sem.dim, MP_EMAP_MAX_SEM);
+			goto close;
+		}
+		d->ring_sem = calloc((size_t)q * d->cfg.sem.dim, sizeof(float));
+		d->train_sem = calloc(d->cfg.sem.dim, sizeof(float));
+		if (!d->ring_sem || !d->train_sem)
+			goto close;
+	}
+	if (ops == &mp_prefetch_nextlayer) {
+		d->ring_x = calloc((size_t)q * d->hidden, sizeof(float));
+		if (!d->ring_x)
+			goto close;
+		err = load_routers(d);
+		if (err)
+			goto close;
+	}
+	for (uint32_t k = 0; k < d->nkeys; k++) {
+		d->hints.p[k] = -1.0f;
+		d->hints.next_use[k] = UINT64_MAX;
+		d->issued_pos[k] = UINT64_MAX;
+	}
+	d->truth = d->cfg.trace != NULL;
+	if (d->cfg.trace && (err = mp_trace_check_geometry(d->cfg.trace, geo)))
+		goto close;
+
+	struct mp_prefetch_env env = {
+		.layers = d->L, .experts = d->J, .topk = d->K, .distance = d->cfg.distance,
+		.emap_capacity = d->cfg.emap_capacity, .trace = d->cfg.trace,
+		.sem_dim = d->cfg.sem.dim,
+	};
+	err = mp_prefetch_init(&d->pf, ops, &env);
+	if (err)
+		goto close;
+	d->pf_ok = true;
+	if (d->emap_path && (err = load_emap(d)))
+		goto close;
+	d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (d->efd < 0) {
+		err = mp_err(-errno, "prefetcher: eventfd: %s", strerror(errno));
+		goto close;
+	}
+	/* Without admission the pager sees no predicted next uses (belady needs the true ones). */
+	if (d->cfg.no_admit && !d->truth) {
+		free(d->hints.next_use);
+		d->hints.next_use = NULL;
+	}
+	attach_hints(d, true);
+	err = -pthread_create(&d->thread, NULL, thread_main, d);
+	if (err) {
+		mp_err(err, "prefetcher: cannot start its thread");
+		goto close;
+	}
+	d->thread_started = true;
+	mp_debug("prefetcher: policy %s, distance %u", ops->name, d->pf.env.distance);
+	*out = d;
+	return 0;
+
+close:
+	mp_prefetcher_close(d);
+	return err;
+}
+
+/*
+ * The expert source: the pager's, plus a gate event per routing report.
+ */
+
+static const void *src_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	struct mp_prefetcher *d = ctx;
+
+	return mp_pager_source_ops()->expert(d->pager, layer, expert);
+}
+
+/* Keeps the router's distribution and input until the route of the same token and layer. */
+static void src_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		     const float *logits, uint32_t experts, const float *x, uint32_t hidden)
+{
+	struct mp_prefetcher *d = ctx;
+
+	if (experts != d->J || hidden != d->hidden)
+		return;
+	memcpy(d->pend_logits, logits, experts * sizeof(float));
+	memcpy(d->pend_x, x, hidden * sizeof(float));
+	d->pend_req = request;
+	d->pend_tok = token;
+	d->pend_layer = layer;
+	d->pend = true;
+}
+
+static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		     const uint32_t *ids, const float *weights, uint32_t k)
+{
+	struct mp_prefetcher *d = ctx;
+	int err = mp_pager_source_ops()->route(d->pager, request, token, layer, ids, weights, k);
+	const float *probs = NULL, *x = NULL;
+
+	if (err)
+		return err;
+	if (token == MP_TOKEN_PROMPT)
+		return 0;	/* a batched prompt is no iteration of its own */
+	if (d->pend && d->pend_req == request && d->pend_tok == token &&
+	    d->pend_layer == layer) {
+		float max = -INFINITY;
+		double sum = 0;
+
+		for (uint32_t j = 0; j < d->J; j++)
+			max = fmaxf(max, d->pend_logits[j]);
+		for (uint32_t j = 0; j < d->J; j++) {
+			d->pend_probs[j] = expf(d->pend_logits[j] - max);
+			sum += d->pend_probs[j];
+		}
+		for (uint32_t j = 0; j < d->J; j++)
+			d->pend_probs[j] = (float)(d->pend_probs[j] / sum);
+		probs = d->pend_probs;
+		x = d->pend_x;
+	}
+	d->pend = false;
+	/* A dropped event only loses a prediction. */
+	mp_prefetcher_gate(d, request, token, layer, ids, weights, k, probs, x);
+	return 0;
+}
+
+/* The token's embedding is the iteration's semantic vector (when the sizes agree). */
+static void src_embed(void *ctx, uint32_t request, uint32_t token, const float *e,
+		      uint32_t hidden)
+{
+	struct mp_prefetcher *d = ctx;
+
+	if (hidden == d->cfg.sem.dim)
+		mp_prefetcher_begin(d, request, token, e);	/* dropped: no prediction */
+}
+
+static int src_guard(void *ctx, int (*fn)(void *arg), void *arg)
+{
+	struct mp_prefetcher *d = ctx;
+
+	return mp_pager_source_ops()->guard(d->pager, fn, arg);
+}
+
+static const struct mp_expert_source_ops prefetcher_source_ops = {
+	.expert = src_expert,
+	.route = src_route,
+	.guard = src_guard,
+	.gate = src_gate,
+	.embed = src_embed,
+};
+
+const struct mp_expert_source_ops *mp_prefetcher_source_ops(void)
+{
+	return &prefetcher_source_ops;
+}

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: MIT
+/* The prefetch policy table, the iteration bookkeeping every policy shares, and δ-selection. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <moepager/prefetch.h>
+
+#include "base/base.h"
+#include "evict/evict.h"
+#include "prefetch/policy.h"
+
+#define DEFAULT_DISTANCE 3u
+
+static const struct mp_prefetch_ops *const policies[] = {
+	&mp_prefetch_none,
+	&mp_prefetch_nextlayer,
+	&mp_prefetch_eam,
+	&mp_prefetch_finemoe,
+	&mp_prefetch_dependency,
+	&mp_prefetch_oracle,
+};
+
+const struct mp_prefetch_ops *mp_prefetch_find(const char *name)
+{
+	for (size_t i = 0; name && i < MP_ARRAY_SIZE(policies); i++)
+		if (!strcmp(policies[i]->name, name))
+			return policies[i];
+	return NULL;
+}
+
+const char *mp_prefetch_names(void)
+{
+	return "none, nextlayer, eam, finemoe, dependency, oracle";
+}
+
+const char *mp_prefetch_policy_names(void)
+{
+	return mp_prefetch_names();
+}
+
+const char *mp_eviction_policy_names(void)
+{
+	return mp_evict_names();
+}
+
+int mp_prefetch_check_names(const char *prefetch, const char *eviction)
+{
+	if (prefetch && !mp_prefetch_find(prefetch))
+		return mp_err(-EINVAL, "unknown prefetch policy '%s' (%s)", prefetch,
+			      mp_prefetch_names());
+	if (eviction && !mp_evict_find(eviction))
+		return mp_err(-EINVAL, "unknown eviction policy '%s' (%s)", eviction,
+			      mp_evict_names());
+	return 0;
+}
+
+int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
+		     const struct mp_prefetch_env *env)
+{
+	size_t lj;
+	int err;
+
+	memset(pf, 0, sizeof(*pf));
+	if (!ops || !env || !env->layers || env->layers > MP_MAX_LAYERS || !env->experts ||
+	    env->experts > MP_MAX_EXPERTS || !env->topk || env->topk > env->experts)
+		return mp_err(-EINVAL, "prefetch: bad geometry (layers %u, experts %u, topk %u)",
+			      env ? env->layers : 0, env ? env->experts : 0, env ? env->topk : 0);
+	pf->ops = ops;
+	pf->env = *env;
+	if (!pf->env.distance)
+		pf->env.distance = MP_MIN(DEFAULT_DISTANCE, env->layers);
+	if (pf->env.distance > env->layers)
+		return mp_err(-EINVAL, "prefetch %s: distance %u above the model's %u layers",
+			      ops->name, pf->env.distance, env->layers);
+	lj = (size_t)env->layers * env->experts;
+	pf->traj = calloc(lj, sizeof(float));
+	pf->context = calloc(lj, sizeof(float));
+	pf->hint_p = malloc(lj * sizeof(float));
+	pf->hint_dirty = calloc(env->layers, 1);
+	pf->cap = 4 * env->experts + 16;
+	pf->items = malloc(pf->cap * sizeof(*pf->items));
+	if (!pf->traj || !pf->context || !pf->hint_p || !pf->hint_dirty || !pf->items) {
+		mp_prefetch_fini(pf);
+		return mp_err(-ENOMEM, "prefetch %s: no memory", ops->name);
+	}
+	for (size_t i = 0; i < lj; i++)
+		pf->hint_p[i] = -1.0f;
+	if (ops->init) {
+		err = ops->init(pf);
+		if (err) {
+			pf->ops = NULL;
+			mp_prefetch_fini(pf);
+			return err;
+		}
+	}
+	return 0;
+}
+
+void mp_prefetch_fini(struct mp_prefetch *pf)
+{
+	if (pf->ops && pf->ops->fini)
+		pf->ops->fini(pf);
+	free(pf->traj);
+	free(pf->context);
+	free(pf->hint_p);
+	free(pf->hint_dirty);
+	free(pf->items);
+	memset(pf, 0, sizeof(*pf));
+}
+
+static void clear_out(struct mp_prefetch *pf)
+{
+	pf->n = 0;
+	memset(pf->hint_dirty, 0, pf->env.layers);
+}
+
+void mp_prefetch_emit(struct mp_prefetch *pf, uint32_t layer, uint32_t expert, float p,
+		      int32_t l_now)
+{
+	int32_t dist = (int32_t)layer - l_now;
+
+	if (layer >= pf->env.layers || expert >= pf->env.experts)
+		return;
+	if (pf->n == pf->cap) {
+		uint32_t cap = pf->cap * 2;
+		struct mp_prefetch_item *it = realloc(pf->items, cap * sizeof(*it));
+
+		if (!it)
+			return;		/* a prediction lost, never an error for inference */
+		pf->items = it;
+		pf->cap = cap;
+	}
+	/* PRI = p / (l - l_now); a layer at or behind l_now is as urgent as the next one. */
+	pf->items[pf->n++] = (struct mp_prefetch_item){
+		.layer = layer, .expert = expert, .p = p,
+		.prio = p / (float)(dist > 0 ? dist : 1),
+	};
+	pf->emitted++;
+}
+
+static int by_p_desc(const void *a, const void *b, void *arg)
+{
+	const float *p = arg;
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	float px = p[x] > 0 ? p[x] : 0, py = p[y] > 0 ? p[y] : 0;	/* NaN -> 0 */
+
+	if (px != py)
+		return px > py ? -1 : 1;
+	return x < y ? -1 : x > y;
+}
+
+uint32_t mp_prefetch_select(const float *p, uint32_t n, uint32_t k, float score, uint32_t *out)
+{
+	float delta = 1.0f - score;
+	double sum = 0;
+	uint32_t m = 0;
+
+	if (!(delta > 0))
+		delta = 0;	/* also catches NaN scores: trust the map, take top-k */
+	if (delta > 1)
+		delta = 1;
+	if (k > n)
+		k = n;
+	for (uint32_t j = 0; j < n; j++)
+		out[j] = j;
+	/* NaN and negative p count as 0 (never as mass). */
+	qsort_r(out, n, sizeof(*out), by_p_desc, (void *)p);
+	while (m < n) {
+		float pj = p[out[m]] > 0 ? p[out[m]] : 0;
+
+		/* Enough mass and enough members; a zero-probability expert only fills up to k. */
+		if (m >= k && (sum >= (double)delta - 1e-6 || !(pj > 0)))
+			break;
+		sum += pj;
+		m++;
+	}
+	return m;
+}
+
+void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P)
+{
+	if (layer >= pf->env.layers)
+		return;
+	memcpy(pf->hint_p + (size_t)layer * pf->env.experts, P, pf->env.experts * sizeof(float));
+	pf->hint_dirty[layer] = 1;
+}
+
+/*
+ * δ-selection on P (summing to 1), then emits each member whose value is at
+ * least min, with that value as its p; value becomes the layer's hints.
+ */
+static void plan_select(struct mp_prefetch *pf, uint32_t layer, const float *P,
+			const float *value, float min, float score, int32_t l_now)
+{
+	uint32_t ids[MP_MAX_EXPERTS];
+	uint32_t m;
+
+	if (layer >= pf->env.layers)
+		return;
+	m = mp_prefetch_select(P, pf->env.experts, pf->env.topk, score, ids);
+	/* !(v < min) rather than v >= min: a NaN the selection took stays taken. */
+	for (uint32_t i = 0; i < m; i++)
+		if (!(value[ids[i]] < min))
+			mp_prefetch_emit(pf, layer, ids[i], value[ids[i]], l_now);
+	mp_prefetch_hint(pf, layer, value);
+}
+
+void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, float score,
+		      int32_t l_now)
+{
+	plan_select(pf, layer, P, P, -INFINITY, score, l_now);
+}
+
+float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist)
+{
+	float c = pf->load_ratio;
+
+	if (!(c > 0))
+		return 0.0f;
+	return c / (c + (float)(dist > 0 ? dist : 1));
+}
+
+void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			  int32_t l_now)
+{
+	float P[MP_MAX_EXPERTS];
+
+	for (uint32_t j = 0; j < pf->env.experts; j++)
+		P[j] = use[j] / (float)pf->env.topk;
+	plan_select(pf, layer, P, use, mp_prefetch_min_p(pf, (int32_t)layer - l_now), score,
+		    l_now);
+}
+
+void mp_prefetch_end(struct mp_prefetch *pf)
+{
+	size_t lj = (size_t)pf->env.layers * pf->env.experts;
+
+	clear_out(pf);
+	if (!pf->in_iter)
+		return;
+	pf->in_iter = false;
+	/* An iteration begun on a wrong guess saw no gate: nothing to learn from it. */
+	if (!pf->gates)
+		return;
+	if (pf->ops->end)
+		pf->ops->end(pf);
+	memcpy(pf->context, pf->traj, lj * sizeof(float));
+	pf->have_context = true;
+	pf->iterations++;
+}
+
+void mp_prefetch_begin(struct mp_prefetch *pf, uint32_t request, uint32_t token,
+		       const float *sem)
+{
+	size_t lj = (size_t)pf->env.layers * pf->env.experts;
+
+	if (pf->in_iter)
+		mp_prefetch_end(pf);
+	clear_out(pf);
+	pf->request = request;
+	pf->token = token;
+	if (pf->env.sem_dim) {
+		pf->sem = sem;
+		pf->sem_len = pf->env.sem_dim;
+	} else {
+		/* No semantic vector: the last iteration's map is the context (zeros at first). */
+		pf->sem = pf->context;
+		pf->sem_len = (uint32_t)lj;
+	}
+	memset(pf->traj, 0, lj * sizeof(float));
+	pf->in_iter = true;
+	pf->gates = 0;
+	if (pf->ops->begin)
+		pf->ops->begin(pf);
+}
+
+int mp_prefetch_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids,
+		     const float *weights, uint32_t k, const float *probs, const float *spec)
+{
+	uint32_t J = pf->env.experts;
+	float *row;
+	double sum = 0;
+
+	clear_out(pf);
+	if (layer >= pf->env.layers || !k || k > J || !ids)
+		return mp_err(-EINVAL, "prefetch: gate of layer %u with %u experts", layer, k);
+	row = pf->traj + (size_t)layer * J;
+	memset(row, 0, J * sizeof(float));
+	if (probs) {
+		for (uint32_t j = 0; j < J; j++)
+			row[j] = probs[j] > 0 ? probs[j] : 0;
+	} else {
+		for (uint32_t i = 0; i < k; i++) {
+			if (ids[i] >= J)
+				return mp_err(-EINVAL, "prefetch: layer %u: expert %u out of range",
+					      layer, ids[i]);
+			row[ids[i]] = weights ? (weights[i] > 0 ? weights[i] : 0) : 1.0f;
+		}
+	}
+	for (uint32_t j = 0; j < J; j++)
+		sum += row[j];
+	for (uint32_t j = 0; sum > 0 && j < J; j++)
+		row[j] = (float)(row[j] / sum);
+	pf->gates++;
+	if (pf->ops->gate)
+		pf->ops->gate(pf, layer, ids, k, spec);
+	return 0;
+}

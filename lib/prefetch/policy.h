@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Prefetch policies: a small vtable fed the engine's routing as it happens
+ * (iteration start, each layer's gate), answering with the experts to bring
+ * in ahead of use and their priorities. One file per policy; pure logic: the
+ * driver (prefetch_driver.c) or the simulator (prefetch_sim.c) issues the reads.
+ * docs/prefetch.md describes each policy.
+ */
+#ifndef MP_PREFETCH_H
+#define MP_PREFETCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <moepager/trace.h>
+
+#include "prefetch/emap.h"
+
+struct mp_prefetch_env {
+	uint32_t layers;
+	uint32_t experts;
+	uint32_t topk;
+	/* Prefetch distance d in layers (finemoe, eam, dependency, oracle); 0: 3. */
+	uint32_t distance;
+	/*
+	 * Semantic vector length the driver passes to begin(); 0: none, and
+	 * the previous iteration's expert map serves as the context instead
+	 * (docs/prefetch.md, "Semantic context").
+	 */
+	uint32_t sem_dim;
+	/* Expert-map store capacity (finemoe); 0: 1024. */
+	uint32_t emap_capacity;
+	/* The replayed trace (oracle only; borrowed). */
+	const struct mp_trace *trace;
+};
+
+/* One expert to bring in: higher prio first. */
+struct mp_prefetch_item {
+	uint32_t layer;
+	uint32_t expert;
+	float p;	/* predicted probability of use */
+	float prio;
+};
+
+struct mp_prefetch;
+
+struct mp_prefetch_ops {
+	const char *name;
+	const char *description;
+	/* Sets pf->priv. Returns 0 or -errno (with a message). */
+	int (*init)(struct mp_prefetch *pf);
+	/* An iteration (token step) starts: pf->request/token/sem are set, pf->traj is empty. */
+	void (*begin)(struct mp_prefetch *pf);
+	/*
+	 * The gate of `layer` chose ids/weights; pf->traj row `layer` holds the
+	 * layer's distribution (the full softmax when given, else the top-k
+	 * weights); spec, when not NULL, is layer + 1's router applied to this
+	 * layer's hidden state (experts floats, a softmax).
+	 */
+	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
+		     const float *spec);
+	/* The iteration is over: pf->traj is its complete map. */
+	void (*end)(struct mp_prefetch *pf);
+	void (*fini)(struct mp_prefetch *pf);
+};
+
+struct mp_prefetch {
+	const struct mp_prefetch_ops *ops;
+	struct mp_prefetch_env env;
+	void *priv;
+	/* The current iteration (read-only for policies). */
+	uint32_t request;
+	uint32_t token;
+	const float *sem;	/* semantic vector (sem_dim floats), or the context map */
+	uint32_t sem_len;
+	float *traj;		/* [layers][experts]: this iteration's gates so far */
+	float *context;		/* [layers][experts]: the previous iteration's map */
+	bool have_context;
+	bool in_iter;
+	uint32_t gates;		/* gates seen in this iteration */
+	/* Output of the last call: experts to prefetch, in no particular order. */
+	struct mp_prefetch_item *items;
+	uint32_t n;
+	uint32_t cap;
+	/*
+	 * Eviction hints: the policy's latest probability of use per key
+	 * (layer * experts + expert), -1 when it has none; hint_dirty[layer]
+	 * says the layer changed in the last call.
+	 */
+	float *hint_p;
+	uint8_t *hint_dirty;
+	/*
+	 * One expert read over one layer's compute (not its stalls), as the
+	 * driver or simulator measures it; 0: unknown. mp_prefetch_min_p().
+	 */
+	float load_ratio;
+	uint64_t iterations;
+	uint64_t emitted;
+};
+
+extern const struct mp_prefetch_ops mp_prefetch_none;
+extern const struct mp_prefetch_ops mp_prefetch_nextlayer;
+extern const struct mp_prefetch_ops mp_prefetch_eam;
+extern const struct mp_prefetch_ops mp_prefetch_finemoe;
+extern const struct mp_prefetch_ops mp_prefetch_dependency;
+extern const struct mp_prefetch_ops mp_prefetch_oracle;
+
+/* finemoe's expert-map store (NULL for another policy), and replacing it (taken over). */
+struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf);
+void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m);
+
+/* The policy called name, or NULL. */
+const struct mp_prefetch_ops *mp_prefetch_find(const char *name);
+/* "none, nextlayer, ...", for messages. */
+const char *mp_prefetch_names(void);
+
+/* Returns 0, -EINVAL (bad env, a policy's requirement unmet) or -ENOMEM. */
+int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
+		     const struct mp_prefetch_env *env);
+void mp_prefetch_fini(struct mp_prefetch *pf);
+
+/*
+ * Driver calls. Each clears pf->items/n and the dirty flags, then lets the
+ * policy fill them. begin() ends an iteration left open. sem may be NULL
+ * (zeros). gate(): probs is the full distribution (experts floats) or NULL,
+ * weights the top-k gate weights or NULL (then 1/k each), spec see ops.
+ */
+void mp_prefetch_begin(struct mp_prefetch *pf, uint32_t request, uint32_t token,
+		       const float *sem);
+int mp_prefetch_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids,
+		     const float *weights, uint32_t k, const float *probs, const float *spec);
+void mp_prefetch_end(struct mp_prefetch *pf);
+
+/*
+ * For policies
+ */
+
+/* Adds an item with priority p / (layer - l_now) (l_now = -1 before the first gate). */
+void mp_prefetch_emit(struct mp_prefetch *pf, uint32_t layer, uint32_t expert, float p,
+		      int32_t l_now);
+
+/*
+ * FineMoE's similarity-aware selection (Eq. 6-8): the smallest set of the
+ * most probable experts whose probabilities sum to at least
+ * delta = clamp(1 - score, 0, 1), with at least k members (capped at n, and
+ * never adding an expert with p = 0 beyond the first k). Writes the ids in
+ * decreasing p (ties: lower id) to out, which needs n slots (it is used as
+ * scratch), and returns how many.
+ */
+uint32_t mp_prefetch_select(const float *p, uint32_t n, uint32_t k, float score, uint32_t *out);
+
+/* Records P as layer's eviction hints without prefetching anything. */
+void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P);
+
+/* select() on layer's distribution P, emits the set, and records P as the layer's hints. */
+void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, float score,
+		      int32_t l_now);
+
+/*
+ * The least probability of use worth a read for a layer dist layers ahead.
+ * When reads are the bottleneck, a wrong prefetch costs a whole read of
+ * channel time, c = load_ratio layer-times, while a right one only hides the
+ * compute of the layers before its use, dist layer-times at most: worth it
+ * when p * dist > (1 - p) * c, i.e. p > c / (c + dist). With fast reads c is
+ * small and nearly everything predicted is worth it. 0 when c is unknown.
+ */
+float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist);
+
+/*
+ * Like mp_prefetch_plan() for probabilities of use (summing to topk, e.g.
+ * from mp_emap_predict_*()): δ-selection on use / topk, then only the
+ * members at or above mp_prefetch_min_p(); the hints are `use`.
+ */
+void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			  int32_t l_now);
+
+#endif /* MP_PREFETCH_H */

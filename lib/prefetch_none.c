@@ -1,8 +1,0 @@
-// SPDX-License-Identifier: MIT
-/* No prefetch: every expert comes in on demand (the baseline the others must beat). */
-#include "prefetch.h"
-
-const struct mp_prefetch_ops mp_prefetch_none = {
-	.name = "none",
-	.description = "on demand only",
-};

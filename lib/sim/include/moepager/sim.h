@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The trace-driven cache simulator behind `moepager bench --simulate`, and
+ * FineMoE's train/evaluate split of a trace. Benchmark tools use these; an
+ * engine does not, so <moepager.h> does not include this header.
+ */
+#ifndef MOEPAGER_SIM_H
+#define MOEPAGER_SIM_H
+
+#include <moepager/common.h>
+#include <moepager/prefetch.h>
+#include <moepager/trace.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * FineMoE's split: the first round(fraction x requests) requests (at least
+ * one, and at least one left) warm the policies, the others are evaluated;
+ * a one-request trace is split by tokens. train and eval need requests + 1
+ * entries each. Returns 0, or -EINVAL (fraction not in (0, 1), a trace of
+ * one token).
+ */
+MP_API int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_replay_seg *train,
+			   uint32_t *ntrain, struct mp_replay_seg *eval, uint32_t *neval);
+
+/*
+ * The simulator: a trace replayed against a cache of `capacity` experts on
+ * a time model (loads on I/O channels, one unit of compute per expert FFN),
+ * with a prefetch and an eviction policy. The first train_fraction of the
+ * trace warms the policies; the rest is measured.
+ */
+struct mp_sim_config {
+	const struct mp_trace *trace;
+	double train_fraction;		/* 0: 0.7 */
+	uint32_t capacity;		/* experts the cache holds (> topk) */
+	const char *prefetch;		/* prefetch policy */
+	const char *evict;		/* eviction policy */
+	uint32_t distance;		/* 0: 3 */
+	uint32_t emap_capacity;		/* 0: 1024 */
+	double load_cost;		/* one expert load, in expert-FFN times; 0: 1 */
+	double dense_cost;		/* non-expert work per layer, same unit; 0: 0.5 */
+	uint32_t io_channels;		/* loads in flight; prefetches use all but one; 0: 1 */
+	uint32_t max_tokens;		/* tokens evaluated per request at most; 0: all */
+	bool no_admit;
+	struct mp_sem_source sem;	/* semantic vectors of the trace's tokens; dim 0: none */
+};
+
+struct mp_sim_result {
+	uint64_t tokens;		/* evaluated */
+	uint64_t uses;			/* routed experts touched */
+	uint64_t hits;			/* resident when touched */
+	uint64_t late;			/* prefetch still in flight when touched (a miss) */
+	uint64_t demand_loads;
+	uint64_t prefetch_emitted;	/* experts the policy asked for */
+	uint64_t prefetch_loads;	/* prefetches that started a read */
+	uint64_t prefetch_used;		/* of which used before eviction */
+	uint64_t prefetch_wasted;	/* of which evicted unused */
+	uint64_t prefetch_refused;	/* not issued: the victim was needed sooner */
+	double time;			/* model time */
+	double stall;			/* of which waiting for loads */
+};
+
+/* Returns 0, or -EINVAL (unknown policy, bad capacity or split) or -ENOMEM. */
+MP_API int mp_prefetch_simulate(const struct mp_sim_config *cfg, struct mp_sim_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEPAGER_SIM_H */

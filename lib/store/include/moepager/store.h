@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The packed model store (.mpk): reader, writer and model generator.
+ * docs/mpk-format.md is the specification of the file.
+ */
+#ifndef MOEPAGER_STORE_H
+#define MOEPAGER_STORE_H
+
+#include <moepager/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_MPK_VERSION		1u
+/* Every expert starts on this boundary in the file and in the region. */
+#define MP_EXPERT_ALIGN		(2u << 20)
+#define MP_TENSOR_NAME_MAX	64
+
+/* A non-expert tensor (embedding, norms, attention, router, LM head). */
+struct mp_tensor_info {
+	char name[MP_TENSOR_NAME_MAX];	/* e.g. "blk.3.attn_q" */
+	enum mp_dtype dtype;
+	uint32_t ndim;
+	uint64_t dims[4];		/* dims[0] is the slowest (rows) */
+	uint64_t offset;		/* byte offset in the file */
+	uint64_t bytes;
+	uint64_t checksum;		/* XXH3-64 of the bytes */
+};
+
+/* One expert: gate [ffn x hidden], up [ffn x hidden], down [hidden x ffn]. */
+struct mp_expert_info {
+	uint32_t layer;
+	uint32_t expert;
+	uint64_t offset;		/* byte offset in the file, MP_EXPERT_ALIGN-aligned */
+	uint64_t bytes;			/* == mp_geometry_expert_bytes() */
+	uint64_t checksum;		/* XXH3-64 of the bytes */
+};
+
+/*
+ * Reader
+ */
+
+struct mp_store;
+
+/*
+ * Opens and validates an .mpk file: header, geometry, tables, every extent
+ * (inside the file, no overlap, aligned) and the expected tensor set. Expert
+ * data is not read (see mp_store_verify()). Returns 0 and sets *out, or a
+ * negative errno with a message naming the problem and its file offset:
+ * -ENOENT/-EACCES (open), -EPROTO (bad magic), -EPROTONOSUPPORT (version),
+ * -EBADMSG (corrupt header or table, checksum mismatch), -EINVAL (absurd
+ * geometry or extents), -ENODATA (truncated file).
+ */
+MP_API int mp_store_open(const char *path, struct mp_store **out);
+/* Closes the store. NULL is allowed. */
+MP_API void mp_store_close(struct mp_store *s);
+
+MP_API const struct mp_geometry *mp_store_geometry(const struct mp_store *s);
+MP_API const char *mp_store_path(const struct mp_store *s);
+/* The model name recorded by the writer ("" if none). */
+MP_API const char *mp_store_name(const struct mp_store *s);
+/* A read-only fd of the file (owned by the store). */
+MP_API int mp_store_fd(const struct mp_store *s);
+/* Size of the file in bytes, as the header records it. */
+MP_API uint64_t mp_store_file_bytes(const struct mp_store *s);
+/* Bytes of one expert, and the sum over all experts. */
+MP_API uint64_t mp_store_expert_bytes(const struct mp_store *s);
+MP_API uint64_t mp_store_total_expert_bytes(const struct mp_store *s);
+
+/* The expert's entry, or NULL when layer/expert is out of range. */
+MP_API const struct mp_expert_info *mp_store_expert(const struct mp_store *s,
+						    uint32_t layer, uint32_t expert);
+
+MP_API uint32_t mp_store_tensor_count(const struct mp_store *s);
+/* The i-th tensor entry, or NULL when i is out of range. */
+MP_API const struct mp_tensor_info *mp_store_tensor_at(const struct mp_store *s, uint32_t i);
+/* The tensor with this name, or NULL. */
+MP_API const struct mp_tensor_info *mp_store_tensor(const struct mp_store *s, const char *name);
+
+/*
+ * Reads a tensor's bytes into buf (t->bytes long) and checks its checksum.
+ * Returns 0, -EIO/-ENODATA on a failed or short read, -EBADMSG on a
+ * checksum mismatch (naming the tensor).
+ */
+MP_API int mp_store_read_tensor(struct mp_store *s, const struct mp_tensor_info *t, void *buf);
+
+/*
+ * Reads an expert's bytes into buf (mp_store_expert_bytes() long) with
+ * pread and checks its checksum. Returns 0, -ERANGE for a bad id, -EIO or
+ * -ENODATA on a failed or short read, -EBADMSG naming layer and expert on a
+ * checksum mismatch.
+ */
+MP_API int mp_store_read_expert(struct mp_store *s, uint32_t layer, uint32_t expert, void *buf);
+
+struct mp_verify_result {
+	uint32_t layer;
+	uint32_t expert;
+	int err;		/* -EBADMSG (checksum) or the read error */
+};
+
+/*
+ * Checks every tensor and expert checksum. bad (may be NULL) receives up to
+ * max_bad failing experts. Returns the number of failing experts and
+ * tensors (0 = all good), or a negative errno when the check itself could
+ * not run. progress (may be NULL) is called after each expert with done
+ * and total counts.
+ */
+MP_API int mp_store_verify(struct mp_store *s, struct mp_verify_result *bad, uint32_t max_bad,
+			   void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
+
+/*
+ * Writer
+ *
+ * The layout is fixed by the geometry, so the writer streams: tensors and
+ * experts may be put in any order, each exactly once, and nothing larger
+ * than one tensor or expert is held in memory. The file is written under a
+ * temporary name and renamed into place by mp_store_writer_finish(), so a
+ * failed or abandoned write never leaves a half-written model at path.
+ */
+
+struct mp_store_writer;
+
+/*
+ * Creates a writer for path. name (may be NULL) is recorded in the header.
+ * Returns 0 and sets *out, -EINVAL for a bad geometry, or the open error.
+ */
+MP_API int mp_store_writer_create(const char *path, const struct mp_geometry *g,
+				  const char *name, struct mp_store_writer **out);
+
+/* Number of non-expert tensors the geometry defines, and the i-th (name, dtype, shape). */
+MP_API uint32_t mp_store_writer_tensor_count(const struct mp_store_writer *w);
+MP_API const struct mp_tensor_info *mp_store_writer_tensor_at(const struct mp_store_writer *w,
+							     uint32_t i);
+
+/*
+ * Writes a tensor's bytes (its dtype and shape from the layout; data holds
+ * t->bytes). Returns 0, -ENOENT for an unknown name, -EEXIST when already
+ * written, or the write error.
+ */
+MP_API int mp_store_writer_put_tensor(struct mp_store_writer *w, const char *name, const void *data);
+
+/* Writes an expert's gate|up|down bytes (mp_geometry_expert_bytes() long). */
+MP_API int mp_store_writer_put_expert(struct mp_store_writer *w, uint32_t layer, uint32_t expert,
+				      const void *data);
+
+/*
+ * Checks that every tensor and expert was written, writes the tables and
+ * the header, syncs and renames the file into place. Frees the writer
+ * whatever the outcome. Returns 0, -ENODATA naming the first missing piece,
+ * or the I/O error.
+ */
+MP_API int mp_store_writer_finish(struct mp_store_writer *w);
+/* Abandons the write: removes the temporary file and frees the writer. */
+MP_API void mp_store_writer_abort(struct mp_store_writer *w);
+
+/*
+ * Model generator
+ */
+
+/* The named preset's geometry: "tiny", "mixtral-mini", "deepseek-lite-mini". */
+MP_API int mp_gen_preset(const char *name, struct mp_geometry *out);
+/* The preset names, NULL-terminated. */
+MP_API const char *const *mp_gen_preset_names(void);
+
+/*
+ * Writes a model with random weights (uniform, variance 1/fan_in; norms 1)
+ * to path. The bytes depend only on the geometry and the seed. progress
+ * (may be NULL) is called with bytes written so far and the total.
+ */
+MP_API int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t seed,
+			const char *name,
+			void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEPAGER_STORE_H */

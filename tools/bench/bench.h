@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: MIT */
+/* The pieces of `moepager bench`: options, one run's result, the real runs, the plots. */
+#ifndef MP_BENCH_H
+#define MP_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <moepager.h>
+#include <moepager/sim.h>
+
+#include "cli.h"
+
+#define BENCH_MAX_LIST 32
+#define BENCH_MAX_REPEAT 16
+
+struct bench_opts {
+	const char *model;
+	char *traces[BENCH_MAX_LIST];
+	uint32_t ntraces;
+	char *budgets[BENCH_MAX_LIST];
+	uint32_t nbudgets;
+	char *policies[BENCH_MAX_LIST];
+	uint32_t npolicies;
+	const char *evict;
+	struct cli_engine_opts eng;
+	const char *csv;
+	const char *plot;
+	double train_fraction;
+	double load_cost;
+	uint32_t distance;
+	uint32_t emap_capacity;
+	uint32_t max_tokens;
+	uint32_t io_channels;
+	uint32_t repeat;
+	bool no_drop;
+	bool no_admit;
+	bool no_semantic;
+	bool simulate;
+	bool json;
+};
+
+enum bench_baseline { BENCH_POLICY = 0, BENCH_MMAP, BENCH_PREAD };
+
+struct bench_spec {
+	char prefetch[32];	/* prefetch policy or baseline name */
+	char evict[32];
+	enum bench_baseline baseline;
+};
+
+struct bench_result {
+	uint64_t tokens;		/* decode tokens measured */
+	double seconds;			/* wall time of those tokens */
+	double stall_seconds;		/* time the engine waited for expert bytes */
+	uint64_t uses;			/* routed experts touched */
+	uint64_t hits;			/* resident when touched */
+	uint64_t prefetch_issued;
+	uint64_t prefetch_used;
+	uint64_t prefetch_wasted;
+	uint64_t bytes_read;		/* from the model file */
+	uint64_t peak_rss;
+	/* The prefetcher's own figures (policy runs). */
+	uint64_t events_dropped;	/* gate events lost to a full queue */
+	uint64_t expired;		/* queued prefetches dropped after their layer ran */
+	uint64_t policy_ns;		/* time the prefetch thread spent in the policy */
+	uint64_t emap_bytes;		/* finemoe: memory of the map store */
+	uint32_t emap_records;
+	float load_ratio;		/* the prefetcher's measured read/layer ratio (last trace) */
+	bool semantic;			/* the prefetcher had semantic vectors */
+	char cache_note[96];		/* how the page cache started */
+};
+
+struct bench_row {
+	struct bench_spec spec;
+	const char *budget;
+	uint64_t budget_bytes;
+	struct bench_result r;		/* the median run (by tokens/s) */
+	double tps[BENCH_MAX_REPEAT];	/* tokens/s of every run */
+	uint32_t reps;
+};
+
+/* What a baseline expert source counted (the pager counts for itself). */
+struct bench_source_stats {
+	uint64_t uses;			/* routed experts */
+	uint64_t hits;			/* fully in memory when routed */
+	uint64_t bytes_read;		/* from the file; mmap: pages missing when routed */
+	uint64_t stall_ns;		/* time the routing thread waited for expert bytes */
+};
+
+/*
+ * The mmap baseline: the whole model file mapped read-only, experts read
+ * through the kernel's page cache. Routing touches every page of the routed
+ * experts (as the engine's first pass would) so faults are timed there; a
+ * hit is an expert whose pages mincore() reports resident before that.
+ */
+struct bench_mmap;
+int bench_mmap_open(struct mp_store *s, struct bench_mmap **out);
+void bench_mmap_close(struct bench_mmap *m);
+const struct mp_expert_source_ops *bench_mmap_ops(void);
+void bench_mmap_stats(const struct bench_mmap *m, struct bench_source_stats *out);
+
+/*
+ * The pread-lru baseline: an LRU cache of budget / expert bytes buffers,
+ * each miss one O_DIRECT pread of the whole expert (no prefetch, no
+ * checksum), as the expert-streaming patches of CPU engines do.
+ */
+struct bench_pread;
+int bench_pread_open(struct mp_store *s, uint64_t budget, struct bench_pread **out);
+void bench_pread_close(struct bench_pread *p);
+const struct mp_expert_source_ops *bench_pread_ops(void);
+void bench_pread_stats(const struct bench_pread *p, struct bench_source_stats *out);
+
+/*
+ * A trace's token ids (its tokens.R metadata) and the model's embeddings of
+ * them: the semantic vector of a trace token (bench_sem_fn(), an
+ * mp_sem_source fn) is the one the runner gives the prefetcher when it runs
+ * that token. Open returns 0, -ENOENT when the trace has no token ids (no
+ * message), or another -errno (printed: a request without ids, an id outside
+ * the vocabulary, no embedding tensor, a read error).
+ */
+struct bench_sem;
+int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *trace_path,
+		   struct bench_sem **out);
+void bench_sem_close(struct bench_sem *b);
+uint32_t bench_sem_dim(const struct bench_sem *b);
+uint32_t bench_sem_token(const struct bench_sem *b, uint32_t request, uint32_t token);
+int bench_sem_fn(void *arg, uint32_t request, uint32_t token, float *out);
+
+/*
+ * Runs one policy or baseline over one trace's evaluation part. With sem
+ * (may be NULL) the runner decodes the trace's own tokens, and the
+ * prefetcher gets their semantic vectors unless o->no_semantic. Returns 0 or
+ * -errno (printed).
+ */
+int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
+		   struct mp_store *store, const struct mp_trace *t, const char *trace_path,
+		   const struct bench_sem *sem, uint64_t budget_bytes, struct bench_result *out);
+
+/* Writes DIR/{throughput,hit_rate,heatmap}.{svg,png} with gnuplot. Returns 0 or -errno. */
+int bench_plot(const struct bench_opts *o, const struct bench_row *rows, uint32_t n,
+	       struct mp_trace *const *traces);
+
+#endif /* MP_BENCH_H */
