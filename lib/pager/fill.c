@@ -123,7 +123,7 @@ static void repair(struct mp_pager *p, uint32_t slot)
 	pthread_mutex_lock(&p->lock);
 	s->lost = false;
 	s->state = ST_EMPTY;
-	p->mapped_n--;
+	p->mem.mapped_n--;
 	mp_pager_unreserve(p, slot);
 	if (p->evict.ops->on_remove)
 		p->evict.ops->on_remove(&p->evict, slot);
@@ -144,7 +144,7 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	s->state = ST_FILLING;
 	s->prefetched = prefetch && !s->waiters;
 	atomic_store(&s->wanted, !s->prefetched);
-	p->fills++;
+	p->q.fills++;
 	err = mp_pager_reserve(p, slot);
 	if (err)
 		goto no_memory;
@@ -185,7 +185,7 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	}
 	s->state = ST_MAPPED;
 	s->mapped_at = mp_now_ns();
-	p->mapped_n++;
+	p->mem.mapped_n++;
 	p->st.bytes_file += p->expert_bytes;
 	/* Prefetch reads may yield to these: only demand reads time the device. */
 	if (!prefetch) {
@@ -200,18 +200,18 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	if (prefetch)
 		MP_PROBE(prefetch_done, s->layer, s->expert, p->tier->number,
 			 mp_now_ns() - s->prefetch_at, 0);
-	p->fills--;
+	p->q.fills--;
 	pthread_cond_broadcast(&p->state_cv);
 	pthread_mutex_unlock(&p->lock);
 	mp_region_slot_wake(p->region, slot);
 	pthread_mutex_lock(&p->lock);
-	if (p->resident > p->budget)
+	if (p->mem.resident > p->mem.budget)
 		mp_pager_enforce_budget(p);
 	return;
 
 no_memory:
 failed:
-	p->fills--;
+	p->q.fills--;
 	if (err == -ECANCELED)
 		err = -ESHUTDOWN;
 	if (prefetch)
@@ -281,11 +281,11 @@ static void *worker_main(void *arg)
 			pthread_cond_wait(&p->work_cv, &p->lock);
 			continue;
 		}
-		p->jobs++;
+		p->q.jobs++;
 		run_job(w, slot, cls);
-		p->jobs--;
+		p->q.jobs--;
 		if (cls == Q_PREFETCH)
-			p->prefetch_fills--;
+			p->q.prefetch_fills--;
 		mp_pager_after_idle(p);
 	}
 	pthread_mutex_unlock(&p->lock);

@@ -1,303 +1,16 @@
 // SPDX-License-Identifier: MIT
-/* The pager's public calls: open/close, expert pointers, routing, prefetch, budget, statistics. */
+/* The pager's calls on experts: pointers, routing, prefetch, eviction, residency, statistics. */
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 
 #include <moepager/source.h>
-#include <moepager/store.h>
-#include <moepager/pager.h>
 
 #include "base/base.h"
 #include "pager/pager_priv.h"
 #include "pager/hooks.h"
-#include "base/ranges.h"
 #include "base/probes.h"
-#include "tier/inject.h"
-
-#define DEFAULT_FILL_THREADS	2u
-#define DEFAULT_IO_DEPTH	32u
-#define DEFAULT_REQUEST_BYTES	(512u << 10)
-#define DEFAULT_MIN_RESIDENT_US	2000u
-#define PAGE			4096ull
-
-void mp_pager_config_init(struct mp_pager_config *cfg)
-{
-	memset(cfg, 0, sizeof(*cfg));
-}
-
-struct mp_store *mp_pager_store(const struct mp_pager *p)
-{
-	return p->store;
-}
-
-/* The budget from the config, $MOEPAGER_BUDGET, or the default; checked against one expert. */
-static int resolve_budget(struct mp_pager *p, const struct mp_pager_config *cfg)
-{
-	uint64_t total = mp_store_total_expert_bytes(p->store), b = 0;
-	const char *env = getenv("MOEPAGER_BUDGET");
-	const char *from = "config";
-	int err;
-
-	if (cfg->budget_bytes) {
-		b = cfg->budget_bytes;
-	} else if (cfg->budget && *cfg->budget) {
-		err = mp_budget_parse(cfg->budget, total, &b);
-		if (err)
-			return err;
-	} else if (env && *env) {
-		from = "MOEPAGER_BUDGET";
-		err = mp_budget_parse(env, total, &b);
-		if (err)
-			return err;
-	} else {
-		long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-		uint64_t half = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : total;
-
-		from = "default";
-		b = MP_MIN(total, half);
-	}
-	if (b < p->expert_bytes)
-		return plog_err(p, -EINVAL, "budget %llu bytes (%s) is below one expert "
-				"(%llu bytes)",
-				(unsigned long long)b, from, (unsigned long long)p->expert_bytes);
-	p->budget = b;
-	plog_debug(p, "budget %llu bytes (%s): %.1f experts of %llu", (unsigned long long)b, from,
-		   (double)b / (double)p->expert_bytes, (unsigned long long)total);
-	return 0;
-}
-
-static int setup_slots(struct mp_pager *p)
-{
-	p->slots = calloc(p->nslots, sizeof(*p->slots));
-	p->heap = calloc(p->nslots, sizeof(*p->heap));
-	if (!p->slots || !p->heap)
-		return -ENOMEM;
-	for (uint32_t l = 0; l < p->layers; l++) {
-		for (uint32_t e = 0; e < p->slots_per_layer; e++) {
-			struct slot *s = &p->slots[mp_pager_slot(p, l, e)];
-
-			s->state = e < p->experts ? ST_EMPTY : ST_UNUSED;
-			s->layer = l;
-			s->expert = e;
-			s->next = SLOT_NONE;
-		}
-	}
-	p->demand_head = p->demand_tail = SLOT_NONE;
-	return 0;
-}
-
-static int sync_init(struct mp_pager *p)
-{
-	pthread_condattr_t ca;
-
-	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->work_cv, NULL);
-	pthread_cond_init(&p->guard_cv, NULL);
-	/* Timed waits (budget, idle) are on the monotonic clock. */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&p->state_cv, &ca);
-	pthread_condattr_destroy(&ca);
-	return 0;
-}
-
-static void destroy(struct mp_pager *p)
-{
-	mp_pager_workers_stop(p);
-	mp_guard_unregister(p);
-	if (p->region)
-		mp_pager_ranges_remove((uintptr_t)mp_region_base(p->region));
-	mp_region_destroy(p->region);
-	mp_tier_destroy(p->tier);
-	mp_evict_fini(&p->evict);
-	free(p->slots);
-	free(p->heap);
-	pthread_mutex_destroy(&p->lock);
-	pthread_cond_destroy(&p->work_cv);
-	pthread_cond_destroy(&p->state_cv);
-	pthread_cond_destroy(&p->guard_cv);
-	free(p);
-}
-
-int mp_pager_open(struct mp_store *store, const struct mp_pager_config *cfg,
-		  struct mp_pager **out)
-{
-	return mp_pager_open_hooked(store, cfg, NULL, out);
-}
-
-int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *ucfg,
-			 const struct mp_pager_hooks *hooks, struct mp_pager **out)
-{
-	struct mp_pager_config cfg;
-	const struct mp_evict_ops *pol;
-	const char *path, *base, *eviction;
-	struct mp_evict_env env;
-	struct mp_pager *p;
-	int err;
-
-	*out = NULL;
-	if (!store)
-		return mp_err(-EINVAL, "pager: no store");
-	if (ucfg)
-		cfg = *ucfg;
-	else
-		mp_pager_config_init(&cfg);
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	path = mp_store_path(store);
-	base = strrchr(path, '/');
-	snprintf(p->name, sizeof(p->name), "%s", base ? base + 1 : path);
-	p->store = store;
-	p->geo = *mp_store_geometry(store);
-	p->layers = p->geo.layers;
-	p->experts = p->geo.experts;
-	p->expert_bytes = mp_store_expert_bytes(store);
-	p->data_bytes = MP_ALIGN_UP(p->expert_bytes, PAGE);
-	p->slot_bytes = MP_ALIGN_UP(p->expert_bytes, MP_EXPERT_ALIGN);
-	p->slots_per_layer = cfg.slots_per_layer ? cfg.slots_per_layer : 2 * p->experts;
-	p->nworkers = cfg.fill_threads ? cfg.fill_threads : DEFAULT_FILL_THREADS;
-	p->io_depth = cfg.io_depth ? cfg.io_depth : DEFAULT_IO_DEPTH;
-	p->read_attempts = cfg.read_attempts ? cfg.read_attempts : MP_PAGER_DEFAULT_READ_ATTEMPTS;
-	p->route_fill = !cfg.no_route_fill;
-	p->min_resident_ns = cfg.min_resident_us == UINT32_MAX ? 0 :
-			     (uint64_t)(cfg.min_resident_us ? cfg.min_resident_us :
-					DEFAULT_MIN_RESIDENT_US) * 1000;
-	p->spare_bytes = cfg.spare_bytes ? cfg.spare_bytes : 2 * p->data_bytes;
-	p->max_prefetch_fills = p->nworkers > 1 ? p->nworkers - 1 : 1;
-	sync_init(p);
-
-	err = -EINVAL;
-	if (p->slots_per_layer < p->experts || p->slots_per_layer > MP_MAX_EXPERTS * 16) {
-		plog_err(p, err, "slots_per_layer %u must be in [%u (experts), %u]",
-			 p->slots_per_layer, p->experts, MP_MAX_EXPERTS * 16);
-		goto destroy;
-	}
-	if (p->nworkers > 64) {
-		plog_err(p, err, "fill_threads %u out of range [1, 64]", p->nworkers);
-		goto destroy;
-	}
-	p->nslots = p->layers * p->slots_per_layer;
-	err = resolve_budget(p, &cfg);
-	if (err)
-		goto destroy;
-	eviction = cfg.eviction ? cfg.eviction : getenv("MOEPAGER_EVICTION");
-	if (!eviction || !*eviction)
-		eviction = "lru";
-	pol = mp_evict_find(eviction);
-	if (!pol) {
-		err = plog_err(p, -EINVAL, "unknown eviction policy '%s' (%s)", eviction,
-			       mp_evict_names());
-		goto destroy;
-	}
-	err = setup_slots(p);
-	if (err)
-		goto destroy;
-	env = (struct mp_evict_env){ .nkeys = p->nslots, .layers = p->layers,
-				      .experts = p->experts,
-				      .slots_per_layer = p->slots_per_layer };
-	err = mp_evict_init(&p->evict, pol, &env);
-	if (err)
-		goto destroy;
-	err = mp_tier_file_open(store, &(struct mp_tier_file_config){
-					.request_bytes = cfg.io_request_bytes ?
-							 cfg.io_request_bytes :
-							 DEFAULT_REQUEST_BYTES,
-					.no_direct = cfg.no_direct }, &p->tier);
-	if (err)
-		goto destroy;
-	/* Fault injection wraps the file tier (docs/fault-injection.md). */
-	err = mp_tier_fault_wrap(&p->tier, cfg.fault, cfg.fault_seed);
-	if (err)
-		goto destroy;
-	if (hooks && hooks->wrap_tier) {
-		struct mp_tier *top = NULL;
-
-		err = hooks->wrap_tier(hooks->arg, p->tier, &top);
-		if (err)
-			goto destroy;
-		p->tier = top;
-	}
-	err = mp_region_create(&(struct mp_region_config){
-					.nslots = p->nslots,
-					.slot_bytes = p->slot_bytes,
-					.data_bytes = p->data_bytes,
-					.numa_node = cfg.numa_bind ? cfg.numa_node : -1,
-					.name = p->name }, &mp_pager_region_ops, p, &p->region);
-	if (err)
-		goto destroy;
-	/* Tracers attribute page faults by this (moepager:region, docs/probes.md). */
-	err = mp_pager_ranges_add((uintptr_t)mp_region_base(p->region), p->slot_bytes,
-				  p->slots_per_layer, p->layers, p->experts);
-	if (err)
-		goto destroy;
-	err = mp_guard_register(p, mp_region_base(p->region), mp_region_bytes(p->region));
-	if (err)
-		goto destroy;
-	err = mp_pager_workers_start(p);
-	if (err)
-		goto destroy;
-	plog_info(p, "%u experts of %llu bytes in %u slots at %p; budget %llu (%.1f experts), "
-		  "%s eviction, %s tier, %u fill threads x %u requests of %u KiB", p->layers *
-		  p->experts, (unsigned long long)p->expert_bytes, p->nslots,
-		  mp_region_base(p->region), (unsigned long long)p->budget,
-		  (double)p->budget / (double)p->expert_bytes, pol->name, p->tier->name,
-		  p->nworkers, p->io_depth, (cfg.io_request_bytes ? cfg.io_request_bytes :
-					     DEFAULT_REQUEST_BYTES) >> 10);
-	*out = p;
-	return 0;
-
-destroy:
-	atomic_store(&p->closing, true);
-	destroy(p);
-	return err;
-}
-
-void mp_pager_close(struct mp_pager *p)
-{
-	uint32_t slot;
-	enum queue_class cls;
-
-	if (!p)
-		return;
-	atomic_store(&p->closing, true);
-	pthread_mutex_lock(&p->lock);
-	/* Queued work is dropped; whoever waits on it is released with an error. */
-	p->max_prefetch_fills = UINT32_MAX;
-	while (!mp_pager_dequeue(p, &slot, &cls)) {
-		struct slot *s = &p->slots[slot];
-
-		if (s->waiters && (s->state == ST_EMPTY || s->state == ST_HOST))
-			mp_pager_poison_locked(p, slot, -ESHUTDOWN);
-	}
-	pthread_mutex_unlock(&p->lock);
-	mp_pager_workers_stop(p);
-
-	pthread_mutex_lock(&p->lock);
-	for (slot = 0; slot < p->nslots; slot++) {
-		struct slot *s = &p->slots[slot];
-
-		if ((s->waiters || s->refault) && (s->state == ST_EMPTY || s->state == ST_HOST))
-			mp_pager_poison_locked(p, slot, -ESHUTDOWN);
-	}
-	/*
-	 * Threads inside the guard may still be faulting: the handler keeps
-	 * running and poisons whatever they touch, so they leave with an error.
-	 */
-	while (p->guards)
-		pthread_cond_wait(&p->guard_cv, &p->lock);
-	pthread_mutex_unlock(&p->lock);
-	plog_debug(p, "closed");
-	destroy(p);
-}
-
-/*
- * Expert pointers, routing, prefetch
- */
 
 static int check_id(struct mp_pager *p, uint32_t layer, uint32_t expert, const char *what)
 {
@@ -371,13 +84,8 @@ int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_
 			continue;
 		}
 		p->st.misses++;
-		if (s->state == ST_FILLING) {
-			atomic_store(&s->wanted, true);
-			if (s->prefetched) {
-				s->prefetched = false;
-				p->st.prefetch_used++;
-			}
-		}
+		if (s->state == ST_FILLING)
+			mp_pager_note_use(p, s);
 		if (p->evict.ops->on_access)
 			p->evict.ops->on_access(&p->evict, keys[i]);
 		if (p->route_fill && !atomic_load(&p->closing) &&
@@ -427,20 +135,14 @@ int mp_pager_wait_idle(struct mp_pager *p, uint32_t timeout_ms)
 	int ret = 0;
 
 	pthread_mutex_lock(&p->lock);
-	while (p->jobs || p->heap_n || p->demand_head != SLOT_NONE) {
-		struct timespec ts;
+	while (!mp_pager_idle(p)) {
 		uint64_t now = mp_now_ns();
 
 		if (now >= deadline) {
 			ret = -ETIMEDOUT;
 			break;
 		}
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
-		      MP_MIN(deadline - mp_now_ns(), 10000000ull);
-		ts.tv_sec = (time_t)(now / 1000000000ull);
-		ts.tv_nsec = (long)(now % 1000000000ull);
-		pthread_cond_timedwait(&p->state_cv, &p->lock, &ts);
+		mp_pager_wait_ns(p, &p->state_cv, MP_MIN(deadline - now, 10000000ull));
 	}
 	pthread_mutex_unlock(&p->lock);
 	return ret;
@@ -498,28 +200,6 @@ int mp_pager_residency(struct mp_pager *p, uint32_t layer, uint32_t expert)
 }
 
 /*
- * Budget
- */
-
-int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
-{
-	if (bytes < p->expert_bytes)
-		return plog_err(p, -EINVAL, "budget %llu bytes is below one expert (%llu bytes)",
-				(unsigned long long)bytes, (unsigned long long)p->expert_bytes);
-	pthread_mutex_lock(&p->lock);
-	p->budget = bytes;
-	mp_pager_enforce_budget(p);
-	pthread_cond_broadcast(&p->state_cv);
-	pthread_mutex_unlock(&p->lock);
-	return 0;
-}
-
-uint64_t mp_pager_budget(const struct mp_pager *p)
-{
-	return p->budget;
-}
-
-/*
  * Guard support
  */
 
@@ -567,11 +247,11 @@ void mp_pager_stats(struct mp_pager *p, struct mp_pager_stats *out)
 	mp_region_mem(p->region, &mem);
 	pthread_mutex_lock(&p->lock);
 	*out = p->st;
-	out->resident_bytes = p->resident;
-	out->resident_peak = p->resident_peak;
-	out->budget_bytes = p->budget;
-	out->resident_experts = p->resident_n;
-	out->mapped_experts = p->mapped_n;
+	out->resident_bytes = p->mem.resident;
+	out->resident_peak = p->mem.resident_peak;
+	out->budget_bytes = p->mem.budget;
+	out->resident_experts = p->mem.resident_n;
+	out->mapped_experts = p->mem.mapped_n;
 	pthread_mutex_unlock(&p->lock);
 	out->memory_bytes = mem.populated_bytes;
 }
@@ -580,7 +260,7 @@ void mp_pager_stats_reset(struct mp_pager *p)
 {
 	pthread_mutex_lock(&p->lock);
 	memset(&p->st, 0, sizeof(p->st));
-	p->resident_peak = p->resident;
+	p->mem.resident_peak = p->mem.resident;
 	pthread_mutex_unlock(&p->lock);
 }
 

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
-/* Slot states, the job queues, the budget and eviction, and the region's fault callbacks. */
+/*
+ * Slot transitions: mapping, unmapping and dropping an expert, poisoning and
+ * clearing it, and releasing the threads that waited on it.
+ */
 #include <errno.h>
 #include <string.h>
-#include <time.h>
-
-#include <moepager/pager.h>
 
 #include "base/base.h"
 #include "pager/pager_priv.h"
@@ -12,8 +12,6 @@
 
 /* An unmap refused because pages are pinned is not tried again for this long. */
 #define EVICT_RETRY_NS	(10ull * 1000 * 1000)
-/* Longest wait for budget before looking again (a fill ends or grace runs out sooner). */
-#define BUDGET_WAIT_NS	(100ull * 1000 * 1000)
 
 uint32_t mp_pager_slot(const struct mp_pager *p, uint32_t layer, uint32_t expert)
 {
@@ -25,161 +23,6 @@ uint32_t mp_pager_hist_bucket(uint64_t ns)
 	uint32_t b = ns ? 63u - (uint32_t)__builtin_clzll(ns) : 0;
 
 	return MP_MIN(b, MP_PAGER_HIST_BUCKETS - 1u);
-}
-
-static void cond_wait_ns(struct mp_pager *p, pthread_cond_t *cv, uint64_t ns)
-{
-	struct timespec ts;
-	uint64_t t;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ns;
-	ts.tv_sec = (time_t)(t / 1000000000ull);
-	ts.tv_nsec = (long)(t % 1000000000ull);
-	pthread_cond_timedwait(cv, &p->lock, &ts);
-}
-
-/*
- * Queues: demand jobs in a FIFO, prefetch jobs in a max-heap on
- * (priority, -seq). A slot is in at most one of them.
- */
-
-static bool heap_before(const struct mp_pager *p, uint32_t a, uint32_t b)
-{
-	const struct slot *x = &p->slots[a], *y = &p->slots[b];
-
-	return x->prio > y->prio || (x->prio == y->prio && x->seq < y->seq);
-}
-
-static void heap_set(struct mp_pager *p, uint32_t i, uint32_t slot)
-{
-	p->heap[i] = slot;
-	p->slots[slot].heap_idx = i;
-}
-
-static void heap_up(struct mp_pager *p, uint32_t i)
-{
-	uint32_t slot = p->heap[i];
-
-	while (i && heap_before(p, slot, p->heap[(i - 1) / 2])) {
-		heap_set(p, i, p->heap[(i - 1) / 2]);
-		i = (i - 1) / 2;
-	}
-	heap_set(p, i, slot);
-}
-
-static void heap_down(struct mp_pager *p, uint32_t i)
-{
-	uint32_t slot = p->heap[i];
-
-	for (;;) {
-		uint32_t c = 2 * i + 1;
-
-		if (c >= p->heap_n)
-			break;
-		if (c + 1 < p->heap_n && heap_before(p, p->heap[c + 1], p->heap[c]))
-			c++;
-		if (!heap_before(p, p->heap[c], slot))
-			break;
-		heap_set(p, i, p->heap[c]);
-		i = c;
-	}
-	heap_set(p, i, slot);
-}
-
-static void heap_remove(struct mp_pager *p, uint32_t i)
-{
-	uint32_t last = p->heap[--p->heap_n];
-
-	if (i == p->heap_n)
-		return;
-	heap_set(p, i, last);
-	heap_up(p, i);
-	heap_down(p, p->slots[last].heap_idx);
-}
-
-void mp_pager_enqueue(struct mp_pager *p, uint32_t slot, enum queue_class cls, int prio)
-{
-	struct slot *s = &p->slots[slot];
-
-	if (cls == Q_DEMAND) {
-		if (s->queued == Q_DEMAND)
-			return;
-		if (s->queued == Q_PREFETCH)
-			heap_remove(p, s->heap_idx);
-		s->queued = Q_DEMAND;
-		s->next = SLOT_NONE;
-		if (p->demand_tail != SLOT_NONE)
-			p->slots[p->demand_tail].next = slot;
-		else
-			p->demand_head = slot;
-		p->demand_tail = slot;
-	} else {
-		if (s->queued == Q_DEMAND)
-			return;
-		if (s->queued == Q_PREFETCH) {
-			if (prio > s->prio) {
-				s->prio = prio;
-				heap_up(p, s->heap_idx);
-			}
-			return;
-		}
-		s->queued = Q_PREFETCH;
-		s->prio = prio;
-		s->seq = p->seq++;
-		heap_set(p, p->heap_n++, slot);
-		heap_up(p, p->heap_n - 1);
-	}
-	pthread_cond_signal(&p->work_cv);
-}
-
-int mp_pager_dequeue(struct mp_pager *p, uint32_t *slot, enum queue_class *cls)
-{
-	if (p->demand_head != SLOT_NONE) {
-		*slot = p->demand_head;
-		p->demand_head = p->slots[*slot].next;
-		if (p->demand_head == SLOT_NONE)
-			p->demand_tail = SLOT_NONE;
-		p->slots[*slot].queued = Q_NONE;
-		*cls = Q_DEMAND;
-		return 0;
-	}
-	/* Keep a worker free for demand: prefetches never occupy them all. */
-	if (p->heap_n && p->prefetch_fills < p->max_prefetch_fills) {
-		*slot = p->heap[0];
-		heap_remove(p, 0);
-		p->slots[*slot].queued = Q_NONE;
-		*cls = Q_PREFETCH;
-		p->prefetch_fills++;
-		return 0;
-	}
-	return -ENOENT;
-}
-
-void mp_pager_unqueue(struct mp_pager *p, uint32_t slot)
-{
-	struct slot *s = &p->slots[slot];
-	uint32_t prev = SLOT_NONE;
-
-	if (s->queued == Q_PREFETCH) {
-		heap_remove(p, s->heap_idx);
-	} else if (s->queued == Q_DEMAND) {
-		for (uint32_t i = p->demand_head; i != slot; i = p->slots[i].next)
-			prev = i;
-		if (prev == SLOT_NONE)
-			p->demand_head = s->next;
-		else
-			p->slots[prev].next = s->next;
-		if (p->demand_tail == slot)
-			p->demand_tail = prev;
-	}
-	s->queued = Q_NONE;
-}
-
-void mp_pager_after_idle(struct mp_pager *p)
-{
-	if (!p->jobs && !p->heap_n && p->demand_head == SLOT_NONE)
-		pthread_cond_broadcast(&p->state_cv);
 }
 
 /*
@@ -232,7 +75,7 @@ int mp_pager_poison_locked(struct mp_pager *p, uint32_t slot, int err)
 }
 
 /* Counts a fault episode once, by the tier that serves it, and fires fault_begin. */
-static void count_fault(struct mp_pager *p, struct slot *s, bool host)
+void mp_pager_count_fault(struct mp_pager *p, struct slot *s, bool host)
 {
 	if (s->counted)
 		return;
@@ -246,7 +89,7 @@ static void count_fault(struct mp_pager *p, struct slot *s, bool host)
 }
 
 /* A prefetched expert was used (routed to, or faulted on). */
-static void prefetch_use(struct mp_pager *p, struct slot *s)
+void mp_pager_note_use(struct mp_pager *p, struct slot *s)
 {
 	atomic_store(&s->wanted, true);
 	if (s->prefetched) {
@@ -273,7 +116,7 @@ int mp_pager_map_locked(struct mp_pager *p, uint32_t slot)
 	if (!err) {
 		s->state = ST_MAPPED;
 		s->mapped_at = mp_now_ns();
-		p->mapped_n++;
+		p->mem.mapped_n++;
 		p->st.bytes_host += p->expert_bytes;
 		mp_pager_release_waiters(p, s, 0);
 		pthread_cond_broadcast(&p->state_cv);
@@ -296,7 +139,7 @@ int mp_pager_map_locked(struct mp_pager *p, uint32_t slot)
 		/* Pages lost: the slot counts as mapped until a worker discards and refills it. */
 		s->state = ST_MAPPED;
 		s->lost = true;
-		p->mapped_n++;
+		p->mem.mapped_n++;
 		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
 		return err;
 	}
@@ -313,53 +156,12 @@ int mp_pager_map_locked(struct mp_pager *p, uint32_t slot)
 	return err;
 }
 
-struct evict_scan {
-	struct mp_pager *p;
-	uint64_t now;
-	uint64_t next_ok;	/* earliest time a skipped candidate becomes evictable */
-};
-
-static bool evictable(void *arg, uint32_t key)
-{
-	struct evict_scan *c = arg;
-	struct mp_pager *p = c->p;
-	struct slot *s = &p->slots[key];
-
-	if (s->state != ST_MAPPED && s->state != ST_HOST)
-		return false;
-	if (s->evict_retry_at > c->now) {
-		c->next_ok = MP_MIN(c->next_ok, s->evict_retry_at);
-		return false;
-	}
-	return true;
-}
-
-/*
- * When the threads that faulted a slot in may first read it: until then
- * the slot is not evicted, so a reader under a tight budget is not
- * starved by a refill racing its read. 0 when it may go now.
- */
-static uint64_t grace_end(const struct mp_pager *p, const struct slot *s, uint64_t now)
-{
-	/*
-	 * Only a budget that cannot hold one expert per fill thread and one
-	 * more lets concurrent fills evict each other's fresh experts; with
-	 * more room the policy's victim is old enough, and waiting on it
-	 * would only stall the fill.
-	 */
-	if (p->budget >= (uint64_t)(p->nworkers + 2) * p->expert_bytes)
-		return 0;
-	if (s->demanded && s->state == ST_MAPPED && now - s->mapped_at < p->min_resident_ns)
-		return s->mapped_at + p->min_resident_ns;
-	return 0;
-}
-
 /* Returns the reserved bytes of a slot whose data left (or never reached) memory. */
 void mp_pager_unreserve(struct mp_pager *p, uint32_t slot)
 {
 	(void)slot;
-	p->resident -= p->expert_bytes;
-	p->resident_n--;
+	p->mem.resident -= p->expert_bytes;
+	p->mem.resident_n--;
 	pthread_cond_broadcast(&p->state_cv);
 }
 
@@ -376,11 +178,11 @@ static void finish_busy(struct mp_pager *p, uint32_t slot)
 		return;
 	switch (s->state) {
 	case ST_HOST:
-		count_fault(p, s, true);
+		mp_pager_count_fault(p, s, true);
 		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
 		break;
 	case ST_EMPTY:
-		count_fault(p, s, false);
+		mp_pager_count_fault(p, s, false);
 		s->demanded = true;
 		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
 		break;
@@ -430,7 +232,7 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 		return err;
 	}
 	if (prev == ST_MAPPED)
-		p->mapped_n--;
+		p->mem.mapped_n--;
 	if (keep_host && !lost) {
 		s->state = ST_HOST;
 		p->st.evictions_view++;
@@ -448,76 +250,13 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 			p->st.prefetch_wasted++;
 		}
 		MP_PROBE(evict, s->layer, s->expert, p->expert_bytes);
-		mp_region_trim(p->region, p->spare_bytes);
+		mp_region_trim(p->region, p->mem.spare_bytes);
 	}
 	/* No handler to serve the next touch: make it an error, not a hang. */
 	if (p->broken)
 		mp_pager_poison_locked(p, slot, -EPIPE);
 	finish_busy(p, slot);
 	return 0;
-}
-
-/*
- * Makes room for one expert and reserves it for slot. Called locked by a
- * fill worker; evicts victims the policy picks, and waits when every
- * candidate is busy or within its minimum residency. -EAGAIN: a prefetch
- * that may not evict the victim (mp_evict_admit()), nothing reserved.
- */
-int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
-{
-	while (p->resident + p->expert_bytes > p->budget) {
-		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
-		int64_t v;
-
-		if (atomic_load(&p->closing))
-			return -ESHUTDOWN;
-		if (p->broken)
-			return -EPIPE;
-		v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
-		/*
-		 * A prefetch never evicts an expert predicted to be needed before
-		 * the one it brings (lib/prefetch.h hints): it is given up, like an
-		 * unwanted prefetch, unless a thread already waits for it.
-		 */
-		if (v >= 0 && p->slots[slot].prefetched && !p->slots[slot].waiters &&
-		    !mp_evict_admit(p->evict.env.hints, slot, (uint32_t)v))
-			return -EAGAIN;
-		if (v >= 0) {
-			/* The policy's choice stands; if it is still in its grace, wait for it. */
-			uint64_t until = grace_end(p, &p->slots[v], c.now);
-
-			if (until) {
-				cond_wait_ns(p, &p->state_cv, until - c.now + 1000);
-				continue;
-			}
-			mp_pager_evict_locked(p, (uint32_t)v, false);
-			continue;
-		}
-		if (!p->resident)
-			return plog_err(p, -ENOSPC, "budget %llu cannot hold one expert "
-					"(%llu bytes)",
-					(unsigned long long)p->budget,
-					(unsigned long long)p->expert_bytes);
-		cond_wait_ns(p, &p->state_cv, c.next_ok != UINT64_MAX ?
-			     MP_MIN(c.next_ok - c.now, BUDGET_WAIT_NS) + 1000 : BUDGET_WAIT_NS);
-	}
-	p->resident += p->expert_bytes;
-	p->resident_n++;
-	p->resident_peak = MP_MAX(p->resident_peak, p->resident);
-	return 0;
-}
-
-/* Evicts until the budget holds (after it shrank). Called locked, off the handler. */
-void mp_pager_enforce_budget(struct mp_pager *p)
-{
-	while (p->resident > p->budget && !p->broken) {
-		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
-		int64_t v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
-
-		if (v < 0)
-			break;
-		mp_pager_evict_locked(p, (uint32_t)v, false);
-	}
 }
 
 /*
@@ -551,168 +290,3 @@ int mp_pager_clear(struct mp_pager *p, uint32_t slot)
 	pthread_mutex_unlock(&p->lock);
 	return err;
 }
-
-/*
- * The region's callbacks (handler thread)
- */
-
-static int on_fault(void *owner, uint32_t slot, uint64_t offset, uint32_t count, uint64_t now)
-{
-	struct mp_pager *p = owner;
-	struct slot *s;
-	int err = 0;
-
-	if (slot >= p->nslots)
-		return 0;
-	s = &p->slots[slot];
-	pthread_mutex_lock(&p->lock);
-	if (s->state == ST_UNUSED || s->gone || offset >= p->data_bytes) {
-		/*
-		 * No expert lives here (a spare slot, or the padding after an
-		 * expert's bytes): nothing will ever resolve it, so poison it.
-		 */
-		if (!s->tail_poisoned && s->state != ST_POISONED && s->state != ST_CLEARING) {
-			s->tail_poisoned = true;
-			pthread_mutex_unlock(&p->lock);
-			err = mp_region_slot_poison(p->region, slot,
-						    s->state == ST_UNUSED ? 0 : p->data_bytes);
-			if (err) {
-				pthread_mutex_lock(&p->lock);
-				s->tail_poisoned = false;
-				pthread_mutex_unlock(&p->lock);
-			}
-			return err == -EAGAIN ? err : 0;
-		}
-		pthread_mutex_unlock(&p->lock);
-		return 0;
-	}
-	if (s->state == ST_POISONED && s->markers_pending) {
-		err = mp_pager_poison_locked(p, slot, s->err);
-		pthread_mutex_unlock(&p->lock);
-		return err == -EAGAIN ? err : 0;
-	}
-	if (s->state == ST_MAPPED && !s->lost) {
-		if (mp_region_page_present(p->region, slot, offset)) {
-			/* Queued before the map woke its thread: nothing to do but make sure. */
-			pthread_mutex_unlock(&p->lock);
-			mp_region_slot_wake(p->region, slot);
-			return 0;
-		}
-		/* Mapped, yet the page is gone: zapped behind our back. Refill. */
-		plog_warn(p, "layer %u expert %u: pages missing from a mapped expert; reading it "
-			  "again", s->layer, s->expert);
-		s->lost = true;
-		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
-	}
-	/* count 0: a deferred fault tried again, its waiters already counted. */
-	s->waiters += count;
-	s->wait_sum_ns += count * now;
-	p->st.fault_waits += count;
-	if (!s->fault_begin) {
-		s->fault_begin = now;
-		s->fault_addr = (uint64_t)(uintptr_t)mp_region_slot_addr(p->region, slot) + offset;
-	}
-	if (atomic_load(&p->closing) || p->broken) {
-		if (s->state == ST_EMPTY || s->state == ST_HOST) {
-			if (s->queued)
-				mp_pager_unqueue(p, slot);
-			err = mp_pager_poison_locked(p, slot, p->broken ? -EPIPE : -ESHUTDOWN);
-		}
-		pthread_mutex_unlock(&p->lock);
-		return err == -EAGAIN ? err : 0;
-	}
-	if (p->evict.ops->on_fault)
-		p->evict.ops->on_fault(&p->evict, slot);
-	switch (s->state) {
-	case ST_HOST:
-		count_fault(p, s, true);
-		prefetch_use(p, s);
-		s->demanded = true;
-		mp_pager_map_locked(p, slot);
-		break;
-	case ST_EMPTY:
-		count_fault(p, s, false);
-		s->demanded = true;
-		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
-		break;
-	case ST_FILLING:
-		if (!s->counted && s->prefetched)
-			p->st.prefetch_late++;
-		count_fault(p, s, false);
-		prefetch_use(p, s);
-		s->demanded = true;
-		break;
-	case ST_MAPPED:		/* lost: queued above */
-	case ST_BUSY:
-	case ST_CLEARING:
-		s->refault = true;
-		break;
-	case ST_POISONED:
-		/* Read before the poison went in; the poison woke them into SIGBUS. */
-		mp_pager_release_waiters(p, s, s->err);
-		break;
-	default:
-		break;
-	}
-	pthread_mutex_unlock(&p->lock);
-	return 0;
-}
-
-static void on_removed(void *owner, uint32_t first, uint32_t last, bool unmapped)
-{
-	struct mp_pager *p = owner;
-	bool told = false;
-
-	pthread_mutex_lock(&p->lock);
-	for (uint32_t slot = first; slot <= last && slot < p->nslots; slot++) {
-		struct slot *s = &p->slots[slot];
-
-		/* Our own zaps: clearing poison, discarding a lost slot. */
-		if (s->state == ST_CLEARING || s->state == ST_BUSY)
-			continue;
-		if (!told) {
-			plog_warn(p, "the application %s slots %u..%u of the range; their "
-				  "experts %s",
-				  unmapped ? "unmapped" : "zapped", first, last,
-				  unmapped ? "are gone" : "will be read again");
-			told = true;
-		}
-		s->gone |= unmapped;
-		s->tail_poisoned = false;
-		if (s->state == ST_MAPPED) {
-			s->lost = true;
-			mp_pager_enqueue(p, slot, Q_DEMAND, 0);
-		} else if (s->state == ST_POISONED) {
-			/* The markers are gone: accesses reach the handler again. */
-			s->state = ST_EMPTY;
-		}
-	}
-	pthread_mutex_unlock(&p->lock);
-}
-
-static void on_stopped(void *owner, int err)
-{
-	struct mp_pager *p = owner;
-
-	pthread_mutex_lock(&p->lock);
-	p->broken = true;
-	plog_err(p, err, "the fault handler stopped (%s): failing every expert not mapped",
-		 strerror(-err));
-	for (uint32_t slot = 0; slot < p->nslots; slot++) {
-		struct slot *s = &p->slots[slot];
-
-		if (s->queued)
-			mp_pager_unqueue(p, slot);
-		if (s->state == ST_EMPTY || s->state == ST_HOST)
-			mp_pager_poison_locked(p, slot, -EPIPE);
-	}
-	pthread_cond_broadcast(&p->work_cv);
-	pthread_cond_broadcast(&p->state_cv);
-	pthread_mutex_unlock(&p->lock);
-}
-
-const struct mp_region_ops mp_pager_region_ops = {
-	.fault = on_fault,
-	.removed = on_removed,
-	.stopped = on_stopped,
-};
