@@ -90,7 +90,7 @@ static int wrap(void *arg, struct mp_tier *lower, struct mp_tier **out)
 {
 	const struct wrap_arg *w = arg;
 
-	return mp_tier_fault_open(lower, w->spec, w->seed, out);
+	return mp_tier_inject_open(lower, w->spec, w->seed, out);
 }
 
 struct mp_pager *fx_open(struct mp_store *s, const char *spec, uint64_t seed,
@@ -120,7 +120,7 @@ struct mp_pager *fx_open(struct mp_store *s, const char *spec, uint64_t seed,
 
 void fx_counts(struct mp_pager *p, struct mp_fault_counts *out)
 {
-	mp_tier_fault_counts(p->tier, out);
+	mp_tier_inject_counts(p->tier, out);
 }
 
 struct check {

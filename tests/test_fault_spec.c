@@ -111,7 +111,7 @@ static struct mp_tier *wrap_mem(const char *spec, uint64_t seed)
 	struct mp_tier *t = NULL;
 
 	reset_mem();
-	assert_int_equal(mp_tier_fault_open(&mem.t, spec, seed, &t), 0);
+	assert_int_equal(mp_tier_inject_open(&mem.t, spec, seed, &t), 0);
 	assert_non_null(t);
 	assert_true(mp_tier_is_fault(t));
 	return t;
@@ -201,7 +201,7 @@ static void bad_spec_leaves_the_inner_tier_alone(void **state)
 
 	(void)state;
 	reset_mem();
-	assert_int_equal(mp_tier_fault_open(&mem.t, "read:eio:p=2", 1, &t), -EINVAL);
+	assert_int_equal(mp_tier_inject_open(&mem.t, "read:eio:p=2", 1, &t), -EINVAL);
 	assert_null(t);
 	assert_false(mem.destroyed);
 }
@@ -220,7 +220,7 @@ static void no_rule_passes_bytes_through(void **state)
 	assert_int_equal(read_one(t, 2, 5, &k), 0);
 	assert_int_equal(k.n, XBYTES);
 	assert_true(matches_pattern(2, 5, k.got, k.n));
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.reads, 1);
 	assert_int_equal(c.eio + c.short_reads + c.corrupt + c.delays, 0);
 	mp_tier_destroy(t);
@@ -247,7 +247,7 @@ static void eio_delivers_a_prefix_then_fails_naming_the_expert(void **state)
 	assert_int_equal(read_one(t, 1, 2, &k), 0);
 	assert_int_equal(read_one(t, 0, 3, &k), 0);
 	assert_true(matches_pattern(0, 3, k.got, XBYTES));
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.reads, 7);
 	assert_int_equal(c.eio, 5);
 	mp_tier_destroy(t);
@@ -333,7 +333,7 @@ static void short_read_reports_success_with_fewer_bytes(void **state)
 		assert_true(k.n < XBYTES);
 		assert_true(matches_pattern(2, 2, k.got, k.n));
 	}
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.short_reads, 8);
 	mp_tier_destroy(t);
 }
@@ -358,7 +358,7 @@ static void corrupt_flips_one_bit_the_checksum_sees(void **state)
 		assert_int_equal(bits, 1);
 		assert_true(mp_checksum(k.got, k.n) != mp_checksum(want, XBYTES));
 	}
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.corrupt, 16);
 	mp_tier_destroy(t);
 }
@@ -379,7 +379,7 @@ static void delay_waits_then_reads_and_stops_on_cancel(void **state)
 	assert_int_equal(read_one(t, 0, 1, &k), -ECANCELED);
 	atomic_store(&cancel, false);
 	assert_int_equal(atomic_load(&mem.reads), 1);
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.delays, 2);
 	mp_tier_destroy(t);
 }
@@ -405,16 +405,16 @@ static void alloc_rules_fire_after_n_allocations(void **state)
 
 	(void)state;
 	for (uint32_t i = 0; i < 3; i++)
-		assert_int_equal(mp_tier_fault_alloc(t, 0, i), 0);
+		assert_int_equal(mp_tier_inject_alloc(t, 0, i), 0);
 	t_log_reset();
-	assert_int_equal(mp_tier_fault_alloc(t, 1, 4), -ENOMEM);
+	assert_int_equal(mp_tier_inject_alloc(t, 1, 4), -ENOMEM);
 	assert_true(t_log_contains("fault injection: layer 1 expert 4: memory for the expert "
 				   "refused (rule 'alloc:enomem:after=3')"));
-	assert_int_equal(mp_tier_fault_alloc(t, 0, 0), -ENOMEM);
-	mp_tier_fault_counts(t, &c);
+	assert_int_equal(mp_tier_inject_alloc(t, 0, 0), -ENOMEM);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.alloc_enomem, 2);
 	/* Alloc rules never touch reads, and other tiers have no alloc faults. */
-	assert_int_equal(mp_tier_fault_alloc(&mem.t, 0, 0), 0);
+	assert_int_equal(mp_tier_inject_alloc(&mem.t, 0, 0), 0);
 	mp_tier_destroy(t);
 }
 
@@ -429,7 +429,7 @@ static void first_failure_in_spec_order_decides_and_delays_add(void **state)
 	assert_int_equal(read_one(t, 0, 0, &k), 0);
 	assert_true(k.n < XBYTES);
 	assert_true(mp_now_ns() - t0 >= 20ull * 1000 * 1000);
-	mp_tier_fault_counts(t, &c);
+	mp_tier_inject_counts(t, &c);
 	assert_int_equal(c.short_reads, 1);
 	assert_int_equal(c.eio, 0);
 	mp_tier_destroy(t);
@@ -446,16 +446,16 @@ static void wrap_reads_the_environment(void **state)
 	(void)state;
 	reset_mem();
 	unsetenv(MP_FAULT_ENV);
-	assert_int_equal(mp_tier_fault_wrap(&t, NULL, 0), 0);
+	assert_int_equal(mp_tier_inject_wrap(&t, NULL, 0), 0);
 	assert_ptr_equal(t, &mem.t);
 
 	setenv(MP_FAULT_ENV, "", 1);
-	assert_int_equal(mp_tier_fault_wrap(&t, NULL, 0), 0);
+	assert_int_equal(mp_tier_inject_wrap(&t, NULL, 0), 0);
 	assert_ptr_equal(t, &mem.t);
 
 	setenv(MP_FAULT_ENV, "read:eio:every=2;read:slow", 1);
 	t_log_reset();
-	assert_int_equal(mp_tier_fault_wrap(&t, NULL, 0), -EINVAL);
+	assert_int_equal(mp_tier_inject_wrap(&t, NULL, 0), -EINVAL);
 	assert_true(t_log_contains("MOEPAGER_FAULT: rule 2 'read:slow', position 23: unknown "
 				   "read fault 'slow'"));
 	assert_ptr_equal(t, &mem.t);
@@ -463,11 +463,11 @@ static void wrap_reads_the_environment(void **state)
 	setenv(MP_FAULT_ENV, "read:eio:p=0.5", 1);
 	setenv(MP_FAULT_SEED_ENV, "12x", 1);
 	t_log_reset();
-	assert_int_equal(mp_tier_fault_wrap(&t, NULL, 0), -EINVAL);
+	assert_int_equal(mp_tier_inject_wrap(&t, NULL, 0), -EINVAL);
 	assert_true(t_log_contains("MOEPAGER_FAULT_SEED: '12x' is not a decimal number"));
 
 	setenv(MP_FAULT_SEED_ENV, "12", 1);
-	assert_int_equal(mp_tier_fault_wrap(&t, NULL, 0), 0);
+	assert_int_equal(mp_tier_inject_wrap(&t, NULL, 0), 0);
 	assert_true(mp_tier_is_fault(t));
 	assert_string_equal(t->name, "mem with faults");
 	assert_int_equal(t->number, mem.t.number);
@@ -477,7 +477,7 @@ static void wrap_reads_the_environment(void **state)
 	/* A spec from the caller wins over the environment. */
 	reset_mem();
 	t = &mem.t;
-	assert_int_equal(mp_tier_fault_wrap(&t, "", 0), 0);
+	assert_int_equal(mp_tier_inject_wrap(&t, "", 0), 0);
 	assert_ptr_equal(t, &mem.t);
 	unsetenv(MP_FAULT_ENV);
 	unsetenv(MP_FAULT_SEED_ENV);
@@ -498,7 +498,7 @@ static void env_seed_equals_api_seed(void **state)
 	reset_mem();
 	t = &mem.t;
 	setenv(MP_FAULT_SEED_ENV, "77", 1);
-	assert_int_equal(mp_tier_fault_wrap(&t, "read:eio:p=0.5", 0), 0);
+	assert_int_equal(mp_tier_inject_wrap(&t, "read:eio:p=0.5", 0), 0);
 	unsetenv(MP_FAULT_SEED_ENV);
 	for (int i = 0; i < N; i++) {
 		b[i] = read_one(t, (uint32_t)i % LAYERS, (uint32_t)(i / LAYERS) % EXPERTS, &k) != 0;

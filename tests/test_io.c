@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* Description: io_uring reads of lib/io.c: in-order delivery, O_DIRECT tails, EOF, errors. */
+/* Description: io_uring reads of lib/tier/io.c: in-order delivery, O_DIRECT tails, EOF, errors. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* The fault handler thread: batched uffd_msg reads, one handler per event, the UFFDIO outcomes. */
+/* The fault handler thread: batched uffd_msg reads, one handler per event. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,65 +16,6 @@
 
 /* Messages read per read(2): one syscall drains a burst of faults from many threads. */
 #define MSG_BATCH	64
-
-enum mp_uffd_outcome mp_uffd_classify(int err)
-{
-	switch (err) {
-	case 0:
-		return MP_UFFD_DONE;
-	case EEXIST:
-		/*
-		 * The destination already has a page (or a poison marker):
-		 * another resolution got there first. The faulting thread
-		 * only needs a wake, which the caller does.
-		 */
-		return MP_UFFD_PRESENT;
-	case EAGAIN:
-		/*
-		 * mmap_changing: a REMOVE/UNMAP/fork event has not been read
-		 * yet, or a source folio was locked or being split. Read the
-		 * pending events, then retry the rest (the ioctl reported what
-		 * it already did).
-		 */
-		return MP_UFFD_RETRY;
-	case EBUSY:
-		/*
-		 * MOVE refuses pages that are pinned (an O_DIRECT transfer in
-		 * flight) or not exclusive (shared after a fork). Pins drop
-		 * soon; sharing does not, so callers bound their retries.
-		 */
-		return MP_UFFD_BUSY;
-	case ENOENT:
-		/*
-		 * MOVE found no source page: the data we meant to move is not
-		 * where we left it (zapped behind our back). The slot's data
-		 * is gone: the caller discards it and refills.
-		 */
-	case ESRCH:
-		/* The mm is going away (process exit): nothing left to serve. */
-		return MP_UFFD_GONE;
-	default:
-		/*
-		 * EINVAL (bad range or mode: a bug), ENOMEM (page tables),
-		 * EFAULT (bad address): not recoverable here; log and fail.
-		 */
-		return MP_UFFD_FAIL;
-	}
-}
-
-const char *mp_uffd_outcome_name(enum mp_uffd_outcome o)
-{
-	static const char *const names[] = {
-		[MP_UFFD_DONE] = "done",
-		[MP_UFFD_PRESENT] = "already present",
-		[MP_UFFD_RETRY] = "retry",
-		[MP_UFFD_BUSY] = "pages busy",
-		[MP_UFFD_GONE] = "range or owner gone",
-		[MP_UFFD_FAIL] = "failed",
-	};
-
-	return (unsigned)o < MP_ARRAY_SIZE(names) ? names[o] : "?";
-}
 
 /*
  * Asks the scheduler for a short slice (Linux >= 6.12 lets SCHED_OTHER

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* The reserved expert range: userfaultfd handshake, registration, chunk pool, slot primitives. */
+/* The reserved expert range: its mappings, the chunk pool and the slot primitives. */
 
 /*
  * Design: anonymous pages moved with UFFDIO_MOVE, recycled through a pool
@@ -74,196 +74,16 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "uffd/region_priv.h"
 #include "uffd/compat.h"
+#include "uffd/ioctl.h"
+#include "uffd/region_priv.h"
 
 #define PAGE		4096ull
-/* Bounded retry of a transiently failing ioctl off the handler thread: 2 s in all. */
-#define RETRY_SPIN	64
-#define RETRY_SLEEP_NS	200000ull
-#define RETRY_MAX	10000
 
 /* Features the range's userfaultfd must have, and the one for the pool. */
 #define RANGE_FEATURES	(UFFD_FEATURE_MOVE | UFFD_FEATURE_POISON | \
 			 UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP)
 #define POOL_FEATURES	(UFFD_FEATURE_MOVE | UFFD_FEATURE_SIGBUS)
-
-static void sleep_ns(uint64_t ns)
-{
-	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
-			       .tv_nsec = (long)(ns % 1000000000ull) };
-
-	nanosleep(&ts, NULL);
-}
-
-/*
- * Opening the userfaultfd
- */
-
-enum uffd_how { HOW_SYSCALL, HOW_DEV, HOW_USER_ONLY };
-
-static int uffd_open_how(enum uffd_how how, int flags)
-{
-	int dev, fd;
-
-	switch (how) {
-	case HOW_SYSCALL:
-		fd = (int)syscall(SYS_userfaultfd, flags);
-		return fd < 0 ? -errno : fd;
-	case HOW_DEV:
-		dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-		if (dev < 0)
-			return -errno;
-		fd = ioctl(dev, USERFAULTFD_IOC_NEW, flags);
-		fd = fd < 0 ? -errno : fd;
-		close(dev);
-		return fd;
-	case HOW_USER_ONLY:
-		fd = (int)syscall(SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY);
-		return fd < 0 ? -errno : fd;
-	}
-	return -EINVAL;
-}
-
-static int read_sysctl(const char *path)
-{
-	char buf[16] = "";
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
-
-	if (fd < 0)
-		return -1;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	return n > 0 ? atoi(buf) : -1;
-}
-
-/*
- * Finds a way to open a userfaultfd: the syscall (needs CAP_SYS_PTRACE
- * unless vm.unprivileged_userfaultfd=1), /dev/userfaultfd (needs read and
- * write access to the node), or the syscall for user-mode faults only
- * (always allowed; kernel-mode accesses to the range then fail with
- * EFAULT instead of faulting in). Returns the method or a negative errno
- * with a message naming what is missing.
- */
-static int uffd_find_how(struct mp_region *r, enum uffd_how *how)
-{
-	int e_sys, e_dev, e_user, fd, unpriv;
-
-	fd = uffd_open_how(HOW_SYSCALL, O_CLOEXEC | O_NONBLOCK);
-	if (fd >= 0) {
-		*how = HOW_SYSCALL;
-		goto found;
-	}
-	e_sys = fd;
-	if (e_sys == -ENOSYS)
-		return rlog_err(r, -EOPNOTSUPP, "userfaultfd(2): the kernel has no userfaultfd "
-				"(CONFIG_USERFAULTFD); the pager cannot work without it");
-	fd = uffd_open_how(HOW_DEV, O_CLOEXEC | O_NONBLOCK);
-	if (fd >= 0) {
-		*how = HOW_DEV;
-		rlog_info(r, "userfaultfd(2) refused (%s); using /dev/userfaultfd",
-			  strerror(-e_sys));
-		goto found;
-	}
-	e_dev = fd;
-	fd = uffd_open_how(HOW_USER_ONLY, O_CLOEXEC | O_NONBLOCK);
-	if (fd >= 0) {
-		*how = HOW_USER_ONLY;
-		rlog_info(r, "userfaultfd(2) refused (%s), /dev/userfaultfd: %s; handling "
-			  "user-mode faults only (a kernel access to expert memory, e.g. "
-			  "write(2) from it, fails with EFAULT)", strerror(-e_sys),
-			  strerror(-e_dev));
-		goto found;
-	}
-	e_user = fd;
-	unpriv = read_sysctl("/proc/sys/vm/unprivileged_userfaultfd");
-	return rlog_err(r, -EPERM, "no userfaultfd permission: userfaultfd(2): %s "
-			"(vm.unprivileged_userfaultfd=%d and no CAP_SYS_PTRACE), "
-			"/dev/userfaultfd: %s, user-mode-only: %s; allow one of them "
-			"(sysctl vm.unprivileged_userfaultfd=1, access to /dev/userfaultfd, "
-			"or CAP_SYS_PTRACE; a seccomp filter may also refuse the syscall)",
-			strerror(-e_sys), unpriv, strerror(-e_dev), strerror(-e_user));
-found:
-	close(fd);
-	return 0;
-}
-
-/* UFFDIO_API on a fresh fd: checks the API number and returns what the kernel granted. */
-static int uffd_handshake(struct mp_region *r, int fd, uint64_t want, uint64_t *got)
-{
-	struct uffdio_api api = { .api = UFFD_API, .features = want };
-
-	if (ioctl(fd, UFFDIO_API, &api))
-		return rlog_err(r, -errno, "UFFDIO_API (features %#llx): %s",
-				(unsigned long long)want, strerror(errno));
-	if (api.api != UFFD_API)
-		return rlog_err(r, -EPROTO, "UFFDIO_API: kernel answered API %#llx, want %#llx",
-				(unsigned long long)api.api, (unsigned long long)UFFD_API);
-	if (got)
-		*got = api.features;
-	return 0;
-}
-
-/* Opens a userfaultfd the found way and negotiates `want`. Returns the fd or -errno. */
-static int uffd_open(struct mp_region *r, enum uffd_how how, uint64_t want)
-{
-	int fd = uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
-	int err;
-
-	if (fd < 0)
-		return rlog_err(r, fd, "userfaultfd: %s", strerror(-fd));
-	err = uffd_handshake(r, fd, want, NULL);
-	if (err) {
-		close(fd);
-		return err;
-	}
-	return fd;
-}
-
-/* Probes the kernel's features once and fails clearly when a needed one is missing. */
-static int uffd_probe(struct mp_region *r, enum uffd_how how, uint64_t *features)
-{
-	static const struct { uint64_t bit; const char *name; const char *since; } need[] = {
-		{ UFFD_FEATURE_MOVE, "UFFD_FEATURE_MOVE", "6.8" },
-		{ UFFD_FEATURE_POISON, "UFFD_FEATURE_POISON", "6.6" },
-		{ UFFD_FEATURE_EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE", "4.11" },
-		{ UFFD_FEATURE_EVENT_UNMAP, "UFFD_FEATURE_EVENT_UNMAP", "4.11" },
-		{ UFFD_FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS", "4.14" },
-	};
-	int fd = uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
-	int err;
-
-	if (fd < 0)
-		return rlog_err(r, fd, "userfaultfd: %s", strerror(-fd));
-	err = uffd_handshake(r, fd, 0, features);
-	close(fd);
-	if (err)
-		return err;
-	for (size_t i = 0; i < MP_ARRAY_SIZE(need); i++)
-		if (!(*features & need[i].bit))
-			return rlog_err(r, -EOPNOTSUPP, "userfaultfd lacks %s (Linux >= %s); "
-					"kernel features %#llx", need[i].name, need[i].since,
-					(unsigned long long)*features);
-	return 0;
-}
-
-static int uffd_register(struct mp_region *r, int fd, void *addr, uint64_t len, uint64_t need)
-{
-	struct uffdio_register reg = {
-		.range = { .start = (uint64_t)(uintptr_t)addr, .len = len },
-		.mode = UFFDIO_REGISTER_MODE_MISSING,
-	};
-
-	if (ioctl(fd, UFFDIO_REGISTER, &reg))
-		return rlog_err(r, -errno, "UFFDIO_REGISTER %p+%llu: %s", addr,
-				(unsigned long long)len, strerror(errno));
-	if ((reg.ioctls & need) != need)
-		return rlog_err(r, -EOPNOTSUPP, "UFFDIO_REGISTER %p: range ioctls %#llx lack %#llx",
-				addr, (unsigned long long)reg.ioctls,
-				(unsigned long long)(need & ~reg.ioctls));
-	return 0;
-}
 
 /*
  * Mappings
@@ -321,85 +141,6 @@ static void place_on_node(struct mp_region *r, void *addr, uint64_t len)
 }
 
 /*
- * Moving pages
- */
-
-/*
- * Decides whether a transiently failed ioctl is tried again, and waits a
- * little before it is. Off the handler thread a retry waits up to about
- * 2 s in all; on the handler thread the error is returned at once instead:
- * EAGAIN there usually means a REMOVE/UNMAP event waits to be read, and
- * only the handler reads it.
- */
-static bool retry_transient(struct mp_region *r, int err, int tries)
-{
-	switch (mp_uffd_classify(err)) {
-	case MP_UFFD_RETRY:
-		if (mp_region_on_handler(r) ? tries > 2 : tries > RETRY_MAX)
-			return false;
-		if (tries > RETRY_SPIN)
-			sleep_ns(RETRY_SLEEP_NS);
-		else
-			sched_yield();
-		return true;
-	case MP_UFFD_BUSY:
-		/* Pinned pages (a DMA in flight) unpin soon; give them a few tries. */
-		if (mp_region_on_handler(r) || tries > RETRY_SPIN)
-			return false;
-		sleep_ns(RETRY_SLEEP_NS);
-		return true;
-	default:
-		return false;
-	}
-}
-
-/*
- * UFFDIO_MOVE of [src, src+len) to dst, issued on fd (the destination's
- * userfaultfd), riding over partial progress and transient failures.
- * Returns 0 or a negative errno; *moved gets the bytes moved either way.
- */
-static int uffd_move(struct mp_region *r, int fd, char *dst, char *src, uint64_t len,
-		      uint64_t mode, uint64_t *moved)
-{
-	uint64_t done = 0;
-	int tries = 0, err = 0;
-
-	while (done < len) {
-		struct uffdio_move m = {
-			.dst = (uint64_t)(uintptr_t)(dst + done),
-			.src = (uint64_t)(uintptr_t)(src + done),
-			.len = len - done,
-			.mode = mode,
-		};
-
-		if (ioctl(fd, UFFDIO_MOVE, &m) == 0) {
-			done = len;
-			break;
-		}
-		err = errno;
-		if (m.move > 0)
-			done += (uint64_t)m.move;
-		if (!retry_transient(r, err, ++tries))
-			break;
-		err = 0;
-	}
-	if (moved)
-		*moved = done;
-	return -err;
-}
-
-static int wake_range(struct mp_region *r, char *addr, uint64_t len)
-{
-	struct uffdio_range wr = { .start = (uint64_t)(uintptr_t)addr, .len = len };
-
-	/* EINVAL is the one documented failure (a bad range): a bug, so log it. */
-	if (ioctl(r->uffd, UFFDIO_WAKE, &wr))
-		return rlog_err(r, -errno, "UFFDIO_WAKE %p+%llu: %s", addr,
-				(unsigned long long)len, strerror(errno));
-	return 0;
-}
-
-/*
  * Chunks and spots
  */
 
@@ -439,7 +180,7 @@ static int chunk_create(struct mp_region *r, int cls, uint32_t spot)
 		for (uint64_t o = 0; o < size; o += PAGE)
 			((volatile char *)nursery)[o] = 0;
 	}
-	err = uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), nursery, size, 0, NULL);
+	err = mp_uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), nursery, size, 0, NULL);
 	if (err) {
 		madvise(nursery, size, MADV_DONTNEED);
 		return rlog_err(r, err, "moving a new chunk into the pool: %s", strerror(-err));
@@ -604,10 +345,10 @@ static int move_chunks(struct mp_region *r, uint32_t slot, uint32_t first, uint3
 			k++;
 		len = (uint64_t)(k - j - 1) * MP_REGION_CHUNK + r->cls[cls].size;
 		if (into_range)
-			err = uffd_move(r, r->uffd, chunk_dst(r, slot, j), spot, len,
+			err = mp_uffd_move(r, r->uffd, chunk_dst(r, slot, j), spot, len,
 					 UFFDIO_MOVE_MODE_DONTWAKE, &done);
 		else
-			err = uffd_move(r, r->pool_uffd, spot, chunk_dst(r, slot, j), len,
+			err = mp_uffd_move(r, r->pool_uffd, spot, chunk_dst(r, slot, j), len,
 					 0, &done);
 		if (err) {
 			fail->chunk = j;
@@ -637,8 +378,8 @@ static int move_rollback(struct mp_region *r, uint32_t slot, bool was_into_range
 	if (err || !fail->done)
 		return err;
 	if (was_into_range)
-		return uffd_move(r, r->pool_uffd, spot, dst, fail->done, 0, NULL);
-	return uffd_move(r, r->uffd, dst, spot, fail->done, UFFDIO_MOVE_MODE_DONTWAKE, NULL);
+		return mp_uffd_move(r, r->pool_uffd, spot, dst, fail->done, 0, NULL);
+	return mp_uffd_move(r, r->uffd, dst, spot, fail->done, UFFDIO_MOVE_MODE_DONTWAKE, NULL);
 }
 
 int mp_region_slot_map(struct mp_region *r, uint32_t slot)
@@ -683,7 +424,7 @@ int mp_region_slot_unmap(struct mp_region *r, uint32_t slot)
 					"(zapped behind the pager's back): slot data lost", slot);
 		back = move_rollback(r, slot, false, &fail);
 		/* Whoever faulted on a chunk that moved out and back must not wait. */
-		wake_range(r, r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes);
+		mp_uffd_wake(r, r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes);
 		if (back)
 			return rlog_err(r, -EFAULT, "slot %u: unmap failed (%s) and so did the "
 					"rollback (%s): slot data lost", slot, strerror(-err),
@@ -729,7 +470,7 @@ int mp_region_slot_discard(struct mp_region *r, uint32_t slot)
 		uint32_t spot = *slot_spot(r, slot, j);
 
 		if (st == SLOT_MAPPED)
-			uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), chunk_dst(r, slot, j),
+			mp_uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), chunk_dst(r, slot, j),
 				   r->cls[cls].size, UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES, NULL);
 		spot_release(r, cls, spot);
 		*slot_spot(r, slot, j) = SPOT_NONE;
@@ -746,7 +487,7 @@ int mp_region_slot_poison(struct mp_region *r, uint32_t slot, uint64_t offset)
 {
 	char *start;
 	uint64_t done, len;
-	int tries = 0;
+	int err;
 
 	if (slot >= r->nslots || offset >= r->slot_bytes)
 		return rlog_err(r, -EINVAL, "poison: slot %u offset %llu out of range", slot,
@@ -754,33 +495,10 @@ int mp_region_slot_poison(struct mp_region *r, uint32_t slot, uint64_t offset)
 	offset &= ~(PAGE - 1);
 	start = r->base + (uint64_t)slot * r->slot_bytes + offset;
 	len = r->slot_bytes - offset;
-	done = 0;
-	while (done < len) {
-		struct uffdio_poison p = {
-			.range = { .start = (uint64_t)(uintptr_t)(start + done),
-				   .len = len - done },
-		};
-		int err;
-
-		if (ioctl(r->uffd, UFFDIO_POISON, &p) == 0)
-			break;
-		err = errno;
-		if (p.updated > 0)
-			done += (uint64_t)p.updated;
-		switch (mp_uffd_classify(err)) {
-		case MP_UFFD_PRESENT:
-			/* A page is mapped there: it is data, not a hole; poison around it. */
-			done += PAGE;
-			continue;
-		case MP_UFFD_RETRY:
-			if (retry_transient(r, err, ++tries))
-				continue;
-			/* fall through */
-		default:
-			return rlog_err(r, -err, "slot %u: UFFDIO_POISON at +%llu: %s", slot,
-					(unsigned long long)(offset + done), strerror(err));
-		}
-	}
+	err = mp_uffd_poison(r, start, len, &done);
+	if (err)
+		return rlog_err(r, err, "slot %u: UFFDIO_POISON at +%llu: %s", slot,
+				(unsigned long long)(offset + done), strerror(-err));
 	return 0;
 }
 
@@ -802,7 +520,7 @@ int mp_region_slot_wake(struct mp_region *r, uint32_t slot)
 {
 	if (slot >= r->nslots)
 		return rlog_err(r, -EINVAL, "wake: slot %u out of range", slot);
-	return wake_range(r, r->base + (uint64_t)slot * r->slot_bytes, r->slot_bytes);
+	return mp_uffd_wake(r, r->base + (uint64_t)slot * r->slot_bytes, r->slot_bytes);
 }
 
 bool mp_region_page_present(struct mp_region *r, uint32_t slot, uint64_t offset)
@@ -964,17 +682,17 @@ int mp_region_create(const struct mp_region_config *cfg, const struct mp_region_
 	if (spots_init(r))
 		goto destroy;
 
-	err = uffd_find_how(r, &how);
+	err = mp_uffd_find_how(r, &how);
 	if (err)
 		goto destroy;
 	r->user_mode_only = how == HOW_USER_ONLY;
-	err = uffd_probe(r, how, &r->features);
+	err = mp_uffd_probe(r, how, &r->features);
 	if (err)
 		goto destroy;
-	err = r->uffd = uffd_open(r, how, RANGE_FEATURES);
+	err = r->uffd = mp_uffd_open(r, how, RANGE_FEATURES);
 	if (err < 0)
 		goto destroy;
-	err = r->pool_uffd = uffd_open(r, how, POOL_FEATURES);
+	err = r->pool_uffd = mp_uffd_open(r, how, POOL_FEATURES);
 	if (err < 0)
 		goto destroy;
 
@@ -995,10 +713,10 @@ int mp_region_create(const struct mp_region_config *cfg, const struct mp_region_
 	r->cls[CLS_TAIL].base = r->pool + (uint64_t)r->cls[CLS_FULL].count * MP_REGION_CHUNK;
 	place_on_node(r, r->nursery, r->nursery_bytes);
 
-	err = uffd_register(r, r->uffd, r->base, r->bytes, need | (1ull << _UFFDIO_POISON));
+	err = mp_uffd_register(r, r->uffd, r->base, r->bytes, need | (1ull << _UFFDIO_POISON));
 	if (err)
 		goto destroy;
-	err = uffd_register(r, r->pool_uffd, r->pool, r->pool_bytes, need);
+	err = mp_uffd_register(r, r->pool_uffd, r->pool, r->pool_bytes, need);
 	if (err)
 		goto destroy;
 	err = mp_region_handler_start(r);

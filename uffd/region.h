@@ -167,7 +167,7 @@ void mp_thread_short_slice(void);
 bool mp_region_on_handler(const struct mp_region *r);
 
 /*
- * Outcome of a UFFDIO_* ioctl, classified in one place (fault.c). Partial
+ * Outcome of a UFFDIO_* ioctl, classified in one place (uffd/ioctl.c). Partial
  * progress (the ioctl's own count) is handled by the caller before this.
  */
 enum mp_uffd_outcome {

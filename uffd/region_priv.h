@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The region's state, shared by region.c (memory, slot operations) and fault.c (the handler). */
+/* The region's state, shared by region.c (memory, slots), ioctl.c and handler.c (the thread). */
 #ifndef MP_REGION_PRIV_H
 #define MP_REGION_PRIV_H
 
@@ -67,7 +67,7 @@ struct mp_region {
 	_Atomic uint8_t *slot_mem;	/* enum slot_mem per slot */
 	struct mp_region_mem mem;
 
-	/* The handler thread (fault.c). */
+	/* The handler thread (handler.c). */
 	pthread_t thread;
 	bool thread_started;
 	int stop_efd;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* The list of open expert ranges a tracer reads from /proc/PID/mem (see pager_ranges.h). */
+/* The list of open expert ranges a tracer reads from /proc/PID/mem (see base/ranges.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>

@@ -30,7 +30,7 @@ struct mp_evict_env {
 	uint32_t layers;
 	uint32_t experts;		/* base experts per layer */
 	uint32_t slots_per_layer;
-	const struct mp_evict_hints *hints;	/* may be NULL (see lib/prefetch.h) */
+	const struct mp_evict_hints *hints;	/* may be NULL (see prefetch/policy.h) */
 };
 
 /*

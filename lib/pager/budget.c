@@ -181,7 +181,7 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 		v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
 		/*
 		 * A prefetch never evicts an expert predicted to be needed before
-		 * the one it brings (lib/prefetch.h hints): it is given up, like an
+		 * the one it brings (prefetch/policy.h hints): it is given up, like an
 		 * unwanted prefetch, unless a thread already waits for it.
 		 */
 		if (v >= 0 && p->slots[slot].prefetched && !p->slots[slot].waiters &&

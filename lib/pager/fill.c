@@ -152,7 +152,7 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 
 	t_alloc = mp_now_ns();
 	/* Fault injection's alloc:enomem rules refuse the memory here (0 otherwise). */
-	nseg = mp_tier_fault_alloc(p->tier, s->layer, s->expert);
+	nseg = mp_tier_inject_alloc(p->tier, s->layer, s->expert);
 	if (!nseg)
 		nseg = mp_region_slot_alloc(p->region, slot, w->iov);
 	t_read = mp_now_ns();

@@ -147,7 +147,7 @@ static int open_tier(struct mp_pager *p, const struct mp_pager_config *cfg,
 
 	err = mp_tier_file_open(p->store, &fc, &p->tier);
 	if (!err)
-		err = mp_tier_fault_wrap(&p->tier, cfg->fault, cfg->fault_seed);
+		err = mp_tier_inject_wrap(&p->tier, cfg->fault, cfg->fault_seed);
 	if (err || !hooks || !hooks->wrap_tier)
 		return err;
 	err = hooks->wrap_tier(hooks->arg, p->tier, &top);

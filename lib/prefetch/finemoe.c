@@ -4,7 +4,7 @@
  * (the token's embedding when the engine gives one, else the previous
  * iteration's map), trajectory-prefix search for the rest, similarity-aware selection
  * (δ = 1 - score, at least top-k), priority p / (l - l_now). Predictions are
- * probabilities of use voted by many records (lib/emap.h), so only experts
+ * probabilities of use voted by many records (prefetch/emap.h), so only experts
  * worth a read are read (mp_prefetch_min_p()) and every expert gets an
  * eviction hint. Every finished iteration goes into the expert-map store.
  */

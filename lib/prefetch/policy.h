@@ -3,7 +3,7 @@
  * Prefetch policies: a small vtable fed the engine's routing as it happens
  * (iteration start, each layer's gate), answering with the experts to bring
  * in ahead of use and their priorities. One file per policy; pure logic: the
- * driver (prefetch_driver.c) or the simulator (prefetch_sim.c) issues the reads.
+ * driver (prefetch/driver.c) or the simulator (sim/sim.c) issues the reads.
  * docs/prefetch.md describes each policy.
  */
 #ifndef MP_PREFETCH_H

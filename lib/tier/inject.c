@@ -616,7 +616,7 @@ bool mp_tier_is_fault(const struct mp_tier *t)
 	return t && t->ops == &fault_ops;
 }
 
-int mp_tier_fault_alloc(struct mp_tier *t, uint32_t layer, uint32_t expert)
+int mp_tier_inject_alloc(struct mp_tier *t, uint32_t layer, uint32_t expert)
 {
 	struct tier_fault *f;
 	uint64_t n;
@@ -635,7 +635,7 @@ int mp_tier_fault_alloc(struct mp_tier *t, uint32_t layer, uint32_t expert)
 	return 0;
 }
 
-void mp_tier_fault_counts(const struct mp_tier *t, struct mp_fault_counts *out)
+void mp_tier_inject_counts(const struct mp_tier *t, struct mp_fault_counts *out)
 {
 	const struct tier_fault *f;
 
@@ -684,13 +684,13 @@ static int fault_open(struct mp_tier *inner, const char *src, const char *spec, 
 	return 0;
 }
 
-int mp_tier_fault_open(struct mp_tier *inner, const char *spec, uint64_t seed,
+int mp_tier_inject_open(struct mp_tier *inner, const char *spec, uint64_t seed,
 		       struct mp_tier **out)
 {
 	return fault_open(inner, "fault spec", spec, seed, out);
 }
 
-int mp_tier_fault_wrap(struct mp_tier **tier, const char *spec, uint64_t seed)
+int mp_tier_inject_wrap(struct mp_tier **tier, const char *spec, uint64_t seed)
 {
 	const char *src = "fault spec";
 	struct mp_tier *w;

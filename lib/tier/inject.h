@@ -52,7 +52,7 @@ int mp_fault_spec_check(const char *spec);
  * *out is set; on failure inner is untouched. Returns 0, -EINVAL for a
  * bad spec, or -ENOMEM.
  */
-int mp_tier_fault_open(struct mp_tier *inner, const char *spec, uint64_t seed,
+int mp_tier_inject_open(struct mp_tier *inner, const char *spec, uint64_t seed,
 		       struct mp_tier **out);
 
 /*
@@ -63,7 +63,7 @@ int mp_tier_fault_open(struct mp_tier *inner, const char *spec, uint64_t seed,
  * -EINVAL (bad spec or seed, naming the variable when it came from the
  * environment; *tier untouched), or -ENOMEM.
  */
-int mp_tier_fault_wrap(struct mp_tier **tier, const char *spec, uint64_t seed);
+int mp_tier_inject_wrap(struct mp_tier **tier, const char *spec, uint64_t seed);
 
 /* True when t is a fault-injection tier. */
 bool mp_tier_is_fault(const struct mp_tier *t);
@@ -73,9 +73,9 @@ bool mp_tier_is_fault(const struct mp_tier *t);
  * Returns 0, or -ENOMEM (with a message naming the expert and the rule)
  * when an alloc rule of t fires. 0 for any tier that is not a fault tier.
  */
-int mp_tier_fault_alloc(struct mp_tier *t, uint32_t layer, uint32_t expert);
+int mp_tier_inject_alloc(struct mp_tier *t, uint32_t layer, uint32_t expert);
 
 /* A snapshot of what t injected; zeroes when t is not a fault tier. */
-void mp_tier_fault_counts(const struct mp_tier *t, struct mp_fault_counts *out);
+void mp_tier_inject_counts(const struct mp_tier *t, struct mp_fault_counts *out);
 
 #endif /* MP_TIER_FAULT_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The BPF source of the trajectory feed (bpf/traj.c), as lib/traj_feed.c drives it. */
+/* The BPF source of the trajectory feed (bpf/traj.c), as traj/feed.c drives it. */
 #ifndef MP_BPF_FEED_H
 #define MP_BPF_FEED_H
 
