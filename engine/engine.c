@@ -129,6 +129,9 @@ int mp_engine_open(const char *name, const struct mp_engine_config *cfg, struct 
 	if (threads > MAX_THREADS)
 		return mp_err(-EINVAL, "engine %s: %u threads is above %u", name, threads,
 			      MAX_THREADS);
+	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
+					    "engine config")))
+		return err;
 	ei = calloc(1, sizeof(*ei));
 	if (!ei)
 		return mp_err(-ENOMEM, "engine %s: out of memory", name);

@@ -5,7 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <moepager/engine.h>
+#include <moepager/membw.h>
 
 #include "engine/engine_impl.h"
 #include "base/base.h"

@@ -262,6 +262,9 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 		return mp_err(-EINVAL, "runner open: missing %s",
 			      !s ? "store" : !cfg ? "config" : !out ? "out" :
 			      !cfg->engine ? "engine" : "expert source");
+	err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved), "runner config");
+	if (err)
+		return err;
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return mp_err(-ENOMEM, "runner: out of memory");

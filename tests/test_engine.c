@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <moepager/membw.h>
+
 #include "helpers.h"
 
 #define MAX_THREADS 4u

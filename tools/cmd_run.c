@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <moepager.h>
+#include <moepager/membw.h>
 
 #include "cli.h"
 #include "run_record.h"

@@ -45,6 +45,12 @@ uint64_t mp_now_ns(void);
  */
 int mp_read_file(const char *what, const char *path, char **buf, size_t *len);
 
+/*
+ * A public config's reserved words (MP_RESERVED) must be zero: -EINVAL with
+ * a message naming what (e.g. "pager config") when one is not.
+ */
+int mp_check_reserved(const uint64_t *words, size_t n, const char *what);
+
 /* Sorts v (n > 0 values) and returns its median (the upper one of an even count). */
 double mp_median(double *v, size_t n);
 

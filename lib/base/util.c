@@ -63,6 +63,15 @@ uint64_t mp_checksum(const void *buf, size_t len)
 	return XXH3_64bits(buf, len);
 }
 
+int mp_check_reserved(const uint64_t *words, size_t n, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		if (words[i])
+			return mp_err(-EINVAL, "%s: reserved word %zu is not zero (a field this "
+				      "library version does not know)", what, i);
+	return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;

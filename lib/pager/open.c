@@ -190,6 +190,9 @@ int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *u
 		cfg = *ucfg;
 	else
 		mp_pager_config_init(&cfg);
+	err = mp_check_reserved(cfg.reserved, MP_ARRAY_SIZE(cfg.reserved), "pager config");
+	if (err)
+		return err;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;

@@ -775,6 +775,9 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	*out = NULL;
 	if (!p)
 		return mp_err(-EINVAL, "prefetcher: no pager");
+	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
+					    "prefetcher config")))
+		return err;
 	name = cfg && cfg->policy ? cfg->policy : getenv("MOEPAGER_PREFETCH");
 	if (!name || !*name)
 		name = "none";

@@ -401,6 +401,9 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	int err;
 
 	memset(out, 0, sizeof(*out));
+	err = mp_check_reserved(cfg.reserved, MP_ARRAY_SIZE(cfg.reserved), "simulator config");
+	if (err)
+		return err;
 	if (!pops)
 		return mp_err(-EINVAL, "unknown prefetch policy '%s' (%s)", cfg.prefetch ?: "",
 			      mp_prefetch_names());

@@ -70,6 +70,9 @@ int mp_traj_open(const struct mp_traj_opts *opts, struct mp_traj **out)
 	if (!opts || !out)
 		return mp_err(-EINVAL, "trajectory feed: NULL argument");
 	err = check_opts(opts);
+	if (!err)
+		err = mp_check_reserved(opts->reserved, MP_ARRAY_SIZE(opts->reserved),
+					"trajectory options");
 	if (err)
 		return err;
 	o = *opts;

@@ -51,6 +51,7 @@ struct mp_engine_config {
 	uint32_t threads;		/* 0: one per online CPU */
 	/* Extra directory searched first for plug-ins (may be NULL). */
 	const char *plugin_dir;
+	MP_RESERVED(4);
 };
 
 /*
@@ -151,28 +152,6 @@ typedef int (*mp_chunk_fn)(void *ctx, uint32_t chunk, uint32_t worker);
 
 MP_API int mp_engine_parallel(struct mp_engine *e, const struct mp_guard *g, uint32_t nchunks,
 			      mp_chunk_fn fn, void *ctx);
-
-/*
- * Memory read bandwidth with this engine's threads and kernels: timed
- * streaming read-sums over a buffer larger than the last-level cache, the
- * ceiling a memory-bound GEMV is held to. A probe keeps its buffer so that
- * single passes can be interleaved with the work they are compared with.
- */
-struct mp_membw;
-
-/*
- * Maps and fills `bytes` (0: 256 MiB, at least 4x the last-level cache) and
- * runs one untimed pass. Returns 0 and sets *out, -EINVAL (under 1 MiB) or
- * -ENOMEM.
- */
-MP_API int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out);
-/* One timed pass over the buffer: sets *gbps (1e9 bytes/s). Returns 0 or -errno. */
-MP_API int mp_membw_sample(struct mp_membw *m, double *gbps);
-MP_API uint64_t mp_membw_bytes(const struct mp_membw *m);
-MP_API void mp_membw_close(struct mp_membw *m);
-
-/* Opens a probe, takes the median of `runs` passes (0: 5, at most 101), closes it. */
-MP_API int mp_engine_membw(struct mp_engine *e, uint64_t bytes, uint32_t runs, double *gbps);
 
 /*
  * Writing an engine

@@ -53,6 +53,7 @@ struct mp_runner_config {
 	const struct mp_trace *trace;			/* borrowed */
 	/* Request id reported to the source, and the trace request replayed. */
 	uint32_t request;
+	MP_RESERVED(8);
 };
 
 /*
@@ -91,6 +92,7 @@ struct mp_runner_stats {
 	uint64_t expert_calls;		/* expert FFNs run (one per expert per batch) */
 	uint64_t route_calls;		/* routing decisions reported to the source */
 	uint64_t trace_overrides;	/* trace experts differ from the router's */
+	MP_RESERVED(8);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);

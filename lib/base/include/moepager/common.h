@@ -14,6 +14,19 @@ extern "C" {
 #define MP_API __attribute__((visibility("default")))
 
 /*
+ * Structs that grow
+ *
+ * Config and statistics structs end in reserved words, so a later release
+ * can add fields there without changing their size or moving the fields
+ * before them: a binary built against this header keeps working with a
+ * newer library. Leave a config's reserved words zero (a zeroed struct or a
+ * designated initialiser does): a call given a non-zero one fails with
+ * -EINVAL, as the field set there is one this library does not know.
+ * Statistics calls write zeros there.
+ */
+#define MP_RESERVED(words) uint64_t reserved[words]
+
+/*
  * Library version
  */
 

@@ -32,7 +32,11 @@ struct mp_pager_config {
 	uint64_t budget_bytes;
 	/* "8G", "512M", "40%" (of the model's expert bytes): see mp_budget_parse(). May be NULL. */
 	const char *budget;
-	/* Eviction policy: "lru" (default) or "fifo". NULL: $MOEPAGER_EVICTION, else "lru". */
+	/*
+	 * Eviction policy: "lru" (default), "fifo", "lfu", "finemoe", "coserve"
+	 * or "belady" (mp_eviction_policy_names(); docs/prefetch.md). NULL:
+	 * $MOEPAGER_EVICTION, else "lru".
+	 */
 	const char *eviction;
 	/* Expert slots per layer (>= experts; the rest wait for adapters). 0: 2 x experts. */
 	uint32_t slots_per_layer;
@@ -79,6 +83,7 @@ struct mp_pager_config {
 	const char *fault;
 	/* Seed of the rules' random draws. 0: $MOEPAGER_FAULT_SEED, else 1. */
 	uint64_t fault_seed;
+	MP_RESERVED(8);
 };
 
 /* Fills cfg with the defaults: all zero (a zeroed struct means the same). */
@@ -251,6 +256,7 @@ struct mp_pager_stats {
 	 */
 	uint64_t file_reads;
 	uint64_t file_read_ns;
+	MP_RESERVED(8);
 };
 
 /* A snapshot of the counters. */

@@ -89,6 +89,7 @@ struct mp_prefetcher_config {
 	 * per event slot: queue_events x sem.dim floats.
 	 */
 	struct mp_sem_source sem;
+	MP_RESERVED(8);
 };
 
 /*
@@ -179,6 +180,7 @@ struct mp_prefetcher_stats {
 	 * finemoe prefetches an expert only when worth a read (docs/prefetch.md).
 	 */
 	float load_ratio;
+	MP_RESERVED(8);
 };
 
 MP_API void mp_prefetcher_stats(struct mp_prefetcher *pf, struct mp_prefetcher_stats *out);

@@ -45,6 +45,7 @@ struct mp_sim_config {
 	uint32_t max_tokens;		/* tokens evaluated per request at most; 0: all */
 	bool no_admit;
 	struct mp_sem_source sem;	/* semantic vectors of the trace's tokens; dim 0: none */
+	MP_RESERVED(8);
 };
 
 struct mp_sim_result {
@@ -60,6 +61,7 @@ struct mp_sim_result {
 	uint64_t prefetch_refused;	/* not issued: the victim was needed sooner */
 	double time;			/* model time */
 	double stall;			/* of which waiting for loads */
+	MP_RESERVED(8);
 };
 
 /* Returns 0, or -EINVAL (unknown policy, bad capacity or split) or -ENOMEM. */

@@ -105,6 +105,7 @@ struct mp_traj_opts {
 	 * libmoepager, docs/probes.md) and those opened later (moepager:region).
 	 */
 	bool pager_ranges;
+	MP_RESERVED(8);
 };
 
 struct mp_traj;
@@ -160,6 +161,7 @@ struct mp_traj_stats {
 	uint64_t bad_args;	/* route probes with k out of range or unreadable ids */
 	uint32_t probes_attached;	/* USDT probes attached (BPF) */
 	bool pgfault_attached;
+	MP_RESERVED(8);
 };
 
 MP_API int mp_traj_stats(const struct mp_traj *t, struct mp_traj_stats *out);
