@@ -3,7 +3,10 @@
 #include <argp.h>
 #include <errno.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <moepager.h>
@@ -150,4 +153,86 @@ void cli_progress_end(void)
 {
 	if (cli_progress_enabled())
 		fprintf(stderr, "\n");
+}
+
+/*
+ * Small helpers
+ */
+
+uint64_t cli_clock_ns(clockid_t clk)
+{
+	struct timespec ts;
+
+	clock_gettime(clk, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+double cli_quantile(const double *v, size_t n, double q)
+{
+	double *c, r;
+	size_t i;
+
+	if (!n)
+		return 0;
+	c = malloc(n * sizeof(*c));
+	if (!c)
+		return NAN;
+	memcpy(c, v, n * sizeof(*c));
+	qsort(c, n, sizeof(*c), cmp_double);
+	i = (size_t)ceil(q * (double)n);
+	r = c[i ? i - 1 : 0];
+	free(c);
+	return r;
+}
+
+double cli_median(const double *v, size_t n)
+{
+	return cli_quantile(v, n, 0.5);
+}
+
+int cli_read_file(const char *path, char **buf, size_t *len)
+{
+	FILE *f = fopen(path, "rbe");
+	size_t cap = 1 << 16, n = 0, got;
+	char *b = NULL, *nb;
+	int err = 0;
+
+	if (!f) {
+		err = -errno;
+		fprintf(stderr, "moepager: %s: %s\n", path, strerror(errno));
+		return err;
+	}
+	do {
+		if (n + 1 >= cap || !b) {
+			nb = realloc(b, cap *= 2);
+			if (!nb) {
+				err = -ENOMEM;
+				fprintf(stderr, "moepager: %s: out of memory\n", path);
+				goto close_file;
+			}
+			b = nb;
+		}
+		got = fread(b + n, 1, cap - n - 1, f);
+		n += got;
+	} while (got);
+	if (ferror(f)) {
+		err = -EIO;
+		fprintf(stderr, "moepager: %s: read error\n", path);
+		goto close_file;
+	}
+	b[n] = '\0';
+	*buf = b;
+	*len = n;
+	b = NULL;
+close_file:
+	fclose(f);
+	free(b);
+	return err;
 }

@@ -4,7 +4,9 @@
 #define MP_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 struct cli_command {
 	const char *name;
@@ -67,5 +69,26 @@ bool cli_progress_enabled(void);
 /* Draws "label: 42% (1.2/2.9 GB)" on stderr, rewriting the line. */
 void cli_progress(const char *label, uint64_t done, uint64_t total);
 void cli_progress_end(void);
+
+/* clock_gettime(clk) in ns; cli_now_ns() on CLOCK_MONOTONIC. */
+uint64_t cli_clock_ns(clockid_t clk);
+static inline uint64_t cli_now_ns(void)
+{
+	return cli_clock_ns(CLOCK_MONOTONIC);
+}
+
+/*
+ * The q-quantile (0..1) of n values by nearest rank, v left as it is; 0 for
+ * no values, NAN when out of memory. The median is the 0.5 quantile: the
+ * lower middle value of an even count.
+ */
+double cli_quantile(const double *v, size_t n, double q);
+double cli_median(const double *v, size_t n);
+
+/*
+ * Reads the whole file at path into a new NUL-terminated buffer (free() it).
+ * Returns 0 or a negative errno, after printing what failed.
+ */
+int cli_read_file(const char *path, char **buf, size_t *len);
 
 #endif

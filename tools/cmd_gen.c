@@ -135,14 +135,6 @@ static void apply_overrides(struct mp_geometry *g)
 		g->dtype = env.dtype;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void on_progress(uint64_t done, uint64_t total, void *arg)
 {
 	(void)arg;
@@ -170,7 +162,7 @@ int cmd_gen(int argc, char **argv)
 		return err;
 	}
 	apply_overrides(&g);
-	t0 = now_ns();
+	t0 = cli_now_ns();
 	err = mp_gen_model(env.out, &g, env.seed, env.name ? env.name : env.preset,
 			   cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
@@ -179,7 +171,7 @@ int cmd_gen(int argc, char **argv)
 			mp_last_error());
 		return err;
 	}
-	ns = now_ns() - t0;
+	ns = cli_now_ns() - t0;
 	if (!env.quiet) {
 		uint64_t data = (uint64_t)g.layers * g.experts * mp_geometry_expert_bytes(&g);
 

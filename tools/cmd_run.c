@@ -288,24 +288,6 @@ static void make_prompt(uint32_t *ids, uint32_t n, uint64_t seed, uint32_t vocab
 	}
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of a sorted array. */
-static double percentile(const double *sorted, uint32_t n, double p)
-{
-	uint32_t rank;
-
-	if (!n)
-		return 0.0;
-	rank = (uint32_t)ceil(p / 100.0 * n);
-	return sorted[rank ? rank - 1 : 0];
-}
-
 static int dump_logits(struct run *r, uint32_t vocab)
 {
 	if (!r->dump)
@@ -315,14 +297,6 @@ static int dump_logits(struct run *r, uint32_t vocab)
 		return -EIO;
 	}
 	return 0;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static json_t *json_ids(const uint32_t *ids, uint32_t n)
@@ -524,14 +498,6 @@ static void close_run(struct run *r)
 	free(r->membw_gbps);
 }
 
-static double median(double *v, uint32_t n)
-{
-	if (!n)
-		return 0.0;
-	qsort(v, n, sizeof(*v), cmp_double);
-	return v[n / 2];
-}
-
 /* The median over repetitions of one figure. */
 static double rep_median(const struct results *res, size_t field)
 {
@@ -539,7 +505,7 @@ static double rep_median(const struct results *res, size_t field)
 
 	for (uint32_t i = 0; i < res->reps; i++)
 		v[i] = *(const double *)((const char *)&res->rep[i] + field);
-	return median(v, res->reps);
+	return cli_median(v, res->reps);
 }
 
 /*
@@ -561,13 +527,13 @@ static json_t *json_record(const struct run *r, const struct results *res)
 		if (i % 2)
 			ratio[nratio++] = res->rep[i].tps / res->rep[i - 1].tps;
 	}
-	moff = median(off, noff);
-	mon = median(on, non);
+	moff = cli_median(off, noff);
+	mon = cli_median(on, non);
 	return json_pack("{s:s, s:f, s:f, s:f, s:f, s:I, s:I}",
 			 "source", mp_traj_source_name(r->rec.source),
 			 "unrecorded_tokens_per_s", moff, "recorded_tokens_per_s", mon,
 			 "ratio_of_medians", moff > 0 ? mon / moff : 0.0,
-			 "median_pair_ratio", median(ratio, nratio),
+			 "median_pair_ratio", cli_median(ratio, nratio),
 			 "records", (json_int_t)r->rec.records, "dropped", (json_int_t)r->rec.dropped);
 }
 
@@ -636,14 +602,13 @@ static int print_results(struct run *r, struct results *res)
 	double prefill_tps = rep_median(res, offsetof(struct rep, prefill_tps));
 	double weights_gbps = rep_median(res, offsetof(struct rep, weights_gbps));
 	double ratio = rep_median(res, offsetof(struct rep, ratio));
-	double membw = median(r->membw_gbps, res->samples);
+	double membw = cli_median(r->membw_gbps, res->samples);
 	double p50, p99;
 	char *text = generated_text(r, res);
 	json_t *o;
 
-	qsort(r->step_ms, res->measured, sizeof(double), cmp_double);
-	p50 = percentile(r->step_ms, res->measured, 50);
-	p99 = percentile(r->step_ms, res->measured, 99);
+	p50 = cli_quantile(r->step_ms, res->measured, 0.50);
+	p99 = cli_quantile(r->step_ms, res->measured, 0.99);
 	if (!env.json) {
 		printf("%s: %s, %s engine (%s, %u threads), %s, %u repetition(s)\n", env.model,
 		       mp_dtype_name(g->dtype), mp_engine_name(r->engine),
@@ -741,11 +706,11 @@ static int generate(struct run *r, struct results *res)
 	uint32_t first_sample = res->samples, n = 0, measured = 0;
 	uint32_t last, *gen = r->generated;
 	double decode_s = 0, compute_s;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = cli_now_ns();
 	bool keep = res->reps == 0;
 	int err = mp_runner_prefill(r->runner, r->prompt, env.prompt_tokens);
 
-	rep->prefill_tps = env.prompt_tokens / ((double)(now_ns() - t0) / 1e9);
+	rep->prefill_tps = env.prompt_tokens / ((double)(cli_now_ns() - t0) / 1e9);
 	if (err)
 		return err;
 	last = mp_runner_argmax(r->runner);
@@ -763,9 +728,9 @@ static int generate(struct run *r, struct results *res)
 			if (err)
 				break;
 		}
-		t0 = now_ns();
+		t0 = cli_now_ns();
 		err = mp_runner_step(r->runner, last);
-		ms = (double)(now_ns() - t0) / 1e6;
+		ms = (double)(cli_now_ns() - t0) / 1e6;
 		if (err)
 			break;
 		last = mp_runner_argmax(r->runner);
@@ -811,7 +776,7 @@ static int generate(struct run *r, struct results *res)
 	rep->weights_gbps = compute_s > 0 ? (st.dense_bytes + st.expert_bytes) / compute_s / 1e9 :
 			    0.0;
 	/* Sorting this repetition's samples in place is fine: the overall median sorts all. */
-	rep->membw = median(r->membw_gbps + first_sample, res->samples - first_sample);
+	rep->membw = cli_median(r->membw_gbps + first_sample, res->samples - first_sample);
 	rep->ratio = rep->membw > 0 ? rep->weights_gbps / rep->membw : 0.0;
 	res->reps++;
 	return 0;

@@ -186,14 +186,6 @@ static void on_signal(int sig)
 	exiting = 1;
 }
 
-static uint64_t now_ns(clockid_t clk)
-{
-	struct timespec ts;
-
-	clock_gettime(clk, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 struct recorder {
 	struct mp_traj_writer *w;
 	int err;			/* first write error */
@@ -421,8 +413,8 @@ static int record(void)
 	info.range = env.range;
 	info.layers = env.layers ? env.layers : env.range.layers;
 	info.experts = env.experts ? env.experts : env.range.slots_per_layer;
-	info.start_ns = now_ns(CLOCK_MONOTONIC);
-	info.start_unix_ns = now_ns(CLOCK_REALTIME);
+	info.start_ns = cli_clock_ns(CLOCK_MONOTONIC);
+	info.start_unix_ns = cli_clock_ns(CLOCK_REALTIME);
 	err = mp_traj_writer_create(env.out, &info, &rc.w);
 	if (err) {
 		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
@@ -463,7 +455,7 @@ static int record(void)
 		fprintf(stderr, "moepager trace: recording pid %d into %s%s%s (Ctrl-C stops)\n",
 			env.pid, env.out, pin_dir[0] ? ", maps pinned in " : "", pin_dir);
 
-	start = now_ns(CLOCK_MONOTONIC);
+	start = cli_clock_ns(CLOCK_MONOTONIC);
 	while (!exiting) {
 		struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
 		uint64_t now;
@@ -475,7 +467,7 @@ static int record(void)
 			fprintf(stderr, "moepager trace: %s\n", mp_last_error());
 			goto cleanup;
 		}
-		now = now_ns(CLOCK_MONOTONIC);
+		now = cli_clock_ns(CLOCK_MONOTONIC);
 		if (env.top && now - last_draw >= TOP_REFRESH_NS) {
 			draw_top(&rc, t, now - start);
 			last_draw = now;
@@ -494,7 +486,7 @@ static int record(void)
 		goto cleanup;
 	}
 	if (env.top)
-		draw_top(&rc, t, now_ns(CLOCK_MONOTONIC) - start);
+		draw_top(&rc, t, cli_clock_ns(CLOCK_MONOTONIC) - start);
 	mp_traj_stats(t, &st);
 	st.probes_attached = attached.probes_attached;
 	st.pgfault_attached = attached.pgfault_attached;
@@ -521,7 +513,7 @@ static int record(void)
 	}
 	if (env.json) {
 		err = print_json(&rc, &st, env.keep && pin_dir[0] ? pin_dir : NULL,
-				 (double)(now_ns(CLOCK_MONOTONIC) - start) / 1e9, exit_status);
+				 (double)(cli_clock_ns(CLOCK_MONOTONIC) - start) / 1e9, exit_status);
 	} else {
 		fprintf(stderr, "moepager trace: %" PRIu64 " records (%" PRIu64 " routes, %" PRIu64
 			" page faults, %" PRIu64 " faults served, %" PRIu64 " prefetches, %" PRIu64

@@ -55,14 +55,6 @@ static void on_progress(uint64_t done, uint64_t total, void *arg)
 		     total * mp_store_expert_bytes(s));
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static const char *bad_reason(int err)
 {
 	return err == -EBADMSG ? "checksum mismatch" : strerror(-err);
@@ -133,10 +125,10 @@ int cmd_verify(int argc, char **argv)
 		err = -ENOMEM;
 		goto close_store;
 	}
-	t0 = now_ns();
+	t0 = cli_now_ns();
 	n_fail = mp_store_verify(s, bad, n_experts, cli_progress_enabled() ? on_progress : NULL, s);
 	cli_progress_end();
-	secs = (now_ns() - t0) / 1e9;
+	secs = (cli_now_ns() - t0) / 1e9;
 	if (n_fail < 0) {
 		fprintf(stderr, "moepager verify: %s: %s (%s)\n", env.path, strerror(-n_fail),
 			mp_last_error());

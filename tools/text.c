@@ -5,47 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "text.h"
-
-static int slurp(const char *path, char **buf, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	size_t cap = 1 << 16, n = 0, got;
-	char *b = NULL, *nb;
-	int err = 0;
-
-	if (!f) {
-		err = -errno;
-		fprintf(stderr, "moepager: %s: %s\n", path, strerror(errno));
-		return err;
-	}
-	do {
-		if (n + 1 >= cap || !b) {
-			nb = realloc(b, cap *= 2);
-			if (!nb) {
-				err = -ENOMEM;
-				fprintf(stderr, "moepager: %s: out of memory\n", path);
-				goto close_file;
-			}
-			b = nb;
-		}
-		got = fread(b + n, 1, cap - n - 1, f);
-		n += got;
-	} while (got);
-	if (ferror(f)) {
-		err = -EIO;
-		fprintf(stderr, "moepager: %s: read error\n", path);
-		goto close_file;
-	}
-	b[n] = '\0';
-	*buf = b;
-	*len = n;
-	b = NULL;
-close_file:
-	fclose(f);
-	free(b);
-	return err;
-}
 
 int text_tokenizer_open(const char *path, const char *model_path, uint32_t model_vocab,
 			struct mp_tokenizer **out)
@@ -138,7 +99,7 @@ int text_encode_fortunes(const struct mp_tokenizer *t, const char *path, uint32_
 	char *buf, *p, *end;
 	int err;
 
-	err = slurp(path, &buf, &len);
+	err = cli_read_file(path, &buf, &len);
 	if (err)
 		return err;
 	/* The file is text "\n%\n" text ... "\n": drop the final newline, split on "\n%\n". */
@@ -188,7 +149,7 @@ int text_read_ids(const char *path, uint32_t **ids, size_t *n)
 	size_t len;
 	char *buf;
 	uint32_t *a;
-	int err = slurp(path, &buf, &len);
+	int err = cli_read_file(path, &buf, &len);
 
 	if (err)
 		return err;

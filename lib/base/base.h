@@ -51,7 +51,7 @@ int mp_read_file(const char *what, const char *path, char **buf, size_t *len);
  */
 int mp_check_reserved(const uint64_t *words, size_t n, const char *what);
 
-/* Sorts v (n > 0 values) and returns its median (the upper one of an even count). */
+/* Sorts v (n > 0 values); returns its median by nearest rank (the lower middle of an even n). */
 double mp_median(double *v, size_t n);
 
 #endif /* MP_BASE_H */

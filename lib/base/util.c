@@ -82,5 +82,5 @@ static int cmp_double(const void *a, const void *b)
 double mp_median(double *v, size_t n)
 {
 	qsort(v, n, sizeof(*v), cmp_double);
-	return v[n / 2];
+	return v[(n - 1) / 2];
 }

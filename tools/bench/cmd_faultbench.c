@@ -115,40 +115,6 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	return 0;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* Quantile of n values, nearest rank (v is left as it was). */
-static double quantile(const double *v, uint32_t n, double q)
-{
-	double *c, r;
-	uint32_t i;
-
-	if (!n)
-		return 0;
-	c = malloc(n * sizeof(*c));
-	if (!c)
-		return NAN;
-	memcpy(c, v, n * sizeof(*c));
-	qsort(c, n, sizeof(*c), cmp_double);
-	i = (uint32_t)ceil(q * n);
-	r = c[i ? i - 1 : 0];
-	free(c);
-	return r;
-}
-
 struct expert_id {
 	uint32_t layer;
 	uint32_t expert;
@@ -277,20 +243,20 @@ static int raw_read(struct raw *r, uint64_t off)
 static int64_t raw_one(struct raw *r, const struct mp_store *s, const struct expert_id *id)
 {
 	const struct mp_expert_info *x = mp_store_expert(s, id->layer, id->expert);
-	uint64_t t0 = now_ns();
+	uint64_t t0 = cli_now_ns();
 	int err = raw_read(r, x->offset);
 
-	return err ? err : (int64_t)(now_ns() - t0);
+	return err ? err : (int64_t)(cli_now_ns() - t0);
 }
 
 /* Touches one byte of an expert: the fault brings the whole expert in. Returns the ns. */
 static uint64_t touch_one(struct mp_pager *p, const struct expert_id *id, uint64_t bytes)
 {
 	const volatile uint8_t *x = mp_pager_expert(p, id->layer, id->expert);
-	uint64_t t0 = now_ns(), dt;
+	uint64_t t0 = cli_now_ns(), dt;
 
 	(void)x[bytes / 2];
-	dt = now_ns() - t0;
+	dt = cli_now_ns() - t0;
 	if (env.verbose)
 		fprintf(stderr, "fault layer %u expert %u: %.0f us\n", id->layer, id->expert,
 			(double)dt / 1e3);
@@ -321,7 +287,7 @@ static int run_mmap(int fd, uint64_t file_bytes, const struct mp_store *s,
 		fprintf(stderr, "moepager faultbench: mmap: %s\n", strerror(errno));
 		return -errno;
 	}
-	t0 = now_ns();
+	t0 = cli_now_ns();
 	for (uint32_t i = 0; i < env.experts; i++) {
 		const struct mp_expert_info *x = mp_store_expert(s, set[i].layer, set[i].expert);
 
@@ -329,7 +295,7 @@ static int run_mmap(int fd, uint64_t file_bytes, const struct mp_store *s,
 			sum += m[x->offset + o];
 		bytes += x->bytes;
 	}
-	*gbps = (double)bytes / (double)(now_ns() - t0);
+	*gbps = (double)bytes / (double)(cli_now_ns() - t0);
 	/* An impossible sum keeps the reads from being optimised away. */
 	if (sum == UINT64_MAX)
 		fputc(0, stderr);
@@ -494,18 +460,13 @@ free_ids:
 	return err;
 }
 
-static double median(const double *v, uint32_t n)
-{
-	return quantile(v, n, 0.5);
-}
-
 static int report(const struct mp_store *s, struct results *res)
 {
 	uint32_t R = env.repeat;
-	double raw = median(res->raw, R), file = median(res->file, R);
-	double ratio = median(res->ratio, R), mm = median(res->mmap, R);
-	double fp50 = quantile(res->file_lat, res->nfile, 0.5);
-	double fp99 = quantile(res->file_lat, res->nfile, 0.99);
+	double raw = cli_median(res->raw, R), file = cli_median(res->file, R);
+	double ratio = cli_median(res->ratio, R), mm = cli_median(res->mmap, R);
+	double fp50 = cli_quantile(res->file_lat, res->nfile, 0.5);
+	double fp99 = cli_quantile(res->file_lat, res->nfile, 0.99);
 	const struct mp_pager_stats *st = &res->st;
 	uint64_t xb = mp_store_expert_bytes(s);
 	double host_us = 0, hp50, hp99, host;
@@ -514,8 +475,8 @@ static int report(const struct mp_store *s, struct results *res)
 	for (uint32_t i = 0; i < res->nhost; i++)
 		host_us += res->host_lat[i];
 	host = (double)xb * res->nhost / (host_us * 1e3);
-	hp50 = quantile(res->host_lat, res->nhost, 0.5);
-	hp99 = quantile(res->host_lat, res->nhost, 0.99);
+	hp50 = cli_quantile(res->host_lat, res->nhost, 0.5);
+	hp99 = cli_quantile(res->host_lat, res->nhost, 0.99);
 
 	if (env.json) {
 		json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:b}",
@@ -560,8 +521,8 @@ static int report(const struct mp_store *s, struct results *res)
 						res->raw[r], "file_gbps", res->file[r],
 						"file_to_raw", res->ratio[r], "mmap_gbps",
 						res->mmap[r], "host_fault_p50_us",
-						quantile(hl, hn, 0.5), "host_fault_p99_us",
-						quantile(hl, hn, 0.99));
+						cli_quantile(hl, hn, 0.5), "host_fault_p99_us",
+						cli_quantile(hl, hn, 0.99));
 			char key[16];
 
 			snprintf(key, sizeof(key), "%u", r);

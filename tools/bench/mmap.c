@@ -19,14 +19,6 @@ struct bench_mmap {
 	struct bench_source_stats st;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int bench_mmap_open(struct mp_store *s, struct bench_mmap **out)
 {
 	struct bench_mmap *m = calloc(1, sizeof(*m));
@@ -99,10 +91,10 @@ static int mm_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		m->st.hits += !missing;
 		m->st.bytes_read += missing * m->page;
 		/* The engine's first read of each page: faults (and readahead) happen here. */
-		t0 = now_ns();
+		t0 = cli_now_ns();
 		for (uint64_t j = 0; missing && j < npages; j++)
 			sink ^= p[j * m->page];
-		m->st.stall_ns += missing ? now_ns() - t0 : 0;
+		m->st.stall_ns += missing ? cli_now_ns() - t0 : 0;
 		(void)sink;
 	}
 	return 0;

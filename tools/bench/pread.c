@@ -27,14 +27,6 @@ struct bench_pread {
 	struct bench_source_stats st;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int bench_pread_open(struct mp_store *s, uint64_t budget, struct bench_pread **out)
 {
 	const struct mp_geometry *g = mp_store_geometry(s);
@@ -150,9 +142,9 @@ static int pr_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		if (p->key_of[victim] != UINT32_MAX)
 			p->slot_of[p->key_of[victim]] = -1;
 		p->key_of[victim] = UINT32_MAX;
-		t0 = now_ns();
+		t0 = cli_now_ns();
 		err = read_expert(p, layer, ids[i], p->mem + (uint64_t)victim * p->slot_bytes);
-		p->st.stall_ns += now_ns() - t0;
+		p->st.stall_ns += cli_now_ns() - t0;
 		if (err)
 			return err;
 		p->key_of[victim] = key;
