@@ -29,6 +29,22 @@ void fx_teardown(void)
 	fx.store = NULL;
 }
 
+int fx_group_setup(void **state)
+{
+	(void)state;
+	fx_log_capture();
+	fx_setup(NULL);
+	return 0;
+}
+
+int fx_group_teardown(void **state)
+{
+	(void)state;
+	fx_teardown();
+	t_tmpdir_cleanup();
+	return 0;
+}
+
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char logbuf[1 << 16];
 static size_t loglen;

@@ -24,6 +24,9 @@ extern struct fx fx;
 /* Generates the model into the test's tmpdir (or uses path when non-NULL) and opens it. */
 void fx_setup(const char *path);
 void fx_teardown(void);
+/* cmocka group fixtures: log capture and fx_setup(NULL); fx_teardown() and the tmpdir. */
+int fx_group_setup(void **state);
+int fx_group_teardown(void **state);
 
 /*
  * Opens a pager over fx.store (or s when non-NULL) whose file tier is

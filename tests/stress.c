@@ -198,27 +198,11 @@ static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **stat
 	mp_pager_close(p);
 }
 
-static int group_setup(void **state)
-{
-	(void)state;
-	fx_log_capture();
-	fx_setup(NULL);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	fx_teardown();
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(threads_random_experts_and_budgets_never_see_wrong_bytes),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -13,22 +13,6 @@
 
 #include "fault_common.h"
 
-static int group_setup(void **state)
-{
-	(void)state;
-	fx_log_capture();
-	fx_setup(NULL);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	fx_teardown();
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 /* Waits up to ms for the child; kills it and fails when it hangs. Returns its wait status. */
 static int wait_child(pid_t pid, uint32_t ms, const char *what)
 {
@@ -274,5 +258,5 @@ int main(void)
 		cmocka_unit_test(truncating_while_threads_read_gives_errors_not_wrong_bytes),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

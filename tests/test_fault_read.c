@@ -10,22 +10,6 @@
 
 #include "fault_common.h"
 
-static int group_setup(void **state)
-{
-	(void)state;
-	fx_log_capture();
-	fx_setup(NULL);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	fx_teardown();
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 static void transient_eio_is_retried_and_served_right(void **state)
 {
 	struct mp_pager *p = fx_open(NULL, "read:eio:expert=1.2:count=2", 1, 4, NULL);
@@ -368,5 +352,5 @@ int main(void)
 		cmocka_unit_test(pager_reads_the_fault_environment),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

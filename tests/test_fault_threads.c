@@ -13,22 +13,6 @@
 #include "fault_common.h"
 #include "uffd/region_priv.h"
 
-static int group_setup(void **state)
-{
-	(void)state;
-	fx_log_capture();
-	fx_setup(NULL);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	fx_teardown();
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 struct reader {
 	struct mp_pager *p;
 	unsigned seed;
@@ -284,5 +268,5 @@ int main(void)
 
 	if (getenv("T_FILTER"))
 		cmocka_set_test_filter(getenv("T_FILTER"));
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

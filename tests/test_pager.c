@@ -182,11 +182,10 @@ static const uint8_t *want(uint32_t l, uint32_t e)
 
 static void every_expert_reads_back_under_two_expert_budget(void **state)
 {
-	struct mp_pager *p = open_pager(2, NULL);
+	struct mp_pager *p = open_pager(2, *state);
 	struct mp_pager_stats st;
 	uint32_t n = geo->layers * geo->experts;
 
-	(void)state;
 	for (int pass = 0; pass < 2; pass++)
 		for (uint32_t l = 0; l < geo->layers; l++)
 			for (uint32_t e = 0; e < geo->experts; e++)
@@ -229,11 +228,10 @@ static void *read_random(void *arg)
 
 static void threads_reading_overlapping_experts_see_file_bytes(void **state)
 {
-	struct mp_pager *p = open_pager(3, NULL);
+	struct mp_pager *p = open_pager(3, *state);
 	struct reader r[4];
 	pthread_t th[4];
 
-	(void)state;
 	for (int i = 0; i < 4; i++) {
 		r[i] = (struct reader){ .p = p, .seed = 7u + (unsigned)i, .iters = 300 };
 		pthread_create(&th[i], NULL, read_random, &r[i]);
@@ -267,13 +265,12 @@ static void *sample_budget(void *arg)
 
 static void budget_is_never_exceeded_while_threads_read(void **state)
 {
-	struct mp_pager *p = open_pager(2, NULL);
+	struct mp_pager *p = open_pager(2, *state);
 	struct sampler s = { .p = p };
 	struct reader r[3];
 	pthread_t th[3], sm;
 	struct mp_pager_stats st;
 
-	(void)state;
 	pthread_create(&sm, NULL, sample_budget, &s);
 	for (int i = 0; i < 3; i++) {
 		r[i] = (struct reader){ .p = p, .seed = 100u + (unsigned)i, .iters = 200 };
@@ -295,11 +292,10 @@ static void budget_is_never_exceeded_while_threads_read(void **state)
 
 static void prefetch_then_read_causes_no_demand_fault(void **state)
 {
-	struct mp_pager *p = open_pager(8, NULL);
+	struct mp_pager *p = open_pager(8, *state);
 	struct mp_pager_stats st;
 	uint32_t ids[2] = { 1, 2 };
 
-	(void)state;
 	for (uint32_t e = 0; e < 4; e++)
 		assert_int_equal(mp_pager_prefetch(p, 1, e, (int)e), 1);
 	/* Already queued or resident: nothing new. */
@@ -323,10 +319,9 @@ static void prefetch_then_read_causes_no_demand_fault(void **state)
 
 static void host_tier_refault_returns_right_bytes(void **state)
 {
-	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager *p = open_pager(4, *state);
 	struct mp_pager_stats st;
 
-	(void)state;
 	assert_memory_equal(mp_pager_expert(p, 2, 3), want(2, 3), xbytes);
 	assert_int_equal(mp_pager_evict(p, 2, 3, MP_EVICT_KEEP_HOST), 0);
 	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_HOST);
@@ -367,14 +362,13 @@ static void *evict_loop(void *arg)
 
 static void evicting_an_expert_being_read_refaults_right_bytes(void **state)
 {
-	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager *p = open_pager(4, *state);
 	struct evictor ev = { .p = p };
 	struct mp_pager_stats st;
 	pthread_t th;
 	uint64_t t0;
 	int bad = 0;
 
-	(void)state;
 	pthread_create(&th, NULL, evict_loop, &ev);
 	t0 = mp_now_ns();
 	while (mp_now_ns() - t0 < 300ull * 1000 * 1000)
@@ -406,13 +400,12 @@ static void *race_one(void *arg)
 
 static void racing_faults_on_one_expert_read_it_once(void **state)
 {
-	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager *p = open_pager(4, *state);
 	struct mp_pager_stats st;
 	pthread_barrier_t go;
 	struct racer r[8];
 	pthread_t th[8];
 
-	(void)state;
 	atomic_store(&ttier.delay_ms, 50);
 	pthread_barrier_init(&go, NULL, 8);
 	for (int i = 0; i < 8; i++) {
@@ -437,11 +430,10 @@ static void racing_faults_on_one_expert_read_it_once(void **state)
 
 static void application_zap_of_a_mapped_expert_reads_it_again(void **state)
 {
-	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager *p = open_pager(4, *state);
 	const uint8_t *x = mp_pager_expert(p, 1, 6);
 	struct mp_pager_stats st;
 
-	(void)state;
 	assert_memory_equal(x, want(1, 6), xbytes);
 	/* The pages are freed behind the pager's back (a REMOVE event it is told of). */
 	assert_int_equal(madvise((void *)x, xbytes, MADV_DONTNEED), 0);
@@ -455,10 +447,9 @@ static void application_zap_of_a_mapped_expert_reads_it_again(void **state)
 
 static void shrinking_the_budget_evicts_down_to_it(void **state)
 {
-	struct mp_pager *p = open_pager(8, NULL);
+	struct mp_pager *p = open_pager(8, *state);
 	struct mp_pager_stats st;
 
-	(void)state;
 	for (uint32_t e = 0; e < 6; e++)
 		assert_memory_equal(mp_pager_expert(p, 3, e), want(3, e), xbytes);
 	mp_pager_stats(p, &st);
@@ -878,18 +869,30 @@ static void latency_quantiles_interpolate_log2_buckets(void **state)
 	assert_int_equal(mp_pager_hist_bucket(UINT64_MAX), MP_PAGER_HIST_BUCKETS - 1);
 }
 
+/*
+ * The pager's core behaviours, each run over every eviction policy (as the
+ * kernel's userfaultfd unit tests run each behaviour over every memory
+ * type): whatever the policy picks, the bytes are right and the budget holds.
+ */
+#define BEHAVIOUR(fn) { #fn, fn }
+static const struct {
+	const char *name;
+	CMUnitTestFunction fn;
+} behaviours[] = {
+	BEHAVIOUR(every_expert_reads_back_under_two_expert_budget),
+	BEHAVIOUR(threads_reading_overlapping_experts_see_file_bytes),
+	BEHAVIOUR(budget_is_never_exceeded_while_threads_read),
+	BEHAVIOUR(prefetch_then_read_causes_no_demand_fault),
+	BEHAVIOUR(host_tier_refault_returns_right_bytes),
+	BEHAVIOUR(evicting_an_expert_being_read_refaults_right_bytes),
+	BEHAVIOUR(racing_faults_on_one_expert_read_it_once),
+	BEHAVIOUR(application_zap_of_a_mapped_expert_reads_it_again),
+	BEHAVIOUR(shrinking_the_budget_evicts_down_to_it),
+};
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(every_expert_reads_back_under_two_expert_budget),
-		cmocka_unit_test(threads_reading_overlapping_experts_see_file_bytes),
-		cmocka_unit_test(budget_is_never_exceeded_while_threads_read),
-		cmocka_unit_test(prefetch_then_read_causes_no_demand_fault),
-		cmocka_unit_test(host_tier_refault_returns_right_bytes),
-		cmocka_unit_test(evicting_an_expert_being_read_refaults_right_bytes),
-		cmocka_unit_test(racing_faults_on_one_expert_read_it_once),
-		cmocka_unit_test(application_zap_of_a_mapped_expert_reads_it_again),
-		cmocka_unit_test(shrinking_the_budget_evicts_down_to_it),
+	static const struct CMUnitTest singles[] = {
 		cmocka_unit_test(lru_and_fifo_pick_their_victims),
 		cmocka_unit_test(demand_fault_goes_before_queued_prefetches),
 		cmocka_unit_test(poisoned_expert_errors_through_guard_then_retries),
@@ -905,6 +908,35 @@ int main(void)
 		cmocka_unit_test(budget_strings_parse),
 		cmocka_unit_test(latency_quantiles_interpolate_log2_buckets),
 	};
+	char *names = strdup(mp_eviction_policy_names()), *save = NULL;
+	const char *policies[16];
+	struct CMUnitTest *tests;
+	size_t npol = 0, n = 0;
+	int failed;
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	for (char *tok = strtok_r(names, ", ", &save); tok && npol < 16;
+	     tok = strtok_r(NULL, ", ", &save))
+		policies[npol++] = tok;
+	tests = calloc(MP_ARRAY_SIZE(behaviours) * npol + MP_ARRAY_SIZE(singles), sizeof(*tests));
+	if (!names || !tests || npol < 2)
+		return 1;
+	for (size_t b = 0; b < MP_ARRAY_SIZE(behaviours); b++) {
+		for (size_t k = 0; k < npol; k++) {
+			char *name;
+
+			if (asprintf(&name, "%s on %s", behaviours[b].name, policies[k]) < 0)
+				return 1;
+			tests[n++] = (struct CMUnitTest){ .name = name,
+							  .test_func = behaviours[b].fn,
+							  .initial_state = (void *)policies[k] };
+		}
+	}
+	for (size_t i = 0; i < MP_ARRAY_SIZE(singles); i++)
+		tests[n++] = singles[i];
+	failed = _cmocka_run_group_tests("test_pager", tests, n, group_setup, group_teardown);
+	for (size_t i = 0; i < MP_ARRAY_SIZE(behaviours) * npol; i++)
+		free((char *)tests[i].name);
+	free(tests);
+	free(names);
+	return failed;
 }
