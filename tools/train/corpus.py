@@ -7,7 +7,7 @@ Run with Debian's interpreter (/usr/bin/python3): it has python3-sentencepiece.
 
 Writes OUT/train.txt and OUT/heldout.txt (fortunes separated by lines holding
 only "%", the fortune(6) file format), OUT/tok.model (the SentencePiece model),
-OUT/tok.vocab.txt (the vocabulary in the text form lib/tokenizer.c reads) and
+OUT/tok.vocab.txt (the vocabulary in the text form engine/tokenizer.c reads) and
 OUT/{train,heldout}.ids (uint16 token stream: BOS fortune EOS BOS fortune EOS ...).
 """
 import argparse
@@ -102,7 +102,7 @@ def export_vocab(sp, path):
     """The vocabulary as text: a header line, then one "id type score hexbytes" line per piece.
 
     Pieces are written as hex so that any byte (spaces, newlines, U+2581) survives.
-    The normalizer settings are the ones main() trains with; lib/tokenizer.c
+    The normalizer settings are the ones main() trains with; engine/tokenizer.c
     implements exactly those (identity rule, dummy prefix, byte fallback).
     """
     with open(path, "w", encoding="ascii") as f:

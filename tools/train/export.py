@@ -5,7 +5,7 @@
       --corpus /work/data/train/corpus --out data/models/tiny-real.mpk --dtype bf16
 
 Writes OUT (the model), OUT minus .mpk plus .tok (the tokenizer vocabulary that
-lib/tokenizer.c reads) and .json (configuration and provenance).
+engine/tokenizer.c reads) and .json (configuration and provenance).
 
 The engine applies RoPE to halves of each head (x[i], x[i + D/2]); the model
 was trained with adjacent pairs (x[2i], x[2i+1]). Attention scores are dot
