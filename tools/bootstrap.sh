@@ -5,6 +5,8 @@
 #   tools/bootstrap.sh demo    install, build, compare prefetching against the baselines
 #   tools/bootstrap.sh test    install, build, run every test suite, an ASan+UBSan build,
 #                              and the pkg-config example against a staged install
+#   tools/bootstrap.sh example install, build, and build the pkg-config example against a
+#                              staged install (one step of test)
 #   tools/bootstrap.sh build   install missing packages, configure and build
 #   tools/bootstrap.sh deps    install missing packages only
 #
@@ -47,7 +49,7 @@ run() {
 }
 
 usage() {
-	sed -n '3,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+	sed -n '3,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 #
@@ -181,11 +183,12 @@ pkgconfig_example() {
 	incdir=$(pkg-config --variable=includedir moepager)
 	[[ $incdir == "$stage"* ]] || incdir=$stage$incdir
 	headers=(moepager.h moepager/mp_version.h)
-	for h in "$SRC"/lib/include/moepager/*.h; do
+	# Each layer's public headers live in its folder's include/moepager/.
+	for h in "$SRC"/lib/*/include/moepager/*.h "$SRC"/engine/include/moepager/*.h; do
 		headers+=("moepager/${h##*/}")
 	done
 	for h in "${headers[@]}"; do
-		[[ -f $incdir/$h ]] || die "public header $h was not installed (lib/meson.build)"
+		[[ -f $incdir/$h ]] || die "public header $h was not installed (its layer's meson.build)"
 	done
 	note "installed: $(cd "$stage" && find . -type f -o -type l | sort | tr '\n' ' ')"
 
@@ -378,6 +381,12 @@ test)
 	step "libFuzzer smoke runs ($FUZZ_BUILD)" fuzz_smoke
 	step "pkg-config example against a staged install" pkgconfig_example
 	step "CLI end to end: gen, inspect, verify, corruption" demo_store
+	summary
+	;;
+example)
+	install_deps
+	build
+	step "pkg-config example against a staged install" pkgconfig_example
 	summary
 	;;
 -h | --help | help)
