@@ -84,9 +84,7 @@ static int on_fault(void *owner, uint32_t slot, uint64_t offset, uint32_t count,
 		mp_pager_map_locked(p, slot);
 		break;
 	case ST_EMPTY:
-		mp_pager_count_fault(p, s, false);
-		s->demanded = true;
-		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
+		mp_pager_demand_fill(p, slot);
 		break;
 	case ST_FILLING:
 		if (!s->counted && s->prefetched)

@@ -123,6 +123,8 @@ int mp_pager_poison_locked(struct mp_pager *p, uint32_t slot, int err);
 void mp_pager_count_fault(struct mp_pager *p, struct slot *s, bool host);
 /* A prefetched expert was used (routed to, or faulted on): its read may no longer yield. */
 void mp_pager_note_use(struct mp_pager *p, struct slot *s);
+/* Threads wait for an EMPTY slot: count the fault episode, queue its read ahead of prefetches. */
+void mp_pager_demand_fill(struct mp_pager *p, uint32_t slot);
 int mp_pager_map_locked(struct mp_pager *p, uint32_t slot);
 void mp_pager_unreserve(struct mp_pager *p, uint32_t slot);
 int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host);

@@ -98,6 +98,15 @@ void mp_pager_note_use(struct mp_pager *p, struct slot *s)
 	}
 }
 
+void mp_pager_demand_fill(struct mp_pager *p, uint32_t slot)
+{
+	struct slot *s = &p->slots[slot];
+
+	mp_pager_count_fault(p, s, false);
+	s->demanded = true;
+	mp_pager_enqueue(p, slot, Q_DEMAND, 0);
+}
+
 /*
  * Mapping and eviction
  */
@@ -182,9 +191,7 @@ static void finish_busy(struct mp_pager *p, uint32_t slot)
 		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
 		break;
 	case ST_EMPTY:
-		mp_pager_count_fault(p, s, false);
-		s->demanded = true;
-		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
+		mp_pager_demand_fill(p, slot);
 		break;
 	case ST_MAPPED:
 		/* Back in place (an unmap was rolled back): the waiters were woken with it. */
