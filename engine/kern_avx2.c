@@ -53,12 +53,18 @@ static inline TARGET float hsum(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
+/*
+ * Four rows at a time, one 8-lane accumulator per row over 8-column blocks
+ * in order, then the scalar tail: exactly tile4x4()'s order, so a product
+ * gives the same bits whether its vector comes alone (gemv) or in a batch
+ * (tile4x4 over the widened rows), which batched decoding relies on.
+ */
 #define DEFINE_GEMV(type, esize)						\
 static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, float *y)			\
 {										\
 	const size_t rs = (size_t)cols * (esize);				\
-	const uint32_t vcols = cols & ~15u;					\
+	const uint32_t vcols = cols & ~7u, pcols = cols & ~15u;			\
 	uint32_t r = 0;								\
 										\
 	for (; r + 4 <= rows; r += 4) {						\
@@ -66,9 +72,9 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 		const char *w1 = w0 + rs, *w2 = w1 + rs, *w3 = w2 + rs;		\
 		const char *next = w0 + 4 * rs;					\
 		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;	\
-		__m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;			\
+		uint32_t c = 0;							\
 										\
-		for (uint32_t c = 0; c < vcols; c += 16) {			\
+		for (; c < pcols; c += 16) {					\
 			__m256 x0 = _mm256_loadu_ps(x + c);			\
 			__m256 x1 = _mm256_loadu_ps(x + c + 8);			\
 										\
@@ -81,15 +87,22 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			a1 = _mm256_fmadd_ps(ld_##type(w1, c), x0, a1);		\
 			a2 = _mm256_fmadd_ps(ld_##type(w2, c), x0, a2);		\
 			a3 = _mm256_fmadd_ps(ld_##type(w3, c), x0, a3);		\
-			b0 = _mm256_fmadd_ps(ld_##type(w0, c + 8), x1, b0);	\
-			b1 = _mm256_fmadd_ps(ld_##type(w1, c + 8), x1, b1);	\
-			b2 = _mm256_fmadd_ps(ld_##type(w2, c + 8), x1, b2);	\
-			b3 = _mm256_fmadd_ps(ld_##type(w3, c + 8), x1, b3);	\
+			a0 = _mm256_fmadd_ps(ld_##type(w0, c + 8), x1, a0);	\
+			a1 = _mm256_fmadd_ps(ld_##type(w1, c + 8), x1, a1);	\
+			a2 = _mm256_fmadd_ps(ld_##type(w2, c + 8), x1, a2);	\
+			a3 = _mm256_fmadd_ps(ld_##type(w3, c + 8), x1, a3);	\
 		}								\
-		float s0 = hsum(_mm256_add_ps(a0, b0)), s1 = hsum(_mm256_add_ps(a1, b1)); \
-		float s2 = hsum(_mm256_add_ps(a2, b2)), s3 = hsum(_mm256_add_ps(a3, b3)); \
+		if (c < vcols) {						\
+			__m256 x0 = _mm256_loadu_ps(x + c);			\
 										\
-		for (uint32_t c = vcols; c < cols; c++) {			\
+			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\
+			a1 = _mm256_fmadd_ps(ld_##type(w1, c), x0, a1);		\
+			a2 = _mm256_fmadd_ps(ld_##type(w2, c), x0, a2);		\
+			a3 = _mm256_fmadd_ps(ld_##type(w3, c), x0, a3);		\
+		}								\
+		float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3); \
+										\
+		for (c = vcols; c < cols; c++) {				\
 			s0 += sc_##type(w0, c) * x[c];				\
 			s1 += sc_##type(w1, c) * x[c];				\
 			s2 += sc_##type(w2, c) * x[c];				\
@@ -102,14 +115,11 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 	}									\
 	for (; r < rows; r++) {							\
 		const char *w0 = (const char *)w + r * rs;			\
-		__m256 a0 = _mm256_setzero_ps(), b0 = a0;			\
+		__m256 a0 = _mm256_setzero_ps();				\
 										\
-		for (uint32_t c = 0; c < vcols; c += 16) {			\
+		for (uint32_t c = 0; c < vcols; c += 8)				\
 			a0 = _mm256_fmadd_ps(ld_##type(w0, c), _mm256_loadu_ps(x + c), a0); \
-			b0 = _mm256_fmadd_ps(ld_##type(w0, c + 8),		\
-					     _mm256_loadu_ps(x + c + 8), b0);	\
-		}								\
-		float s0 = hsum(_mm256_add_ps(a0, b0));				\
+		float s0 = hsum(a0);						\
 										\
 		for (uint32_t c = vcols; c < cols; c++)				\
 			s0 += sc_##type(w0, c) * x[c];				\

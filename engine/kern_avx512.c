@@ -51,8 +51,11 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
 }
 
 /*
- * Four rows at a time, 32 columns per step: eight independent FMA chains
- * and four weight streams; x stays in L1/L2. The four rows are one
+ * Four rows at a time, 32 columns per step: four FMA chains, one 16-lane
+ * accumulator per row over 16-column blocks in order (the masked tail
+ * last), which is exactly tile4x4()'s order: a product gives the same bits
+ * whether its vector comes alone or in a batch, as batched decoding needs.
+ * Four weight streams; x stays in L1/L2. The four rows are one
  * contiguous block, and each step prefetches its share of the next block:
  * rows are short (2 KiB for a 1024-wide bf16 row), too short for the
  * hardware prefetcher to ramp up on four interleaved streams (measured
@@ -71,7 +74,6 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 		const char *w1 = w0 + rs, *w2 = w1 + rs, *w3 = w2 + rs;		\
 		const char *next = w0 + 4 * rs;					\
 		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;	\
-		__m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;			\
 		uint32_t c = 0;							\
 										\
 		for (; c + 32 <= cols; c += 32) {				\
@@ -86,10 +88,10 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			a1 = _mm512_fmadd_ps(ld_##type(w1, c), x0, a1);		\
 			a2 = _mm512_fmadd_ps(ld_##type(w2, c), x0, a2);		\
 			a3 = _mm512_fmadd_ps(ld_##type(w3, c), x0, a3);		\
-			b0 = _mm512_fmadd_ps(ld_##type(w0, c + 16), x1, b0);	\
-			b1 = _mm512_fmadd_ps(ld_##type(w1, c + 16), x1, b1);	\
-			b2 = _mm512_fmadd_ps(ld_##type(w2, c + 16), x1, b2);	\
-			b3 = _mm512_fmadd_ps(ld_##type(w3, c + 16), x1, b3);	\
+			a0 = _mm512_fmadd_ps(ld_##type(w0, c + 16), x1, a0);	\
+			a1 = _mm512_fmadd_ps(ld_##type(w1, c + 16), x1, a1);	\
+			a2 = _mm512_fmadd_ps(ld_##type(w2, c + 16), x1, a2);	\
+			a3 = _mm512_fmadd_ps(ld_##type(w3, c + 16), x1, a3);	\
 		}								\
 		for (; c < cols; c += 16) {					\
 			__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c); \
@@ -100,28 +102,23 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			a2 = _mm512_fmadd_ps(ldm_##type(w2, c, m), x0, a2);	\
 			a3 = _mm512_fmadd_ps(ldm_##type(w3, c, m), x0, a3);	\
 		}								\
-		y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));		\
-		y[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));		\
-		y[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));		\
-		y[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));		\
+		y[r] = _mm512_reduce_add_ps(a0);				\
+		y[r + 1] = _mm512_reduce_add_ps(a1);				\
+		y[r + 2] = _mm512_reduce_add_ps(a2);				\
+		y[r + 3] = _mm512_reduce_add_ps(a3);				\
 	}									\
 	for (; r < rows; r++) {							\
 		const char *w0 = (const char *)w + r * rs;			\
-		__m512 a0 = _mm512_setzero_ps(), b0 = a0;			\
+		__m512 a0 = _mm512_setzero_ps();				\
 		uint32_t c = 0;							\
 										\
-		for (; c + 32 <= cols; c += 32) {				\
-			a0 = _mm512_fmadd_ps(ld_##type(w0, c), _mm512_loadu_ps(x + c), a0); \
-			b0 = _mm512_fmadd_ps(ld_##type(w0, c + 16),		\
-					     _mm512_loadu_ps(x + c + 16), b0);	\
-		}								\
 		for (; c < cols; c += 16) {					\
 			__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c); \
 										\
 			a0 = _mm512_fmadd_ps(ldm_##type(w0, c, m),		\
 					     _mm512_maskz_loadu_ps(m, x + c), a0); \
 		}								\
-		y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));		\
+		y[r] = _mm512_reduce_add_ps(a0);				\
 	}									\
 }										\
 										\

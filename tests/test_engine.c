@@ -240,6 +240,68 @@ static void expert_ffn_matches_f64(void **state)
 		}
 }
 
+/*
+ * A vector's products are the same bits alone and in a batch, wherever it
+ * sits in the batch: batched decoding gives each sequence exactly the tokens
+ * it gives alone. Checked for matmul and the expert FFN, every type, batch
+ * sizes around the kernels' blocks, over 1..4 threads.
+ */
+static void check_batch_invariance(struct mp_engine *e, enum mp_dtype dt, uint32_t rows,
+				   uint32_t cols, uint32_t n, bool expert)
+{
+	const uint32_t out_dim = expert ? cols : rows;
+	const size_t wn = expert ? 3ull * rows * cols : (size_t)rows * cols;
+	float *x = malloc((size_t)n * cols * sizeof(float));
+	float *batch = malloc((size_t)n * out_dim * sizeof(float));
+	float *one = malloc(out_dim * sizeof(float));
+	void *wq;
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(batch);
+	assert_non_null(one);
+	make_weights(dt, wn, &wq, &wf);
+	fill(x, (size_t)n * cols);
+	if (expert)
+		assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, cols, rows, x, n, batch), 0);
+	else
+		assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, batch), 0);
+	for (uint32_t t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * cols;
+
+		if (expert)
+			assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, cols, rows, xt, 1, one),
+					 0);
+		else
+			assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, xt, 1, one), 0);
+		if (memcmp(one, batch + (size_t)t * out_dim, out_dim * sizeof(float))) {
+			print_error("%s %s %s %ux%u: vector %u of %u differs from its product "
+				    "alone\n", mp_engine_name(e), expert ? "expert" : "matmul",
+				    mp_dtype_name(dt), rows, cols, t, n);
+			fail();
+		}
+	}
+	free(wq);
+	free(wf);
+	free(x);
+	free(batch);
+	free(one);
+}
+
+static void products_are_the_same_bits_alone_and_batched(void **state)
+{
+	const struct engine_case *c = *state;
+	static const uint32_t ns[] = { 2, 4, 5, 9 };
+
+	FOR_EACH_THREADS(c, e, t)
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
+			for (size_t i = 0; i < N_ELEMS(ns); i++) {
+				check_batch_invariance(e, dtypes[d], 301, 129, ns[i], false);
+				check_batch_invariance(e, dtypes[d], 515, 129, ns[i], false);
+				check_batch_invariance(e, dtypes[d], 45, 37, ns[i], true);
+			}
+}
+
 static void rmsnorm_matches_f64(void **state)
 {
 	const struct engine_case *c = *state;
@@ -598,6 +660,8 @@ int main(void)
 		  matvec_large_enough_to_split_over_threads },
 		{ "matmul_matches_f64_for_batches", matmul_matches_f64_for_batches },
 		{ "expert_ffn_matches_f64", expert_ffn_matches_f64 },
+		{ "products_are_the_same_bits_alone_and_batched",
+		  products_are_the_same_bits_alone_and_batched },
 		{ "rmsnorm_matches_f64", rmsnorm_matches_f64 },
 		{ "topk_picks_largest_with_softmax_over_them",
 		  topk_picks_largest_with_softmax_over_them },

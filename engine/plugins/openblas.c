@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The OpenBLAS engine plug-in: products by cblas_sgemv/sgemm over weight blocks widened to f32
+ * The OpenBLAS engine plug-in: products by cblas_sgemv over weight blocks widened to f32
  * (a proof of the plug-in interface); the other ops fall back to the reference engine.
  */
 #include <cblas.h>
@@ -58,13 +58,15 @@ static int product_chunk(void *arg, uint32_t chunk, uint32_t worker)
 					   (size_t)br * p->cols);
 			wf = p->bs->wbuf[worker];
 		}
-		if (p->n == 1)
+		/*
+		 * One sgemv per vector over the block (in L2 after the first):
+		 * sgemm's result for a vector depends on how many come with it,
+		 * and a batched decode must give each sequence its lone bits.
+		 */
+		for (uint32_t t = 0; t < p->n; t++)
 			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)br, (int)p->cols, 1.0f, wf,
-				    (int)p->cols, p->x, 1, 0.0f, p->y + r, 1);
-		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->n, (int)br,
-				    (int)p->cols, 1.0f, p->x, (int)p->cols, wf, (int)p->cols, 0.0f,
-				    p->y + r, (int)p->ldy);
+				    (int)p->cols, p->x + (size_t)t * p->cols, 1, 0.0f,
+				    p->y + (size_t)t * p->ldy + r, 1);
 	}
 	return 0;
 }
