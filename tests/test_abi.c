@@ -30,6 +30,7 @@ static void structs_end_in_reserved_words(void **state)
 	assert_true(ENDS_IN_RESERVED(mp_prefetcher_stats));
 	assert_true(ENDS_IN_RESERVED(mp_runner_config));
 	assert_true(ENDS_IN_RESERVED(mp_runner_stats));
+	assert_true(ENDS_IN_RESERVED(mp_seq_config));
 	assert_true(ENDS_IN_RESERVED(mp_engine_config));
 	assert_true(ENDS_IN_RESERVED(mp_traj_opts));
 	assert_true(ENDS_IN_RESERVED(mp_traj_stats));
@@ -52,6 +53,7 @@ static void struct_sizes_are_those_released(void **state)
 	assert_int_equal(sizeof(struct mp_prefetcher_stats), 144);
 	assert_int_equal(sizeof(struct mp_runner_config), 112);
 	assert_int_equal(sizeof(struct mp_runner_stats), 112);
+	assert_int_equal(sizeof(struct mp_seq_config), 72);
 	assert_int_equal(sizeof(struct mp_engine_config), 48);
 	assert_int_equal(sizeof(struct mp_traj_opts), 136);
 	assert_int_equal(sizeof(struct mp_traj_stats), 96);
@@ -114,6 +116,17 @@ static void nonzero_reserved_config_words_are_refused(void **state)
 	rc.reserved[5] = 1;
 	expect_refused(mp_runner_open(f->store, &rc, &r), "runner config");
 	assert_null(r);
+	rc.reserved[5] = 0;
+	assert_int_equal(mp_runner_open(f->store, &rc, &r), 0);
+	{
+		struct mp_seq_config sc = { .request = 1 };
+		struct mp_seq *s = NULL;
+
+		sc.reserved[5] = 1;
+		expect_refused(mp_seq_open(r, &sc, &s), "sequence config");
+		assert_null(s);
+	}
+	mp_runner_close(r);
 	ec.reserved[1] = 7;
 	assert_int_equal(mp_engine_open("ref", &ec, &e), -EINVAL);
 	assert_true(t_log_contains("engine config: reserved word 1"));
@@ -186,12 +199,14 @@ static void stats_calls_zero_their_reserved_words(void **state)
 	mp_prefetcher_stats(pf, &fs);
 	mp_runner_stats(r, &rs);
 	assert_int_equal(mp_traj_stats(t, &ts), 0);
-	for (size_t i = 0; i < 8; i++) {
+	for (size_t i = 0; i < LEN(ps.reserved); i++)
 		assert_int_equal(ps.reserved[i], 0);
+	for (size_t i = 0; i < LEN(fs.reserved); i++)
 		assert_int_equal(fs.reserved[i], 0);
+	for (size_t i = 0; i < LEN(rs.reserved); i++)
 		assert_int_equal(rs.reserved[i], 0);
+	for (size_t i = 0; i < LEN(ts.reserved); i++)
 		assert_int_equal(ts.reserved[i], 0);
-	}
 	/* The step read the routed experts: the figures around the reserved words are real. */
 	assert_true(rs.tokens == 1 && rs.expert_calls > 0);
 	assert_true(ps.faults_file > 0);

@@ -79,20 +79,90 @@ MP_API int mp_runner_step(struct mp_runner *r, uint32_t token);
 /* Logits of the last token run (vocab long), and their argmax (lowest id on ties). */
 MP_API const float *mp_runner_logits(const struct mp_runner *r);
 MP_API uint32_t mp_runner_argmax(const struct mp_runner *r);
+/* The argmax of vocab logits (lowest id on ties): greedy decoding's next token. */
+MP_API uint32_t mp_logits_argmax(const float *logits, uint32_t vocab);
+/* The model's geometry. */
+MP_API const struct mp_geometry *mp_runner_geometry(const struct mp_runner *r);
 /* Tokens in the KV cache, and decode steps run, since open or reset. */
 MP_API uint32_t mp_runner_pos(const struct mp_runner *r);
 MP_API uint32_t mp_runner_steps(const struct mp_runner *r);
 /* Empties the KV cache and the step count (the stats stay). */
 MP_API void mp_runner_reset(struct mp_runner *r);
 
+/*
+ * Sequences and batched steps
+ *
+ * The calls above run the runner's own sequence. For many at once (continuous
+ * batching), open a sequence per stream: each has its own KV cache, position
+ * and decode step count over the runner's shared weights. mp_runner_batch()
+ * runs one step over several of them: each item adds prompt tokens (a
+ * prefill chunk, any number) or one decode token. Dense products run once
+ * over every row of the step and each routed expert is read once for all
+ * the rows that chose it; a sequence gets exactly the bits it gets alone
+ * (the engines' products are batch-invariant), so greedy tokens match.
+ * Routing is reported per row with the sequence's own request id.
+ * Sequences join and leave between steps; one runner steps on one thread.
+ */
+struct mp_seq;
+
+struct mp_seq_config {
+	uint32_t request;		/* request id reported to the source with every route */
+	uint32_t max_seq;		/* KV cache length; 0: the runner's (at most max_seq) */
+	/*
+	 * Forced routing of decode steps (may be NULL), as in mp_runner_config:
+	 * decode step t uses trace token t of trace_request.
+	 */
+	const struct mp_trace *trace;	/* borrowed */
+	uint32_t trace_request;
+	MP_RESERVED(6);
+};
+
+/* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
+MP_API int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out);
+MP_API void mp_seq_close(struct mp_seq *s);
+/* Logits of the sequence's last token run (vocab long). */
+MP_API const float *mp_seq_logits(const struct mp_seq *s);
+/* Tokens in its KV cache, decode steps run, and the cache's length in tokens. */
+MP_API uint32_t mp_seq_pos(const struct mp_seq *s);
+MP_API uint32_t mp_seq_steps(const struct mp_seq *s);
+MP_API uint32_t mp_seq_capacity(const struct mp_seq *s);
+/* Empties the sequence (its cache pages go back to the kernel) for another stream. */
+MP_API void mp_seq_reset(struct mp_seq *s);
+/* KV cache bytes that tokens positions of one sequence hold. */
+MP_API uint64_t mp_seq_kv_bytes(const struct mp_runner *r, uint32_t tokens);
+
+enum mp_batch_kind {
+	MP_BATCH_PREFILL = 0,	/* prompt tokens: routed as MP_TOKEN_PROMPT, no decode step */
+	MP_BATCH_DECODE = 1,	/* one generated token: decode step mp_seq_steps() */
+};
+
+struct mp_batch_item {
+	struct mp_seq *seq;
+	const uint32_t *tokens;
+	uint32_t n;		/* tokens; 1 for a decode */
+	uint32_t kind;		/* enum mp_batch_kind */
+};
+
+/*
+ * Runs one step over count items (each a different sequence) and leaves each
+ * sequence's logits of its last token. Every item is checked first: a
+ * refused batch changes nothing. Returns 0, -EINVAL (a bad item, naming it;
+ * token id >= vocab), -ENOSPC (an item overflows its KV cache), -ERANGE (a
+ * traced sequence past its trace), or an op/source error naming layer and
+ * expert, after which no sequence has advanced.
+ */
+MP_API int mp_runner_batch(struct mp_runner *r, const struct mp_batch_item *items,
+			   uint32_t count);
+
 struct mp_runner_stats {
 	uint64_t tokens;		/* tokens run (prompt and decode) */
 	uint64_t dense_bytes;		/* non-expert weight bytes the engine read */
 	uint64_t expert_bytes;		/* expert weight bytes the engine read */
-	uint64_t expert_calls;		/* expert FFNs run (one per expert per batch) */
+	uint64_t expert_calls;		/* expert FFNs run (one per expert per step) */
 	uint64_t route_calls;		/* routing decisions reported to the source */
 	uint64_t trace_overrides;	/* trace experts differ from the router's */
-	MP_RESERVED(8);
+	uint64_t steps;			/* forward passes (a batch is one) */
+	MP_RESERVED(7);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);

@@ -1,0 +1,400 @@
+// SPDX-License-Identifier: MIT
+/*
+ * One forward step over a batch: the rows of every item (prefill chunks and
+ * decode tokens of many sequences) go through each layer together. Dense
+ * products run once over all rows; attention runs per sequence over its own
+ * KV cache; the MoE layer reads each routed expert once for the rows that
+ * chose it. A row's arithmetic does not depend on the rows beside it (the
+ * engines' products are batch-invariant and every sum runs in the same
+ * order), so a sequence gets the same bits in a batch as alone.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "base/probes.h"
+#include "engine/runner_priv.h"
+
+static float *falloc(size_t n)
+{
+	return aligned_alloc(64, MP_ALIGN_UP(n * sizeof(float), 64));
+}
+
+void mp_runner_free_activations(struct mp_runner *r)
+{
+	float **f[] = { &r->x, &r->xn, &r->q, &r->k, &r->v, &r->att, &r->tmp, &r->moe,
+			&r->rlogits, &r->gw, &r->xg, &r->eo, &r->last, &r->lbuf };
+	uint32_t **u[] = { &r->ids, &r->row_of, &r->count, &r->order, &r->offset };
+
+	for (size_t i = 0; i < MP_ARRAY_SIZE(f); i++) {
+		free(*f[i]);
+		*f[i] = NULL;
+	}
+	for (size_t i = 0; i < MP_ARRAY_SIZE(u); i++) {
+		free(*u[i]);
+		*u[i] = NULL;
+	}
+	free(r->items);
+	r->items = NULL;
+	r->cap = r->cap_items = 0;
+}
+
+int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
+{
+	const struct mp_geometry *g = &r->g;
+	const size_t h = g->hidden, k = g->topk;
+
+	if (rows <= r->cap && count <= r->cap_items)
+		return 0;
+	rows = MP_MAX(rows, r->cap);
+	count = MP_MAX(count, r->cap_items);
+	mp_runner_free_activations(r);
+	r->x = falloc(rows * h);
+	r->xn = falloc(rows * h);
+	r->tmp = falloc(rows * h);
+	r->moe = falloc(rows * h);
+	r->q = falloc((size_t)rows * r->qdim);
+	r->att = falloc((size_t)rows * r->qdim);
+	r->k = falloc((size_t)rows * r->kvdim);
+	r->v = falloc((size_t)rows * r->kvdim);
+	r->rlogits = falloc((size_t)rows * g->experts);
+	r->gw = falloc(rows * k);
+	r->xg = falloc(rows * k * h);
+	r->eo = falloc(rows * k * h);
+	r->last = falloc(count * h);
+	r->lbuf = falloc((size_t)count * g->vocab);
+	r->ids = calloc(rows * k, sizeof(uint32_t));
+	r->row_of = calloc(rows * k, sizeof(uint32_t));
+	r->count = calloc(g->experts, sizeof(uint32_t));
+	r->order = calloc(g->experts, sizeof(uint32_t));
+	r->offset = calloc(g->experts, sizeof(uint32_t));
+	r->items = calloc(count, sizeof(*r->items));
+	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v ||
+	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids ||
+	    !r->row_of || !r->count || !r->order || !r->offset || !r->items) {
+		mp_runner_free_activations(r);
+		return mp_err(-ENOMEM, "runner: out of memory for the activations of %u tokens",
+			      rows);
+	}
+	r->cap = rows;
+	r->cap_items = count;
+	return 0;
+}
+
+static void embed(struct mp_runner *r, const struct step_item *it)
+{
+	const size_t row = (size_t)r->g.hidden * mp_dtype_size(r->embd_dtype);
+
+	for (uint32_t t = 0; t < it->n; t++)
+		mp_dtype_to_f32(r->embd_dtype, (const char *)r->tok_embd + it->tokens[t] * row,
+				r->x + (size_t)(it->first + t) * r->g.hidden, r->g.hidden);
+}
+
+static void add(float *y, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+}
+
+/* RoPE, the cache append and attention for one item's rows, in its own sequence. */
+static int attend(struct mp_runner *r, uint32_t l, const struct step_item *it)
+{
+	const struct mp_geometry *g = &r->g;
+	struct mp_seq *s = it->seq;
+	const size_t layer_off = (size_t)l * s->max_seq * r->kvdim;
+	float *q = r->q + (size_t)it->first * r->qdim, *k = r->k + (size_t)it->first * r->kvdim;
+	const float *v = r->v + (size_t)it->first * r->kvdim;
+	struct mp_attention a = {
+		.q = q, .k_cache = s->kcache + layer_off, .v_cache = s->vcache + layer_off,
+		.out = r->att + (size_t)it->first * r->qdim, .n = it->n, .pos0 = s->pos,
+		.heads = g->heads, .kv_heads = g->kv_heads, .head_dim = g->head_dim,
+	};
+	int err;
+
+	if ((err = mp_engine_rope(r->e, q, it->n, g->heads, g->head_dim, s->pos,
+				  g->rope_theta)) ||
+	    (err = mp_engine_rope(r->e, k, it->n, g->kv_heads, g->head_dim, s->pos,
+				  g->rope_theta)))
+		return err;
+	memcpy(s->kcache + layer_off + (size_t)s->pos * r->kvdim, k,
+	       (size_t)it->n * r->kvdim * sizeof(float));
+	memcpy(s->vcache + layer_off + (size_t)s->pos * r->kvdim, v,
+	       (size_t)it->n * r->kvdim * sizeof(float));
+	return mp_engine_attention(r->e, &a);
+}
+
+static int attention(struct mp_runner *r, uint32_t l, const struct step_item *items,
+		     uint32_t count, uint32_t n)
+{
+	const struct mp_geometry *g = &r->g;
+	const struct layer_weights *lw = &r->layers[l];
+	int err;
+
+	if ((err = mp_engine_rmsnorm(r->e, r->x, lw->attn_norm, g->hidden, n, g->norm_eps,
+				     r->xn)) ||
+	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, r->xn, n,
+				    r->q)) ||
+	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wk, r->kvdim, g->hidden, r->xn, n,
+				    r->k)) ||
+	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wv, r->kvdim, g->hidden, r->xn, n,
+				    r->v)))
+		return err;
+	for (uint32_t i = 0; i < count; i++)
+		if ((err = attend(r, l, &items[i])))
+			return err;
+	err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wo, g->hidden, r->qdim, r->att, n,
+			       r->tmp);
+	if (err)
+		return err;
+	add(r->x, r->tmp, (size_t)n * g->hidden);
+	return 0;
+}
+
+static bool same_experts(const uint32_t *a, const uint32_t *b, uint32_t k)
+{
+	for (uint32_t i = 0; i < k; i++) {
+		bool found = false;
+
+		for (uint32_t j = 0; j < k && !found; j++)
+			found = a[i] == b[j];
+		if (!found)
+			return false;
+	}
+	return true;
+}
+
+/* Replaces the router's choice for a decode step by the sequence's trace's. */
+static int force_route(struct mp_runner *r, const struct mp_seq *s, uint32_t l,
+		       const float *logits, uint32_t *ids, float *w)
+{
+	const uint32_t k = r->g.topk;
+	const uint32_t *tids;
+	const float *tw;
+	float max = -INFINITY, sum = 0.0f;
+	int err = mp_trace_route(s->trace, s->trace_request, s->steps, l, &tids, &tw);
+
+	if (err)
+		return mp_err(err, "runner: trace has no routing for request %u token %u layer %u",
+			      s->trace_request, s->steps, l);
+	if (!same_experts(ids, tids, k))
+		r->st.trace_overrides++;
+	memcpy(ids, tids, k * sizeof(*ids));
+	if (tw) {
+		memcpy(w, tw, k * sizeof(*w));
+		return 0;
+	}
+	/* Ids only: gate weights are this model's router softmax over the trace's experts. */
+	for (uint32_t i = 0; i < k; i++)
+		max = fmaxf(max, logits[ids[i]]);
+	for (uint32_t i = 0; i < k; i++) {
+		w[i] = expf(logits[ids[i]] - max);
+		sum += w[i];
+	}
+	for (uint32_t i = 0; i < k; i++)
+		w[i] /= sum;
+	return 0;
+}
+
+/* The router's top-k of every row (a trace's for traced decode rows), reported to the source. */
+static int route(struct mp_runner *r, uint32_t l, const struct step_item *items, uint32_t count)
+{
+	const struct mp_geometry *g = &r->g;
+	const uint32_t k = g->topk;
+	int err;
+
+	for (uint32_t i = 0; i < count; i++) {
+		const struct step_item *it = &items[i];
+
+		for (uint32_t t = it->first; t < it->first + it->n; t++) {
+			const float *lg = r->rlogits + (size_t)t * g->experts;
+
+			err = mp_engine_topk(r->e, lg, g->experts, k, r->ids + (size_t)t * k,
+					     r->gw + (size_t)t * k);
+			if (!err && it->decode && it->seq->trace)
+				err = force_route(r, it->seq, l, lg, r->ids + (size_t)t * k,
+						  r->gw + (size_t)t * k);
+			if (err)
+				return err;
+		}
+	}
+	/* Every decision of the layer is reported before any of its experts is read. */
+	for (uint32_t i = 0; i < count; i++) {
+		const struct step_item *it = &items[i];
+		const struct mp_seq *s = it->seq;
+		const uint32_t token = it->decode ? s->steps : MP_TOKEN_PROMPT;
+
+		for (uint32_t t = it->first; t < it->first + it->n; t++) {
+			const uint32_t *ids = r->ids + (size_t)t * k;
+			const float *w = r->gw + (size_t)t * k;
+
+			MP_PROBE(route, s->request, token, l, k, ids, w);
+			r->st.route_calls++;
+			if (it->decode && r->src->gate)
+				r->src->gate(r->src_ctx, s->request, token, l,
+					     r->rlogits + (size_t)t * g->experts, g->experts,
+					     r->xn + (size_t)t * g->hidden, g->hidden);
+			if (!r->src->route)
+				continue;
+			err = r->src->route(r->src_ctx, s->request, token, l, ids, w, k);
+			if (err)
+				return mp_err(err, "runner: layer %u position %u: the expert source "
+					      "refused the routing of request %u: %s", l,
+					      s->pos + t - it->first, s->request, strerror(-err));
+		}
+	}
+	return 0;
+}
+
+/*
+ * Groups the step's (row, choice) pairs by expert: experts in the order they
+ * first appear (a lone token's experts in router order), each expert's rows
+ * in row order, at offset[ex] of xg/eo. row_of maps a pair to its place.
+ */
+static uint32_t group(struct mp_runner *r, uint32_t n)
+{
+	const uint32_t k = r->g.topk;
+	uint32_t ngroups = 0, next = 0;
+
+	for (uint32_t p = 0; p < n * k; p++) {
+		uint32_t ex = r->ids[p];
+
+		if (!r->count[ex]++)
+			r->order[ngroups++] = ex;
+	}
+	for (uint32_t i = 0; i < ngroups; i++) {
+		r->offset[r->order[i]] = next;
+		next += r->count[r->order[i]];
+	}
+	for (uint32_t p = 0; p < n * k; p++)
+		r->row_of[p] = r->offset[r->ids[p]]++;
+	return ngroups;
+}
+
+static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t first, uint32_t m)
+{
+	const size_t h = r->g.hidden;
+	const void *w = r->src->expert(r->src_ctx, l, ex);
+	int err;
+
+	if (!w)
+		return mp_err(-EIO, "runner: layer %u expert %u: the expert source has no address",
+			      l, ex);
+	err = mp_engine_expert_ffn(r->e, r->gp, r->g.dtype, w, r->g.hidden, r->g.ffn,
+				   r->xg + first * h, m, r->eo + first * h);
+	if (err)
+		return mp_err(err, "runner: layer %u expert %u: reading the expert failed: %s",
+			      l, ex, strerror(-err));
+	r->st.expert_calls++;
+	r->st.expert_bytes += r->expert_bytes;
+	return 0;
+}
+
+/* Each routed expert once over the rows that chose it, then each row's sum in router order. */
+static int experts(struct mp_runner *r, uint32_t l, uint32_t n)
+{
+	const uint32_t k = r->g.topk;
+	const size_t h = r->g.hidden;
+	uint32_t ngroups = group(r, n);
+	int err = 0;
+
+	for (uint32_t p = 0; p < n * k; p++)
+		memcpy(r->xg + r->row_of[p] * h, r->xn + (p / k) * h, h * sizeof(float));
+	for (uint32_t i = 0; i < ngroups; i++) {
+		uint32_t ex = r->order[i], m = r->count[ex];
+
+		/* offset[ex] has moved past the group while rows were placed. */
+		if (!err)
+			err = run_expert(r, l, ex, r->offset[ex] - m, m);
+		r->count[ex] = 0;
+	}
+	if (err)
+		return err;
+	for (uint32_t t = 0; t < n; t++) {
+		float *dst = r->moe + t * h;
+
+		memset(dst, 0, h * sizeof(float));
+		for (uint32_t i = 0; i < k; i++) {
+			const float *src = r->eo + r->row_of[t * k + i] * h;
+			const float w = r->gw[t * k + i];
+
+			for (size_t c = 0; c < h; c++)
+				dst[c] += w * src[c];
+		}
+	}
+	add(r->x, r->moe, n * h);
+	return 0;
+}
+
+static int moe(struct mp_runner *r, uint32_t l, const struct step_item *items, uint32_t count,
+	       uint32_t n)
+{
+	const struct mp_geometry *g = &r->g;
+	const struct layer_weights *lw = &r->layers[l];
+	int err;
+
+	if ((err = mp_engine_rmsnorm(r->e, r->x, lw->ffn_norm, g->hidden, n, g->norm_eps,
+				     r->xn)) ||
+	    (err = mp_engine_matmul(r->e, NULL, lw->router_dtype, lw->router, g->experts,
+				    g->hidden, r->xn, n, r->rlogits)) ||
+	    (err = route(r, l, items, count)))
+		return err;
+	return experts(r, l, n);
+}
+
+/* The logits of every item's last row, into its sequence. */
+static int logits(struct mp_runner *r, const struct step_item *items, uint32_t count)
+{
+	const struct mp_geometry *g = &r->g;
+	int err;
+
+	for (uint32_t i = 0; i < count; i++)
+		memcpy(r->last + (size_t)i * g->hidden,
+		       r->x + (size_t)(items[i].first + items[i].n - 1) * g->hidden,
+		       g->hidden * sizeof(float));
+	err = mp_engine_rmsnorm(r->e, r->last, r->output_norm, g->hidden, count, g->norm_eps,
+				r->xn);
+	if (!err)
+		err = mp_engine_matmul(r->e, NULL, r->output_dtype, r->output, g->vocab, g->hidden,
+				       r->xn, count, r->lbuf);
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < count; i++)
+		memcpy(items[i].seq->logits, r->lbuf + (size_t)i * g->vocab,
+		       g->vocab * sizeof(float));
+	return 0;
+}
+
+int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t count,
+		      uint32_t rows)
+{
+	const struct mp_geometry *g = &r->g;
+	int err = 0;
+
+	for (uint32_t i = 0; i < count; i++) {
+		embed(r, &items[i]);
+		if (items[i].decode && r->src->embed)
+			r->src->embed(r->src_ctx, items[i].seq->request, items[i].seq->steps,
+				      r->x + (size_t)items[i].first * g->hidden, g->hidden);
+	}
+	for (uint32_t l = 0; l < g->layers && !err; l++) {
+		err = attention(r, l, items, count, rows);
+		if (!err)
+			err = moe(r, l, items, count, rows);
+	}
+	if (!err)
+		err = logits(r, items, count);
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < count; i++) {
+		items[i].seq->pos += items[i].n;
+		items[i].seq->steps += items[i].decode;
+	}
+	r->st.steps++;
+	r->st.tokens += rows;
+	r->st.dense_bytes += g->layers * r->layer_bytes +
+			     (uint64_t)g->vocab * g->hidden * mp_dtype_size(r->output_dtype) +
+			     (uint64_t)rows * g->hidden * mp_dtype_size(r->embd_dtype) +
+			     g->hidden * sizeof(float);
+	return 0;
+}
