@@ -206,7 +206,7 @@ static void plan_use_reads_only_what_is_worth_a_read(void **state)
 	assert_int_equal(pf.items[1].expert, 1);
 	/* The hints keep all four, read or not. */
 	for (uint32_t j = 0; j < 4; j++)
-		assert_float_equal(pf.hint_p[5 * 4 + j], use[j], 0);
+		assert_float_equal(pf.it->hint_p[5 * 4 + j], use[j], 0);
 	assert_int_equal(pf.hint_dirty[5], 1);
 	/* One layer ahead the bar is 4/5: only the first. */
 	pf.n = 0;
@@ -271,6 +271,78 @@ static void finemoe_predicts_a_seen_trajectory_exactly(void **state)
 }
 
 /*
+ * Two requests decoded in one batch report layer by layer, interleaved. Each
+ * keeps its own trajectory (the iter mp_prefetch_switch() selects): at the
+ * end of a token each holds every layer of its own routing, and the
+ * predictions d layers ahead are exact for both, as for a request alone.
+ */
+static uint32_t interleaved_exact(uint32_t requests, bool *whole_maps)
+{
+	struct mk m = { 8, 16, 2, 3, 30, pick_hashed3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 8, .experts = 16, .topk = 2, .distance = 2,
+				       .requests = requests };
+	struct mp_prefetch pf;
+	uint32_t exact = 0, checked = 0;
+
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	for (uint32_t tok = 0; tok < 30; tok++)
+		run_token(&pf, t, 0, tok, UINT32_MAX, &exact, &checked);
+	*whole_maps = true;
+	for (uint32_t tok = 0; tok < 30; tok++) {
+		for (uint32_t r = 1; r <= 2; r++) {
+			mp_prefetch_switch(&pf, r);
+			mp_prefetch_begin(&pf, r, tok, NULL);
+		}
+		for (uint32_t l = 0; l < 8; l++) {
+			for (uint32_t r = 1; r <= 2; r++) {
+				const uint32_t *ids, *truth;
+				const float *w, *tw;
+				uint32_t got[16], n;
+
+				mp_prefetch_switch(&pf, r);
+				assert_int_equal(mp_trace_route(t, r, tok, l, &ids, &w), 0);
+				assert_int_equal(mp_prefetch_gate(&pf, l, ids, w, 2, NULL, NULL), 0);
+				if (l + 2 >= 8)
+					continue;
+				assert_int_equal(mp_trace_route(t, r, tok, l + 2, &truth, &tw), 0);
+				collect(&pf, l + 2, got, &n);
+				checked++;
+				exact += same_set(got, n, truth, 2);
+			}
+		}
+		for (uint32_t r = 1; r <= 2; r++) {
+			mp_prefetch_switch(&pf, r);
+			for (uint32_t l = 0; l < 8; l++) {
+				const uint32_t *ids;
+				const float *w;
+
+				assert_int_equal(mp_trace_route(t, r, tok, l, &ids, &w), 0);
+				*whole_maps &= pf.it->traj[l * 16 + ids[0]] > 0 &&
+					       pf.it->traj[l * 16 + ids[1]] > 0;
+			}
+			mp_prefetch_end(&pf);
+		}
+	}
+	assert_int_equal(checked, 30 * 2 * (8 - 2));
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+	return exact;
+}
+
+static void interleaved_requests_keep_their_own_trajectories(void **state)
+{
+	bool whole;
+
+	(void)state;
+	/* One iter for both: each switch ends the other's iteration, its map is lost. */
+	interleaved_exact(1, &whole);
+	assert_false(whole);
+	assert_int_equal(interleaved_exact(3, &whole), 30 * 2 * (8 - 2));
+	assert_true(whole);
+}
+
+/*
  * Tokens whose trajectory nothing before them predicts, but their semantic
  * vector does: with it finemoe plans the first d layers exactly before any
  * gate, and hints the later ones; without it (the previous map as context)
@@ -306,9 +378,9 @@ static uint32_t begin_exact(uint32_t sem_dim)
 				}
 				/* Later layers: the true pair has the two highest hints. */
 				for (uint32_t j = 0; j < 16; j++)
-					hi += pf.hint_p[l * 16 + j] >
-					      fmaxf(pf.hint_p[l * 16 + truth[0]],
-						    pf.hint_p[l * 16 + truth[1]]);
+					hi += pf.it->hint_p[l * 16 + j] >
+					      fmaxf(pf.it->hint_p[l * 16 + truth[0]],
+						    pf.it->hint_p[l * 16 + truth[1]]);
 				all &= !sem_dim || hi == 0;
 			}
 			exact += r == 1 && all;
@@ -943,6 +1015,7 @@ int main(void)
 		cmocka_unit_test(priority_is_p_over_layer_distance),
 		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
+		cmocka_unit_test(interleaved_requests_keep_their_own_trajectories),
 		cmocka_unit_test(finemoe_plans_the_first_layers_from_the_semantic_vector),
 		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
 		cmocka_unit_test(an_iteration_without_gates_teaches_nothing),

@@ -107,7 +107,7 @@ static void dependency_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 		for (uint32_t i = 0; i < k; i++)
 			d->first[ids[i]] += 1;
 	} else {
-		const float *prev = pf->traj + (size_t)(layer - 1) * J;
+		const float *prev = pf->it->traj + (size_t)(layer - 1) * J;
 		double *T = d->trans + (size_t)(layer - 1) * J * J;
 
 		for (uint32_t a = 0; a < J; a++)
@@ -117,7 +117,7 @@ static void dependency_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 	if (target >= pf->env.layers)
 		return;
 	for (uint32_t j = 0; j < J; j++)
-		d->q[j] = pf->traj[(size_t)layer * J + j];
+		d->q[j] = pf->it->traj[(size_t)layer * J + j];
 	if (propagate(d, layer, target))
 		plan_q(pf, d, target, (int32_t)layer);
 }

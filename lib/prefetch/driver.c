@@ -45,6 +45,13 @@ struct pf_event {
 	float weights[MP_TRAJ_MAX_K];
 };
 
+/* What the thread keeps per request (beside its iter in the policy). */
+struct pf_req {
+	bool early;		/* its next iteration was begun before its first gate */
+	uint64_t last_ns, last_step;
+	uint32_t last_layer;
+};
+
 struct mp_prefetcher {
 	struct mp_pager *pager;
 	struct mp_prefetcher_config cfg;
@@ -54,7 +61,7 @@ struct mp_prefetcher {
 	/* Producer side (engine threads), under plock for multiple producers. */
 	pthread_mutex_t plock;
 	uint64_t pstep;
-	uint32_t preq, ptok;
+	int64_t player;		/* layer of the last event, -1 for a begin */
 	bool pstarted;
 
 	/* The queue: single consumer; head written by producers, tail by the thread. */
@@ -87,8 +94,7 @@ struct mp_prefetcher {
 	struct mp_prefetch pf;
 	bool pf_ok;
 	uint64_t cur_step;	/* iteration the policy is in */
-	bool early;		/* the policy began the next iteration before its first gate */
-	uint32_t guess_req, guess_tok;
+	struct pf_req *reqs;	/* [pf.niters]: the thread's own state of each request */
 
 	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
 	uint64_t *issued_pos;
@@ -108,10 +114,9 @@ struct mp_prefetcher {
 	_Atomic uint64_t events, dropped, iterations, predicted, issued, policy_ns;
 
 	/* Measuring pf.load_ratio: gaps between consecutive gates, reads from the pager. */
-	float *gaps;		/* [L] this iteration's */
+	float *gaps;		/* [L x requests] this step's */
 	uint32_t ngaps;
-	uint64_t last_ns, last_step;
-	uint32_t last_layer;
+	uint64_t meas_step;
 	uint64_t reads0, read_ns0;
 	double t_layer, t_load;	/* smoothed, ns */
 };
@@ -126,6 +131,29 @@ static void store_u64(uint64_t *p, uint64_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
+/*
+ * The probability that any request being decoded uses the expert at its
+ * next pass: 1 - prod(1 - p_r) over the requests that predict it (one
+ * request's own p when only one does), -1 when none does.
+ */
+static float combined_hint(const struct mp_prefetch *pf, size_t i)
+{
+	const float *only = NULL;
+	double none = 1.0;
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; r < pf->niters; r++) {
+		const float *p = &pf->iters[r].hint_p[i];
+
+		if (!pf->iters[r].used || !(*p >= 0))
+			continue;
+		only = p;
+		n++;
+		none *= 1.0 - (*p > 1 ? 1 : *p);
+	}
+	return n == 0 ? -1.0f : n == 1 ? *only : (float)(1.0 - none);
+}
+
 /* Hands the policy's last output to the pager and the hints; items of iteration step. */
 static void issue(struct mp_prefetcher *d, uint64_t step)
 {
@@ -135,9 +163,11 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 	for (uint32_t l = 0; l < d->L; l++) {
 		if (!pf->hint_dirty[l])
 			continue;
-		for (uint32_t j = 0; j < d->J; j++)
-			__atomic_store(&d->hints.p[key_of(d, l, j)], &pf->hint_p[l * d->J + j],
-				       __ATOMIC_RELAXED);
+		for (uint32_t j = 0; j < d->J; j++) {
+			float p = combined_hint(pf, l * d->J + j);
+
+			__atomic_store(&d->hints.p[key_of(d, l, j)], &p, __ATOMIC_RELAXED);
+		}
 	}
 	for (uint32_t i = 0; i < pf->n; i++) {
 		const struct mp_prefetch_item *it = &pf->items[i];
@@ -259,19 +289,20 @@ static int by_value(const void *a, const void *b)
  * iteration (mp_pager_stats: prefetch reads yield to them, so they would
  * time the yielding, not the device).
  */
-static void measure(struct mp_prefetcher *d, const struct pf_event *ev)
+static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_event *ev)
 {
 	const double a = 0.25;	/* smoothing over about four iterations */
 	struct mp_pager_stats st;
 
-	if (ev->step == d->last_step && ev->layer == d->last_layer + 1 && d->last_ns &&
-	    ev->t_ns > d->last_ns && d->ngaps < d->L)
-		d->gaps[d->ngaps++] = (float)(ev->t_ns - d->last_ns);
-	d->last_ns = ev->t_ns;
-	d->last_step = ev->step;
-	d->last_layer = ev->layer;
-	if (ev->layer != 0)
+	if (ev->step == rq->last_step && ev->layer == rq->last_layer + 1 && rq->last_ns &&
+	    ev->t_ns > rq->last_ns && d->ngaps < d->L * d->pf.niters)
+		d->gaps[d->ngaps++] = (float)(ev->t_ns - rq->last_ns);
+	rq->last_ns = ev->t_ns;
+	rq->last_step = ev->step;
+	rq->last_layer = ev->layer;
+	if (ev->step == d->meas_step)
 		return;
+	d->meas_step = ev->step;
 	if (d->ngaps) {
 		double q;
 
@@ -298,39 +329,44 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 {
 	struct mp_prefetch *pf = &d->pf;
 	uint64_t t0 = mp_now_ns();
+	struct pf_req *rq;
 
 	pthread_mutex_lock(&d->lock);
+	rq = &d->reqs[mp_prefetch_switch(pf, ev->request)];
 	if (ev->begin) {
 		mp_prefetch_begin(pf, ev->request, ev->token, sem);
 		issue(d, ev->step);
 		atomic_fetch_add(&d->iterations, 1);
-		d->early = true;
+		rq->early = true;
 		goto out;
 	}
-	measure(d, ev);
+	measure(d, rq, ev);
 	expire(d, ev->step * d->L + ev->layer);
-	if (!pf->in_iter || pf->request != ev->request || pf->token != ev->token ||
-	    (ev->layer == 0 && !d->early)) {
+	if (!pf->it->in_iter || pf->it->token != ev->token || (ev->layer == 0 && !rq->early)) {
 		mp_prefetch_begin(pf, ev->request, ev->token, NULL);
 		issue(d, ev->step);
 		atomic_fetch_add(&d->iterations, 1);
 	}
-	d->early = false;
+	rq->early = false;
 	d->cur_step = ev->step;
 	if (!mp_prefetch_gate(pf, ev->layer, ev->ids, ev->has_weights ? ev->weights : NULL, ev->k,
 			      ev->has_probs ? probs : NULL,
 			      ev->has_x ? speculate(d, ev->layer, x) : NULL))
 		issue(d, ev->step);
 	if (ev->layer + 1 == d->L) {
+		uint32_t nreq, ntok;
+
 		mp_prefetch_end(pf);
 		/* The map is complete: without semantic vectors it is the next one's context. */
 		if (!pf->env.sem_dim) {
-			guess_next(d, ev->step, ev->request, ev->token, &d->guess_req,
-				   &d->guess_tok);
-			mp_prefetch_begin(pf, d->guess_req, d->guess_tok, NULL);
+			guess_next(d, ev->step, ev->request, ev->token, &nreq, &ntok);
+			/* A guess for another request starts that one's iteration early. */
+			if (nreq != ev->request)
+				rq = &d->reqs[mp_prefetch_switch(pf, nreq)];
+			mp_prefetch_begin(pf, nreq, ntok, NULL);
 			issue(d, ev->step + 1);
 			atomic_fetch_add(&d->iterations, 1);
-			d->early = true;
+			rq->early = true;
 		}
 	}
 out:
@@ -370,16 +406,18 @@ static void *thread_main(void *arg)
 	return NULL;
 }
 
-/* The producer's iteration index of (request, token). Under plock. */
-static uint64_t producer_step(struct mp_prefetcher *d, uint32_t request, uint32_t token)
+/*
+ * The producer's step index of an event of layer (-1: an iteration's begin),
+ * under plock. A step is one pass of every sequence through the layers: a
+ * batch reports each layer for all its sequences before the next layer, one
+ * sequence all its layers in turn, so a step starts where the layer goes down.
+ */
+static uint64_t producer_step(struct mp_prefetcher *d, int64_t layer)
 {
-	if (!d->pstarted || request != d->preq || token != d->ptok) {
-		if (d->pstarted)
-			d->pstep++;
-		d->pstarted = true;
-		d->preq = request;
-		d->ptok = token;
-	}
+	if (d->pstarted && layer < d->player)
+		d->pstep++;
+	d->pstarted = true;
+	d->player = layer;
 	return d->pstep;
 }
 
@@ -422,7 +460,7 @@ int mp_prefetcher_begin(struct mp_prefetcher *d, uint32_t request, uint32_t toke
 			      token, !d ? "no prefetcher" : !sem ? "no semantic vector" :
 			      "opened without semantic vectors (sem.dim = 0)");
 	pthread_mutex_lock(&d->plock);
-	step = producer_step(d, request, token);
+	step = producer_step(d, -1);
 	ev = claim(d);
 	if (!ev)
 		return -ENOSPC;
@@ -449,7 +487,7 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
 				      layer, ids[i]);
 	pthread_mutex_lock(&d->plock);
-	step = producer_step(d, request, token);
+	step = producer_step(d, layer);
 	/* Positions and the true future are kept here, synchronously (even for a dropped event). */
 	store_u64(&d->hints.now, step * d->L + layer);
 	if (d->truth && d->next_use_true) {
@@ -556,6 +594,7 @@ int mp_prefetcher_train(struct mp_prefetcher *d, const struct mp_trace *t, uint3
 				break;
 			}
 		}
+		mp_prefetch_switch(&d->pf, request);
 		mp_prefetch_begin(&d->pf, request, tok, d->cfg.sem.dim ? d->train_sem : NULL);
 		for (uint32_t l = 0; l < d->L && !err; l++) {
 			const uint32_t *ids;
@@ -570,7 +609,8 @@ int mp_prefetcher_train(struct mp_prefetcher *d, const struct mp_trace *t, uint3
 	}
 	/* Training output is not prefetched and its hints are not this run's. */
 	d->pf.n = 0;
-	d->early = false;
+	for (uint32_t i = 0; i < d->pf.niters; i++)
+		d->reqs[i].early = false;
 	pthread_mutex_unlock(&d->lock);
 	return err ? mp_err(err, "prefetcher: train: request %u: %s", request,
 			    mp_last_error()) : 0;
@@ -708,6 +748,7 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->hints.next_use);
 	free(d->issued_pos);
 	free(d->gaps);
+	free(d->reqs);
 	free(d->future);
 	free(d->next_use_true);
 	free(d->emap_path);
@@ -778,6 +819,9 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
 					    "prefetcher config")))
 		return err;
+	if (cfg && (cfg->reserved32 || cfg->requests > MP_PREFETCH_MAX_REQUESTS))
+		return mp_err(-EINVAL, "prefetcher: %s", cfg->reserved32 ? "reserved32 is not zero" :
+			      "more requests than MP_PREFETCH_MAX_REQUESTS");
 	name = cfg && cfg->policy ? cfg->policy : getenv("MOEPAGER_PREFETCH");
 	if (!name || !*name)
 		name = "none";
@@ -817,11 +861,10 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->hints.p = malloc(d->nkeys * sizeof(float));
 	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
 	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
-	d->gaps = malloc(d->L * sizeof(*d->gaps));
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
 	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
-	    !d->gaps || !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
+	    !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
 	if (d->cfg.sem.dim) {
@@ -855,12 +898,18 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	struct mp_prefetch_env env = {
 		.layers = d->L, .experts = d->J, .topk = d->K, .distance = d->cfg.distance,
 		.emap_capacity = d->cfg.emap_capacity, .trace = d->cfg.trace,
-		.sem_dim = d->cfg.sem.dim,
+		.sem_dim = d->cfg.sem.dim, .requests = d->cfg.requests,
 	};
 	err = mp_prefetch_init(&d->pf, ops, &env);
 	if (err)
 		goto close;
 	d->pf_ok = true;
+	d->reqs = calloc(d->pf.niters, sizeof(*d->reqs));
+	d->gaps = malloc((size_t)d->L * d->pf.niters * sizeof(*d->gaps));
+	if (!d->reqs || !d->gaps) {
+		err = -ENOMEM;
+		goto close;
+	}
 	if (d->emap_path && (err = load_emap(d)))
 		goto close;
 	d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

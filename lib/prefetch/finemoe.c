@@ -85,7 +85,7 @@ static void begin_semantic(struct mp_prefetch *pf)
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
-	if (mp_emap_predict_sem(f->emap, pf->sem, pf->env.topk, f->sem_use, &score) ||
+	if (mp_emap_predict_sem(f->emap, pf->it->sem, pf->env.topk, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
@@ -102,11 +102,11 @@ static void finemoe_begin(struct mp_prefetch *pf)
 		return;
 	}
 	/* Cold start (empty store) or no context yet: nothing to go on, demand only. */
-	if (!pf->have_context || mp_emap_search_sem(f->emap, pf->sem, &score) < 0)
+	if (!pf->it->have_context || mp_emap_search_sem(f->emap, pf->it->sem, &score) < 0)
 		return;
 	/* The closest context's score sets δ; the layer's transition, the set. */
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
-		if (next_pass(pf, l, pf->context, use))
+		if (next_pass(pf, l, pf->it->context, use))
 			return;
 		plan_or_hint(pf, l, use, score);
 	}
@@ -123,12 +123,12 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 	(void)k;
 	(void)spec;
 	/* The layer's next use is in the next iteration: hint how likely each expert is there. */
-	if (!pf->env.sem_dim && !next_pass(pf, layer, pf->traj, use))
+	if (!pf->env.sem_dim && !next_pass(pf, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
 	if (target >= pf->env.layers)
 		return;
 	/* No record shares anything with this trajectory: nothing to go on. */
-	if (!mp_emap_predict_traj(f->emap, pf->traj, layer + 1, target, pf->env.topk, use,
+	if (!mp_emap_predict_traj(f->emap, pf->it->traj, layer + 1, target, pf->env.topk, use,
 				  &score) && score > 0)
 		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
@@ -137,7 +137,7 @@ static void finemoe_end(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
 
-	mp_emap_insert(f->emap, pf->traj, pf->sem);
+	mp_emap_insert(f->emap, pf->it->traj, pf->it->sem);
 }
 
 static void finemoe_fini(struct mp_prefetch *pf)

@@ -16,9 +16,9 @@ static void plan_true(struct mp_prefetch *pf, uint32_t layer, int32_t l_now)
 	const float *w;
 
 	/* A guess past the request's end (the driver's early begin) has no future. */
-	if (layer >= pf->env.layers || pf->request >= mp_trace_requests(pf->env.trace) ||
-	    pf->token >= mp_trace_tokens(pf->env.trace, pf->request) ||
-	    mp_trace_route(pf->env.trace, pf->request, pf->token, layer, &ids, &w))
+	if (layer >= pf->env.layers || pf->it->request >= mp_trace_requests(pf->env.trace) ||
+	    pf->it->token >= mp_trace_tokens(pf->env.trace, pf->it->request) ||
+	    mp_trace_route(pf->env.trace, pf->it->request, pf->it->token, layer, &ids, &w))
 		return;
 	memset(P, 0, J * sizeof(float));
 	for (uint32_t i = 0; i < pf->env.topk; i++)

@@ -56,17 +56,46 @@ int mp_prefetch_check_names(const char *prefetch, const char *eviction)
 	return 0;
 }
 
+static void iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
+{
+	if (it->priv && pf->ops && pf->ops->iter_fini)
+		pf->ops->iter_fini(pf, it);
+	free(it->priv);
+	free(it->traj);
+	free(it->context);
+	free(it->hint_p);
+	free(it->sem_buf);
+}
+
+static int iter_init(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
+{
+	size_t lj = (size_t)pf->env.layers * pf->env.experts;
+
+	it->traj = calloc(lj, sizeof(float));
+	it->context = calloc(lj, sizeof(float));
+	it->hint_p = malloc(lj * sizeof(float));
+	it->sem_buf = pf->env.sem_dim ? calloc(pf->env.sem_dim, sizeof(float)) : NULL;
+	it->priv = pf->ops->iter_size ? calloc(1, pf->ops->iter_size) : NULL;
+	if (!it->traj || !it->context || !it->hint_p || (pf->env.sem_dim && !it->sem_buf) ||
+	    (pf->ops->iter_size && !it->priv))
+		return -ENOMEM;
+	for (size_t i = 0; i < lj; i++)
+		it->hint_p[i] = -1.0f;
+	return pf->ops->iter_init ? pf->ops->iter_init(pf, it) : 0;
+}
+
 int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 		     const struct mp_prefetch_env *env)
 {
-	size_t lj;
 	int err;
 
 	memset(pf, 0, sizeof(*pf));
 	if (!ops || !env || !env->layers || env->layers > MP_MAX_LAYERS || !env->experts ||
-	    env->experts > MP_MAX_EXPERTS || !env->topk || env->topk > env->experts)
-		return mp_err(-EINVAL, "prefetch: bad geometry (layers %u, experts %u, topk %u)",
-			      env ? env->layers : 0, env ? env->experts : 0, env ? env->topk : 0);
+	    env->experts > MP_MAX_EXPERTS || !env->topk || env->topk > env->experts ||
+	    env->requests > MP_PREFETCH_MAX_REQUESTS)
+		return mp_err(-EINVAL, "prefetch: bad geometry (layers %u, experts %u, topk %u, "
+			      "requests %u)", env ? env->layers : 0, env ? env->experts : 0,
+			      env ? env->topk : 0, env ? env->requests : 0);
 	pf->ops = ops;
 	pf->env = *env;
 	if (!pf->env.distance)
@@ -74,22 +103,27 @@ int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 	if (pf->env.distance > env->layers)
 		return mp_err(-EINVAL, "prefetch %s: distance %u above the model's %u layers",
 			      ops->name, pf->env.distance, env->layers);
-	lj = (size_t)env->layers * env->experts;
-	pf->traj = calloc(lj, sizeof(float));
-	pf->context = calloc(lj, sizeof(float));
-	pf->hint_p = malloc(lj * sizeof(float));
+	pf->niters = pf->env.requests ? pf->env.requests : 1;
+	pf->iters = calloc(pf->niters, sizeof(*pf->iters));
 	pf->hint_dirty = calloc(env->layers, 1);
 	pf->cap = 4 * env->experts + 16;
 	pf->items = malloc(pf->cap * sizeof(*pf->items));
-	if (!pf->traj || !pf->context || !pf->hint_p || !pf->hint_dirty || !pf->items) {
+	err = pf->iters && pf->hint_dirty && pf->items ? 0 : -ENOMEM;
+	for (uint32_t i = 0; !err && i < pf->niters; i++)
+		err = iter_init(pf, &pf->iters[i]);
+	if (err) {
 		mp_prefetch_fini(pf);
-		return mp_err(-ENOMEM, "prefetch %s: no memory", ops->name);
+		return mp_err(err, "prefetch %s: no memory for %u requests' state", ops->name,
+			      pf->niters);
 	}
-	for (size_t i = 0; i < lj; i++)
-		pf->hint_p[i] = -1.0f;
+	pf->it = &pf->iters[0];
 	if (ops->init) {
 		err = ops->init(pf);
 		if (err) {
+			for (uint32_t i = 0; i < pf->niters; i++)
+				iter_fini(pf, &pf->iters[i]);
+			free(pf->iters);
+			pf->iters = NULL;
 			pf->ops = NULL;
 			mp_prefetch_fini(pf);
 			return err;
@@ -100,14 +134,42 @@ int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 
 void mp_prefetch_fini(struct mp_prefetch *pf)
 {
+	for (uint32_t i = 0; pf->iters && i < pf->niters; i++)
+		iter_fini(pf, &pf->iters[i]);
 	if (pf->ops && pf->ops->fini)
 		pf->ops->fini(pf);
-	free(pf->traj);
-	free(pf->context);
-	free(pf->hint_p);
+	free(pf->iters);
 	free(pf->hint_dirty);
 	free(pf->items);
 	memset(pf, 0, sizeof(*pf));
+}
+
+uint32_t mp_prefetch_switch(struct mp_prefetch *pf, uint32_t request)
+{
+	struct mp_prefetch_iter *pick = NULL;
+
+	for (uint32_t i = 0; i < pf->niters && !pick; i++)
+		if (pf->iters[i].used && pf->iters[i].request == request)
+			pick = &pf->iters[i];
+	for (uint32_t i = 0; i < pf->niters && !pick; i++)
+		if (!pf->iters[i].used)
+			pick = &pf->iters[i];
+	if (!pick) {
+		pick = &pf->iters[0];
+		for (uint32_t i = 1; i < pf->niters; i++)
+			if (pf->iters[i].last_use < pick->last_use)
+				pick = &pf->iters[i];
+	}
+	pf->it = pick;
+	pick->last_use = ++pf->uses;
+	if (!pick->used || pick->request != request) {
+		/* Taken over: what was open ends here, as a new request's begin would end it. */
+		if (pick->in_iter)
+			mp_prefetch_end(pf);
+		pick->used = true;
+		pick->request = request;
+	}
+	return (uint32_t)(pick - pf->iters);
 }
 
 static void clear_out(struct mp_prefetch *pf)
@@ -183,7 +245,8 @@ void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P)
 {
 	if (layer >= pf->env.layers)
 		return;
-	memcpy(pf->hint_p + (size_t)layer * pf->env.experts, P, pf->env.experts * sizeof(float));
+	memcpy(pf->it->hint_p + (size_t)layer * pf->env.experts, P,
+	       pf->env.experts * sizeof(float));
 	pf->hint_dirty[layer] = 1;
 }
 
@@ -235,43 +298,47 @@ void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *u
 
 void mp_prefetch_end(struct mp_prefetch *pf)
 {
+	struct mp_prefetch_iter *it = pf->it;
 	size_t lj = (size_t)pf->env.layers * pf->env.experts;
 
 	clear_out(pf);
-	if (!pf->in_iter)
+	if (!it->in_iter)
 		return;
-	pf->in_iter = false;
+	it->in_iter = false;
 	/* An iteration begun on a wrong guess saw no gate: nothing to learn from it. */
-	if (!pf->gates)
+	if (!it->gates)
 		return;
 	if (pf->ops->end)
 		pf->ops->end(pf);
-	memcpy(pf->context, pf->traj, lj * sizeof(float));
-	pf->have_context = true;
+	memcpy(it->context, it->traj, lj * sizeof(float));
+	it->have_context = true;
 	pf->iterations++;
 }
 
 void mp_prefetch_begin(struct mp_prefetch *pf, uint32_t request, uint32_t token,
 		       const float *sem)
 {
+	struct mp_prefetch_iter *it = pf->it;
 	size_t lj = (size_t)pf->env.layers * pf->env.experts;
 
-	if (pf->in_iter)
+	if (it->in_iter)
 		mp_prefetch_end(pf);
 	clear_out(pf);
-	pf->request = request;
-	pf->token = token;
+	it->used = true;
+	it->request = request;
+	it->token = token;
 	if (pf->env.sem_dim) {
-		pf->sem = sem;
-		pf->sem_len = pf->env.sem_dim;
+		/* A copy: the caller's vector need not outlive the call, end() stores it. */
+		it->sem = sem ? memcpy(it->sem_buf, sem, pf->env.sem_dim * sizeof(float)) : NULL;
+		it->sem_len = pf->env.sem_dim;
 	} else {
 		/* No semantic vector: the last iteration's map is the context (zeros at first). */
-		pf->sem = pf->context;
-		pf->sem_len = (uint32_t)lj;
+		it->sem = it->context;
+		it->sem_len = (uint32_t)lj;
 	}
-	memset(pf->traj, 0, lj * sizeof(float));
-	pf->in_iter = true;
-	pf->gates = 0;
+	memset(it->traj, 0, lj * sizeof(float));
+	it->in_iter = true;
+	it->gates = 0;
 	if (pf->ops->begin)
 		pf->ops->begin(pf);
 }
@@ -286,7 +353,7 @@ int mp_prefetch_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids
 	clear_out(pf);
 	if (layer >= pf->env.layers || !k || k > J || !ids)
 		return mp_err(-EINVAL, "prefetch: gate of layer %u with %u experts", layer, k);
-	row = pf->traj + (size_t)layer * J;
+	row = pf->it->traj + (size_t)layer * J;
 	memset(row, 0, J * sizeof(float));
 	if (probs) {
 		for (uint32_t j = 0; j < J; j++)
@@ -303,7 +370,7 @@ int mp_prefetch_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids
 		sum += row[j];
 	for (uint32_t j = 0; sum > 0 && j < J; j++)
 		row[j] = (float)(row[j] / sum);
-	pf->gates++;
+	pf->it->gates++;
 	if (pf->ops->gate)
 		pf->ops->gate(pf, layer, ids, k, spec);
 	return 0;

@@ -32,6 +32,8 @@ struct mp_prefetch_env {
 	uint32_t emap_capacity;
 	/* The replayed trace (oracle only; borrowed). */
 	const struct mp_trace *trace;
+	/* Requests followed at once, each with its own trajectory; 0: 1. */
+	uint32_t requests;
 };
 
 /* One expert to bring in: higher prio first. */
@@ -44,31 +46,13 @@ struct mp_prefetch_item {
 
 struct mp_prefetch;
 
-struct mp_prefetch_ops {
-	const char *name;
-	const char *description;
-	/* Sets pf->priv. Returns 0 or -errno (with a message). */
-	int (*init)(struct mp_prefetch *pf);
-	/* An iteration (token step) starts: pf->request/token/sem are set, pf->traj is empty. */
-	void (*begin)(struct mp_prefetch *pf);
-	/*
-	 * The gate of `layer` chose ids/weights; pf->traj row `layer` holds the
-	 * layer's distribution (the full softmax when given, else the top-k
-	 * weights); spec, when not NULL, is layer + 1's router applied to this
-	 * layer's hidden state (experts floats, a softmax).
-	 */
-	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
-		     const float *spec);
-	/* The iteration is over: pf->traj is its complete map. */
-	void (*end)(struct mp_prefetch *pf);
-	void (*fini)(struct mp_prefetch *pf);
-};
-
-struct mp_prefetch {
-	const struct mp_prefetch_ops *ops;
-	struct mp_prefetch_env env;
-	void *priv;
-	/* The current iteration (read-only for policies). */
+/*
+ * One request's iteration state. A policy learns from every request (its
+ * priv) but follows each request's trajectory on its own: the driver keeps
+ * an iter per request being decoded (env.requests of them) and switches pf
+ * to the request an event is about (mp_prefetch_switch()).
+ */
+struct mp_prefetch_iter {
 	uint32_t request;
 	uint32_t token;
 	const float *sem;	/* semantic vector (sem_dim floats), or the context map */
@@ -77,17 +61,59 @@ struct mp_prefetch {
 	float *context;		/* [layers][experts]: the previous iteration's map */
 	bool have_context;
 	bool in_iter;
+	bool used;		/* ever given to a request */
 	uint32_t gates;		/* gates seen in this iteration */
+	/*
+	 * Eviction hints: the policy's latest probability of use per key
+	 * (layer * experts + expert) for this request, -1 when it has none.
+	 */
+	float *hint_p;
+	float *sem_buf;		/* [sem_dim]: a copy of the iteration's semantic vector */
+	void *priv;		/* the policy's per-request state (ops->iter_size bytes) */
+	uint64_t last_use;	/* for reuse: the least recently used iter goes first */
+};
+
+struct mp_prefetch_ops {
+	const char *name;
+	const char *description;
+	/* Sets pf->priv. Returns 0 or -errno (with a message). */
+	int (*init)(struct mp_prefetch *pf);
+	/* An iteration (token step) starts: pf->it's request/token/sem are set, its traj is empty. */
+	void (*begin)(struct mp_prefetch *pf);
+	/*
+	 * The gate of `layer` chose ids/weights; pf->it->traj row `layer` holds
+	 * the layer's distribution (the full softmax when given, else the top-k
+	 * weights); spec, when not NULL, is layer + 1's router applied to this
+	 * layer's hidden state (experts floats, a softmax).
+	 */
+	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
+		     const float *spec);
+	/* The iteration is over: pf->it->traj is its complete map. */
+	void (*end)(struct mp_prefetch *pf);
+	void (*fini)(struct mp_prefetch *pf);
+	/*
+	 * Per-request state: iter_size zeroed bytes at it->priv for each iter;
+	 * iter_init fills them (may be NULL), iter_fini frees what they hold.
+	 */
+	size_t iter_size;
+	int (*iter_init)(struct mp_prefetch *pf, struct mp_prefetch_iter *it);
+	void (*iter_fini)(struct mp_prefetch *pf, struct mp_prefetch_iter *it);
+};
+
+struct mp_prefetch {
+	const struct mp_prefetch_ops *ops;
+	struct mp_prefetch_env env;
+	void *priv;
+	/* The request being worked on (read-only for policies), one of iters[]. */
+	struct mp_prefetch_iter *it;
+	struct mp_prefetch_iter *iters;
+	uint32_t niters;
+	uint64_t uses;
 	/* Output of the last call: experts to prefetch, in no particular order. */
 	struct mp_prefetch_item *items;
 	uint32_t n;
 	uint32_t cap;
-	/*
-	 * Eviction hints: the policy's latest probability of use per key
-	 * (layer * experts + expert), -1 when it has none; hint_dirty[layer]
-	 * says the layer changed in the last call.
-	 */
-	float *hint_p;
+	/* hint_dirty[layer]: the last call changed it->hint_p's row of that layer. */
 	uint8_t *hint_dirty;
 	/*
 	 * One expert read over one layer's compute (not its stalls), as the
@@ -120,9 +146,17 @@ int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 void mp_prefetch_fini(struct mp_prefetch *pf);
 
 /*
- * Driver calls. Each clears pf->items/n and the dirty flags, then lets the
- * policy fill them. begin() ends an iteration left open. sem may be NULL
- * (zeros). gate(): probs is the full distribution (experts floats) or NULL,
+ * Makes request's iter the current one (pf->it): its own when it has one,
+ * else a fresh one, else the least recently used, whose open iteration is
+ * ended first. With one iter (env.requests 0 or 1) it is always the same,
+ * carrying its map over from request to request. Returns its index.
+ */
+uint32_t mp_prefetch_switch(struct mp_prefetch *pf, uint32_t request);
+
+/*
+ * Driver calls, on the current iter. Each clears pf->items/n and the dirty
+ * flags, then lets the policy fill them. begin() ends an iteration left
+ * open. sem may be NULL (zeros). gate(): probs is the full distribution (experts floats) or NULL,
  * weights the top-k gate weights or NULL (then 1/k each), spec see ops.
  */
 void mp_prefetch_begin(struct mp_prefetch *pf, uint32_t request, uint32_t token,

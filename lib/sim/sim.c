@@ -465,7 +465,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.pf_ok = true;
 	/* A layer's compute: its dense part and k expert FFNs of one unit each. */
 	s.pf.load_ratio = (float)(cfg.load_cost / (cfg.dense_cost + s.K));
-	s.hints.p = s.pf.hint_p;
+	s.hints.p = s.pf.it->hint_p;
 	struct mp_evict_env eenv = {
 		.nkeys = s.nkeys, .layers = s.L, .experts = s.J, .slots_per_layer = s.J,
 		.hints = &s.hints,

@@ -59,6 +59,9 @@ struct mp_sem_source {
 
 struct mp_prefetcher;
 
+/* Requests a prefetcher follows at once, at most (mp_prefetcher_config.requests). */
+#define MP_PREFETCH_MAX_REQUESTS 256u
+
 struct mp_prefetcher_config {
 	/* Prefetch policy; NULL: $MOEPAGER_PREFETCH, else "none". */
 	const char *policy;
@@ -89,7 +92,15 @@ struct mp_prefetcher_config {
 	 * per event slot: queue_events x sem.dim floats.
 	 */
 	struct mp_sem_source sem;
-	MP_RESERVED(8);
+	/*
+	 * Requests followed at once, each with its own trajectory (the
+	 * sequences of a batch); routing of more requests takes over the least
+	 * recently seen one's. Eviction hints combine them: an expert's hint is
+	 * the probability that any of them uses it. 0: 1.
+	 */
+	uint32_t requests;
+	uint32_t reserved32;		/* zero */
+	MP_RESERVED(7);
 };
 
 /*
