@@ -22,5 +22,6 @@
 #include <moepager/eval.h>
 #include <moepager/pager.h>
 #include <moepager/prefetch.h>
+#include <moepager/serve.h>
 
 #endif /* MOEPAGER_H */

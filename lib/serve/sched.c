@@ -1,0 +1,684 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The scheduler: a bounded FIFO of waiting requests, a running batch of up
+ * to max_batch sequences, and one thread that steps the runner over them.
+ * Each step runs every decoding sequence's next token and, in what room the
+ * step has left, chunks of the joining sequences' prompts; a sequence joins
+ * when the batch has a place and the KV budget its prompt + max_tokens, in
+ * arrival order, so no request waits behind a later one.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <moepager/runner.h>
+#include <moepager/serve.h>
+
+#include "base/base.h"
+
+#define DEFAULT_MAX_BATCH	8u
+#define DEFAULT_MAX_QUEUE	64u
+#define DEFAULT_PREFILL_CHUNK	128u
+#define DEFAULT_STEP_TOKENS	512u
+#define DEFAULT_MAX_TOKENS	16u
+#define MAX_BATCH		256u
+
+enum req_state { R_QUEUED = 0, R_PREFILL, R_DECODE };
+
+struct req {
+	uint64_t id;
+	uint32_t *prompt;
+	uint32_t n;
+	struct mp_sched_params p;
+	struct mp_sched_callbacks cb;
+	uint64_t rng;
+	enum req_state state;
+	bool cancel;			/* asked for under the lock; acted on by the thread */
+	struct mp_seq *seq;
+	uint32_t fed;			/* prompt tokens run */
+	uint32_t generated;
+	uint32_t next;			/* the token its next decode runs */
+	uint64_t kv;			/* KV bytes reserved while it runs */
+	uint64_t t_submit, t_join, t_first, t_last;
+	struct req *link;		/* the queue's */
+};
+
+struct mp_sched {
+	struct mp_sched_config cfg;
+	struct mp_runner *r;
+	uint32_t vocab;
+	uint32_t context;		/* the model's max_seq */
+
+	pthread_t thread;
+	bool started;
+	pthread_mutex_t lock;
+	pthread_cond_t work;		/* the thread: a request, a cancel, close */
+	pthread_cond_t idle;		/* drain: nothing waits or runs */
+
+	/* Under lock. */
+	struct req *qhead, *qtail;
+	uint32_t nq;
+	struct req **run;		/* the running batch (the thread changes it, under lock) */
+	uint32_t nrun;
+	uint64_t next_id;
+	uint64_t kv_used;
+	bool draining, stopping;
+	struct mp_sched_stats st;
+
+	/* The thread's own. */
+	struct mp_batch_item *items;
+	struct req **item_req;
+};
+
+static const double hist_bounds[MP_SCHED_HIST_BUCKETS] = {
+	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, INFINITY,
+};
+
+const double *mp_sched_hist_bounds(void)
+{
+	return hist_bounds;
+}
+
+static void hist_add(struct mp_sched_hist *h, double v)
+{
+	uint32_t b = 0;
+
+	while (b + 1 < MP_SCHED_HIST_BUCKETS && v > hist_bounds[b])
+		b++;
+	h->count[b]++;
+	h->sum += v;
+	h->n++;
+}
+
+static double seconds(uint64_t ns)
+{
+	return (double)ns / 1e9;
+}
+
+static int check_config(const struct mp_sched_config *c)
+{
+	int err = mp_check_reserved(c->reserved, MP_ARRAY_SIZE(c->reserved), "scheduler config");
+
+	if (err)
+		return err;
+	if (!c->runner)
+		return mp_err(-EINVAL, "scheduler: no runner");
+	if (c->max_batch > MAX_BATCH)
+		return mp_err(-EINVAL, "scheduler: max_batch %u above %u", c->max_batch, MAX_BATCH);
+	if (c->step_tokens && c->step_tokens < (c->max_batch ? c->max_batch : DEFAULT_MAX_BATCH))
+		return mp_err(-EINVAL, "scheduler: step_tokens %u below max_batch: a step must hold "
+			      "every decode", c->step_tokens);
+	return 0;
+}
+
+static void *loop(void *arg);
+
+static void sched_free(struct mp_sched *s)
+{
+	free(s->run);
+	free(s->items);
+	free(s->item_req);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->work);
+	pthread_cond_destroy(&s->idle);
+	free(s);
+}
+
+int mp_sched_open(const struct mp_sched_config *cfg, struct mp_sched **out)
+{
+	struct mp_sched *s;
+	int err;
+
+	if (!cfg || !out)
+		return mp_err(-EINVAL, "scheduler: NULL %s", cfg ? "out" : "config");
+	*out = NULL;
+	err = check_config(cfg);
+	if (err)
+		return err;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->cfg = *cfg;
+	s->cfg.max_batch = cfg->max_batch ? cfg->max_batch : DEFAULT_MAX_BATCH;
+	s->cfg.max_queue = cfg->max_queue ? cfg->max_queue : DEFAULT_MAX_QUEUE;
+	s->cfg.prefill_chunk = cfg->prefill_chunk ? cfg->prefill_chunk : DEFAULT_PREFILL_CHUNK;
+	s->cfg.step_tokens = cfg->step_tokens ? cfg->step_tokens :
+			     MP_MAX(DEFAULT_STEP_TOKENS, s->cfg.max_batch);
+	s->r = cfg->runner;
+	s->vocab = mp_runner_geometry(s->r)->vocab;
+	s->context = mp_runner_geometry(s->r)->max_seq;
+	s->st.max_batch = s->cfg.max_batch;
+	s->next_id = 1;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->work, NULL);
+	pthread_cond_init(&s->idle, NULL);
+	s->run = calloc(s->cfg.max_batch, sizeof(*s->run));
+	s->items = calloc(s->cfg.max_batch, sizeof(*s->items));
+	s->item_req = calloc(s->cfg.max_batch, sizeof(*s->item_req));
+	if (!s->run || !s->items || !s->item_req) {
+		sched_free(s);
+		return -ENOMEM;
+	}
+	err = -pthread_create(&s->thread, NULL, loop, s);
+	if (err) {
+		sched_free(s);
+		return mp_err(err, "scheduler: cannot start its thread");
+	}
+	s->started = true;
+	*out = s;
+	return 0;
+}
+
+/*
+ * Submitting and cancelling
+ */
+
+static int check_request(const struct mp_sched *s, uint32_t n, const struct mp_sched_params *p,
+			 uint32_t max_tokens)
+{
+	uint64_t kv;
+
+	if (p->temperature < 0 || !(p->temperature <= 100))
+		return mp_err(-EINVAL, "request: temperature %g out of [0, 100]",
+			      (double)p->temperature);
+	if (p->top_p < 0 || !(p->top_p <= 1))
+		return mp_err(-EINVAL, "request: top_p %g out of [0, 1]", (double)p->top_p);
+	if (!p->no_eos && p->eos >= s->vocab)
+		return mp_err(-EINVAL, "request: eos %u is not a token (vocabulary %u)", p->eos,
+			      s->vocab);
+	if (max_tokens > s->context || n > s->context - max_tokens)
+		return mp_err(-EINVAL, "request: prompt of %u tokens + max_tokens %u exceeds the "
+			      "context of %u", n, max_tokens, s->context);
+	kv = mp_seq_kv_bytes(s->r, n + max_tokens);
+	if (s->cfg.kv_budget && kv > s->cfg.kv_budget)
+		return mp_err(-EINVAL, "request: prompt of %u tokens + max_tokens %u needs %llu "
+			      "bytes of KV cache, above the budget of %llu", n, max_tokens,
+			      (unsigned long long)kv, (unsigned long long)s->cfg.kv_budget);
+	return mp_check_reserved(p->reserved, MP_ARRAY_SIZE(p->reserved), "request params");
+}
+
+static struct req *req_new(const uint32_t *prompt, uint32_t n, const struct mp_sched_params *p,
+			   const struct mp_sched_callbacks *cb)
+{
+	struct req *q = calloc(1, sizeof(*q));
+
+	if (!q)
+		return NULL;
+	q->prompt = malloc(n * sizeof(*prompt));
+	if (!q->prompt) {
+		free(q);
+		return NULL;
+	}
+	memcpy(q->prompt, prompt, n * sizeof(*prompt));
+	q->n = n;
+	q->p = *p;
+	if (!q->p.max_tokens)
+		q->p.max_tokens = DEFAULT_MAX_TOKENS;
+	q->rng = p->seed;
+	q->cb = *cb;
+	q->t_submit = mp_now_ns();
+	return q;
+}
+
+int mp_sched_submit(struct mp_sched *s, const uint32_t *prompt, uint32_t n,
+		    const struct mp_sched_params *params, const struct mp_sched_callbacks *cb,
+		    uint64_t *id)
+{
+	static const struct mp_sched_params greedy;
+	const struct mp_sched_params *p = params ? params : &greedy;
+	uint32_t max_tokens = p->max_tokens ? p->max_tokens : DEFAULT_MAX_TOKENS;
+	struct req *q;
+	int err;
+
+	if (!s || !prompt || !n || !cb || !cb->done)
+		return mp_err(-EINVAL, "request: %s", !s ? "no scheduler" : !prompt || !n ?
+			      "empty prompt" : "no done callback");
+	for (uint32_t i = 0; i < n; i++)
+		if (prompt[i] >= s->vocab)
+			return mp_err(-EINVAL, "request: prompt token %u is id %u, vocabulary has "
+				      "%u", i, prompt[i], s->vocab);
+	err = check_request(s, n, p, max_tokens);
+	if (err)
+		return err;
+	q = req_new(prompt, n, p, cb);
+	if (!q)
+		return mp_err(-ENOMEM, "request: out of memory for a prompt of %u tokens", n);
+	q->kv = mp_seq_kv_bytes(s->r, n + q->p.max_tokens);
+	pthread_mutex_lock(&s->lock);
+	if (s->draining || s->stopping) {
+		err = -ESHUTDOWN;
+	} else if (s->nq >= s->cfg.max_queue) {
+		s->st.rejected++;
+		err = -EAGAIN;
+	} else {
+		q->id = s->next_id++;
+		if (s->qtail)
+			s->qtail->link = q;
+		else
+			s->qhead = q;
+		s->qtail = q;
+		s->nq++;
+		s->st.submitted++;
+		if (id)
+			*id = q->id;
+		pthread_cond_signal(&s->work);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (err) {
+		free(q->prompt);
+		free(q);
+	}
+	return err;
+}
+
+int mp_sched_cancel(struct mp_sched *s, uint64_t id)
+{
+	int err = -ENOENT;
+
+	pthread_mutex_lock(&s->lock);
+	for (struct req *q = s->qhead; q && err; q = q->link)
+		if (q->id == id) {
+			q->cancel = true;
+			err = 0;
+		}
+	for (uint32_t i = 0; i < s->nrun && err; i++)
+		if (s->run[i]->id == id) {
+			s->run[i]->cancel = true;
+			err = 0;
+		}
+	if (!err)
+		pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->lock);
+	return err;
+}
+
+/*
+ * The thread
+ */
+
+/* Finishes a request that has left the queue and the batch: done, then freed. Unlocked. */
+static void finish(struct req *q, enum mp_sched_finish why, int err)
+{
+	uint64_t now = mp_now_ns();
+	struct mp_sched_timing t = {
+		.queued = q->t_join ? seconds(q->t_join - q->t_submit) : seconds(now - q->t_submit),
+		.first_token = q->t_first ? seconds(q->t_first - q->t_submit) : 0,
+		.total = seconds(now - q->t_submit),
+		.prompt_tokens = q->n,
+		.tokens = q->generated,
+	};
+
+	q->cb.done(q->cb.arg, why, err, &t);
+	mp_seq_close(q->seq);
+	free(q->prompt);
+	free(q);
+}
+
+/* Counts how a request ended and the latency it had. Under lock. */
+static void account(struct mp_sched *s, const struct req *q, enum mp_sched_finish why)
+{
+	s->st.finished[why]++;
+	if (q->t_first)
+		hist_add(&s->st.ttft, seconds(q->t_first - q->t_submit));
+	if (q->generated > 1)
+		hist_add(&s->st.tpot, seconds(q->t_last - q->t_first) / (q->generated - 1));
+}
+
+/* Takes the running request i out of the batch (freeing its KV reservation). Under lock. */
+static struct req *unrun(struct mp_sched *s, uint32_t i)
+{
+	struct req *q = s->run[i];
+
+	s->kv_used -= q->kv;
+	s->run[i] = s->run[--s->nrun];
+	return q;
+}
+
+/*
+ * Moves what is cancelled (or everything, when closing) out of the queue
+ * and the batch into *out. Under lock.
+ */
+static void reap(struct mp_sched *s, bool all, struct req **out)
+{
+	struct req **pp = &s->qhead, *prev = NULL;
+
+	while (*pp) {
+		struct req *q = *pp;
+
+		if (!all && !q->cancel) {
+			prev = q;
+			pp = &q->link;
+			continue;
+		}
+		*pp = q->link;
+		if (s->qtail == q)
+			s->qtail = prev;
+		s->nq--;
+		q->link = *out;
+		*out = q;
+	}
+	for (uint32_t i = 0; i < s->nrun;) {
+		if (!all && !s->run[i]->cancel) {
+			i++;
+			continue;
+		}
+		struct req *q = unrun(s, i);
+
+		q->link = *out;
+		*out = q;
+	}
+}
+
+/* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
+static void admit(struct mp_sched *s)
+{
+	while (s->qhead && s->nrun < s->cfg.max_batch &&
+	       (!s->cfg.kv_budget || s->kv_used + s->qhead->kv <= s->cfg.kv_budget)) {
+		struct req *q = s->qhead;
+
+		s->qhead = q->link;
+		if (!s->qhead)
+			s->qtail = NULL;
+		s->nq--;
+		q->link = NULL;
+		q->state = R_PREFILL;
+		q->t_join = mp_now_ns();
+		s->kv_used += q->kv;
+		s->run[s->nrun++] = q;
+	}
+}
+
+/* The step's items: every decode, then prompt chunks in the room left. Thread only. */
+static uint32_t build(struct mp_sched *s, struct req **run, uint32_t nrun)
+{
+	uint32_t n = 0, rows = 0;
+
+	for (uint32_t i = 0; i < nrun; i++) {
+		struct req *q = run[i];
+
+		if (q->state != R_DECODE)
+			continue;
+		s->items[n] = (struct mp_batch_item){ q->seq, &q->next, 1, MP_BATCH_DECODE };
+		s->item_req[n++] = q;
+		rows++;
+	}
+	for (uint32_t i = 0; i < nrun && rows < s->cfg.step_tokens; i++) {
+		struct req *q = run[i];
+		uint32_t c = MP_MIN(MP_MIN(q->n - q->fed, s->cfg.prefill_chunk),
+				    s->cfg.step_tokens - rows);
+
+		if (q->state != R_PREFILL)
+			continue;
+		s->items[n] = (struct mp_batch_item){ q->seq, q->prompt + q->fed, c,
+						      MP_BATCH_PREFILL };
+		s->item_req[n++] = q;
+		rows += c;
+	}
+	return n;
+}
+
+/*
+ * After a step, the item's request: its next token when it has logits to
+ * sample (a decode, or the prompt's last chunk). Returns a finish reason,
+ * or -1 while it goes on. Thread only, unlocked.
+ */
+static int advance(struct mp_sched *s, struct req *q, const struct mp_batch_item *it)
+{
+	uint32_t tok;
+	uint64_t now;
+
+	if (it->kind == MP_BATCH_PREFILL) {
+		q->fed += it->n;
+		if (q->fed < q->n)
+			return -1;
+	}
+	tok = mp_sample(mp_seq_logits(q->seq), s->vocab, &q->p, &q->rng);
+	now = mp_now_ns();
+	if (!q->t_first)
+		q->t_first = now;
+	q->t_last = now;
+	q->generated++;
+	q->state = R_DECODE;
+	q->next = tok;
+	if (q->cb.token && q->cb.token(q->cb.arg, tok))
+		return MP_FINISH_STOP;
+	if (!q->p.no_eos && tok == q->p.eos)
+		return MP_FINISH_STOP;
+	if (q->generated >= q->p.max_tokens)
+		return MP_FINISH_LENGTH;
+	return -1;
+}
+
+/* Opens the sequences of requests that just joined. Thread only, unlocked. */
+static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
+{
+	for (uint32_t i = 0; i < nrun; i++) {
+		struct req *q = run[i];
+		struct mp_seq_config sc = { .request = (uint32_t)q->id,
+					    .max_seq = q->n + q->p.max_tokens };
+		int err;
+
+		if (q->seq)
+			continue;
+		err = mp_seq_open(s->r, &sc, &q->seq);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* Bucket of a step of n sequences: ceil(log2(n)), capped. */
+static uint32_t batch_bucket(uint32_t n)
+{
+	uint32_t b = n <= 1 ? 0 : 32u - (uint32_t)__builtin_clz(n - 1);
+
+	return MP_MIN(b, MP_SCHED_BATCH_BUCKETS - 1u);
+}
+
+struct step_out {
+	struct req **done;		/* [max_batch] requests that ended */
+	int *why;
+	uint32_t ndone;
+	uint32_t items, rows, tokens;
+	double seconds;			/* in the runner */
+	int err;
+};
+
+/* One step over the batch; ended requests go to out->done with their reasons. Unlocked. */
+static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
+{
+	uint64_t t0;
+
+	out->ndone = out->items = out->rows = out->tokens = 0;
+	out->seconds = 0;
+	out->err = open_seqs(s, run, nrun);
+	if (out->err)
+		return;
+	out->items = build(s, run, nrun);
+	t0 = mp_now_ns();
+	out->err = mp_runner_batch(s->r, s->items, out->items);
+	out->seconds = seconds(mp_now_ns() - t0);
+	if (out->err)
+		return;
+	for (uint32_t i = 0; i < out->items; i++) {
+		uint32_t before = s->item_req[i]->generated;
+		int w = advance(s, s->item_req[i], &s->items[i]);
+
+		out->tokens += s->item_req[i]->generated - before;
+		out->rows += s->items[i].n;
+		if (w >= 0) {
+			out->done[out->ndone] = s->item_req[i];
+			out->why[out->ndone++] = w;
+		}
+	}
+}
+
+/* Folds a step into the counters and takes its ended requests out of the batch. Under lock. */
+static void settle(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
+{
+	s->st.step_seconds += out->seconds;
+	if (!out->err) {
+		s->st.steps++;
+		s->st.tokens += out->tokens;
+		s->st.batch_seqs += out->items;
+		s->st.batch_rows += out->rows;
+		s->st.batch_size[batch_bucket(out->items)]++;
+		for (uint32_t i = 0; i < out->items; i++) {
+			const struct mp_batch_item *it = &s->items[i];
+
+			if (it->kind == MP_BATCH_PREFILL)
+				s->st.prompt_tokens += it->n;
+		}
+	} else {
+		/* A failed step fails every request in it (it may have read a poisoned expert). */
+		out->ndone = 0;
+		for (uint32_t i = 0; i < nrun; i++) {
+			out->done[out->ndone] = run[i];
+			out->why[out->ndone++] = MP_FINISH_ERROR;
+		}
+	}
+	for (uint32_t i = 0; i < out->ndone; i++) {
+		struct req *q = out->done[i];
+
+		for (uint32_t j = 0; j < s->nrun; j++)
+			if (s->run[j] == q) {
+				unrun(s, j);
+				break;
+			}
+		account(s, q, out->why[i]);
+	}
+}
+
+static void finish_list(struct req *list, enum mp_sched_finish why, int err)
+{
+	while (list) {
+		struct req *next = list->link;
+
+		finish(list, why, err);
+		list = next;
+	}
+}
+
+/* Ends what reap() took: counted under lock, finished (callbacks) unlocked. */
+static void reap_and_finish(struct mp_sched *s, bool all)
+{
+	enum mp_sched_finish why = all ? MP_FINISH_SHUTDOWN : MP_FINISH_CANCELLED;
+	struct req *list = NULL;
+
+	reap(s, all, &list);
+	if (!list)
+		return;
+	for (struct req *q = list; q; q = q->link)
+		account(s, q, why);
+	pthread_mutex_unlock(&s->lock);
+	finish_list(list, why, all ? -ESHUTDOWN : -ECANCELED);
+	pthread_mutex_lock(&s->lock);
+}
+
+static void *loop(void *arg)
+{
+	struct mp_sched *s = arg;
+	struct req **run = calloc(s->cfg.max_batch, sizeof(*run));
+	struct step_out out = {
+		.done = calloc(s->cfg.max_batch, sizeof(*out.done)),
+		.why = calloc(s->cfg.max_batch, sizeof(*out.why)),
+	};
+
+	pthread_mutex_lock(&s->lock);
+	while (run && out.done && out.why) {
+		uint32_t nrun;
+		uint64_t t0;
+
+		reap_and_finish(s, s->stopping);
+		if (s->stopping)
+			break;
+		admit(s);
+		if (!s->nrun) {
+			pthread_cond_broadcast(&s->idle);
+			pthread_cond_wait(&s->work, &s->lock);
+			continue;
+		}
+		nrun = s->nrun;
+		memcpy(run, s->run, nrun * sizeof(*run));
+		pthread_mutex_unlock(&s->lock);
+
+		t0 = mp_now_ns();
+		step(s, run, nrun, &out);
+		pthread_mutex_lock(&s->lock);
+		settle(s, run, nrun, &out);
+		pthread_mutex_unlock(&s->lock);
+		for (uint32_t i = 0; i < out.ndone; i++)
+			finish(out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
+		pthread_mutex_lock(&s->lock);
+		s->st.sched_seconds += seconds(mp_now_ns() - t0) - out.seconds;
+	}
+	/* Out of memory for the thread's own arrays: nothing can run, so nothing may wait. */
+	s->stopping = true;
+	reap_and_finish(s, true);
+	pthread_cond_broadcast(&s->idle);
+	pthread_mutex_unlock(&s->lock);
+	free(run);
+	free(out.done);
+	free(out.why);
+	return NULL;
+}
+
+/*
+ * Draining, closing, statistics
+ */
+
+static void deadline_in(struct timespec *ts, uint32_t ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+int mp_sched_drain(struct mp_sched *s, uint32_t timeout_ms)
+{
+	struct timespec ts;
+	int err = 0;
+
+	deadline_in(&ts, timeout_ms);
+	pthread_mutex_lock(&s->lock);
+	s->draining = true;
+	pthread_cond_signal(&s->work);
+	while ((s->nq || s->nrun) && !s->stopping && !err)
+		if (pthread_cond_timedwait(&s->idle, &s->lock, &ts) == ETIMEDOUT)
+			err = -ETIMEDOUT;
+	if (s->nq || s->nrun)
+		err = -ETIMEDOUT;
+	pthread_mutex_unlock(&s->lock);
+	return err;
+}
+
+void mp_sched_close(struct mp_sched *s)
+{
+	if (!s)
+		return;
+	if (s->started) {
+		pthread_mutex_lock(&s->lock);
+		s->stopping = true;
+		pthread_cond_signal(&s->work);
+		pthread_mutex_unlock(&s->lock);
+		pthread_join(s->thread, NULL);
+	}
+	sched_free(s);
+}
+
+void mp_sched_stats(struct mp_sched *s, struct mp_sched_stats *out)
+{
+	pthread_mutex_lock(&s->lock);
+	*out = s->st;
+	out->queued = s->nq;
+	out->running = s->nrun;
+	out->kv_bytes = s->kv_used;
+	pthread_mutex_unlock(&s->lock);
+}

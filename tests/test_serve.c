@@ -1,0 +1,473 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Description: the scheduler: requests served together get their lone
+ * tokens, the queue is bounded (-EAGAIN), cancel and close end requests and
+ * free their sequences, the KV budget holds and no request is overtaken,
+ * finish reasons, a failed step fails its requests and serving goes on, and
+ * the sampler.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "base/base.h"
+
+#define MAXREQ 16
+#define MAXTOK 64
+
+struct fixture {
+	struct mp_store *store;
+	struct mp_resident *res;
+	struct mp_engine *engine;
+	uint32_t vocab;
+};
+
+static struct fixture fx;
+
+/*
+ * An expert source over the resident one that can hold the scheduler's
+ * thread inside a step (to fill the queue deterministically) and fail a
+ * layer's reads (to test a failing step).
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool hold;
+	bool held;		/* the thread is inside the step, waiting */
+	atomic_int fail_layer;	/* -1: none */
+} gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, -1 };
+
+static const void *gate_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	(void)ctx;
+	pthread_mutex_lock(&gate.lock);
+	while (gate.hold) {
+		gate.held = true;
+		pthread_cond_broadcast(&gate.cv);
+		pthread_cond_wait(&gate.cv, &gate.lock);
+	}
+	gate.held = false;
+	pthread_mutex_unlock(&gate.lock);
+	return mp_resident_source_ops()->expert(fx.res, layer, expert);
+}
+
+static int gate_guard(void *ctx, int (*fn)(void *arg), void *arg)
+{
+	(void)ctx;
+	return atomic_load(&gate.fail_layer) >= 0 ? -EIO : fn(arg);
+}
+
+static const struct mp_expert_source_ops gate_ops = {
+	.expert = gate_expert,
+	.guard = gate_guard,
+};
+
+static void hold(bool on)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.hold = on;
+	pthread_cond_broadcast(&gate.cv);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+static void wait_held(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	while (!gate.held)
+		pthread_cond_wait(&gate.cv, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+/* What one request saw. */
+struct result {
+	uint32_t tokens[MAXTOK];
+	uint32_t n;
+	int stop_after;		/* the token callback asks to stop after this many (0: never) */
+	atomic_bool done;
+	int why;
+	int err;
+	struct mp_sched_timing t;
+	uint64_t first_ns, done_ns;	/* when its first token came, when it ended */
+};
+
+static int on_token(void *arg, uint32_t tok)
+{
+	struct result *r = arg;
+
+	if (!r->n)
+		r->first_ns = mp_now_ns();
+	if (r->n < MAXTOK)
+		r->tokens[r->n++] = tok;
+	return r->stop_after && (int)r->n >= r->stop_after;
+}
+
+static void on_done(void *arg, enum mp_sched_finish why, int err,
+		    const struct mp_sched_timing *t)
+{
+	struct result *r = arg;
+
+	r->why = why;
+	r->err = err;
+	r->t = *t;
+	r->done_ns = mp_now_ns();
+	atomic_store(&r->done, true);
+}
+
+static void wait_done(struct result *r, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t t0 = mp_now_ns();
+
+		while (!atomic_load(&r[i].done)) {
+			if (mp_now_ns() - t0 > 60ull * 1000 * 1000 * 1000)
+				fail_msg("request %u did not end in 60 s", i);
+			usleep(200);
+		}
+	}
+}
+
+static struct mp_runner *open_runner(const struct mp_expert_source_ops *ops, void *ctx)
+{
+	struct mp_runner_config rc = { .engine = fx.engine, .source = ops, .source_ctx = ctx };
+	struct mp_runner *r;
+
+	assert_int_equal(mp_runner_open(fx.store, &rc, &r), 0);
+	return r;
+}
+
+static struct mp_sched *open_sched(struct mp_runner *r, uint32_t max_batch, uint32_t max_queue,
+				   uint64_t kv_budget)
+{
+	struct mp_sched_config c = { .runner = r, .max_batch = max_batch, .max_queue = max_queue,
+				     .kv_budget = kv_budget, .prefill_chunk = 5 };
+	struct mp_sched *s;
+
+	assert_int_equal(mp_sched_open(&c, &s), 0);
+	return s;
+}
+
+static void prompt_of(uint32_t i, uint32_t *p, uint32_t n)
+{
+	for (uint32_t t = 0; t < n; t++)
+		p[t] = (i * 53u + t * 17u + 3u) % fx.vocab;
+}
+
+static uint64_t submit(struct mp_sched *s, uint32_t i, uint32_t plen,
+		       const struct mp_sched_params *params, struct result *r)
+{
+	struct mp_sched_callbacks cb = { on_token, on_done, r };
+	uint32_t p[64];
+	uint64_t id = 0;
+
+	prompt_of(i, p, plen);
+	assert_int_equal(mp_sched_submit(s, p, plen, params, &cb, &id), 0);
+	assert_true(id > 0);
+	return id;
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	t_log_capture();
+	if (t_gen_tiny(t_path("tiny.mpk"), MP_DTYPE_BF16, 21) ||
+	    mp_store_open(t_path("tiny.mpk"), &fx.store) ||
+	    mp_resident_open(fx.store, NULL, NULL, &fx.res) ||
+	    mp_engine_open("ref", &(struct mp_engine_config){ .threads = 2 }, &fx.engine))
+		return -1;
+	fx.vocab = mp_store_geometry(fx.store)->vocab;
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	mp_engine_close(fx.engine);
+	mp_resident_close(fx.res);
+	mp_store_close(fx.store);
+	t_tmpdir_cleanup();
+	return 0;
+}
+
+/* Greedy requests batched together produce what each produces alone. */
+static void batched_requests_get_their_lone_tokens(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 12, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	static struct result alone[8], together[8];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+
+	(void)state;
+	memset(alone, 0, sizeof(alone));
+	memset(together, 0, sizeof(together));
+	s = open_sched(r, 1, 16, 0);
+	for (uint32_t i = 0; i < 8; i++)
+		submit(s, i, 3 + 2 * i, &p, &alone[i]);
+	wait_done(alone, 8);
+	mp_sched_close(s);
+	s = open_sched(r, 8, 16, 0);
+	for (uint32_t i = 0; i < 8; i++)
+		submit(s, i, 3 + 2 * i, &p, &together[i]);
+	wait_done(together, 8);
+	mp_sched_stats(s, &st);
+	for (uint32_t i = 0; i < 8; i++) {
+		assert_int_equal(together[i].why, MP_FINISH_LENGTH);
+		assert_int_equal(together[i].n, 12);
+		assert_memory_equal(together[i].tokens, alone[i].tokens, 12 * sizeof(uint32_t));
+		assert_true(together[i].t.first_token > 0);
+		assert_int_equal(together[i].t.tokens, 12);
+	}
+	/* They did run together: fewer steps than one request after another. */
+	assert_int_equal(st.tokens, 8 * 12);
+	assert_int_equal(st.finished[MP_FINISH_LENGTH], 8);
+	assert_true(st.steps < 8 * 12);
+	assert_true(st.batch_seqs > st.steps);
+	assert_int_equal(st.ttft.n, 8);
+	assert_int_equal(st.tpot.n, 8);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void full_queue_refuses_with_eagain_and_close_ends_every_request(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 4, .no_eos = true };
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	struct mp_sched_callbacks cb;
+	static struct result res[4];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+	uint32_t prompt[3] = { 1, 2, 3 };
+	uint64_t id;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	s = open_sched(r, 1, 2, 0);
+	hold(true);
+	submit(s, 0, 3, &p, &res[0]);
+	wait_held();		/* request 0 runs, stuck in its first step */
+	submit(s, 1, 3, &p, &res[1]);
+	submit(s, 2, 3, &p, &res[2]);
+	cb = (struct mp_sched_callbacks){ on_token, on_done, &res[3] };
+	assert_int_equal(mp_sched_submit(s, prompt, 3, &p, &cb, &id), -EAGAIN);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.queued, 2);
+	assert_int_equal(st.running, 1);
+	assert_int_equal(st.rejected, 1);
+	hold(false);
+	mp_sched_close(s);
+	/* Whatever did not finish ended as a shutdown; every done was called once. */
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_true(atomic_load(&res[i].done));
+		assert_true(res[i].why == MP_FINISH_LENGTH || res[i].why == MP_FINISH_SHUTDOWN);
+	}
+	assert_false(atomic_load(&res[3].done));
+	mp_runner_close(r);
+}
+
+static void cancel_ends_a_waiting_or_running_request(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 30, .no_eos = true };
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	static struct result res[3];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+	uint64_t running, waiting;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	s = open_sched(r, 1, 4, 0);
+	hold(true);
+	running = submit(s, 0, 4, &p, &res[0]);
+	wait_held();
+	waiting = submit(s, 1, 4, &p, &res[1]);
+	assert_int_equal(mp_sched_cancel(s, waiting), 0);
+	assert_int_equal(mp_sched_cancel(s, running), 0);
+	assert_int_equal(mp_sched_cancel(s, 999), -ENOENT);
+	hold(false);
+	wait_done(res, 2);
+	assert_int_equal(res[0].why, MP_FINISH_CANCELLED);
+	assert_int_equal(res[1].why, MP_FINISH_CANCELLED);
+	assert_int_equal(res[1].n, 0);
+	assert_true(res[0].n < 30);
+	/* Serving goes on, with the freed place. */
+	submit(s, 2, 4, &p, &res[2]);
+	wait_done(&res[2], 1);
+	assert_int_equal(res[2].why, MP_FINISH_LENGTH);
+	assert_int_equal(mp_sched_drain(s, 5000), 0);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.finished[MP_FINISH_CANCELLED], 2);
+	assert_int_equal(st.running + st.queued, 0);
+	assert_int_equal(st.kv_bytes, 0);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void finish_reasons_are_length_eos_and_stop(void **state)
+{
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched *s = open_sched(r, 4, 8, 0);
+	struct mp_sched_params p = { .max_tokens = 8, .no_eos = true };
+	static struct result res[3];
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	submit(s, 5, 4, &p, &res[0]);
+	wait_done(res, 1);
+	assert_int_equal(res[0].why, MP_FINISH_LENGTH);
+	/* The same greedy request, with its third token as the end-of-sequence token. */
+	p.no_eos = false;
+	p.eos = res[0].tokens[2];
+	submit(s, 5, 4, &p, &res[1]);
+	res[2].stop_after = 5;
+	p.no_eos = true;
+	submit(s, 5, 4, &p, &res[2]);
+	wait_done(res, 3);
+	assert_int_equal(res[1].why, MP_FINISH_STOP);
+	assert_true(res[1].n <= 3);
+	assert_int_equal(res[1].tokens[res[1].n - 1], p.eos);
+	assert_int_equal(res[2].why, MP_FINISH_STOP);
+	assert_int_equal(res[2].n, 5);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+/* Each request reserves half the budget and a bit: they run one at a time, in arrival order. */
+static void kv_budget_holds_and_no_request_is_overtaken(void **state)
+{
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched_params p = { .max_tokens = 10, .no_eos = true };
+	uint64_t per = mp_seq_kv_bytes(r, 30 + 10);
+	struct mp_sched *s = open_sched(r, 8, 8, per + per / 2);
+	struct mp_sched_params small = { .max_tokens = 2, .no_eos = true };
+	struct mp_sched_callbacks cb;
+	static struct result res[4];
+	uint32_t prompt[60] = { 0 };
+	struct mp_sched_stats st;
+	uint64_t id;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	submit(s, 0, 30, &p, &res[0]);
+	submit(s, 1, 30, &p, &res[1]);
+	/* A small one after them waits its turn, though it would fit beside the first. */
+	submit(s, 2, 2, &small, &res[2]);
+	cb = (struct mp_sched_callbacks){ on_token, on_done, &res[3] };
+	t_log_reset();
+	assert_int_equal(mp_sched_submit(s, prompt, 60, &p, &cb, &id), -EINVAL);
+	assert_true(t_log_contains("above the budget"));
+	wait_done(res, 3);
+	/*
+	 * The second joined only when the first had left (the budget holds one
+	 * of them), and the small third, which would fit beside the first, did
+	 * not overtake the second: it too started after the first had ended.
+	 */
+	assert_true(res[1].first_ns > res[0].done_ns);
+	assert_true(res[2].first_ns > res[0].done_ns);
+	assert_int_equal(res[0].n, 10);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.kv_bytes, 0);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void a_failed_step_fails_its_requests_and_serving_goes_on(void **state)
+{
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	struct mp_sched *s = open_sched(r, 4, 8, 0);
+	struct mp_sched_params p = { .max_tokens = 3, .no_eos = true };
+	static struct result res[3];
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	atomic_store(&gate.fail_layer, 1);
+	submit(s, 0, 4, &p, &res[0]);
+	submit(s, 1, 4, &p, &res[1]);
+	wait_done(res, 2);
+	for (uint32_t i = 0; i < 2; i++) {
+		assert_int_equal(res[i].why, MP_FINISH_ERROR);
+		assert_int_equal(res[i].err, -EIO);
+	}
+	atomic_store(&gate.fail_layer, -1);
+	submit(s, 2, 4, &p, &res[2]);
+	wait_done(&res[2], 1);
+	assert_int_equal(res[2].why, MP_FINISH_LENGTH);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void bad_requests_are_refused_naming_the_field(void **state)
+{
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched *s = open_sched(r, 2, 2, 0);
+	struct result res = { 0 };
+	struct mp_sched_callbacks cb = { on_token, on_done, &res };
+	uint32_t prompt[2] = { 1, fx.vocab }, ok[1] = { 1 };
+	uint32_t ctx = mp_store_geometry(fx.store)->max_seq;
+	uint64_t id;
+
+	(void)state;
+	t_log_reset();
+	assert_int_equal(mp_sched_submit(s, prompt, 2, NULL, &cb, &id), -EINVAL);
+	assert_true(t_log_contains("prompt token 1 is id"));
+	assert_int_equal(mp_sched_submit(s, ok, 0, NULL, &cb, &id), -EINVAL);
+	assert_int_equal(mp_sched_submit(s, ok, 1, &(struct mp_sched_params){
+		.temperature = -1 }, &cb, &id), -EINVAL);
+	assert_true(t_log_contains("temperature"));
+	assert_int_equal(mp_sched_submit(s, ok, 1, &(struct mp_sched_params){
+		.max_tokens = ctx }, &cb, &id), -EINVAL);
+	assert_true(t_log_contains("exceeds the context"));
+	assert_int_equal(mp_sched_submit(s, ok, 1, &(struct mp_sched_params){
+		.eos = fx.vocab }, &cb, &id), -EINVAL);
+	assert_false(atomic_load(&res.done));
+	assert_int_equal(mp_sched_drain(s, 1000), 0);
+	assert_int_equal(mp_sched_submit(s, ok, 1, NULL, &cb, &id), -ESHUTDOWN);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void sampler_is_greedy_at_zero_and_reproducible_with_a_seed(void **state)
+{
+	float logits[64];
+	struct mp_sched_params greedy = { 0 }, hot = { .temperature = 1.0f, .seed = 7 };
+	struct mp_sched_params k1 = { .temperature = 2.0f, .top_k = 1, .seed = 3 };
+	struct mp_sched_params nucleus = { .temperature = 1.0f, .top_p = 0.01f, .seed = 5 };
+	uint64_t a = 7, b = 7, c = 3, d = 5;
+	uint32_t seen[64] = { 0 }, distinct = 0;
+
+	(void)state;
+	for (uint32_t i = 0; i < 64; i++)
+		logits[i] = (float)((i * 37) % 64) / 16.0f;
+	/* Token 19 has the largest logit ((19 * 37) % 64 = 63). */
+	assert_int_equal(mp_sample(logits, 64, &greedy, &a), 19);
+	for (int i = 0; i < 200; i++) {
+		uint32_t x = mp_sample(logits, 64, &hot, &a), y = mp_sample(logits, 64, &hot, &b);
+
+		assert_int_equal(x, y);
+		assert_true(x < 64);
+		distinct += !seen[x]++;
+		assert_int_equal(mp_sample(logits, 64, &k1, &c), 19);
+		assert_int_equal(mp_sample(logits, 64, &nucleus, &d), 19);
+	}
+	/* At temperature 1 over these logits it does draw more than one token. */
+	assert_true(distinct > 3);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(batched_requests_get_their_lone_tokens),
+		cmocka_unit_test(full_queue_refuses_with_eagain_and_close_ends_every_request),
+		cmocka_unit_test(cancel_ends_a_waiting_or_running_request),
+		cmocka_unit_test(finish_reasons_are_length_eos_and_stop),
+		cmocka_unit_test(kv_budget_holds_and_no_request_is_overtaken),
+		cmocka_unit_test(a_failed_step_fails_its_requests_and_serving_goes_on),
+		cmocka_unit_test(bad_requests_are_refused_naming_the_field),
+		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
