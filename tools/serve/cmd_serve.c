@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: MIT
+/* moepager serve: an OpenAI-style HTTP server over a model, with continuous batching. */
+#include <argp.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <moepager.h>
+
+#include "cli.h"
+#include "serve/backend.h"
+#include "serve/http.h"
+
+#define TICK_MS 200
+
+static struct serve_env {
+	struct serve_local_config local;
+	struct cli_engine_opts eng;
+	struct http_config http;
+	const char *listen;
+	const char *port_file;
+	uint32_t grace_ms;
+} env;
+
+enum {
+	OPT_NAME = 0x100, OPT_TOKENIZER, OPT_BUDGET, OPT_PREFETCH, OPT_EVICT, OPT_LISTEN,
+	OPT_PORT_FILE, OPT_MAX_BATCH, OPT_MAX_QUEUE, OPT_KV_BUDGET, OPT_PREFILL_CHUNK,
+	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS,
+};
+
+static const char doc[] =
+	"Serves a model over HTTP with OpenAI's completions API: POST /v1/completions\n"
+	"(prompt as text through the model's tokenizer, or as token ids; max_tokens,\n"
+	"temperature, top_p, top_k, seed, stop, stream as server-sent events), GET\n"
+	"/v1/models, GET /health and GET /metrics (Prometheus text). Requests are\n"
+	"decoded together (continuous batching) up to --max-batch sequences and\n"
+	"--kv-budget bytes of KV cache; up to --max-queue more wait, in order; past\n"
+	"that a request gets 503 with Retry-After. SIGTERM or SIGINT: new requests\n"
+	"get 503, running ones have --grace-ms to finish, the rest end with an error.\n"
+	"\n"
+	"With --budget the experts are paged under it (docs/region.md), with\n"
+	"--prefetch a policy that follows each request (docs/prefetch.md); without\n"
+	"it every expert is read into memory first. docs/serve.md has the details.\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager serve --model data/models/tiny-real.mpk\n"
+	"  moepager serve --model mixtral-mini.mpk --budget 50% --prefetch finemoe \\\n"
+	"      --listen 127.0.0.1:0 --port-file /tmp/port\n"
+	"  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 20}'\n";
+
+static const struct argp_option opts[] = {
+	{ "model", 'm', "FILE", 0, "The .mpk model (required)", 0 },
+	{ "name", OPT_NAME, "ID", 0, "Model id clients ask for (default: the file's name)", 0 },
+	{ "tokenizer", OPT_TOKENIZER, "FILE", 0,
+	  "Tokenizer (default MODEL.tok when it exists; else prompts are token ids)", 0 },
+	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget (8G, 40%)", 0 },
+	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none)", 0 },
+	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy (default: the prefetch policy's)", 0 },
+	{ "listen", OPT_LISTEN, "HOST:PORT", 0, "Address (default 127.0.0.1:8080; port 0: any)", 0 },
+	{ "port-file", OPT_PORT_FILE, "FILE", 0, "Write the port listened on to FILE", 0 },
+	{ "max-batch", OPT_MAX_BATCH, "N", 0, "Sequences decoded together (default 8)", 0 },
+	{ "max-queue", OPT_MAX_QUEUE, "N", 0, "Requests waiting at most (default 64)", 0 },
+	{ "kv-budget", OPT_KV_BUDGET, "SIZE", 0, "KV cache bytes of the running batch", 0 },
+	{ "prefill-chunk", OPT_PREFILL_CHUNK, "N", 0, "Prompt tokens per sequence and step", 0 },
+	{ "step-tokens", OPT_STEP_TOKENS, "N", 0, "Tokens per step at most (default 512)", 0 },
+	{ "grace-ms", OPT_GRACE, "MS", 0, "Time running requests get at shutdown (10000)", 0 },
+	{ "max-body", OPT_MAX_BODY, "SIZE", 0, "Largest request body (default 1M)", 0 },
+	{ "max-connections", OPT_MAX_CONNECTIONS, "N", 0, "Open connections at most (256)", 0 },
+	{ 0 },
+};
+
+static int parse_listen(const char *s, struct http_config *h)
+{
+	static char host[64];
+	const char *colon = strrchr(s, ':');
+	uint32_t port;
+
+	if (!colon || (size_t)(colon - s) >= sizeof(host) ||
+	    cli_parse_u32("--listen", colon + 1, 0, 65535, &port))
+		return -EINVAL;
+	snprintf(host, sizeof(host), "%.*s", (int)(colon - s), s);
+	h->host = host;
+	h->port = (uint16_t)port;
+	return 0;
+}
+
+static error_t parse_arg(int key, char *arg, struct argp_state *state)
+{
+	struct mp_sched_config *sc = &env.local.sched;
+	uint64_t size;
+
+	switch (key) {
+	case 'm': env.local.model = arg; break;
+	case OPT_NAME: env.local.name = arg; break;
+	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
+	case OPT_BUDGET: env.local.budget = arg; break;
+	case OPT_PREFETCH: env.local.prefetch = arg; break;
+	case OPT_EVICT: env.local.evict = arg; break;
+	case OPT_LISTEN: env.listen = arg; break;
+	case OPT_PORT_FILE: env.port_file = arg; break;
+	case OPT_MAX_BATCH:
+		if (cli_parse_u32("--max-batch", arg, 1, 256, &sc->max_batch))
+			argp_usage(state);
+		break;
+	case OPT_MAX_QUEUE:
+		if (cli_parse_u32("--max-queue", arg, 1, 1u << 20, &sc->max_queue))
+			argp_usage(state);
+		break;
+	case OPT_KV_BUDGET:
+		if (cli_parse_size("--kv-budget", arg, &sc->kv_budget))
+			argp_usage(state);
+		break;
+	case OPT_PREFILL_CHUNK:
+		if (cli_parse_u32("--prefill-chunk", arg, 1, 1u << 20, &sc->prefill_chunk))
+			argp_usage(state);
+		break;
+	case OPT_STEP_TOKENS:
+		if (cli_parse_u32("--step-tokens", arg, 1, 1u << 20, &sc->step_tokens))
+			argp_usage(state);
+		break;
+	case OPT_GRACE:
+		if (cli_parse_u32("--grace-ms", arg, 0, 3600000, &env.grace_ms))
+			argp_usage(state);
+		break;
+	case OPT_MAX_BODY:
+		if (cli_parse_size("--max-body", arg, &size) || size < 1024 || size > (1u << 30))
+			argp_error(state, "--max-body must be in [1K, 1G]");
+		env.http.max_body = (uint32_t)size;
+		break;
+	case OPT_MAX_CONNECTIONS:
+		if (cli_parse_u32("--max-connections", arg, 1, 65536, &env.http.max_connections))
+			argp_usage(state);
+		break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
+		break;
+	case ARGP_KEY_ARG:
+		argp_usage(state);
+		break;
+	case ARGP_KEY_END:
+		if (!env.local.model)
+			argp_error(state, "--model FILE is required");
+		if (parse_listen(env.listen ? env.listen : "127.0.0.1:8080", &env.http))
+			argp_error(state, "--listen wants HOST:PORT, e.g. 127.0.0.1:8080");
+		if ((env.local.prefetch || env.local.evict) && !env.local.budget)
+			argp_error(state, "--prefetch and --evict need --budget (paged experts)");
+		break;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+	return 0;
+}
+
+static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
+
+/* Writes the port atomically (a temporary file renamed), so a waiting test reads it whole. */
+static int write_port(const char *path, uint16_t port)
+{
+	char tmp[4096];
+	FILE *f;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f || fprintf(f, "%u\n", port) < 0 || fclose(f) || rename(tmp, path)) {
+		fprintf(stderr, "moepager serve: writing %s: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+/* Waits for SIGTERM/SIGINT, ticking the janitor. Returns the signal. */
+static int wait_signal(struct http_server *h, const sigset_t *set)
+{
+	struct timespec tick = { 0, TICK_MS * 1000000L };
+
+	for (;;) {
+		int sig = sigtimedwait(set, NULL, &tick);
+
+		if (sig > 0)
+			return sig;
+		http_tick(h);
+	}
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	struct serve_backend *b;
+	struct http_server *h;
+	sigset_t set;
+	uint32_t cut;
+	int err;
+
+	memset(&env, 0, sizeof(env));
+	env.grace_ms = 10000;
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
+		return 1;
+	env.local.engine = env.eng.engine;
+	env.local.threads = env.eng.threads;
+	/* Every thread created from here on inherits the mask: signals come to sigtimedwait(). */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	err = serve_local_open(&env.local, &b);
+	if (err) {
+		fprintf(stderr, "moepager serve: %s: %s\n", env.local.model, mp_last_error());
+		return 1;
+	}
+	err = http_start(&env.http, b, &h);
+	if (err) {
+		b->ops->close(b);
+		return 1;
+	}
+	printf("moepager serve: model %s at http://%s:%u/v1\n", serve_model_find(b, NULL)->name,
+	       env.http.host, http_port(h));
+	fflush(stdout);
+	if (env.port_file && write_port(env.port_file, http_port(h))) {
+		http_stop(h, 0);
+		return 1;
+	}
+	err = wait_signal(h, &set);
+	fprintf(stderr, "moepager serve: %s: draining (up to %u ms)\n", strsignal(err),
+		env.grace_ms);
+	cut = http_stop(h, env.grace_ms);
+	fprintf(stderr, "moepager serve: stopped; %u request(s) cut short\n", cut);
+	return 0;
+}

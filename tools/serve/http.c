@@ -1,0 +1,927 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The HTTP front end (see http.h). Threads: libmicrohttpd's one epoll
+ * thread runs the handlers; the backend's scheduler thread delivers tokens
+ * through callbacks; the main thread ticks the janitor.
+ *
+ * A completion is a reference-counted struct req: one reference for the
+ * connection, one for the scheduler until done, one for a stream's reader.
+ * A request waiting for tokens is suspended (MHD_suspend_connection() with
+ * req->lock held, from an MHD callback) and resumed by a callback
+ * (MHD_resume_connection() with no lock held): a resume can never come
+ * before its suspend, and libmicrohttpd's locks never nest inside ours the
+ * other way round. A suspended connection cannot complete, so its fd and
+ * req stay valid until the resume.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve/api.h"
+#include "serve/http.h"
+#include "serve/metrics.h"
+#include "cli.h"
+#include "text.h"
+
+#if MHD_VERSION < 0x00097002
+typedef int mhd_result;
+#else
+typedef enum MHD_Result mhd_result;
+#endif
+
+enum endpoint { EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
+
+static const char *const ep_name[EP_COUNT] = {
+	"/v1/completions", "/v1/models", "/health", "/metrics", "other",
+};
+static const int codes[] = { 200, 400, 404, 405, 413, 500, 503 };
+#define NCODES (sizeof(codes) / sizeof(codes[0]))
+
+/* A connection, for the janitor: how long it has been sending its request. */
+enum phase { PH_HEADERS = 0, PH_BODY, PH_BUSY };
+
+struct conn {
+	struct conn *prev, *next;
+	int fd;
+	enum phase phase;
+	uint64_t since;
+	bool shut;
+};
+
+struct req {
+	struct http_server *h;
+	pthread_mutex_t lock;
+	int refs;
+	struct MHD_Connection *c;	/* NULL once the connection is done */
+	int fd;
+	struct strbuf body;
+	bool too_big;
+	bool answered;			/* the final handler call has run */
+	bool submitted, finished, suspended, stream;
+	atomic_bool gone;		/* the client left */
+	const struct serve_model *m;
+	struct api_request api;
+	uint64_t id;
+	struct textgen tg;
+	struct strbuf out;		/* stream: bytes to send; else the finished body */
+	char cmpl_id[32];
+	long created;
+	uint32_t prompt_tokens, tokens;
+	enum mp_sched_finish why;
+	int err;
+	struct req *pprev, *pnext;	/* the parked list, under h->lock */
+};
+
+struct http_server {
+	struct http_config cfg;
+	struct serve_backend *b;
+	struct MHD_Daemon *d;
+	uint16_t port;
+	pthread_mutex_t lock;		/* conns, parked, counters */
+	struct conn *conns;
+	struct req *parked;
+	atomic_bool draining;
+	atomic_uint suspended;
+	atomic_uint live;		/* reqs allocated */
+	atomic_uint cut_short;
+	atomic_uint_fast64_t next_cmpl;
+	uint64_t count[EP_COUNT][NCODES];
+	uint64_t slow_closed;
+	atomic_uint_fast64_t handler_ns;
+	char markers[EP_COUNT];		/* *con_cls of the requests without a body of their own */
+};
+
+static uint64_t now_ns(void)
+{
+	return cli_now_ns();
+}
+
+/*
+ * Answers
+ */
+
+static void count(struct http_server *h, enum endpoint ep, unsigned status)
+{
+	pthread_mutex_lock(&h->lock);
+	for (size_t i = 0; i < NCODES; i++)
+		if (codes[i] == (int)status)
+			h->count[ep][i]++;
+	pthread_mutex_unlock(&h->lock);
+}
+
+static mhd_result answer(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
+			 unsigned status, const char *type, char *body, bool retry_after)
+{
+	struct MHD_Response *r;
+	mhd_result ret;
+
+	if (!body)
+		return MHD_NO;		/* out of memory: the connection closes */
+	r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+	if (retry_after)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+	ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	count(h, ep, status);
+	return ret;
+}
+
+static mhd_result answer_json(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
+			      unsigned status, char *body)
+{
+	return answer(h, c, ep, status, "application/json", body, false);
+}
+
+/* An error as OpenAI's API gives it: {"error": {message, type, param, code}}. */
+static mhd_result answer_error(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
+			       const struct api_error *e)
+{
+	const char *type = e->status == 503 ? "server_busy" : e->status >= 500 ? "server_error" :
+			   e->status == 404 ? "not_found_error" : "invalid_request_error";
+
+	return answer(h, c, ep, e->status, "application/json", api_error_json(e, type),
+		      e->status == 503);
+}
+
+static mhd_result fail(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
+		       unsigned status, const char *param, const char *msg)
+{
+	struct api_error e;
+
+	api_fail(&e, (int)status, param, "%s", msg);
+	return answer_error(h, c, ep, &e);
+}
+
+/*
+ * Requests: references, parking
+ */
+
+static void req_unref(struct req *q)
+{
+	int left;
+
+	pthread_mutex_lock(&q->lock);
+	left = --q->refs;
+	pthread_mutex_unlock(&q->lock);
+	if (left)
+		return;
+	atomic_fetch_sub(&q->h->live, 1);
+	sb_free(&q->body);
+	sb_free(&q->out);
+	textgen_fini(&q->tg);
+	api_request_free(&q->api);
+	pthread_mutex_destroy(&q->lock);
+	free(q);
+}
+
+/* Suspends q's connection until a callback resumes it. From an MHD callback, q->lock held. */
+static void park(struct req *q)
+{
+	struct http_server *h = q->h;
+
+	q->suspended = true;
+	atomic_fetch_add(&h->suspended, 1);
+	pthread_mutex_lock(&h->lock);
+	q->pprev = NULL;
+	q->pnext = h->parked;
+	if (h->parked)
+		h->parked->pprev = q;
+	h->parked = q;
+	pthread_mutex_unlock(&h->lock);
+	MHD_suspend_connection(q->c);
+}
+
+/* Takes q off the parked list; true when the caller must resume it. q->lock held. */
+static bool unpark(struct req *q)
+{
+	struct http_server *h = q->h;
+
+	if (!q->suspended)
+		return false;
+	q->suspended = false;
+	pthread_mutex_lock(&h->lock);
+	if (q->pprev)
+		q->pprev->pnext = q->pnext;
+	else
+		h->parked = q->pnext;
+	if (q->pnext)
+		q->pnext->pprev = q->pprev;
+	pthread_mutex_unlock(&h->lock);
+	return true;
+}
+
+/* Resumes a connection unpark() released. No lock held. */
+static void resume(struct http_server *h, struct MHD_Connection *c)
+{
+	MHD_resume_connection(c);
+	atomic_fetch_sub(&h->suspended, 1);
+}
+
+/*
+ * The scheduler's callbacks (its thread)
+ */
+
+static const char *finish_name(enum mp_sched_finish why)
+{
+	return why == MP_FINISH_LENGTH ? "length" : "stop";
+}
+
+static int on_token(void *arg, uint32_t tok)
+{
+	struct req *q = arg;
+	struct MHD_Connection *c;
+	const char *delta = NULL;
+	size_t len = 0;
+	bool wake;
+	int stop = 0;
+
+	pthread_mutex_lock(&q->lock);
+	c = q->c;
+	q->tokens++;
+	/* The end-of-sequence token ends the text; it is not part of it. */
+	if (tok != q->m->eos || q->api.ignore_eos)
+		stop = textgen_push(&q->tg, tok, &delta, &len);
+	if (stop < 0)
+		stop = 1;		/* out of memory: end it rather than lose text */
+	if (q->stream && len) {
+		char *ev = api_chunk_sse(q->cmpl_id, q->created, q->m->name, delta, len, NULL);
+
+		if (ev)
+			sb_add(&q->out, ev, strlen(ev));
+		free(ev);
+	}
+	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
+	wake = q->stream && unpark(q);
+	pthread_mutex_unlock(&q->lock);
+	if (wake)
+		resume(q->h, c);
+	return stop;
+}
+
+/* What a finished request sends: the stream's last events, or the whole body. q->lock held. */
+static void finish_body(struct req *q)
+{
+	const char *rest;
+	size_t len;
+	char *s;
+
+	textgen_flush(&q->tg, &rest, &len);
+	if (!q->stream) {
+		s = api_completion_json(q->cmpl_id, q->created, q->m->name,
+					q->tg.text ? q->tg.text + q->tg.start : NULL,
+					q->tg.len - q->tg.start, finish_name(q->why),
+					q->prompt_tokens, q->tokens);
+		if (s)
+			sb_add(&q->out, s, strlen(s));
+		free(s);
+		return;
+	}
+	if (q->why == MP_FINISH_ERROR || q->why == MP_FINISH_SHUTDOWN) {
+		struct api_error e;
+
+		api_fail(&e, q->why == MP_FINISH_SHUTDOWN ? 503 : 500, NULL, "%s",
+			 q->why == MP_FINISH_SHUTDOWN ? "the server is shutting down" :
+			 "generation failed: the model's weights could not be read");
+		s = api_error_json(&e, "server_error");
+		if (s)
+			sb_printf(&q->out, "data: %s\n\n", s);
+		free(s);
+	} else {
+		s = api_chunk_sse(q->cmpl_id, q->created, q->m->name, rest, len,
+				  finish_name(q->why));
+		if (s)
+			sb_add(&q->out, s, strlen(s));
+		free(s);
+	}
+	sb_add(&q->out, "data: [DONE]\n\n", 14);
+}
+
+static void on_done(void *arg, enum mp_sched_finish why, int err, const struct mp_sched_timing *t)
+{
+	struct req *q = arg;
+	struct MHD_Connection *c;
+	bool wake;
+
+	(void)t;
+	if (why == MP_FINISH_SHUTDOWN)
+		atomic_fetch_add(&q->h->cut_short, 1);
+	pthread_mutex_lock(&q->lock);
+	c = q->c;
+	q->finished = true;
+	q->why = why;
+	q->err = err;
+	if (why != MP_FINISH_CANCELLED)
+		finish_body(q);
+	wake = unpark(q);
+	pthread_mutex_unlock(&q->lock);
+	if (wake)
+		resume(q->h, c);
+	req_unref(q);
+}
+
+/*
+ * POST /v1/completions
+ */
+
+/* The prompt as token ids: the request's, or its text through the model's tokenizer. */
+static int prompt_ids(struct req *q, uint32_t **ids, uint32_t *n, struct api_error *e)
+{
+	const struct serve_model *m = q->m;
+
+	if (q->api.prompt_ids) {
+		for (uint32_t i = 0; i < q->api.nprompt_ids; i++)
+			if (q->api.prompt_ids[i] >= m->vocab)
+				return api_fail(e, 400, "prompt", "prompt[%u] = %u is not a token "
+						"of model %s (vocabulary %u)", i,
+						q->api.prompt_ids[i], m->name, m->vocab);
+		*ids = q->api.prompt_ids;
+		*n = q->api.nprompt_ids;
+		return 0;
+	}
+	if (!m->tok)
+		return api_fail(e, 400, "prompt", "model %s has no tokenizer: send the prompt "
+				"as an array of token ids", m->name);
+	if (text_encode_prompt(m->tok, q->api.prompt_text, ids, n))
+		return api_fail(e, 400, "prompt", "the prompt could not be tokenized");
+	return 0;
+}
+
+static int check_and_submit(struct req *q, struct api_error *e)
+{
+	struct mp_sched_callbacks cb = { on_token, on_done, q };
+	struct mp_sched_params p = { .max_tokens = q->api.max_tokens,
+				     .temperature = (float)q->api.temperature,
+				     .top_p = (float)q->api.top_p, .top_k = q->api.top_k };
+	uint32_t *ids, n;
+	int err;
+
+	q->m = serve_model_find(q->h->b, q->api.model);
+	if (!q->m)
+		return api_fail(e, 404, "model", "model '%s' is not served here (GET /v1/models)",
+				q->api.model);
+	err = prompt_ids(q, &ids, &n, e);
+	if (err)
+		return err;
+	q->prompt_tokens = n;
+	if (n > q->m->context || q->api.max_tokens > q->m->context - n) {
+		err = api_fail(e, 400, n > q->m->context ? "prompt" : "max_tokens",
+			       "the prompt has %u tokens and max_tokens is %u: more than the "
+			       "context of %u tokens", n, q->api.max_tokens, q->m->context);
+		goto out;
+	}
+	p.seed = q->api.seed_set ? q->api.seed : now_ns() ^ (uint64_t)q->id;
+	p.eos = q->m->eos;
+	p.no_eos = q->api.ignore_eos || q->m->eos == UINT32_MAX;
+	if (textgen_init(&q->tg, q->m->tok, (const char *const *)q->api.stop, q->api.nstop,
+			 ids[n - 1])) {
+		err = api_fail(e, 500, NULL, "out of memory");
+		goto out;
+	}
+	pthread_mutex_lock(&q->lock);
+	q->refs++;		/* the scheduler's, until done */
+	pthread_mutex_unlock(&q->lock);
+	err = q->h->b->ops->submit(q->h->b, q->m, ids, n, &p, &cb, &q->id);
+	if (err) {
+		pthread_mutex_lock(&q->lock);
+		q->refs--;
+		pthread_mutex_unlock(&q->lock);
+		if (err == -EAGAIN || err == -ESHUTDOWN)
+			api_fail(e, 503, NULL, "%s", err == -EAGAIN ? "the queue is full: retry "
+				 "later" : "the server is shutting down");
+		else
+			api_fail(e, 400, NULL, "%s", mp_last_error());
+	}
+out:
+	if (ids != q->api.prompt_ids)
+		free(ids);
+	return err;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct req *q = cls;
+	size_t n;
+
+	(void)pos;
+	pthread_mutex_lock(&q->lock);
+	if (q->out.len) {
+		n = max < q->out.len ? max : q->out.len;
+		memcpy(buf, q->out.s, n);
+		sb_consume(&q->out, n);
+		pthread_mutex_unlock(&q->lock);
+		return (ssize_t)n;
+	}
+	if (q->finished || atomic_load(&q->gone)) {
+		bool ok = q->finished && q->why != MP_FINISH_CANCELLED;
+
+		pthread_mutex_unlock(&q->lock);
+		return ok ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+	}
+	park(q);
+	pthread_mutex_unlock(&q->lock);
+	return 0;
+}
+
+static void sse_release(void *cls)
+{
+	req_unref(cls);
+}
+
+static mhd_result start_stream(struct req *q, struct MHD_Connection *c)
+{
+	struct MHD_Response *r;
+	mhd_result ret;
+
+	pthread_mutex_lock(&q->lock);
+	q->refs++;		/* the reader's */
+	pthread_mutex_unlock(&q->lock);
+	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, q, sse_release);
+	if (!r) {
+		req_unref(q);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+	ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	count(q->h, EP_COMPLETIONS, 200);
+	return ret;
+}
+
+/* The finished body of a request that waited (or finished before it could). */
+static mhd_result answer_finished(struct req *q, struct MHD_Connection *c)
+{
+	char *body;
+
+	if (q->why == MP_FINISH_CANCELLED)
+		return MHD_NO;
+	if (q->why == MP_FINISH_ERROR || q->why == MP_FINISH_SHUTDOWN) {
+		struct api_error e;
+
+		api_fail(&e, q->why == MP_FINISH_SHUTDOWN ? 503 : 500, NULL, "%s",
+			 q->why == MP_FINISH_SHUTDOWN ? "the server is shutting down" :
+			 "generation failed: the model's weights could not be read");
+		return answer_error(q->h, c, EP_COMPLETIONS, &e);
+	}
+	body = q->out.s ? strndup(q->out.s, q->out.len) : NULL;
+	return answer_json(q->h, c, EP_COMPLETIONS, 200, body);
+}
+
+static mhd_result completion(struct req *q, struct MHD_Connection *c)
+{
+	struct api_error e;
+	mhd_result ret = MHD_YES;
+
+	if (q->answered) {
+		/* Resumed: the request has finished, or its client left. */
+		pthread_mutex_lock(&q->lock);
+		if (atomic_load(&q->gone))
+			ret = MHD_NO;
+		else if (q->finished)
+			ret = answer_finished(q, c);
+		else
+			park(q);
+		pthread_mutex_unlock(&q->lock);
+		return ret;
+	}
+	q->answered = true;
+	if (q->too_big)
+		return fail(q->h, c, EP_COMPLETIONS, 413, NULL, "the body is too large");
+	if (atomic_load(&q->h->draining))
+		return fail(q->h, c, EP_COMPLETIONS, 503, NULL, "the server is shutting down");
+	if (api_parse_completion(q->body.s ? q->body.s : "", q->body.len, &q->api, &e) ||
+	    check_and_submit(q, &e))
+		return answer_error(q->h, c, EP_COMPLETIONS, &e);
+	q->stream = q->api.stream;
+	q->submitted = true;
+	if (q->stream)
+		return start_stream(q, c);
+	pthread_mutex_lock(&q->lock);
+	if (q->finished)
+		ret = answer_finished(q, c);
+	else
+		park(q);
+	pthread_mutex_unlock(&q->lock);
+	return ret;
+}
+
+/*
+ * The handler
+ */
+
+static enum endpoint route(const char *method, const char *url, bool *method_ok)
+{
+	static const char *const methods[EP_COUNT] = { "POST", "GET", "GET", "GET", NULL };
+
+	for (int ep = 0; ep < EP_OTHER; ep++) {
+		if (strcmp(url, ep_name[ep]))
+			continue;
+		*method_ok = !strcmp(method, methods[ep]);
+		return (enum endpoint)ep;
+	}
+	*method_ok = true;
+	return EP_OTHER;
+}
+
+static struct conn *conn_of(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
+
+static void set_phase(struct http_server *h, struct MHD_Connection *c, enum phase ph)
+{
+	struct conn *k;
+
+	pthread_mutex_lock(&h->lock);
+	k = conn_of(c);
+	if (k) {
+		k->phase = ph;
+		k->since = now_ns();
+	}
+	pthread_mutex_unlock(&h->lock);
+}
+
+static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, enum endpoint ep)
+{
+	const char *names[64];
+	const struct serve_model *m;
+	struct strbuf o;
+	uint32_t n = 0;
+
+	switch (ep) {
+	case EP_HEALTH:
+		if (atomic_load(&h->draining))
+			return fail(h, c, ep, 503, NULL, "draining");
+		return answer_json(h, c, ep, 200, strdup("{\"status\":\"ok\"}"));
+	case EP_MODELS:
+		while (n < 64 && (m = h->b->ops->model(h->b, n)))
+			names[n++] = m->name;
+		return answer_json(h, c, ep, 200, api_models_json(names, n, time(NULL)));
+	case EP_METRICS:
+		sb_init(&o);
+		http_metrics(h, &o);
+		if (o.oom) {
+			sb_free(&o);
+			return MHD_NO;
+		}
+		return answer(h, c, ep, 200, "text/plain; version=0.0.4; charset=utf-8", o.s,
+			      false);
+	default:
+		return fail(h, c, ep, 404, NULL, "no such endpoint (POST /v1/completions, GET "
+			    "/v1/models, /health, /metrics)");
+	}
+}
+
+static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, const char *url,
+			     const char *method, void **con_cls)
+{
+	const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+						      MHD_HTTP_HEADER_CONTENT_LENGTH);
+	bool method_ok;
+	enum endpoint ep = route(method, url, &method_ok);
+	const union MHD_ConnectionInfo *ci;
+	struct req *q;
+
+	set_phase(h, c, PH_BODY);
+	if (!method_ok) {
+		*con_cls = &h->markers[EP_OTHER];
+		return fail(h, c, ep, 405, NULL, "method not allowed on this endpoint");
+	}
+	if (ep != EP_COMPLETIONS) {
+		/* Answered on the next call: one queued now would close the connection. */
+		*con_cls = &h->markers[ep];
+		return MHD_YES;
+	}
+	if (len && strtoull(len, NULL, 10) > h->cfg.max_body) {
+		*con_cls = &h->markers[EP_OTHER];
+		return fail(h, c, ep, 413, NULL, "the body is too large");
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return MHD_NO;
+	q->h = h;
+	q->refs = 1;		/* the connection's */
+	q->c = c;
+	ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	q->fd = ci ? ci->connect_fd : -1;
+	q->created = time(NULL);
+	snprintf(q->cmpl_id, sizeof(q->cmpl_id), "cmpl-%llu",
+		 (unsigned long long)atomic_fetch_add(&h->next_cmpl, 1));
+	pthread_mutex_init(&q->lock, NULL);
+	sb_init(&q->body);
+	sb_init(&q->out);
+	atomic_fetch_add(&h->live, 1);
+	*con_cls = q;
+	return MHD_YES;
+}
+
+static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *url,
+			     const char *method, const char *version, const char *upload,
+			     size_t *upload_size, void **con_cls)
+{
+	struct http_server *h = cls;
+	uint64_t t0 = now_ns();
+	mhd_result ret;
+	struct req *q;
+
+	(void)version;
+	if (!*con_cls) {
+		ret = first_call(h, c, url, method, con_cls);
+	} else if ((char *)*con_cls >= h->markers && (char *)*con_cls < h->markers + EP_COUNT) {
+		ret = MHD_YES;
+		if (*upload_size)
+			*upload_size = 0;	/* a body nobody asked for */
+		else
+			ret = simple_get(h, c, (enum endpoint)((char *)*con_cls - h->markers));
+	} else if (*upload_size) {
+		q = *con_cls;
+		if (q->body.len + *upload_size > h->cfg.max_body)
+			q->too_big = true;
+		else
+			sb_add(&q->body, upload, *upload_size);
+		*upload_size = 0;
+		/* Past twice the limit it is not a client that will read a 413. */
+		ret = q->body.len + *upload_size > 2ull * h->cfg.max_body ? MHD_NO : MHD_YES;
+	} else {
+		set_phase(h, c, PH_BUSY);
+		ret = completion(*con_cls, c);
+	}
+	atomic_fetch_add(&h->handler_ns, now_ns() - t0);
+	return ret;
+}
+
+/* A request is over (answered, or its connection failed). */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	struct http_server *h = cls;
+	struct req *q = *con_cls;
+	bool cancel;
+
+	(void)toe;
+	set_phase(h, c, PH_HEADERS);
+	if (!q || ((char *)q >= h->markers && (char *)q < h->markers + EP_COUNT))
+		return;
+	*con_cls = NULL;
+	pthread_mutex_lock(&q->lock);
+	q->c = NULL;
+	cancel = q->submitted && !q->finished;
+	if (cancel)
+		atomic_store(&q->gone, true);
+	pthread_mutex_unlock(&q->lock);
+	if (cancel)
+		h->b->ops->cancel(h->b, q->m, q->id);
+	req_unref(q);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	struct http_server *h = cls;
+	const union MHD_ConnectionInfo *ci;
+	struct conn *k;
+
+	pthread_mutex_lock(&h->lock);
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		k = calloc(1, sizeof(*k));
+		ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		if (k) {
+			k->fd = ci ? ci->connect_fd : -1;
+			k->since = now_ns();
+			k->next = h->conns;
+			if (h->conns)
+				h->conns->prev = k;
+			h->conns = k;
+		}
+		*socket_context = k;
+	} else if ((k = *socket_context)) {
+		/* Unlinked before MHD closes the fd: the janitor never shuts a reused one. */
+		if (k->prev)
+			k->prev->next = k->next;
+		else
+			h->conns = k->next;
+		if (k->next)
+			k->next->prev = k->prev;
+		free(k);
+		*socket_context = NULL;
+	}
+	pthread_mutex_unlock(&h->lock);
+}
+
+/*
+ * Metrics, the janitor, start and stop
+ */
+
+void http_metrics(struct http_server *h, struct strbuf *o)
+{
+	metrics_family(o, "moepager_http_requests_total", "counter",
+		       "HTTP requests answered, by endpoint and status.");
+	pthread_mutex_lock(&h->lock);
+	for (int ep = 0; ep < EP_COUNT; ep++)
+		for (size_t i = 0; i < NCODES; i++)
+			if (h->count[ep][i])
+				sb_printf(o, "moepager_http_requests_total{endpoint=\"%s\","
+					  "code=\"%d\"} %llu\n", ep_name[ep], codes[i],
+					  (unsigned long long)h->count[ep][i]);
+	sb_printf(o, "# HELP moepager_http_slow_connections_closed_total Connections closed "
+		  "for sending their request too slowly.\n# TYPE "
+		  "moepager_http_slow_connections_closed_total counter\n"
+		  "moepager_http_slow_connections_closed_total %llu\n",
+		  (unsigned long long)h->slow_closed);
+	pthread_mutex_unlock(&h->lock);
+	metrics_family(o, "moepager_http_handler_seconds_total", "counter",
+		       "Time in the HTTP handlers (parsing, tokenizing, answering).");
+	sb_printf(o, "moepager_http_handler_seconds_total %.9f\n",
+		  (double)atomic_load(&h->handler_ns) / 1e9);
+	h->b->ops->metrics(h->b, o);
+}
+
+/* Connections past their deadline for headers or body are shut (MHD then closes them). */
+static void close_slow(struct http_server *h, uint64_t now)
+{
+	uint64_t hdr = (uint64_t)h->cfg.header_timeout_s * 1000000000ull;
+	uint64_t body = (uint64_t)h->cfg.body_timeout_s * 1000000000ull;
+
+	for (struct conn *k = h->conns; k; k = k->next) {
+		uint64_t limit = k->phase == PH_HEADERS ? hdr : k->phase == PH_BODY ? body : 0;
+
+		if (!limit || k->shut || k->fd < 0 || now - k->since <= limit)
+			continue;
+		shutdown(k->fd, SHUT_RDWR);
+		k->shut = true;
+		h->slow_closed++;
+	}
+}
+
+/*
+ * A suspended connection is not watched by MHD: a client that left while
+ * its request waited is found here (a readable socket that reads 0 bytes)
+ * and its request cancelled, which resumes the connection to close it.
+ */
+static uint32_t find_gone(struct http_server *h, struct req **gone, uint32_t cap)
+{
+	uint32_t n = 0;
+	char c;
+
+	for (struct req *q = h->parked; q && n < cap; q = q->pnext) {
+		if (q->fd < 0 || atomic_load(&q->gone))
+			continue;
+		if (recv(q->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+			continue;
+		atomic_store(&q->gone, true);
+		gone[n++] = q;
+	}
+	return n;
+}
+
+void http_tick(struct http_server *h)
+{
+	struct req *gone[64];
+	uint64_t ids[64];
+	const struct serve_model *ms[64];
+	uint32_t n;
+
+	pthread_mutex_lock(&h->lock);
+	close_slow(h, now_ns());
+	n = find_gone(h, gone, 64);
+	/* Parked requests stay valid while parked; their ids are all a cancel needs. */
+	for (uint32_t i = 0; i < n; i++) {
+		ids[i] = gone[i]->id;
+		ms[i] = gone[i]->m;
+	}
+	pthread_mutex_unlock(&h->lock);
+	for (uint32_t i = 0; i < n; i++)
+		if (ms[i])
+			h->b->ops->cancel(h->b, ms[i], ids[i]);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	(void)cls;
+	if (getenv("MOEPAGER_DEBUG"))
+		vfprintf(stderr, fmt, ap);
+}
+
+int http_start(const struct http_config *cfg, struct serve_backend *b, struct http_server **out)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(cfg->port) };
+	const union MHD_DaemonInfo *di;
+	struct http_server *h;
+
+	if (inet_pton(AF_INET, cfg->host, &sin.sin_addr) != 1) {
+		fprintf(stderr, "moepager serve: --listen: '%s' is not an IPv4 address\n",
+			cfg->host);
+		return -EINVAL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	h->cfg = *cfg;
+	h->cfg.max_connections = cfg->max_connections ? cfg->max_connections : 256;
+	h->cfg.max_body = cfg->max_body ? cfg->max_body : 1u << 20;
+	h->cfg.idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 15;
+	h->cfg.header_timeout_s = cfg->header_timeout_s ? cfg->header_timeout_s : 10;
+	h->cfg.body_timeout_s = cfg->body_timeout_s ? cfg->body_timeout_s : 30;
+	h->b = b;
+	h->next_cmpl = 1;
+	pthread_mutex_init(&h->lock, NULL);
+	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD |
+				MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL,
+				on_request, h,
+				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)h->cfg.idle_timeout_s,
+				MHD_OPTION_CONNECTION_LIMIT, (unsigned int)h->cfg.max_connections,
+				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+				MHD_OPTION_END);
+	if (!h->d) {
+		fprintf(stderr, "moepager serve: cannot listen on %s:%u: %s\n", cfg->host,
+			cfg->port, strerror(errno ? errno : EADDRINUSE));
+		pthread_mutex_destroy(&h->lock);
+		free(h);
+		return -EADDRINUSE;
+	}
+	di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+	h->port = di ? di->port : cfg->port;
+	*out = h;
+	return 0;
+}
+
+uint16_t http_port(const struct http_server *h)
+{
+	return h->port;
+}
+
+/* Waits up to ms for cond(h) to hold, polling. */
+static bool wait_until(struct http_server *h, bool (*cond)(struct http_server *), uint32_t ms)
+{
+	for (uint32_t t = 0; !cond(h); t += 10) {
+		if (t >= ms)
+			return false;
+		usleep(10000);
+	}
+	return true;
+}
+
+static bool none_suspended(struct http_server *h)
+{
+	return !atomic_load(&h->suspended);
+}
+
+/* Every request answered: nothing left busy on a connection. */
+static bool none_busy(struct http_server *h)
+{
+	bool busy = false;
+
+	pthread_mutex_lock(&h->lock);
+	for (struct conn *k = h->conns; k && !busy; k = k->next)
+		busy = k->phase == PH_BUSY;
+	pthread_mutex_unlock(&h->lock);
+	return !busy;
+}
+
+uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
+{
+	MHD_socket lsock = MHD_quiesce_daemon(h->d);
+	uint32_t cut;
+
+	/* New connections are refused at once instead of waiting in the backlog. */
+	if (lsock != MHD_INVALID_SOCKET)
+		shutdown(lsock, SHUT_RDWR);
+	atomic_store(&h->draining, true);
+	h->b->ops->drain(h->b, grace_ms);
+	/* What still runs ends with an error its client is sent. */
+	h->b->ops->close(h->b);
+	wait_until(h, none_suspended, 5000);
+	wait_until(h, none_busy, 2000);
+	/* MHD must not stop with a suspended connection: wait_until made sure there is none. */
+	if (none_suspended(h))
+		MHD_stop_daemon(h->d);
+	if (lsock != MHD_INVALID_SOCKET)
+		close(lsock);
+	cut = atomic_load(&h->cut_short);
+	if (atomic_load(&h->live))
+		fprintf(stderr, "moepager serve: %u requests still held at exit\n",
+			atomic_load(&h->live));
+	pthread_mutex_destroy(&h->lock);
+	free(h);
+	return cut;
+}

@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: MIT */
+/* GET /metrics: the library's counters in Prometheus text format (exposition format 0.0.4). */
+#ifndef MP_SERVE_METRICS_H
+#define MP_SERVE_METRICS_H
+
+#include <moepager.h>
+
+#include "serve/strbuf.h"
+
+/* Each appends its families, labelled model="NAME". */
+void metrics_sched(struct strbuf *o, const char *model, const struct mp_sched_stats *s);
+void metrics_pager(struct strbuf *o, const char *model, const struct mp_pager_stats *s);
+void metrics_prefetcher(struct strbuf *o, const char *model, const struct mp_prefetcher_stats *s);
+
+/* A family's # HELP and # TYPE lines. */
+void metrics_family(struct strbuf *o, const char *name, const char *type, const char *help);
+
+#endif /* MP_SERVE_METRICS_H */
