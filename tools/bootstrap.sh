@@ -22,6 +22,7 @@ PACKAGES=(
 	liburing-dev libnuma-dev libbpf-dev bpftool libcmocka-dev libxxhash-dev
 	libjansson-dev systemtap-sdt-dev libelf-dev zlib1g-dev
 	python3-numpy gnuplot-nox bpftrace libopenblas-dev libclang-rt-14-dev xz-utils
+	libmicrohttpd-dev libcurl4-openssl-dev curl python3-prometheus-client
 )
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

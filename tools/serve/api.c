@@ -351,6 +351,9 @@ int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dle
 	if (g->stopped)
 		return 1;
 	err = add_id(g, id);
+	/* Without a tokenizer there is no text, only the ids. */
+	if (!err && !g->tok)
+		return 0;
 	if (!err)
 		err = decode_all(g);
 	if (err)
@@ -390,33 +393,44 @@ static char *dump(json_t *o)
 
 char *api_error_json(const struct api_error *err, const char *type)
 {
-	return dump(json_pack("{s:{s:s, s:s, s:s*, s:n}}", "error", "message", err->message,
+	return dump(json_pack("{s:{s:s, s:s, s:s?, s:n}}", "error", "message", err->message,
 			      "type", type, "param", err->param[0] ? err->param : NULL, "code"));
 }
 
-static json_t *choice(const char *text, size_t len, const char *finish)
+static json_t *choice(const char *text, size_t len, const char *finish, const uint32_t *ids,
+		      uint32_t n)
 {
-	return json_pack("{s:s%, s:i, s:n, s:s?}", "text", text ? text : "", text ? len : 0,
-			 "index", 0, "logprobs", "finish_reason", finish);
+	json_t *c = json_pack("{s:s%, s:i, s:n, s:s?}", "text", text ? text : "", text ? len : 0,
+			      "index", 0, "logprobs", "finish_reason", finish);
+	json_t *a = ids ? json_array() : NULL;
+
+	for (uint32_t i = 0; a && i < n; i++)
+		json_array_append_new(a, json_integer(ids[i]));
+	if (c && a)
+		json_object_set_new(c, "token_ids", a);
+	else
+		json_decref(a);
+	return c;
 }
 
 char *api_completion_json(const char *id, long created, const char *model, const char *text,
-			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens)
+			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens,
+			  const uint32_t *ids, uint32_t n)
 {
 	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:I, s:I, s:I}}", "id", id,
 			      "object", "text_completion", "created", (json_int_t)created,
-			      "model", model, "choices", choice(text, len, finish), "usage",
+			      "model", model, "choices", choice(text, len, finish, ids, n), "usage",
 			      "prompt_tokens", (json_int_t)prompt_tokens, "completion_tokens",
 			      (json_int_t)tokens, "total_tokens",
 			      (json_int_t)prompt_tokens + tokens));
 }
 
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
-		    size_t len, const char *finish)
+		    size_t len, const char *finish, const uint32_t *ids, uint32_t n)
 {
 	char *j = dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
 				 "text_completion", "created", (json_int_t)created, "model", model,
-				 "choices", choice(text, len, finish)));
+				 "choices", choice(text, len, finish, ids, n)));
 	char *e = NULL;
 
 	if (j && asprintf(&e, "data: %s\n\n", j) < 0)

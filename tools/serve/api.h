@@ -95,12 +95,17 @@ void textgen_flush(struct textgen *g, const char **delta, size_t *dlen);
 
 /* JSON bodies (malloc()ed strings, NULL when out of memory). */
 char *api_error_json(const struct api_error *err, const char *type);
-/* A finished completion: the whole text, why it ended ("length", "stop"), usage. */
+/*
+ * A finished completion: the whole text, why it ended ("length", "stop"),
+ * usage. ids (n of them, may be NULL) are added as choices[0].token_ids:
+ * the completion of a model without a tokenizer, whose text is empty.
+ */
 char *api_completion_json(const char *id, long created, const char *model, const char *text,
-			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens);
-/* One server-sent event of a stream: "data: {chunk}\n\n"; finish may be NULL. */
+			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens,
+			  const uint32_t *ids, uint32_t n);
+/* One server-sent event of a stream: "data: {chunk}\n\n"; finish and ids may be NULL. */
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
-		    size_t len, const char *finish);
+		    size_t len, const char *finish, const uint32_t *ids, uint32_t n);
 /* GET /v1/models for names[0..n). */
 char *api_models_json(const char *const *names, uint32_t n, long created);
 

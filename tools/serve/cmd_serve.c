@@ -28,7 +28,8 @@ static struct serve_env {
 enum {
 	OPT_NAME = 0x100, OPT_TOKENIZER, OPT_BUDGET, OPT_PREFETCH, OPT_EVICT, OPT_LISTEN,
 	OPT_PORT_FILE, OPT_MAX_BATCH, OPT_MAX_QUEUE, OPT_KV_BUDGET, OPT_PREFILL_CHUNK,
-	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS,
+	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS, OPT_REQUEST_TIMEOUT,
+	OPT_IDLE_TIMEOUT,
 };
 
 static const char doc[] =
@@ -69,6 +70,9 @@ static const struct argp_option opts[] = {
 	{ "grace-ms", OPT_GRACE, "MS", 0, "Time running requests get at shutdown (10000)", 0 },
 	{ "max-body", OPT_MAX_BODY, "SIZE", 0, "Largest request body (default 1M)", 0 },
 	{ "max-connections", OPT_MAX_CONNECTIONS, "N", 0, "Open connections at most (256)", 0 },
+	{ "request-timeout", OPT_REQUEST_TIMEOUT, "S", 0,
+	  "Seconds a client has to send a request's headers, and again its body (10)", 0 },
+	{ "idle-timeout", OPT_IDLE_TIMEOUT, "S", 0, "Seconds a silent connection stays open (15)", 0 },
 	{ 0 },
 };
 
@@ -132,6 +136,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_MAX_CONNECTIONS:
 		if (cli_parse_u32("--max-connections", arg, 1, 65536, &env.http.max_connections))
+			argp_usage(state);
+		break;
+	case OPT_REQUEST_TIMEOUT:
+		if (cli_parse_u32("--request-timeout", arg, 1, 3600, &env.http.header_timeout_s))
+			argp_usage(state);
+		env.http.body_timeout_s = env.http.header_timeout_s;
+		break;
+	case OPT_IDLE_TIMEOUT:
+		if (cli_parse_u32("--idle-timeout", arg, 1, 3600, &env.http.idle_timeout_s))
 			argp_usage(state);
 		break;
 	case ARGP_KEY_INIT:

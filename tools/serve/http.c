@@ -256,8 +256,10 @@ static int on_token(void *arg, uint32_t tok)
 		stop = textgen_push(&q->tg, tok, &delta, &len);
 	if (stop < 0)
 		stop = 1;		/* out of memory: end it rather than lose text */
-	if (q->stream && len) {
-		char *ev = api_chunk_sse(q->cmpl_id, q->created, q->m->name, delta, len, NULL);
+	if (q->stream && (len || !q->m->tok)) {
+		/* A model without a tokenizer streams its token ids. */
+		char *ev = api_chunk_sse(q->cmpl_id, q->created, q->m->name, delta, len, NULL,
+					 q->m->tok ? NULL : &tok, 1);
 
 		if (ev)
 			sb_add(&q->out, ev, strlen(ev));
@@ -283,7 +285,8 @@ static void finish_body(struct req *q)
 		s = api_completion_json(q->cmpl_id, q->created, q->m->name,
 					q->tg.text ? q->tg.text + q->tg.start : NULL,
 					q->tg.len - q->tg.start, finish_name(q->why),
-					q->prompt_tokens, q->tokens);
+					q->prompt_tokens, q->tokens, q->m->tok ? NULL : q->tg.ids,
+					q->tg.n);
 		if (s)
 			sb_add(&q->out, s, strlen(s));
 		free(s);
@@ -301,7 +304,7 @@ static void finish_body(struct req *q)
 		free(s);
 	} else {
 		s = api_chunk_sse(q->cmpl_id, q->created, q->m->name, rest, len,
-				  finish_name(q->why));
+				  finish_name(q->why), NULL, 0);
 		if (s)
 			sb_add(&q->out, s, strlen(s));
 		free(s);

@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Description: `moepager serve` end to end with curl on 127.0.0.1 (a free port): the
+# endpoints, streaming, batched requests equal to lone ones, every bad input answered
+# with a 4xx naming the field while the server keeps serving, a full queue (503 with
+# Retry-After), a client leaving mid-stream, a client trickling bytes, Prometheus text
+# that parses, and SIGTERM with requests in flight.
+#
+#   cli_serve.sh MOEPAGER MODEL.mpk
+set -uo pipefail
+MOEPAGER=$1
+MODEL=$2
+PY=/usr/bin/python3
+T=$(mktemp -d)
+SERVER=
+fails=0
+
+cleanup() {
+	[[ -n $SERVER ]] && kill -9 "$SERVER" 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+
+ok() { printf 'ok: %s\n' "$*"; }
+bad() {
+	printf 'FAIL: %s\n' "$*"
+	fails=$((fails + 1))
+}
+check() {	# check DESCRIPTION COMMAND...
+	local what=$1
+	shift
+	if "$@"; then ok "$what"; else bad "$what"; fi
+}
+
+# start NAME ARGS...: runs the server, waits for its port file, sets PORT and SERVER.
+start() {
+	rm -f "$T/port"
+	"$MOEPAGER" serve --model "$MODEL" --listen 127.0.0.1:0 --port-file "$T/port" "$@" \
+		>"$T/server.out" 2>"$T/server.err" &
+	SERVER=$!
+	for _ in $(seq 200); do
+		[[ -s $T/port ]] && break
+		kill -0 "$SERVER" 2>/dev/null || { cat "$T/server.err"; return 1; }
+		sleep 0.05
+	done
+	PORT=$(cat "$T/port")
+	URL=http://127.0.0.1:$PORT
+}
+
+stop() {
+	kill -TERM "$SERVER"
+	wait "$SERVER"
+	local st=$?
+	SERVER=
+	return $st
+}
+
+# post BODY [CURL ARGS...]: prints the body, then the status on its own last line.
+post() {
+	local body=$1
+	shift
+	curl -s -o "$T/body" -w '%{http_code}' "$URL/v1/completions" -d "$body" "$@" >"$T/code"
+	cat "$T/body"
+	printf '\n%s\n' "$(cat "$T/code")"
+}
+
+# json FILE EXPR: evaluates a Python expression on the JSON in FILE (as j).
+json() {
+	"$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+# expect_error BODY STATUS PARAM: a 4xx JSON error naming PARAM ("" for none).
+expect_error() {
+	local body=$1 want=$2 param=$3 got
+	post "$body" >/dev/null
+	got=$(cat "$T/code")
+	if [[ $got != "$want" ]]; then
+		bad "$body -> $got, want $want: $(cat "$T/body")"
+		return
+	fi
+	if [[ $(json "$T/body" "j['error']['param'] or ''") != "$param" ]]; then
+		bad "$body -> error names '$(json "$T/body" "j['error']['param']")', want '$param'"
+		return
+	fi
+	ok "$body -> $want naming '${param:-nothing}': $(json "$T/body" "j['error']['message']")"
+}
+
+healthy() {
+	[[ $(curl -s -o /dev/null -w '%{http_code}' "$URL/health") == 200 ]]
+}
+
+start --max-batch 4 --max-queue 16 --max-body 4K --request-timeout 2 || exit 1
+
+# Endpoints
+check "/health answers ok" test "$(curl -s "$URL/health")" = '{"status":"ok"}'
+curl -s "$URL/v1/models" >"$T/models"
+check "/v1/models lists tiny-real" test "$(json "$T/models" "j['data'][0]['id']")" = tiny-real
+
+# A greedy completion, as JSON and as a stream: the same text.
+post '{"prompt": "The meaning of life is", "max_tokens": 24, "temperature": 0}' >/dev/null
+check "a completion answers 200" test "$(cat "$T/code")" = 200
+cp "$T/body" "$T/plain"
+check "usage counts the prompt and the completion" \
+	test "$(json "$T/plain" "j['usage']['prompt_tokens'] + j['usage']['completion_tokens'] == j['usage']['total_tokens'] and j['usage']['completion_tokens'] > 0")" = True
+curl -sN "$URL/v1/completions" -d '{"prompt": "The meaning of life is", "max_tokens": 24, "temperature": 0, "stream": true}' >"$T/sse"
+check "the stream ends with [DONE]" test "$(tail -n 2 "$T/sse" | head -n 1)" = "data: [DONE]"
+"$PY" - "$T/sse" "$T/plain" <<'EOF'
+import json, sys
+events = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events[-1]
+chunks = [json.loads(e) for e in events[:-1]]
+text = "".join(c["choices"][0]["text"] for c in chunks)
+finish = [c["choices"][0]["finish_reason"] for c in chunks]
+plain = json.load(open(sys.argv[2]))["choices"][0]
+assert text == plain["text"], (text, plain["text"])
+assert finish[-1] == plain["finish_reason"] and all(f is None for f in finish[:-1]), finish
+print("ok: the stream's chunks join into the plain completion's text (%d chunks)" % len(chunks))
+EOF
+[[ $? == 0 ]] || bad "stream and plain completion differ"
+
+# Token ids as the prompt, and a stop string that ends the text before it.
+post '{"prompt": [1, 450, 693], "max_tokens": 5, "temperature": 0}' >/dev/null
+check "a prompt of token ids answers 200" test "$(cat "$T/code")" = 200
+post '{"prompt": "Q: what", "max_tokens": 60, "temperature": 0, "stop": [" the", "."]}' >/dev/null
+check "a stop string ends the text before it" \
+	test "$(json "$T/body" "j['choices'][0]['finish_reason'] == 'stop' and ' the' not in j['choices'][0]['text'] and '.' not in j['choices'][0]['text']")" = True
+
+# Requests decoded together give what each gives alone (greedy).
+for i in 0 1 2 3; do
+	post "{\"prompt\": \"Fortune $i says\", \"max_tokens\": 30, \"temperature\": 0, \"ignore_eos\": true}" >/dev/null
+	json "$T/body" "j['choices'][0]['text']" >"$T/alone.$i"
+done
+pids=()
+for i in 0 1 2 3; do
+	curl -s "$URL/v1/completions" -d "{\"prompt\": \"Fortune $i says\", \"max_tokens\": 30, \"temperature\": 0, \"ignore_eos\": true}" >"$T/together.$i" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+same=1
+for i in 0 1 2 3; do
+	[[ $(json "$T/together.$i" "j['choices'][0]['text']") == "$(cat "$T/alone.$i")" ]] || same=0
+done
+check "four concurrent greedy requests give their lone texts" test $same = 1
+
+# Bad input: a 4xx naming the field, and the server goes on serving.
+expect_error '{"prompt": "x", "max_tokens": 3' 400 ""
+expect_error '[1, 2]' 400 ""
+expect_error '{"prompt": "x", "max_tokens": "ten"}' 400 max_tokens
+expect_error '{"prompt": "x", "max_tokens": 0}' 400 max_tokens
+expect_error '{"prompt": "x", "max_tokens": 254}' 400 max_tokens
+expect_error '{"prompt": "x", "temperature": 7}' 400 temperature
+expect_error '{"prompt": "x", "stream": "yes"}' 400 stream
+expect_error '{"prompt": 42}' 400 prompt
+expect_error '{"prompt": ["a", "b"]}' 400 prompt
+expect_error '{"max_tokens": 4}' 400 prompt
+expect_error '{"prompt": [1, 99999]}' 400 prompt
+expect_error "{\"prompt\": [$(seq -s, 1 300)]}" 400 prompt
+expect_error '{"prompt": "x", "model": "gpt-5"}' 404 model
+expect_error '{"prompt": "x", "n": 2}' 400 n
+expect_error '{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}' 400 stop
+expect_error "{\"prompt\": \"$(head -c 6000 /dev/zero | tr '\0' a)\"}" 413 ""
+check "GET on /v1/completions is 405" \
+	test "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/completions")" = 405
+check "an unknown path is 404" test "$(curl -s -o /dev/null -w '%{http_code}' "$URL/nope")" = 404
+check "the server still serves after every bad input" healthy
+
+# A client trickling its headers is cut off after --request-timeout; others are served meanwhile.
+"$PY" - "$PORT" >"$T/trickle" <<'EOF' &
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+t0 = time.time()
+try:
+    for ch in b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n":
+        s.send(bytes([ch]))
+        time.sleep(0.25)
+        if time.time() - t0 > 20:
+            break
+    r = s.recv(100)
+    print("closed" if r == b"" else "answered", round(time.time() - t0, 1))
+except (BrokenPipeError, ConnectionResetError):
+    print("closed", round(time.time() - t0, 1))
+EOF
+TRICKLE=$!
+post '{"prompt": "x", "max_tokens": 4, "temperature": 0}' >/dev/null
+check "a request is served while another client trickles" test "$(cat "$T/code")" = 200
+wait $TRICKLE
+check "the trickling client is closed after the timeout ($(cat "$T/trickle"))" \
+	"$PY" -c "import sys; w=sys.argv[1].split(); sys.exit(not (w[0] == 'closed' and float(w[1]) < 10))" "$(cat "$T/trickle")"
+
+# Prometheus text that a real parser reads, with the histograms whole.
+curl -s "$URL/metrics" >"$T/metrics"
+"$PY" - "$T/metrics" <<'EOF'
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}
+for name in ("moepager_time_to_first_token_seconds", "moepager_time_per_output_token_seconds",
+             "moepager_batch_size"):
+    f = fams[name]
+    assert f.type == "histogram", (name, f.type)
+    les = [s.labels["le"] for s in f.samples if s.name.endswith("_bucket")]
+    assert les[-1] == "+Inf", les
+    counts = [s.value for s in f.samples if s.name.endswith("_bucket")]
+    assert counts == sorted(counts), counts
+    assert any(s.name.endswith("_count") for s in f.samples)
+for name in ("moepager_requests", "moepager_generation_tokens", "moepager_http_requests",
+             "moepager_queue_length", "moepager_running_requests", "moepager_kv_cache_bytes"):
+    assert name in fams, name
+print("ok: /metrics parses as Prometheus text (%d families)" % len(fams))
+EOF
+[[ $? == 0 ]] || bad "/metrics does not parse"
+
+check "SIGTERM with nothing running exits 0" stop
+
+# A model slow enough for requests to overlap (2 Mixtral-mini layers, 22 MB experts, random
+# weights: prompts are token ids): a client leaving mid-stream or while queued, a full queue,
+# SIGTERM with requests in flight.
+"$MOEPAGER" gen --preset mixtral-mini --layers 2 --quiet --out "$T/slow.mpk" || exit 1
+MODEL=$T/slow.mpk
+LONG='"prompt": [1], "max_tokens": 4000, "temperature": 0, "ignore_eos": true'
+start --max-batch 1 --max-queue 1 --grace-ms 300 || exit 1
+
+"$PY" - "$PORT" "{$LONG, \"stream\": true}" <<'EOF'
+import socket, sys
+body = sys.argv[2].encode()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+got = b""
+while b"data: " not in got:
+    got += s.recv(4096)
+s.close()		# after the first event
+EOF
+curl -s --max-time 0.5 "$URL/v1/completions" -d "{$LONG}" >/dev/null	# queued, then gone
+for _ in $(seq 100); do
+	curl -s "$URL/metrics" >"$T/metrics"
+	grep -q 'finish="cancelled"} 2' "$T/metrics" && break
+	sleep 0.1
+done
+check "clients leaving mid-stream and while queued cancel their requests" \
+	grep -q 'finish="cancelled"} 2' "$T/metrics"
+check "and nothing runs afterwards" grep -q '^moepager_running_requests{model="slow"} 0' "$T/metrics"
+check "no KV cache is held afterwards" grep -q '^moepager_kv_cache_bytes{model="slow"} 0' "$T/metrics"
+
+curl -sN "$URL/v1/completions" -o "$T/late.sse" -d "{$LONG, \"stream\": true}" &
+pids=($!)
+for _ in $(seq 100); do [[ -s $T/late.sse ]] && break; sleep 0.05; done	# it runs
+for i in 1 2 3 4; do
+	curl -s -D "$T/h.$i" -o "$T/b.$i" "$URL/v1/completions" -d "{$LONG}" &
+	pids+=($!)
+done
+sleep 0.5
+busy=0
+for i in 1 2 3 4; do
+	for _ in $(seq 100); do [[ -s $T/h.$i ]] && break; sleep 0.05; done
+	if grep -q '^HTTP/1.1 503' "$T/h.$i"; then
+		grep -qi '^Retry-After: 1' "$T/h.$i" && busy=$((busy + 1))
+	fi
+done
+check "a full queue answers 503 with Retry-After ($busy of 4)" test $busy -ge 2
+kill -TERM "$SERVER"
+wait "$SERVER"
+st=$?
+SERVER=
+wait "${pids[@]}"
+check "SIGTERM with requests in flight exits 0 (status $st)" test $st = 0
+check "the stream in flight ended with an error event, then [DONE]" \
+	grep -q '"error"' "$T/late.sse"
+check "the stream's last event is [DONE]" grep -q 'data: \[DONE\]' "$T/late.sse"
+check "the server said how many requests it cut short" grep -q 'cut short' "$T/server.err"
+check "the port is closed afterwards" \
+	test "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$URL/health")" = 000
+
+if ((fails)); then
+	echo "$fails check(s) failed"
+	exit 1
+fi
+echo "all serve checks passed"

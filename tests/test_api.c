@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Description: `moepager serve`'s completion API without HTTP: request
+ * parsing and its defaults, and the generated text handed out as tokens
+ * come (with the trained model's tokenizer): it joins into the text decoded
+ * at once, never ends inside a UTF-8 character or inside what may become a
+ * stop string, keeps the first piece's leading space after a prompt, and is
+ * cut before a stop string spread over several tokens.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "serve/api.h"
+
+static struct mp_tokenizer *tok;
+
+static int group_setup(void **state)
+{
+	const char *root = getenv("MOEPAGER_BUILD_ROOT");
+	char path[4096];
+
+	(void)state;
+	t_log_capture();
+	snprintf(path, sizeof(path), "%s/data/models/tiny-real.tok", root ? root : "build");
+	return mp_tokenizer_open(path, &tok);
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	mp_tokenizer_close(tok);
+	return 0;
+}
+
+static void parse(const char *body, struct api_request *r)
+{
+	struct api_error e;
+
+	if (api_parse_completion(body, strlen(body), r, &e))
+		fail_msg("%s: %d %s: %s", body, e.status, e.param, e.message);
+}
+
+static void requests_take_openai_defaults(void **state)
+{
+	struct api_request r;
+
+	(void)state;
+	parse("{\"prompt\": \"hi\"}", &r);
+	assert_string_equal(r.prompt_text, "hi");
+	assert_int_equal(r.max_tokens, 16);
+	assert_true(r.temperature == 1.0 && r.top_p == 1.0);
+	assert_false(r.stream);
+	assert_false(r.seed_set);
+	assert_int_equal(r.nstop, 0);
+	api_request_free(&r);
+	parse("{\"prompt\": [3, 4], \"stop\": \"x\", \"seed\": -1, \"model\": null}", &r);
+	assert_int_equal(r.nprompt_ids, 2);
+	assert_int_equal(r.prompt_ids[1], 4);
+	assert_int_equal(r.nstop, 1);
+	assert_true(r.seed_set);
+	assert_string_equal(r.model, "");
+	api_request_free(&r);
+}
+
+static void duplicate_keys_and_nul_in_text_are_refused(void **state)
+{
+	static const char dup[] = "{\"prompt\": \"a\", \"prompt\": \"b\"}";
+	static const char nul[] = "{\"prompt\": \"a\\u0000b\"}";
+	struct api_request r;
+	struct api_error e;
+
+	(void)state;
+	assert_int_equal(api_parse_completion(dup, sizeof(dup) - 1, &r, &e), -EINVAL);
+	assert_int_equal(e.status, 400);
+	assert_int_equal(api_parse_completion(nul, sizeof(nul) - 1, &r, &e), -EINVAL);
+	assert_int_equal(e.status, 400);
+	/* The body is a buffer of len bytes, not a string: nothing past it is read. */
+	assert_int_equal(api_parse_completion("{\"prompt\": \"a\"}XXXX", 15, &r, &e), 0);
+	api_request_free(&r);
+}
+
+/* Feeds the ids of text one by one; returns what was handed out, flushed at the end. */
+static char *stream(const char *text, const char *const *stop, uint32_t nstop, uint32_t prefix,
+		    int *stopped)
+{
+	uint32_t ids[512];
+	int n = mp_tokenizer_encode(tok, text, strlen(text), ids, 512);
+	struct textgen g;
+	static char out[4096];
+	size_t len = 0, dlen;
+	const char *d;
+
+	assert_true(n > 0 && n < 512);
+	assert_int_equal(textgen_init(&g, tok, stop, nstop, prefix), 0);
+	*stopped = 0;
+	for (int i = 0; i < n && !*stopped; i++) {
+		*stopped = textgen_push(&g, ids[i], &d, &dlen);
+		assert_true(*stopped >= 0);
+		/* A delta never ends inside a UTF-8 character. */
+		if (dlen) {
+			unsigned char last = (unsigned char)d[dlen - 1];
+
+			assert_true(last < 0x80 || (last & 0xc0) == 0x80);
+		}
+		memcpy(out + len, d, dlen);
+		len += dlen;
+	}
+	textgen_flush(&g, &d, &dlen);
+	memcpy(out + len, d, dlen);
+	out[len + dlen] = '\0';
+	textgen_fini(&g);
+	return out;
+}
+
+static void streamed_text_joins_into_the_whole_text(void **state)
+{
+	static const char text[] = "Déjà vu, naïve café: 日本語 and emoji 🎉 — all at once.";
+	int stopped;
+
+	(void)state;
+	/* After BOS (a control piece: no text) the first piece's space is dropped, as at a start. */
+	assert_string_equal(stream(text, NULL, 0, mp_tokenizer_bos(tok), &stopped), text);
+	assert_int_equal(stopped, 0);
+}
+
+static void text_after_a_prompt_keeps_its_leading_space(void **state)
+{
+	uint32_t prompt[8];
+	int stopped, n = mp_tokenizer_encode(tok, "Hello", 5, prompt, 8);
+
+	(void)state;
+	assert_true(n > 0);
+	/* "world" alone encodes with SentencePiece's dummy prefix space: after Hello it shows. */
+	assert_string_equal(stream("world", NULL, 0, prompt[n - 1], &stopped), " world");
+	assert_string_equal(stream("world", NULL, 0, UINT32_MAX, &stopped), "world");
+}
+
+static void a_stop_string_over_several_tokens_cuts_the_text_before_it(void **state)
+{
+	static const char *const stop[] = { "STOP here", "never" };
+	int stopped;
+
+	(void)state;
+	assert_string_equal(stream("the first part STOP here and the rest", stop, 2,
+				   mp_tokenizer_bos(tok), &stopped), "the first part ");
+	assert_int_equal(stopped, 1);
+	/* What merely starts like a stop string is handed out once it cannot be one. */
+	assert_string_equal(stream("STOP there", stop, 2, mp_tokenizer_bos(tok), &stopped),
+			    "STOP there");
+	assert_int_equal(stopped, 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(requests_take_openai_defaults),
+		cmocka_unit_test(duplicate_keys_and_nul_in_text_are_refused),
+		cmocka_unit_test(streamed_text_joins_into_the_whole_text),
+		cmocka_unit_test(text_after_a_prompt_keeps_its_leading_space),
+		cmocka_unit_test(a_stop_string_over_several_tokens_cuts_the_text_before_it),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
