@@ -25,6 +25,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_loadgen(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);

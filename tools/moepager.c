@@ -19,6 +19,7 @@ static const struct cli_command commands[] = {
 	{ "bench", "compare prefetch/eviction policies and baselines on traces at budgets", cmd_bench },
 	{ "faultbench", "expert fault service vs raw io_uring and mmap, as JSON", cmd_faultbench },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },
+	{ "loadgen", "open-loop Poisson load on a completions server; latency as JSON", cmd_loadgen },
 };
 
 static void usage(FILE *f)

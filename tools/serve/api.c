@@ -397,6 +397,13 @@ char *api_error_json(const struct api_error *err, const char *type)
 			      "type", type, "param", err->param[0] ? err->param : NULL, "code"));
 }
 
+static json_t *usage(uint32_t prompt_tokens, uint32_t tokens)
+{
+	return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt_tokens,
+			 "completion_tokens", (json_int_t)tokens, "total_tokens",
+			 (json_int_t)prompt_tokens + tokens);
+}
+
 static json_t *choice(const char *text, size_t len, const char *finish, const uint32_t *ids,
 		      uint32_t n)
 {
@@ -417,20 +424,20 @@ char *api_completion_json(const char *id, long created, const char *model, const
 			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens,
 			  const uint32_t *ids, uint32_t n)
 {
-	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:I, s:I, s:I}}", "id", id,
-			      "object", "text_completion", "created", (json_int_t)created,
-			      "model", model, "choices", choice(text, len, finish, ids, n), "usage",
-			      "prompt_tokens", (json_int_t)prompt_tokens, "completion_tokens",
-			      (json_int_t)tokens, "total_tokens",
-			      (json_int_t)prompt_tokens + tokens));
+	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+			      "text_completion", "created", (json_int_t)created, "model", model,
+			      "choices", choice(text, len, finish, ids, n), "usage",
+			      usage(prompt_tokens, tokens)));
 }
 
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
-		    size_t len, const char *finish, const uint32_t *ids, uint32_t n)
+		    size_t len, const char *finish, const uint32_t *ids, uint32_t n,
+		    uint32_t prompt_tokens, uint32_t tokens)
 {
-	char *j = dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+	char *j = dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o*}", "id", id, "object",
 				 "text_completion", "created", (json_int_t)created, "model", model,
-				 "choices", choice(text, len, finish, ids, n)));
+				 "choices", choice(text, len, finish, ids, n), "usage",
+				 finish ? usage(prompt_tokens, tokens) : NULL));
 	char *e = NULL;
 
 	if (j && asprintf(&e, "data: %s\n\n", j) < 0)

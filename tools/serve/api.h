@@ -103,9 +103,14 @@ char *api_error_json(const struct api_error *err, const char *type);
 char *api_completion_json(const char *id, long created, const char *model, const char *text,
 			  size_t len, const char *finish, uint32_t prompt_tokens, uint32_t tokens,
 			  const uint32_t *ids, uint32_t n);
-/* One server-sent event of a stream: "data: {chunk}\n\n"; finish and ids may be NULL. */
+/*
+ * One server-sent event of a stream: "data: {chunk}\n\n"; finish and ids
+ * may be NULL. The last chunk (finish set) carries the usage too, as OpenAI's
+ * stream_options.include_usage would.
+ */
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
-		    size_t len, const char *finish, const uint32_t *ids, uint32_t n);
+		    size_t len, const char *finish, const uint32_t *ids, uint32_t n,
+		    uint32_t prompt_tokens, uint32_t tokens);
 /* GET /v1/models for names[0..n). */
 char *api_models_json(const char *const *names, uint32_t n, long created);
 

@@ -259,7 +259,7 @@ static int on_token(void *arg, uint32_t tok)
 	if (q->stream && (len || !q->m->tok)) {
 		/* A model without a tokenizer streams its token ids. */
 		char *ev = api_chunk_sse(q->cmpl_id, q->created, q->m->name, delta, len, NULL,
-					 q->m->tok ? NULL : &tok, 1);
+					 q->m->tok ? NULL : &tok, 1, 0, 0);
 
 		if (ev)
 			sb_add(&q->out, ev, strlen(ev));
@@ -304,7 +304,7 @@ static void finish_body(struct req *q)
 		free(s);
 	} else {
 		s = api_chunk_sse(q->cmpl_id, q->created, q->m->name, rest, len,
-				  finish_name(q->why), NULL, 0);
+				  finish_name(q->why), NULL, 0, q->prompt_tokens, q->tokens);
 		if (s)
 			sb_add(&q->out, s, strlen(s));
 		free(s);

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/* The pieces of `moepager loadgen`: prompts, models, the open-loop run, the report. */
+#ifndef MP_LOADGEN_H
+#define MP_LOADGEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LG_MAX_MODELS 64
+
+struct lg_prompts {
+	char **text;		/* JSON-ready (raw) texts */
+	uint32_t n;
+};
+
+/* Texts of a file: fortune format (between "%" lines), else one per line; cut to chars. */
+int lg_read_prompts(const char *path, uint32_t chars, struct lg_prompts *out);
+void lg_prompts_free(struct lg_prompts *p);
+
+struct lg_models {
+	char *name[LG_MAX_MODELS];
+	double cdf[LG_MAX_MODELS];	/* cumulative share of models 0..i */
+	uint32_t n;
+};
+
+/*
+ * The models: mix ("A,B,C") or, when NULL, the server's GET /v1/models;
+ * model i's share is proportional to (i + 1)^-alpha.
+ */
+int lg_models(const char *url, const char *mix, double alpha, struct lg_models *out);
+void lg_models_free(struct lg_models *m);
+
+/* Counters of the server's /metrics, summed over models (-1: absent). */
+struct lg_metrics {
+	double hits, misses, steps, step_s, sched_s, http_s, tokens, batch_sum, batch_count;
+	bool ok;
+};
+
+/* Reads GET /metrics; out->ok false when the server has none. */
+void lg_scrape(const char *url, struct lg_metrics *out);
+
+/* One request as it went. */
+struct lg_req {
+	double t_arrive;		/* scheduled arrival, s from the start */
+	double t_first, t_last, t_end;	/* s from the start; 0: never */
+	uint32_t tokens;		/* completion_tokens the server reported */
+	uint32_t model;
+	long status;			/* HTTP status; 0: no answer */
+	bool error;			/* failed: a 5xx, a broken stream, no [DONE] */
+	void *flight;			/* lg_run()'s own, while it runs */
+};
+
+struct lg_run {
+	const char *url;
+	double rate, duration, temperature, drain;
+	uint32_t max_tokens;
+	uint64_t seed;
+	const struct lg_prompts *prompts;
+	const struct lg_models *models;
+	/* Results */
+	struct lg_req *reqs;
+	uint32_t n;
+	double wall;			/* s from the first arrival to the last request's end */
+};
+
+/* Runs the load; fills reqs. Returns 0 or a negative errno (message printed). */
+int lg_run(struct lg_run *r);
+void lg_run_free(struct lg_run *r);
+
+void lg_report(const struct lg_run *r, const struct lg_metrics *before,
+	       const struct lg_metrics *after, double slo_ttft_ms, double slo_tpot_ms, bool json);
+
+#endif /* MP_LOADGEN_H */

@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: MIT
+/*
+ * loadgen's open-loop run: a libcurl multi handle, requests added at their
+ * Poisson arrival times whatever the others are doing, each stream's
+ * server-sent events timed as they arrive; then the report.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "loadgen/loadgen.h"
+
+/* A request in flight: its easy handle, the bytes of an event not yet whole. */
+struct flight {
+	struct lg_run *run;
+	struct lg_req *r;
+	CURL *h;
+	struct curl_slist *hdrs;
+	char *body;
+	char *buf;
+	size_t len, cap;
+	bool done_seen;		/* data: [DONE] */
+	double t0;		/* the run's start, monotonic seconds */
+};
+
+static double now_s(void)
+{
+	return (double)cli_now_ns() / 1e9;
+}
+
+/* splitmix64 and a uniform in (0, 1]. */
+static double unit(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return ((double)(z >> 11) + 1.0) * 0x1.0p-53;
+}
+
+/* One event's JSON: its first token time, and the usage of the last chunk. */
+static void on_event(struct flight *f, const char *data, size_t len)
+{
+	double t = now_s() - f->t0;
+	json_t *j, *usage, *choice;
+
+	if (len == 6 && !memcmp(data, "[DONE]", 6)) {
+		f->done_seen = true;
+		return;
+	}
+	j = json_loadb(data, len, 0, NULL);
+	if (!j || json_object_get(j, "error")) {
+		f->r->error = true;
+		json_decref(j);
+		return;
+	}
+	choice = json_array_get(json_object_get(j, "choices"), 0);
+	/*
+	 * Every chunk comes right after a token (text held back for a stop
+	 * string comes later, with a later token): the first and last time a
+	 * token's effect was seen. A one-token completion sends only the last.
+	 */
+	if (choice) {
+		if (!f->r->t_first)
+			f->r->t_first = t;
+		f->r->t_last = t;
+	}
+	usage = json_object_get(j, "usage");
+	if (usage)
+		f->r->tokens = (uint32_t)json_integer_value(json_object_get(usage,
+								       "completion_tokens"));
+	json_decref(j);
+}
+
+/* Splits the stream into "data: ..." events (each ends with a blank line). */
+static size_t on_data(char *data, size_t size, size_t n, void *arg)
+{
+	struct flight *f = arg;
+	size_t add = size * n;
+	char *ev;
+
+	if (f->len + add + 1 > f->cap) {
+		size_t cap = (f->len + add + 1) * 2;
+		char *b = realloc(f->buf, cap);
+
+		if (!b)
+			return 0;
+		f->buf = b;
+		f->cap = cap;
+	}
+	memcpy(f->buf + f->len, data, add);
+	f->len += add;
+	f->buf[f->len] = '\0';
+	while ((ev = strstr(f->buf, "\n\n"))) {
+		size_t used = (size_t)(ev - f->buf) + 2;
+
+		if (!strncmp(f->buf, "data: ", 6))
+			on_event(f, f->buf + 6, (size_t)(ev - f->buf) - 6);
+		memmove(f->buf, f->buf + used, f->len - used + 1);
+		f->len -= used;
+	}
+	return add;
+}
+
+static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint64_t *rng,
+			    double t0)
+{
+	const char *prompt = run->prompts->text[(uint32_t)(unit(rng) * run->prompts->n) %
+						 run->prompts->n];
+	struct flight *f = calloc(1, sizeof(*f));
+	double u = unit(rng);
+	char url[2048];
+	json_t *j;
+
+	if (!f)
+		return NULL;
+	r->flight = f;
+	while (r->model + 1 < run->models->n && u > run->models->cdf[r->model])
+		r->model++;
+	j = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", run->models->name[r->model],
+		      "prompt", prompt, "max_tokens", (int)run->max_tokens, "temperature",
+		      run->temperature, "stream", 1);
+	f->body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	f->run = run;
+	f->r = r;
+	f->t0 = t0;
+	f->h = curl_easy_init();
+	f->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+	if (!f->body || !f->h || !f->hdrs) {
+		r->error = true;
+		return f;
+	}
+	snprintf(url, sizeof(url), "%s/v1/completions", run->url);
+	curl_easy_setopt(f->h, CURLOPT_URL, url);
+	curl_easy_setopt(f->h, CURLOPT_HTTPHEADER, f->hdrs);
+	curl_easy_setopt(f->h, CURLOPT_POSTFIELDS, f->body);
+	curl_easy_setopt(f->h, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(f->h, CURLOPT_WRITEDATA, f);
+	curl_easy_setopt(f->h, CURLOPT_PRIVATE, f);
+	curl_easy_setopt(f->h, CURLOPT_NOSIGNAL, 1L);
+	curl_multi_add_handle(m, f->h);
+	return f;
+}
+
+static void finish(CURLM *m, struct flight *f, CURLcode rc, double t0)
+{
+	struct lg_req *r = f->r;
+
+	r->t_end = now_s() - t0;
+	r->flight = NULL;
+	if (f->h)
+		curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &r->status);
+	if (rc != CURLE_OK || r->status != 200 || !f->done_seen)
+		r->error = true;
+	if (f->h)
+		curl_multi_remove_handle(m, f->h);
+	curl_easy_cleanup(f->h);
+	curl_slist_free_all(f->hdrs);
+	free(f->body);
+	free(f->buf);
+	free(f);
+}
+
+/* Requests whose curl transfer ended. */
+static uint32_t reap(CURLM *m, double t0)
+{
+	uint32_t n = 0;
+	CURLMsg *msg;
+	int left;
+
+	while ((msg = curl_multi_info_read(m, &left))) {
+		struct flight *f;
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
+		finish(m, f, msg->data.result, t0);
+		n++;
+	}
+	return n;
+}
+
+/* Exponential gaps of mean 1/rate up to duration: the arrival times. */
+static int plan(struct lg_run *r, uint64_t *rng)
+{
+	uint32_t cap = (uint32_t)(r->rate * r->duration * 2 + 64);
+	double t = 0;
+
+	r->reqs = calloc(cap, sizeof(*r->reqs));
+	if (!r->reqs)
+		return -ENOMEM;
+	for (;;) {
+		t += -log(unit(rng)) / r->rate;
+		if (t >= r->duration)
+			break;
+		if (r->n == cap) {
+			struct lg_req *q = realloc(r->reqs, 2 * cap * sizeof(*q));
+
+			if (!q)
+				return -ENOMEM;
+			memset(q + cap, 0, cap * sizeof(*q));
+			r->reqs = q;
+			cap *= 2;
+		}
+		r->reqs[r->n++].t_arrive = t;
+	}
+	return 0;
+}
+
+int lg_run(struct lg_run *r)
+{
+	uint64_t rng = r->seed ^ 0x6c6f616467656e00ull;
+	uint32_t next = 0, active = 0;
+	CURLM *m = curl_multi_init();
+	double t0, now;
+	int err = m ? plan(r, &rng) : -ENOMEM;
+
+	if (err) {
+		fprintf(stderr, "moepager loadgen: out of memory\n");
+		curl_multi_cleanup(m);
+		return err;
+	}
+	curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, 1024L);
+	t0 = now_s();
+	for (;;) {
+		int running, wait_ms;
+
+		now = now_s() - t0;
+		while (next < r->n && r->reqs[next].t_arrive <= now) {
+			struct flight *f = start(r, m, &r->reqs[next], &rng, t0);
+
+			if (f && f->h && f->body && f->hdrs)
+				active++;
+			else if (f)
+				finish(m, f, CURLE_OUT_OF_MEMORY, t0);
+			else
+				r->reqs[next].error = true;
+			next++;
+		}
+		curl_multi_perform(m, &running);
+		active -= reap(m, t0);
+		if (next == r->n && !active)
+			break;
+		if (next == r->n && now > r->duration + r->drain) {
+			fprintf(stderr, "moepager loadgen: %u request(s) still running after "
+				"--drain %g s: counted as errors\n", active, r->drain);
+			break;
+		}
+		wait_ms = next < r->n ? (int)((r->reqs[next].t_arrive - now) * 1000) : 50;
+		curl_multi_poll(m, NULL, 0, wait_ms < 0 ? 0 : wait_ms > 50 ? 50 : wait_ms, NULL);
+	}
+	/* What still runs is abandoned: its request is an error. */
+	for (uint32_t i = 0; i < next; i++)
+		if (r->reqs[i].flight)
+			finish(m, r->reqs[i].flight, CURLE_OPERATION_TIMEDOUT, t0);
+	r->wall = now_s() - t0;
+	curl_multi_cleanup(m);
+	return 0;
+}
+
+void lg_run_free(struct lg_run *r)
+{
+	free(r->reqs);
+	r->reqs = NULL;
+	r->n = 0;
+}
