@@ -12,6 +12,13 @@
 #define INLINE_BYTES		(48u << 10)
 /* Chunks per thread: enough to even out a thread that the machine slows down. */
 #define CHUNKS_PER_THREAD	4u
+/*
+ * Up to this many vectors a product runs as gemvs over L1-sized row blocks
+ * (read once, used by each vector); more go through widened tiles, which
+ * reuse each weight load across four vectors (compute-bound prefills).
+ */
+#define FEW_VECTORS		8u
+#define L1_BLOCK_BYTES		(24u << 10)
 
 /* A product over a row range of W: y[t * ystride + r] for t < n. */
 struct rows_job {
@@ -66,6 +73,26 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 			       y + r0);
 		return;
 	}
+	if (j->n <= FEW_VECTORS) {
+		/*
+		 * A few vectors (a decode batch's rows at an expert): each row
+		 * block is read from memory once, into L1, and every vector's
+		 * gemv runs over it there. Each row's sum does not depend on
+		 * the rows beside it, so this gives gemv's bits for each.
+		 */
+		uint32_t block = MP_MAX(MP_KERN_ROWS, (uint32_t)(L1_BLOCK_BYTES / (cols * esize)) &
+						  ~(MP_KERN_ROWS - 1));
+
+		for (uint32_t r = r0; r < r1; r += block) {
+			uint32_t rr = MP_MIN(block, r1 - r);
+			const char *src = (const char *)w + (size_t)r * cols * esize;
+
+			for (uint32_t t = 0; t < j->n; t++)
+				k->gemv[j->dt](src, rr, cols, j->x + (size_t)t * cols,
+					       y + t * j->ystride + r);
+		}
+		return;
+	}
 	for (uint32_t r = r0; r < r1; r += MP_KERN_ROWS) {
 		uint32_t rr = MP_MIN(MP_KERN_ROWS, r1 - r);
 		const void *src = (const char *)w + (size_t)r * cols * esize;
@@ -112,7 +139,7 @@ static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct row
 	j->k = ei->kern;
 	j->ei = ei;
 	j->nchunks = chunk_count(ei, j->rows, bytes);
-	if (j->n > 1 && j->dt != MP_DTYPE_F32) {
+	if (j->n > FEW_VECTORS && j->dt != MP_DTYPE_F32) {
 		err = engine_worker_scratch(ei, (size_t)MP_KERN_ROWS * j->cols);
 		if (err)
 			return err;

@@ -18,6 +18,7 @@ static const struct cli_command commands[] = {
 	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },
 	{ "bench", "compare prefetch/eviction policies and baselines on traces at budgets", cmd_bench },
 	{ "faultbench", "expert fault service vs raw io_uring and mmap, as JSON", cmd_faultbench },
+	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },
 	{ "loadgen", "open-loop Poisson load on a completions server; latency as JSON", cmd_loadgen },
 };

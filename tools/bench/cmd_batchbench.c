@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: MIT
+/*
+ * moepager batchbench: batched decode throughput at several batch sizes,
+ * against the bound memory bandwidth sets, measured in the same run.
+ */
+#include <argp.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <moepager.h>
+#include <moepager/membw.h>
+
+#include "cli.h"
+
+#define MAX_SIZES 16
+#define MAX_REPEAT 15
+
+static struct bb_env {
+	const char *model;
+	struct cli_engine_opts eng;
+	uint32_t sizes[MAX_SIZES];
+	uint32_t nsizes;
+	uint32_t tokens;
+	uint32_t prompt;
+	uint32_t repeat;
+	const char *budget;
+	bool json;
+} env;
+
+enum { OPT_BATCH = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_BUDGET, OPT_JSON };
+
+static const char doc[] =
+	"Decodes B sequences together (mp_runner_batch) for each batch size B and\n"
+	"reports the aggregate decode tokens/s against the bound memory bandwidth sets:\n"
+	"a step reads the dense weights once and each routed expert once for all the\n"
+	"sequences that chose it, so its bytes (weight_bytes_per_step, from the\n"
+	"runner's counters) over the read bandwidth of the engine's threads\n"
+	"(membw_gbps, sampled between the runs) give the fastest a step can be.\n"
+	"Each sequence has its own random prompt (--prompt tokens) and decodes\n"
+	"greedily for --tokens steps; figures are medians over --repeat runs.\n"
+	"Experts are resident unless --budget pages them (then the bound is not the\n"
+	"disk's, and the ratio says what paging costs).\n"
+	"\n"
+	"--json prints {model, threads, membw_gbps, results: [{batch, tok_s, steps_s,\n"
+	"weight_bytes_per_step, weights_gbps, bound_tok_s, bound_ratio, speedup}]}:\n"
+	"speedup is tok_s over batch 1's.\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager batchbench --model mixtral-mini.mpk --batch 1,2,4,8,16 --json\n";
+
+static const struct argp_option opts[] = {
+	{ "model", 'm', "FILE", 0, "The .mpk model (required)", 0 },
+	{ "batch", OPT_BATCH, "B[,B...]", 0, "Batch sizes (default 1,2,4,8,16)", 0 },
+	{ "tokens", OPT_TOKENS, "N", 0, "Decode steps per run (default 32)", 0 },
+	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each sequence (default 16)", 0 },
+	{ "repeat", OPT_REPEAT, "N", 0, "Runs per batch size (default 3)", 0 },
+	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget", 0 },
+	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
+	{ 0 },
+};
+
+static int parse_sizes(const char *s)
+{
+	char *copy = strdup(s), *save = NULL;
+	int err = copy ? 0 : -ENOMEM;
+
+	env.nsizes = 0;
+	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
+		if (env.nsizes == MAX_SIZES)
+			err = -EINVAL;
+		else
+			err = cli_parse_u32("--batch", t, 1, 256, &env.sizes[env.nsizes++]);
+	}
+	free(copy);
+	return err;
+}
+
+static error_t parse_arg(int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case 'm': env.model = arg; break;
+	case OPT_BATCH:
+		if (parse_sizes(arg))
+			argp_error(state, "--batch wants up to %u sizes in [1, 256]", MAX_SIZES);
+		break;
+	case OPT_TOKENS:
+		if (cli_parse_u32("--tokens", arg, 1, 1u << 16, &env.tokens))
+			argp_usage(state);
+		break;
+	case OPT_PROMPT:
+		if (cli_parse_u32("--prompt", arg, 1, 1u << 16, &env.prompt))
+			argp_usage(state);
+		break;
+	case OPT_REPEAT:
+		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
+			argp_usage(state);
+		break;
+	case OPT_BUDGET: env.budget = arg; break;
+	case OPT_JSON: env.json = true; break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
+		break;
+	case ARGP_KEY_ARG:
+		argp_usage(state);
+		break;
+	case ARGP_KEY_END:
+		if (!env.model)
+			argp_error(state, "--model FILE is required");
+		break;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+	return 0;
+}
+
+static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
+
+struct bench {
+	struct mp_store *store;
+	struct mp_engine *engine;
+	struct mp_resident *resident;
+	struct mp_pager *pager;
+	struct mp_runner *runner;
+	struct mp_membw *membw;
+	uint32_t vocab;
+};
+
+struct one_run {
+	double seconds;
+	uint64_t bytes;		/* weight bytes the steps read */
+	uint64_t steps;
+};
+
+/* B sequences: a prefill of random prompts, then `tokens` greedy steps, timed. */
+static int run_batch(struct bench *b, uint32_t B, uint32_t rep, struct one_run *out)
+{
+	struct mp_batch_item items[256];
+	uint32_t *prompt = malloc((size_t)env.prompt * sizeof(*prompt)), next[256];
+	struct mp_seq *seq[256] = { 0 };
+	struct mp_runner_stats s0, s1;
+	uint64_t t0;
+	int err = prompt ? 0 : -ENOMEM;
+
+	for (uint32_t i = 0; i < B && !err; i++) {
+		struct mp_seq_config sc = { .request = i, .max_seq = env.prompt + env.tokens + 1 };
+
+		for (uint32_t t = 0; t < env.prompt; t++)
+			prompt[t] = (uint32_t)((i * 7919u + rep * 104729u + t * 613u + 1) % b->vocab);
+		err = mp_seq_open(b->runner, &sc, &seq[i]);
+		if (!err)
+			err = mp_runner_batch(b->runner, &(struct mp_batch_item){
+				seq[i], prompt, env.prompt, MP_BATCH_PREFILL }, 1);
+	}
+	mp_runner_stats(b->runner, &s0);
+	t0 = cli_now_ns();
+	for (uint32_t step = 0; step < env.tokens && !err; step++) {
+		for (uint32_t i = 0; i < B; i++) {
+			next[i] = mp_logits_argmax(mp_seq_logits(seq[i]), b->vocab);
+			items[i] = (struct mp_batch_item){ seq[i], &next[i], 1, MP_BATCH_DECODE };
+		}
+		err = mp_runner_batch(b->runner, items, B);
+	}
+	out->seconds = (double)(cli_now_ns() - t0) / 1e9;
+	mp_runner_stats(b->runner, &s1);
+	out->bytes = (s1.dense_bytes - s0.dense_bytes) + (s1.expert_bytes - s0.expert_bytes);
+	out->steps = s1.steps - s0.steps;
+	for (uint32_t i = 0; i < B; i++)
+		mp_seq_close(seq[i]);
+	free(prompt);
+	return err;
+}
+
+static int open_bench(struct bench *b)
+{
+	struct mp_engine_config ec = { .threads = env.eng.threads };
+	struct mp_runner_config rc = { 0 };
+	int err;
+
+	err = mp_store_open(env.model, &b->store);
+	if (!err)
+		err = mp_engine_open(env.eng.engine ? env.eng.engine : "ref", &ec, &b->engine);
+	if (!err && env.budget) {
+		err = mp_pager_open(b->store, &(struct mp_pager_config){ .budget = env.budget },
+				    &b->pager);
+		rc.source = mp_pager_source_ops();
+		rc.source_ctx = b->pager;
+	} else if (!err) {
+		err = mp_resident_open(b->store, NULL, NULL, &b->resident);
+		rc.source = mp_resident_source_ops();
+		rc.source_ctx = b->resident;
+	}
+	rc.engine = b->engine;
+	if (!err)
+		err = mp_runner_open(b->store, &rc, &b->runner);
+	if (!err)
+		err = mp_membw_open(b->engine, 0, &b->membw);
+	if (!err)
+		b->vocab = mp_store_geometry(b->store)->vocab;
+	return err;
+}
+
+static void close_bench(struct bench *b)
+{
+	mp_membw_close(b->membw);
+	mp_runner_close(b->runner);
+	mp_pager_close(b->pager);
+	mp_resident_close(b->resident);
+	mp_engine_close(b->engine);
+	mp_store_close(b->store);
+}
+
+/* One batch size: repeat runs, membw sampled around each; medians. */
+static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, double *bw_all,
+		   uint32_t *nbw)
+{
+	double tps[MAX_REPEAT], sps[MAX_REPEAT], bps[MAX_REPEAT], bw[2 * MAX_REPEAT];
+	uint32_t nb = 0;
+	int err = 0;
+
+	for (uint32_t r = 0; r < env.repeat && !err; r++) {
+		struct one_run o;
+
+		err = mp_membw_sample(b->membw, &bw[nb++]);
+		if (!err)
+			err = run_batch(b, B, r, &o);
+		if (!err)
+			err = mp_membw_sample(b->membw, &bw[nb++]);
+		if (err)
+			break;
+		sps[r] = (double)o.steps / o.seconds;
+		tps[r] = sps[r] * B;
+		bps[r] = (double)o.bytes / (double)o.steps;
+	}
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < nb; i++)
+		bw_all[(*nbw)++] = bw[i];
+	{
+		double t = cli_median(tps, env.repeat), s = cli_median(sps, env.repeat);
+		double bytes = cli_median(bps, env.repeat), membw = cli_median(bw, nb);
+		double bound = membw * 1e9 / bytes * B;
+
+		if (B == env.sizes[0])
+			*tok1 = t / B;
+		json_array_append_new(results, json_pack(
+			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", (int)B,
+			"tok_s", t, "steps_s", s, "weight_bytes_per_step", bytes,
+			"weights_gbps", bytes * s / 1e9, "membw_gbps", membw, "bound_tok_s", bound,
+			"bound_ratio", t / bound, "speedup", *tok1 > 0 ? t / *tok1 : 0));
+		if (!env.json)
+			printf("batch %3u: %8.1f tok/s  %7.2f steps/s  %7.1f MB/step  %5.1f GB/s of "
+			       "%5.1f  bound %.2f  x%.2f\n", B, t, s, bytes / 1e6, bytes * s / 1e9,
+			       membw, t / bound, *tok1 > 0 ? t / *tok1 : 0);
+	}
+	return 0;
+}
+
+int cmd_batchbench(int argc, char **argv)
+{
+	double bw[2 * MAX_REPEAT * MAX_SIZES], tok1 = 0;
+	struct bench b = { 0 };
+	json_t *results = json_array();
+	uint32_t nbw = 0;
+	int err;
+
+	memset(&env, 0, sizeof(env));
+	env.tokens = 32;
+	env.prompt = 16;
+	env.repeat = 3;
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
+		return 1;
+	if (!env.nsizes)
+		parse_sizes("1,2,4,8,16");
+	err = results ? open_bench(&b) : -ENOMEM;
+	for (uint32_t i = 0; i < env.nsizes && !err; i++)
+		err = measure(&b, env.sizes[i], results, &tok1, bw, &nbw);
+	if (err) {
+		fprintf(stderr, "moepager batchbench: %s\n", mp_last_error());
+	} else if (env.json) {
+		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
+				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),
+				      "source", env.budget ? "paged" : "resident", "results",
+				      results);
+
+		results = NULL;
+		json_dumpf(o, stdout, JSON_INDENT(1));
+		putchar('\n');
+		json_decref(o);
+	}
+	json_decref(results);
+	close_bench(&b);
+	return err ? 1 : 0;
+}
