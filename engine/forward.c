@@ -36,7 +36,9 @@ void mp_runner_free_activations(struct mp_runner *r)
 		*u[i] = NULL;
 	}
 	free(r->items);
+	free(r->maps);
 	r->items = NULL;
+	r->maps = NULL;
 	r->cap = r->cap_items = 0;
 }
 
@@ -65,13 +67,14 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 	r->last = falloc(count * h);
 	r->lbuf = falloc((size_t)count * g->vocab);
 	r->ids = calloc(rows * k, sizeof(uint32_t));
+	r->maps = calloc(rows, sizeof(*r->maps));
 	r->row_of = calloc(rows * k, sizeof(uint32_t));
-	r->count = calloc(g->experts, sizeof(uint32_t));
-	r->order = calloc(g->experts, sizeof(uint32_t));
-	r->offset = calloc(g->experts, sizeof(uint32_t));
+	r->count = calloc(r->expert_rows, sizeof(uint32_t));
+	r->order = calloc(r->expert_rows, sizeof(uint32_t));
+	r->offset = calloc(r->expert_rows, sizeof(uint32_t));
 	r->items = calloc(count, sizeof(*r->items));
 	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v ||
-	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids ||
+	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids || !r->maps ||
 	    !r->row_of || !r->count || !r->order || !r->offset || !r->items) {
 		mp_runner_free_activations(r);
 		return mp_err(-ENOMEM, "runner: out of memory for the activations of %u tokens",
@@ -216,8 +219,11 @@ static int route(struct mp_runner *r, uint32_t l, const struct step_item *items,
 						  r->gw + (size_t)t * k);
 			if (err)
 				return err;
+			r->maps[t] = it->seq->map ? it->seq->map[l] : NULL;
 		}
 	}
+	/* A sequence's map sends its rows to its own experts (an adapter's, a variant's). */
+	mp_reroute(r->ids, items[count - 1].first + items[count - 1].n, k, r->maps);
 	/* Every decision of the layer is reported before any of its experts is read. */
 	for (uint32_t i = 0; i < count; i++) {
 		const struct step_item *it = &items[i];
@@ -243,6 +249,36 @@ static int route(struct mp_runner *r, uint32_t l, const struct step_item *items,
 					      s->pos + t - it->first, s->request, strerror(-err));
 		}
 	}
+	return 0;
+}
+
+void mp_reroute(uint32_t *ids, uint32_t n, uint32_t k, const uint32_t *const *maps)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		const uint32_t *m = maps[t];
+		uint32_t *row = ids + (size_t)t * k;
+
+		if (!m)
+			continue;
+		for (uint32_t j = 0; j < k; j++)
+			row[j] = m[row[j]];
+	}
+}
+
+int mp_reroute_table(uint32_t experts, uint32_t e_max, uint32_t index, const uint32_t *ids,
+		     uint32_t n, uint32_t *table)
+{
+	if (n > e_max)
+		return mp_err(-EINVAL, "adapter %u: %u experts at a layer, more than E_max %u",
+			      index, n, e_max);
+	for (uint32_t d = 0; d < n; d++)
+		if (ids[d] >= experts || (d && ids[d] <= ids[d - 1]))
+			return mp_err(-EINVAL, "adapter %u: expert id %u %s", index, ids[d],
+				      ids[d] >= experts ? "out of range" : "not ascending");
+	for (uint32_t e = 0; e < experts; e++)
+		table[e] = e;
+	for (uint32_t d = 0; d < n; d++)
+		table[ids[d]] = experts + index * e_max + d;
 	return 0;
 }
 

@@ -174,6 +174,7 @@ static int seq_create(struct mp_runner *r, const struct mp_seq_config *cfg, stru
 		return mp_err(-ENOMEM, "runner: out of memory for a sequence");
 	s->r = r;
 	s->request = cfg->request;
+	s->map = cfg->map;
 	s->trace = cfg->trace;
 	s->trace_request = cfg->trace_request;
 	s->max_seq = cfg->max_seq ? cfg->max_seq : r->max_seq;
@@ -196,6 +197,18 @@ static int seq_create(struct mp_runner *r, const struct mp_seq_config *cfg, stru
 	return 0;
 }
 
+/* Every entry of a routed-id map names a row the source takes. */
+static int check_map(const struct mp_runner *r, const uint32_t *const *map)
+{
+	for (uint32_t l = 0; l < r->g.layers; l++)
+		for (uint32_t e = 0; map[l] && e < r->g.experts; e++)
+			if (map[l][e] >= r->expert_rows)
+				return mp_err(-EINVAL, "sequence: map of layer %u sends expert %u to "
+					      "row %u, beyond the %u the source takes", l, e,
+					      map[l][e], r->expert_rows);
+	return 0;
+}
+
 int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out)
 {
 	int err;
@@ -208,6 +221,8 @@ int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_
 	if (err)
 		return err;
 	if (cfg->trace && (err = mp_trace_check_geometry(cfg->trace, &r->g)))
+		return err;
+	if (cfg->map && (err = check_map(r, cfg->map)))
 		return err;
 	return seq_create(r, cfg, out);
 }
@@ -284,6 +299,14 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	r->kvdim = r->g.kv_heads * r->g.head_dim;
 	r->expert_bytes = mp_store_expert_bytes(s);
 	r->max_seq = cfg->max_seq ? cfg->max_seq : r->g.max_seq;
+	r->expert_rows = cfg->expert_rows ? cfg->expert_rows : r->g.experts;
+	if (r->expert_rows < r->g.experts || r->expert_rows > MP_MAX_EXPERTS * 16 ||
+	    cfg->reserved32) {
+		free(r);
+		return mp_err(-EINVAL, "runner: expert_rows %u must be in [%u (experts), %u]%s",
+			      cfg->expert_rows, r->g.experts, MP_MAX_EXPERTS * 16,
+			      cfg->reserved32 ? "; reserved32 must be zero" : "");
+	}
 	if (r->src->guard) {
 		r->guard.wrap = r->src->guard;
 		r->guard.wctx = r->src_ctx;

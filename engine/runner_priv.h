@@ -24,6 +24,7 @@ struct layer_weights {
 struct mp_seq {
 	struct mp_runner *r;
 	uint32_t request;		/* reported to the source with every route */
+	const uint32_t *const *map;	/* routed-id map per layer, or NULL */
 	const struct mp_trace *trace;	/* forced routing of decode steps, or NULL */
 	uint32_t trace_request;
 	uint32_t max_seq;
@@ -52,6 +53,7 @@ struct mp_runner {
 	struct mp_guard guard;
 	const struct mp_guard *gp;		/* &guard, or NULL when the source has none */
 	uint32_t max_seq;			/* a sequence's default KV cache length */
+	uint32_t expert_rows;			/* expert ids the source takes per layer */
 	uint32_t qdim, kvdim;
 	struct mp_seq *seq0;			/* the sequence of the one-stream calls */
 
@@ -69,6 +71,7 @@ struct mp_runner {
 	uint32_t cap, cap_items;
 	float *x, *xn, *q, *k, *v, *att, *tmp, *moe, *rlogits, *gw;
 	uint32_t *ids;
+	const uint32_t **maps;			/* [cap]: each row's routed-id map of its layer */
 	float *xg, *eo;				/* [cap x topk][hidden]: gathered inputs, outputs */
 	uint32_t *row_of;			/* [cap x topk]: (token, choice) -> xg/eo row */
 	uint32_t *count, *order, *offset;	/* [experts]: the step's expert groups */

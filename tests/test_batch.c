@@ -415,6 +415,166 @@ static void paged_batch_under_a_two_expert_budget_gives_the_lone_tokens(void **s
 	mp_engine_close(e);
 }
 
+/*
+ * ExpertWeave's Fig. 4: M = 64 base experts, K = 6, N = 2 adapters of E_max = 8
+ * slots; adapter 0 fine-tunes {3, 14, 47} (rows 64-66), adapter 1
+ * {5, 13, 14, 27, 35, 57, 59} (rows 72-78); a step of three tokens, one per
+ * adapter and one of the base (-1: no map).
+ */
+static void rerouting_reproduces_expertweave_figure_4(void **state)
+{
+	static const uint32_t a0[] = { 3, 14, 47 }, a1[] = { 5, 13, 14, 27, 35, 57, 59 };
+	uint32_t pi0[64], pi1[64];
+	const uint32_t *maps[3] = { pi0, pi1, NULL };
+	uint32_t ids[3 * 6] = { 26, 47, 31, 3, 58, 60, 57, 5, 3, 13, 27, 59, 26, 47, 31, 3, 58, 60 };
+	static const uint32_t want[3 * 6] = { 26, 66, 31, 64, 58, 60, 77, 72, 3, 73, 75, 78,
+					      26, 47, 31, 3, 58, 60 };
+	uint32_t bad[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 }, down[2] = { 9, 4 }, far[1] = { 64 };
+
+	(void)state;
+	assert_int_equal(mp_reroute_table(64, 8, 0, a0, 3, pi0), 0);
+	assert_int_equal(mp_reroute_table(64, 8, 1, a1, 7, pi1), 0);
+	mp_reroute(ids, 3, 6, maps);
+	assert_memory_equal(ids, want, sizeof(want));
+	t_log_reset();
+	assert_int_equal(mp_reroute_table(64, 8, 0, bad, 9, pi0), -EINVAL);
+	assert_true(t_log_contains("more than E_max 8"));
+	assert_int_equal(mp_reroute_table(64, 8, 0, down, 2, pi0), -EINVAL);
+	assert_int_equal(mp_reroute_table(64, 8, 0, far, 1, pi0), -EINVAL);
+}
+
+/*
+ * Adapters in a batch: a "merged model" (the base with some experts replaced)
+ * and the same experts served as adapter rows of a source that holds both.
+ * Each sequence mapped to its adapter gets, in a mixed batch, exactly the
+ * tokens and logits of its merged model decoded alone.
+ */
+struct two_models {
+	struct mp_resident *base;	/* rows 0..E-1 */
+	struct mp_resident *other[2];	/* adapter i's rows E + i * E_MAX + d */
+	uint32_t experts;
+	const uint32_t *ids[2];		/* adapter i's fine-tuned experts (every layer) */
+	uint32_t n[2];
+};
+
+#define E_MAX 4
+
+static const void *two_expert(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct two_models *t = ctx;
+	uint32_t a;
+
+	if (row < t->experts)
+		return mp_resident_source_ops()->expert(t->base, layer, row);
+	a = (row - t->experts) / E_MAX;
+	return mp_resident_source_ops()->expert(t->other[a], layer,
+						t->ids[a][(row - t->experts) % E_MAX]);
+}
+
+static const struct mp_expert_source_ops two_ops = { .expert = two_expert };
+
+/* Merged model a: the base's rows but for adapter a's experts, which are other[a]'s. */
+struct merged {
+	struct two_models *t;
+	uint32_t a;
+};
+
+static const void *merged_expert(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct merged *m = ctx;
+
+	for (uint32_t i = 0; i < m->t->n[m->a]; i++)
+		if (m->t->ids[m->a][i] == row)
+			return mp_resident_source_ops()->expert(m->t->other[m->a], layer, row);
+	return mp_resident_source_ops()->expert(m->t->base, layer, row);
+}
+
+static const struct mp_expert_source_ops merged_ops = { .expert = merged_expert };
+
+static void mixed_adapter_batch_gives_each_merged_models_lone_tokens(void **state)
+{
+	static const uint32_t ids0[] = { 1, 6 }, ids1[] = { 0, 2, 5 };
+	struct mp_engine *e = open_engine("ref", 2);
+	struct mp_store *merged_store[2];
+	struct two_models tm = { .base = fx.res, .ids = { ids0, ids1 }, .n = { 2, 3 } };
+	uint32_t layers = mp_store_geometry(fx.store)->layers, table[2][64];
+	const uint32_t *map[2][16];
+	struct mp_runner *r, *alone[2];
+	struct merged mm[2];
+	uint32_t tok[3] = { 5, 9, 13 };
+	struct mp_seq *q[3];
+
+	(void)state;
+	tm.experts = mp_store_geometry(fx.store)->experts;
+	/* Two "merged models": the base's weights but for their experts (another seed's). */
+	for (uint32_t a = 0; a < 2; a++) {
+		char path[64];
+
+		snprintf(path, sizeof(path), "other%u.mpk", a);
+		assert_int_equal(t_gen_tiny(t_path(path), MP_DTYPE_BF16, 100 + a), 0);
+		assert_int_equal(mp_store_open(t_path(path), &merged_store[a]), 0);
+		assert_int_equal(mp_resident_open(merged_store[a], NULL, NULL, &tm.other[a]), 0);
+		assert_int_equal(mp_reroute_table(tm.experts, E_MAX, a, tm.ids[a], tm.n[a], table[a]),
+				 0);
+		for (uint32_t l = 0; l < layers; l++)
+			map[a][l] = table[a];
+	}
+	{
+		struct mp_runner_config rc = { .engine = e, .source = &two_ops, .source_ctx = &tm,
+					       .expert_rows = tm.experts + 2 * E_MAX };
+
+		assert_int_equal(mp_runner_open(fx.store, &rc, &r), 0);
+	}
+	/* Alone: each merged model as a plain runner, no map, E rows. */
+	for (uint32_t a = 0; a < 2; a++) {
+		mm[a] = (struct merged){ &tm, a };
+		alone[a] = open_runner(e, &merged_ops, &mm[a]);
+		assert_int_equal(mp_seq_open(alone[a], &(struct mp_seq_config){ .request = a },
+					     &q[a]), 0);
+	}
+	/* Mixed: adapter 0, adapter 1 and the base in one batch, ten steps. */
+	{
+		struct mp_seq *m[3];
+		float *lone = malloc(2 * fx.vocab * sizeof(float));
+
+		assert_non_null(lone);
+		for (uint32_t a = 0; a < 3; a++)
+			assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){
+				.request = 10 + a, .map = a < 2 ? map[a] : NULL }, &m[a]), 0);
+		for (int step = 0; step < 10; step++) {
+			struct mp_batch_item items[3];
+
+			for (uint32_t a = 0; a < 3; a++)
+				items[a] = (struct mp_batch_item){ m[a], &tok[a], 1, MP_BATCH_DECODE };
+			assert_int_equal(mp_runner_batch(r, items, 3), 0);
+			for (uint32_t a = 0; a < 2; a++) {
+				assert_int_equal(mp_runner_batch(alone[a], &(struct mp_batch_item){
+					q[a], &tok[a], 1, MP_BATCH_DECODE }, 1), 0);
+				memcpy(lone + a * fx.vocab, mp_seq_logits(q[a]),
+				       fx.vocab * sizeof(float));
+				assert_memory_equal(mp_seq_logits(m[a]), lone + a * fx.vocab,
+						    fx.vocab * sizeof(float));
+			}
+			for (uint32_t a = 0; a < 3; a++)
+				tok[a] = mp_logits_argmax(mp_seq_logits(m[a]), fx.vocab);
+		}
+		/* The adapters did change something: their tokens are not the base's. */
+		assert_true(memcmp(mp_seq_logits(m[0]), mp_seq_logits(m[2]),
+				   fx.vocab * sizeof(float)) != 0);
+		for (uint32_t a = 0; a < 3; a++)
+			mp_seq_close(m[a]);
+		free(lone);
+	}
+	for (uint32_t a = 0; a < 2; a++) {
+		mp_seq_close(q[a]);
+		mp_runner_close(alone[a]);
+		mp_resident_close(tm.other[a]);
+		mp_store_close(merged_store[a]);
+	}
+	mp_runner_close(r);
+	mp_engine_close(e);
+}
+
 /* An engine is tested where this CPU has its ISA and this build made it. */
 static bool engine_here(const char *name)
 {
@@ -442,6 +602,8 @@ int main(void)
 		cmocka_unit_test(routes_carry_each_sequences_request_id_and_step),
 		cmocka_unit_test(a_refused_batch_changes_nothing),
 		cmocka_unit_test(paged_batch_under_a_two_expert_budget_gives_the_lone_tokens),
+		cmocka_unit_test(rerouting_reproduces_expertweave_figure_4),
+		cmocka_unit_test(mixed_adapter_batch_gives_each_merged_models_lone_tokens),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) + N_ELEMS(global)];
 	static char names[N_ELEMS(engines)][96];

@@ -53,7 +53,15 @@ struct mp_runner_config {
 	const struct mp_trace *trace;			/* borrowed */
 	/* Request id reported to the source, and the trace request replayed. */
 	uint32_t request;
-	MP_RESERVED(8);
+	/*
+	 * Expert ids the source takes per layer (>= the model's experts): the
+	 * rows a routed-id map (mp_seq_config.map) may send a token to, such as
+	 * adapters' or other models' experts in the pager's spare slots. 0: the
+	 * model's experts.
+	 */
+	uint32_t expert_rows;
+	uint32_t reserved32;		/* zero */
+	MP_RESERVED(7);
 };
 
 /*
@@ -114,7 +122,15 @@ struct mp_seq_config {
 	 */
 	const struct mp_trace *trace;	/* borrowed */
 	uint32_t trace_request;
-	MP_RESERVED(6);
+	/*
+	 * Routed-id map (may be NULL, borrowed): the expert e that layer l's
+	 * router picks for this sequence is reported and read as expert
+	 * map[l][e] (< mp_runner_config.expert_rows): an adapter's fine-tuned
+	 * expert, or another model's at a shared position. The gate weights
+	 * stay the router's. map[l] may be NULL (that layer unmapped).
+	 */
+	const uint32_t *const *map;
+	MP_RESERVED(5);
 };
 
 /* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
@@ -153,6 +169,25 @@ struct mp_batch_item {
  */
 MP_API int mp_runner_batch(struct mp_runner *r, const struct mp_batch_item *items,
 			   uint32_t count);
+
+/*
+ * Batched rerouting: a step's n x k routed ids, each row by its own map (an
+ * adapter's table; NULL: the base, unchanged), in place:
+ * ids[t * k + j] = maps[t][ids[t * k + j]]. What the runner applies to each
+ * sequence's rows; exposed for tests and other schedulers.
+ */
+MP_API void mp_reroute(uint32_t *ids, uint32_t n, uint32_t k, const uint32_t *const *maps);
+
+/*
+ * ExpertWeave's rerouting table of adapter `index` at one layer: the
+ * identity over the base's `experts` ids, except each fine-tuned expert
+ * ids[d] (n of them, ascending, n <= e_max), which goes to row
+ * experts + index * e_max + d (the adapter's slots after the base's).
+ * table gets `experts` entries. Returns 0, or -EINVAL (n > e_max, ids not
+ * ascending or out of range).
+ */
+MP_API int mp_reroute_table(uint32_t experts, uint32_t e_max, uint32_t index, const uint32_t *ids,
+			    uint32_t n, uint32_t *table);
 
 struct mp_runner_stats {
 	uint64_t tokens;		/* tokens run (prompt and decode) */
