@@ -15,6 +15,7 @@ struct cli_command {
 	int (*run)(int argc, char **argv);
 };
 
+int cmd_adapter(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -14,6 +14,7 @@
 #include <moepager/mp_version.h>
 #include <moepager/common.h>
 #include <moepager/store.h>
+#include <moepager/adapter.h>
 #include <moepager/trace.h>
 #include <moepager/traj.h>
 #include <moepager/engine.h>

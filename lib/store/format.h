@@ -100,4 +100,56 @@ struct mpk_expert_entry {
 _Static_assert(sizeof(struct mpk_expert_entry) == MPK_EXPERT_ENTRY_BYTES, "expert entry size");
 _Static_assert(offsetof(struct mpk_expert_entry, flags) == 32, "expert entry layout");
 
+/*
+ * The .mpa adapter file (docs/mpa-format.md): the experts one fine-tune
+ * replaces in a base model, and the identity of that base.
+ */
+#define MPA_MAGIC		"MPADAPTR"
+#define MPA_HEADER_BYTES	4096u
+#define MPA_ENTRY_BYTES		64u
+/* Experts and the table start on this boundary; file_bytes is a multiple of it. */
+#define MPA_ALIGN		4096u
+#define MPA_FLAGS_KNOWN		0u
+
+struct mpa_header {
+	char magic[MPK_MAGIC_LEN];	/* "MPADAPTR", no NUL */
+	uint32_t version;		/* MP_MPA_VERSION */
+	uint32_t header_bytes;		/* MPA_HEADER_BYTES */
+	uint64_t file_bytes;
+	uint32_t layers;		/* the base's geometry, for the messages and checks */
+	uint32_t experts;
+	uint32_t hidden;
+	uint32_t ffn;
+	uint32_t dtype;
+	uint32_t flags;
+	uint64_t expert_bytes;
+	uint64_t base_identity;		/* mp_store_identity() of the base */
+	uint64_t table_off;
+	uint32_t n_entries;
+	uint32_t entry_bytes;		/* MPA_ENTRY_BYTES */
+	uint64_t table_checksum;	/* XXH3-64 of the table */
+	char name[MPK_NAME_MAX];	/* adapter name */
+	char base_name[MPK_NAME_MAX];	/* the base's model name, for messages */
+	uint8_t reserved[MPA_HEADER_BYTES - 216 - 8];
+	uint64_t header_checksum;	/* XXH3-64 of bytes [0, 4088) */
+};
+
+_Static_assert(sizeof(struct mpa_header) == MPA_HEADER_BYTES, "adapter header size");
+_Static_assert(offsetof(struct mpa_header, base_identity) == 56, "adapter header layout");
+_Static_assert(offsetof(struct mpa_header, name) == 88, "adapter header layout");
+_Static_assert(offsetof(struct mpa_header, reserved) == 216, "adapter header layout");
+
+/* The table lists entries in strictly increasing (layer, expert) order. */
+struct mpa_entry {
+	uint32_t layer;
+	uint32_t expert;		/* the base expert id this one replaces */
+	uint64_t offset;		/* MPA_ALIGN-aligned */
+	uint64_t bytes;			/* == expert_bytes */
+	uint64_t checksum;		/* XXH3-64 of the expert's bytes */
+	uint32_t flags;			/* 0 in version 1 */
+	uint32_t reserved[7];
+};
+
+_Static_assert(sizeof(struct mpa_entry) == MPA_ENTRY_BYTES, "adapter entry size");
+
 #endif /* MP_MPK_FORMAT_H */

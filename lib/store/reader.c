@@ -11,6 +11,7 @@
 #include <moepager/store.h>
 
 #include "base/base.h"
+#include "store/fileio.h"
 #include "store/format.h"
 #include "store/layout.h"
 
@@ -25,6 +26,7 @@ struct mp_store {
 	struct mp_geometry geom;
 	char name[MPK_NAME_MAX];
 	uint64_t file_bytes;
+	uint64_t identity;
 	uint64_t expert_bytes;
 	uint64_t total_expert_bytes;
 	uint32_t n_tensors;
@@ -42,26 +44,6 @@ struct extent {
 };
 
 enum { EXT_HEADER, EXT_TENSOR_TABLE, EXT_EXPERT_TABLE, EXT_TENSOR, EXT_EXPERT };
-
-/* pread until len bytes or EOF; returns the bytes read or -errno. */
-static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			break;
-		done += (size_t)n;
-	}
-	return (ssize_t)done;
-}
 
 static void extent_name(const struct mp_store *s, const struct extent *e, char *buf, size_t len)
 {
@@ -167,6 +149,7 @@ static int check_header(struct mp_store *s, const struct mpk_header *h, uint64_t
 			      s->path, offsetof(struct mpk_header, name));
 	memcpy(s->name, h->name, sizeof(s->name));
 	s->file_bytes = h->file_bytes;
+	s->identity = XXH3_64bits(h, offsetof(struct mpk_header, name));
 	return 0;
 }
 
@@ -324,7 +307,7 @@ static int parse_expert(struct mp_store *s, const struct mpk_expert_entry *e, ui
 
 static int read_table(struct mp_store *s, void *buf, size_t len, uint64_t off, const char *what)
 {
-	ssize_t n = pread_full(s->fd, buf, len, off);
+	ssize_t n = mpk_pread_full(s->fd, buf, len, off);
 
 	if (n < 0)
 		return mp_err((int)n, "%s: reading the %s at offset %llu: %s", s->path, what,
@@ -411,7 +394,7 @@ static int store_load(struct mp_store *s)
 		return mp_err(-errno, "%s: fstat: %s", s->path, strerror(errno));
 	if (!S_ISREG(st.st_mode))
 		return mp_err(-EINVAL, "%s: not a regular file", s->path);
-	n = pread_full(s->fd, &h, sizeof(h), 0);
+	n = mpk_pread_full(s->fd, &h, sizeof(h), 0);
 	if (n < 0)
 		return mp_err((int)n, "%s: reading the header: %s", s->path, strerror((int)-n));
 	if (n < MPK_MAGIC_LEN || memcmp(h.magic, MPK_MAGIC, MPK_MAGIC_LEN)) {
@@ -509,6 +492,11 @@ uint64_t mp_store_file_bytes(const struct mp_store *s)
 	return s->file_bytes;
 }
 
+uint64_t mp_store_identity(const struct mp_store *s)
+{
+	return s->identity;
+}
+
 uint64_t mp_store_expert_bytes(const struct mp_store *s)
 {
 	return s->expert_bytes;
@@ -548,7 +536,7 @@ const struct mp_tensor_info *mp_store_tensor(const struct mp_store *s, const cha
 /* Reads [off, off+len) into buf; what names the extent in messages. */
 static int read_extent(struct mp_store *s, void *buf, uint64_t len, uint64_t off, const char *what)
 {
-	ssize_t n = pread_full(s->fd, buf, len, off);
+	ssize_t n = mpk_pread_full(s->fd, buf, len, off);
 
 	if (n < 0)
 		return mp_err((int)n, "%s: %s: read at offset %llu failed: %s", s->path, what,
@@ -625,7 +613,7 @@ static int verify_read(struct mp_store *s, struct verify_io *io, uint64_t off, s
 	if (io->direct_fd >= 0 && off % DIRECT_ALIGN == 0) {
 		/* rounding up may read past the extent (still inside the chunk) or hit EOF */
 		size_t whole = MP_ALIGN_UP(len, DIRECT_ALIGN);
-		ssize_t n = pread_full(io->direct_fd, io->chunk, whole, off);
+		ssize_t n = mpk_pread_full(io->direct_fd, io->chunk, whole, off);
 
 		if (n >= 0 && (size_t)n >= len)
 			return 0;

@@ -12,13 +12,12 @@
 #include <moepager/store.h>
 
 #include "base/base.h"
+#include "store/fileio.h"
 #include "store/format.h"
 #include "store/layout.h"
 
 struct mp_store_writer {
-	char *path;
-	char *tmp_path;
-	int fd;
+	struct mpk_tmpfile out;
 	/*
 	 * The same file opened O_DIRECT for the experts, or -1 where the file
 	 * system refuses it. Buffered writes of a multi-GB model run at a
@@ -36,30 +35,9 @@ struct mp_store_writer {
 	uint64_t *expert_sums;
 };
 
-static int pwrite_full(int fd, const void *buf, uint64_t len, uint64_t off)
-{
-	uint64_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pwrite(fd, (const char *)buf + done, (size_t)(len - done),
-				   (off_t)(off + done));
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		done += (uint64_t)n;
-	}
-	return 0;
-}
-
+/* Frees the writer; its temporary file was committed or aborted. */
 static void writer_free(struct mp_store_writer *w)
 {
-	if (w->fd >= 0)
-		close(w->fd);
 	if (w->direct_fd >= 0)
 		close(w->direct_fd);
 	free(w->bounce);
@@ -67,8 +45,6 @@ static void writer_free(struct mp_store_writer *w)
 	free(w->tensor_done);
 	free(w->expert_done);
 	free(w->expert_sums);
-	free(w->tmp_path);
-	free(w->path);
 	free(w);
 }
 
@@ -87,7 +63,6 @@ int mp_store_writer_create(const char *path, const struct mp_geometry *g, const 
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return mp_err(-ENOMEM, "%s: out of memory", path);
-	w->fd = -1;
 	w->direct_fd = -1;
 	err = mpk_layout_build(g, &w->layout);
 	if (err)
@@ -95,36 +70,28 @@ int mp_store_writer_create(const char *path, const struct mp_geometry *g, const 
 	w->geom = *g;
 	if (name)
 		memcpy(w->name, name, strlen(name));
-	w->path = strdup(path);
-	if (w->path && asprintf(&w->tmp_path, "%s.tmp.XXXXXX", path) < 0)
-		w->tmp_path = NULL;
 	w->tensor_done = calloc(w->layout.n_tensors, 1);
 	w->expert_done = calloc(w->layout.n_experts, 1);
 	w->expert_sums = calloc(w->layout.n_experts, sizeof(*w->expert_sums));
-	if (!w->path || !w->tmp_path || !w->tensor_done || !w->expert_done || !w->expert_sums) {
+	if (!w->tensor_done || !w->expert_done || !w->expert_sums) {
 		err = mp_err(-ENOMEM, "%s: out of memory", path);
 		goto free_writer;
 	}
-	w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
-	if (w->fd < 0) {
-		err = mp_err(-errno, "%s: cannot create %s: %s", path, w->tmp_path,
-			     strerror(errno));
+	err = mpk_tmpfile_create(&w->out, path);
+	if (err)
 		goto free_writer;
-	}
-	/* mkostemp makes it 0600; a model is a plain data file. */
-	if (fchmod(w->fd, 0644) ||
-	    /* The padding between experts stays a hole: the file is sparse. */
-	    ftruncate(w->fd, (off_t)w->layout.file_bytes)) {
-		err = mp_err(-errno, "%s: sizing %s to %llu bytes: %s", path, w->tmp_path,
+	/* The padding between experts stays a hole: the file is sparse. */
+	if (ftruncate(w->out.fd, (off_t)w->layout.file_bytes)) {
+		err = mp_err(-errno, "%s: sizing %s to %llu bytes: %s", path, w->out.tmp_path,
 			     (unsigned long long)w->layout.file_bytes, strerror(errno));
-		goto unlink_tmp;
+		goto abort_tmp;
 	}
 	w->direct_len = MP_ALIGN_UP(w->layout.expert_bytes, MPK_FILE_ALIGN);
-	w->direct_fd = open(w->tmp_path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+	w->direct_fd = open(w->out.tmp_path, O_WRONLY | O_DIRECT | O_CLOEXEC);
 	*out = w;
 	return 0;
-unlink_tmp:
-	unlink(w->tmp_path);
+abort_tmp:
+	mpk_tmpfile_abort(&w->out);
 free_writer:
 	writer_free(w);
 	return err;
@@ -156,12 +123,12 @@ int mp_store_writer_put_tensor(struct mp_store_writer *w, const char *name, cons
 		}
 	}
 	if (!t)
-		return mp_err(-ENOENT, "%s: the geometry has no tensor '%s'", w->path, name);
+		return mp_err(-ENOENT, "%s: the geometry has no tensor '%s'", w->out.path, name);
 	if (w->tensor_done[i])
-		return mp_err(-EEXIST, "%s: tensor %s was already written", w->path, name);
-	err = pwrite_full(w->fd, data, t->bytes, t->offset);
+		return mp_err(-EEXIST, "%s: tensor %s was already written", w->out.path, name);
+	err = mpk_pwrite_full(w->out.fd, data, t->bytes, t->offset);
 	if (err)
-		return mp_err(err, "%s: writing tensor %s at offset %llu: %s", w->tmp_path, name,
+		return mp_err(err, "%s: writing tensor %s at offset %llu: %s", w->out.tmp_path, name,
 			      (unsigned long long)t->offset, strerror(-err));
 	t->checksum = mp_checksum(data, t->bytes);
 	w->tensor_done[i] = 1;
@@ -183,7 +150,7 @@ static int write_expert_direct(struct mp_store_writer *w, const void *data, uint
 		memcpy(w->bounce, data, w->layout.expert_bytes);
 		src = w->bounce;
 	}
-	return pwrite_full(w->direct_fd, src, w->direct_len, off);
+	return mpk_pwrite_full(w->direct_fd, src, w->direct_len, off);
 }
 
 static int write_expert(struct mp_store_writer *w, const void *data, uint64_t off)
@@ -196,17 +163,17 @@ static int write_expert(struct mp_store_writer *w, const void *data, uint64_t of
 			return err;
 		/* the file system takes O_DIRECT opens but not these writes */
 		mp_debug("%s: O_DIRECT write refused, writing through the page cache",
-			 w->tmp_path);
+			 w->out.tmp_path);
 		close(w->direct_fd);
 		w->direct_fd = -1;
 	}
-	err = pwrite_full(w->fd, data, w->layout.expert_bytes, off);
+	err = mpk_pwrite_full(w->out.fd, data, w->layout.expert_bytes, off);
 	/*
 	 * Start writeback now: the disk works while the caller makes the next
 	 * expert, and finish()'s fsync has little left to do. Advisory only.
 	 */
 	if (!err)
-		(void)sync_file_range(w->fd, (off_t)off, (off_t)w->layout.expert_bytes,
+		(void)sync_file_range(w->out.fd, (off_t)off, (off_t)w->layout.expert_bytes,
 				      SYNC_FILE_RANGE_WRITE);
 	return err;
 }
@@ -221,17 +188,17 @@ int mp_store_writer_put_expert(struct mp_store_writer *w, uint32_t layer, uint32
 	if (!w || !data)
 		return mp_err(-EINVAL, "mp_store_writer_put_expert: NULL argument");
 	if (layer >= w->geom.layers || expert >= w->geom.experts)
-		return mp_err(-ERANGE, "%s: layer %u expert %u does not exist (%u x %u)", w->path,
+		return mp_err(-ERANGE, "%s: layer %u expert %u does not exist (%u x %u)", w->out.path,
 			      layer, expert, w->geom.layers, w->geom.experts);
 	i = mpk_expert_index(&w->geom, layer, expert);
 	if (w->expert_done[i])
-		return mp_err(-EEXIST, "%s: layer %u expert %u was already written", w->path,
+		return mp_err(-EEXIST, "%s: layer %u expert %u was already written", w->out.path,
 			      layer, expert);
 	off = mpk_layout_expert_offset(&w->layout, i);
 	err = write_expert(w, data, off);
 	if (err)
 		return mp_err(err, "%s: writing layer %u expert %u at offset %llu: %s",
-			      w->tmp_path, layer, expert, (unsigned long long)off, strerror(-err));
+			      w->out.tmp_path, layer, expert, (unsigned long long)off, strerror(-err));
 	w->expert_sums[i] = mp_checksum(data, w->layout.expert_bytes);
 	w->expert_done[i] = 1;
 	return 0;
@@ -241,11 +208,11 @@ static int check_complete(const struct mp_store_writer *w)
 {
 	for (uint32_t i = 0; i < w->layout.n_tensors; i++)
 		if (!w->tensor_done[i])
-			return mp_err(-ENODATA, "%s: tensor %s was never written", w->path,
+			return mp_err(-ENODATA, "%s: tensor %s was never written", w->out.path,
 				      w->layout.tensors[i].name);
 	for (uint32_t i = 0; i < w->layout.n_experts; i++)
 		if (!w->expert_done[i])
-			return mp_err(-ENODATA, "%s: layer %u expert %u was never written", w->path,
+			return mp_err(-ENODATA, "%s: layer %u expert %u was never written", w->out.path,
 				      i / w->geom.experts, i % w->geom.experts);
 	return 0;
 }
@@ -262,7 +229,7 @@ static int write_tables(struct mp_store_writer *w, uint64_t *sum)
 	int err;
 
 	if (!tt || !et || !st) {
-		err = mp_err(-ENOMEM, "%s: out of memory for the tables", w->path);
+		err = mp_err(-ENOMEM, "%s: out of memory for the tables", w->out.path);
 		goto free_tables;
 	}
 	for (uint32_t i = 0; i < l->n_tensors; i++) {
@@ -283,11 +250,11 @@ static int write_tables(struct mp_store_writer *w, uint64_t *sum)
 		et[i].bytes = l->expert_bytes;
 		et[i].checksum = w->expert_sums[i];
 	}
-	err = pwrite_full(w->fd, tt, tlen, l->tensor_table_off);
+	err = mpk_pwrite_full(w->out.fd, tt, tlen, l->tensor_table_off);
 	if (!err)
-		err = pwrite_full(w->fd, et, elen, l->expert_table_off);
+		err = mpk_pwrite_full(w->out.fd, et, elen, l->expert_table_off);
 	if (err) {
-		err = mp_err(err, "%s: writing the tables: %s", w->tmp_path, strerror(-err));
+		err = mp_err(err, "%s: writing the tables: %s", w->out.tmp_path, strerror(-err));
 		goto free_tables;
 	}
 	XXH3_64bits_reset(st);
@@ -337,23 +304,6 @@ static void fill_header(const struct mp_store_writer *w, struct mpk_header *h, u
 	h->header_checksum = XXH3_64bits(h, offsetof(struct mpk_header, header_checksum));
 }
 
-/* Makes the rename durable; failure here only loses durability, not data. */
-static void sync_parent_dir(const char *path)
-{
-	char *copy = strdup(path);
-	int fd;
-
-	if (!copy)
-		return;
-	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		if (fsync(fd))
-			mp_warn("%s: fsync of the directory failed: %s", path, strerror(errno));
-		close(fd);
-	}
-	free(copy);
-}
-
 int mp_store_writer_finish(struct mp_store_writer *w)
 {
 	struct mpk_header *h = NULL;
@@ -370,29 +320,20 @@ int mp_store_writer_finish(struct mp_store_writer *w)
 		goto abort_write;
 	h = malloc(sizeof(*h));
 	if (!h) {
-		err = mp_err(-ENOMEM, "%s: out of memory", w->path);
+		err = mp_err(-ENOMEM, "%s: out of memory", w->out.path);
 		goto abort_write;
 	}
 	fill_header(w, h, sum);
 	/* The header goes last so a crash before here leaves no valid-looking file. */
-	err = pwrite_full(w->fd, h, sizeof(*h), 0);
+	err = mpk_pwrite_full(w->out.fd, h, sizeof(*h), 0);
 	if (err) {
-		err = mp_err(err, "%s: writing the header: %s", w->tmp_path, strerror(-err));
+		err = mp_err(err, "%s: writing the header: %s", w->out.tmp_path, strerror(-err));
 		goto abort_write;
 	}
-	if (fsync(w->fd)) {
-		err = mp_err(-errno, "%s: fsync: %s", w->tmp_path, strerror(errno));
-		goto abort_write;
-	}
-	if (rename(w->tmp_path, w->path)) {
-		err = mp_err(-errno, "%s: renaming %s into place: %s", w->path, w->tmp_path,
-			     strerror(errno));
-		goto abort_write;
-	}
-	sync_parent_dir(w->path);
 	free(h);
+	err = mpk_tmpfile_commit(&w->out);
 	writer_free(w);
-	return 0;
+	return err;
 abort_write:
 	free(h);
 	mp_store_writer_abort(w);
@@ -403,10 +344,6 @@ void mp_store_writer_abort(struct mp_store_writer *w)
 {
 	if (!w)
 		return;
-	if (w->fd >= 0) {
-		close(w->fd);
-		w->fd = -1;
-		unlink(w->tmp_path);
-	}
+	mpk_tmpfile_abort(&w->out);
 	writer_free(w);
 }

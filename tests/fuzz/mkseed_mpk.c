@@ -3,7 +3,8 @@
  * Writes the .mpk fuzz seeds into DIR: small models whose experts are all
  * zeros, cut after their last tensor. fuzz_mpk extends an input with zeros
  * up to the header's file_bytes, so each seed reads as a complete, valid
- * file while being a few pages long instead of megabytes.
+ * file while being a few pages long instead of megabytes. With a second
+ * directory, also the .mpa seeds of fuzz_mpa: small adapters of one model.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -73,6 +74,44 @@ out:
 	return err;
 }
 
+/* Adapters of a generated model of geometry g replacing 1, 2 and every expert. */
+static int write_adapter_seeds(const char *dir, const struct mp_geometry *g)
+{
+	char base_path[4096], path[4096];
+	uint64_t xb = mp_geometry_expert_bytes(g);
+	uint8_t *buf = malloc(xb);
+	struct mp_store *base = NULL;
+	int err;
+
+	snprintf(base_path, sizeof(base_path), "%s/base.mpk.tmp", dir);
+	if (!buf)
+		return -ENOMEM;
+	err = mp_gen_model(base_path, g, 7, "seed", NULL, NULL);
+	if (!err)
+		err = mp_store_open(base_path, &base);
+	for (uint32_t k = 0, sizes[3] = { 1, 2, g->layers * g->experts }; !err && k < 3; k++) {
+		struct mp_adapter_writer *w = NULL;
+		uint32_t n = sizes[k];
+
+		snprintf(path, sizeof(path), "%s/n%u.mpa", dir, n);
+		err = mp_adapter_writer_create(path, base, "seed", &w);
+		for (uint32_t i = 0; !err && i < n; i++) {
+			memset(buf, (int)i + 1, xb);
+			err = mp_adapter_writer_put(w, i % g->layers, i / g->layers, buf);
+		}
+		if (!err)
+			err = mp_adapter_writer_finish(w);
+		else if (w)
+			mp_adapter_writer_abort(w);
+	}
+	mp_store_close(base);
+	unlink(base_path);
+	free(buf);
+	if (err)
+		fprintf(stderr, "mkseed_mpk: %s: %s (%s)\n", dir, strerror(-err), mp_last_error());
+	return err;
+}
+
 int main(int argc, char **argv)
 {
 	struct mp_geometry a = {
@@ -82,8 +121,8 @@ int main(int argc, char **argv)
 	};
 	struct mp_geometry b = a, c = a;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: mkseed_mpk DIR\n");
+	if (argc != 2 && argc != 3) {
+		fprintf(stderr, "usage: mkseed_mpk DIR [MPA_DIR]\n");
 		return 2;
 	}
 	b.layers = 2;
@@ -103,6 +142,9 @@ int main(int argc, char **argv)
 	}
 	if (write_seed(argv[1], "l1e2-f32.mpk", &a) || write_seed(argv[1], "l2e4-bf16.mpk", &b) ||
 	    write_seed(argv[1], "l1e3-f16.mpk", &c))
+		return 1;
+	if (argc == 3 && ((mkdir(argv[2], 0755) && errno != EEXIST) ||
+			  write_adapter_seeds(argv[2], &b)))
 		return 1;
 	return 0;
 }

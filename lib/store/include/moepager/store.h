@@ -68,6 +68,14 @@ MP_API uint64_t mp_store_file_bytes(const struct mp_store *s);
 MP_API uint64_t mp_store_expert_bytes(const struct mp_store *s);
 MP_API uint64_t mp_store_total_expert_bytes(const struct mp_store *s);
 
+/*
+ * The identity of a model's weights: XXH3-64 over its header (geometry,
+ * layout, and the checksum of its tables, which hold every tensor's and
+ * expert's checksum). An adapter records its base's and is refused by any
+ * other model.
+ */
+MP_API uint64_t mp_store_identity(const struct mp_store *s);
+
 /* The expert's entry, or NULL when layer/expert is out of range. */
 MP_API const struct mp_expert_info *mp_store_expert(const struct mp_store *s,
 						    uint32_t layer, uint32_t expert);
