@@ -127,3 +127,23 @@ out:
 	close(fd);
 	return ret;
 }
+
+int t_write_adapter(const char *path, struct mp_store *base, struct mp_store *from,
+		    const uint32_t (*picks)[2], size_t n, const char *name)
+{
+	struct mp_adapter_writer *w = NULL;
+	void *buf = malloc(mp_store_expert_bytes(base));
+	int err = buf ? mp_adapter_writer_create(path, base, name, &w) : -ENOMEM;
+
+	for (size_t i = 0; i < n && !err; i++) {
+		err = mp_store_read_expert(from, picks[i][0], picks[i][1], buf);
+		if (!err)
+			err = mp_adapter_writer_put(w, picks[i][0], picks[i][1], buf);
+	}
+	if (!err)
+		err = mp_adapter_writer_finish(w);
+	else
+		mp_adapter_writer_abort(w);
+	free(buf);
+	return err;
+}

@@ -34,6 +34,13 @@ int t_log_contains(const char *needle);
 /* Writes a model of the tiny preset with the given weight type and seed. */
 int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed);
 
+/*
+ * Writes an adapter of base named name replacing the (layer, expert) pairs
+ * of picks[0..n) with from's experts at the same places. 0 or -errno.
+ */
+int t_write_adapter(const char *path, struct mp_store *base, struct mp_store *from,
+		    const uint32_t (*picks)[2], size_t n, const char *name);
+
 /* Flips one byte of a file at off (xor 0xff). */
 int t_flip_byte(const char *path, uint64_t off);
 

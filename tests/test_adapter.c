@@ -47,17 +47,7 @@ static int teardown(void **state)
 /* Writes an adapter of base named name with other's experts at picks. */
 static void write_adapter(const char *path, const char *name)
 {
-	struct mp_adapter_writer *w;
-	void *buf = malloc(fx.expert_bytes);
-
-	assert_non_null(buf);
-	assert_int_equal(mp_adapter_writer_create(path, fx.base, name, &w), 0);
-	for (size_t i = 0; i < N_PICKS; i++) {
-		assert_int_equal(mp_store_read_expert(fx.other, picks[i][0], picks[i][1], buf), 0);
-		assert_int_equal(mp_adapter_writer_put(w, picks[i][0], picks[i][1], buf), 0);
-	}
-	assert_int_equal(mp_adapter_writer_finish(w), 0);
-	free(buf);
+	assert_int_equal(t_write_adapter(path, fx.base, fx.other, picks, N_PICKS, name), 0);
 }
 
 static bool picked(uint32_t layer, uint32_t expert)

@@ -24,5 +24,6 @@
 #include <moepager/pager.h>
 #include <moepager/prefetch.h>
 #include <moepager/serve.h>
+#include <moepager/adapters.h>
 
 #endif /* MOEPAGER_H */

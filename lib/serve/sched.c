@@ -311,8 +311,9 @@ static void finish(struct req *q, enum mp_sched_finish why, int err)
 		.tokens = q->generated,
 	};
 
-	q->cb.done(q->cb.arg, why, err, &t);
+	/* Closed first: done may release what the sequence borrowed (its adapter's maps). */
 	mp_seq_close(q->seq);
+	q->cb.done(q->cb.arg, why, err, &t);
 	free(q->prompt);
 	free(q);
 }
@@ -458,7 +459,7 @@ static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
 	for (uint32_t i = 0; i < nrun; i++) {
 		struct req *q = run[i];
 		struct mp_seq_config sc = { .request = (uint32_t)q->id,
-					    .max_seq = q->n + q->p.max_tokens };
+					    .max_seq = q->n + q->p.max_tokens, .map = q->p.map };
 		int err;
 
 		if (q->seq)

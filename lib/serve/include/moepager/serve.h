@@ -43,7 +43,13 @@ struct mp_sched_params {
 	uint64_t seed;			/* the sampler's random stream */
 	uint32_t eos;			/* generating it ends the request (it is kept); see below */
 	bool no_eos;			/* no end-of-sequence token */
-	MP_RESERVED(4);
+	/*
+	 * The sequence's routed-id maps (mp_seq_config.map; NULL: the base's
+	 * experts), borrowed until the done callback: an adapter's
+	 * (mp_adapters_acquire()).
+	 */
+	const uint32_t *const *map;
+	MP_RESERVED(3);
 };
 
 enum mp_sched_finish {
