@@ -211,6 +211,91 @@ EOF
 
 check "SIGTERM with nothing running exits 0" stop
 
+# Adapters (ExpertWeave): served by name beside the base, mixed in batches, each request as
+# its merged model alone; bad adapters skipped at start with the reason; loads and unloads
+# at run time, one while a request of it runs.
+A=$T/adapters
+mkdir -p "$A"
+"$MOEPAGER" adapter gen "$MODEL" --out "$A/legal.mpa" --per-layer 2 --seed 1 >/dev/null &&
+"$MOEPAGER" adapter gen "$MODEL" --out "$A/code.mpa" --per-layer 3 --seed 2 >/dev/null &&
+"$MOEPAGER" adapter gen "$MODEL" --out "$T/late.mpa" --per-layer 1 --seed 3 >/dev/null &&
+"$MOEPAGER" gen --preset tiny --quiet --out "$T/other.mpk" &&
+"$MOEPAGER" adapter gen "$T/other.mpk" --out "$A/alien.mpa" --per-layer 1 >/dev/null &&
+"$MOEPAGER" adapter gen "$MODEL" --out "$A/rotten.mpa" --per-layer 1 --seed 4 >/dev/null || exit 1
+"$PY" -c "import sys; f=open(sys.argv[1], 'r+b'); f.seek(4096 + 77); b=f.read(1); f.seek(4096 + 77); f.write(bytes([b[0] ^ 255]))" "$A/rotten.mpa"
+start --adapters "$A" --max-batch 4 || exit 1
+check "an adapter made for another model is skipped, saying so" \
+	grep -q "alien.mpa not loaded: .*was made for model 'tiny'" "$T/server.err"
+check "a damaged adapter is skipped, saying so" \
+	grep -q "rotten.mpa not loaded: .*checksum mismatch" "$T/server.err"
+curl -s "$URL/v1/models" >"$T/models"
+check "/v1/models lists the base and the good adapters" \
+	test "$(json "$T/models" "sorted(m['id'] for m in j['data'])")" = "['code', 'legal', 'tiny-real']"
+GREEDY='"max_tokens": 40, "temperature": 0, "ignore_eos": true'
+pids=()
+for m in legal code tiny-real legal; do
+	curl -s "$URL/v1/completions" -d "{\"model\": \"$m\", \"prompt\": \"Fortune says\", $GREEDY}" >"$T/mixed.$m.${#pids[@]}" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+check "an adapter's completion names its model" test "$(json "$T/mixed.code.1" "j['model']")" = code
+curl -s "$URL/v1/adapters" >"$T/adapters.json"
+check "GET /v1/adapters: two loaded, F_mem 1, less held than padded" \
+	test "$(json "$T/adapters.json" "len(j['loaded']) == 2 and j['f_mem'] == 1.0 and j['held_bytes'] < j['padded_bytes']")" = True
+admin() {	# admin METHOD PATH [BODY]: prints the status
+	curl -s -o "$T/admin" -w '%{http_code}' -X "$1" "$URL$2" ${3:+-d "$3"}
+}
+cp "$T/late.mpa" "$A/late.mpa"
+check "POST /v1/adapters loads one more (201)" test "$(admin POST /v1/adapters '{"file": "late.mpa"}')" = 201
+check "loading it again is a conflict (409)" test "$(admin POST /v1/adapters '{"file": "late.mpa"}')" = 409
+check "a path out of the directory is refused (400)" \
+	test "$(admin POST /v1/adapters '{"file": "../late.mpa"}')" = 400
+check "a file that is not there is 404" test "$(admin POST /v1/adapters '{"file": "none.mpa"}')" = 404
+check "an adapter for another base is refused (400)" \
+	test "$(admin POST /v1/adapters '{"file": "alien.mpa", "name": "x"}')" = 400
+check "and its error says why" grep -q "was made for model" "$T/admin"
+check "a bad body names the field (400)" test "$(admin POST /v1/adapters '{"flie": 1}')" = 400
+# Unloading an adapter while a request of it streams: the request finishes whole.
+curl -sN "$URL/v1/completions" -d '{"model": "late", "prompt": "x", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true}' >"$T/late.sse" &
+LATE=$!
+for _ in $(seq 200); do grep -q '^data: {' "$T/late.sse" 2>/dev/null && break; sleep 0.01; done
+check "DELETE /v1/adapters/late unloads it (200)" test "$(admin DELETE /v1/adapters/late)" = 200
+check "a new request for it is 404" test "$(post '{"model": "late", "prompt": "x"}' | tail -n 1)" = 404
+check "unloading it again is 404" test "$(admin DELETE /v1/adapters/late)" = 404
+wait $LATE
+"$PY" - "$T/late.sse" <<'EOF'
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert ev[-1] == "[DONE]", ev[-1]
+last = json.loads(ev[-2])
+assert last["usage"]["completion_tokens"] == 200, last["usage"]
+assert last["choices"][0]["finish_reason"] == "length", last
+print("ok: the request of the unloaded adapter finished whole (200 tokens)")
+EOF
+[[ $? == 0 ]] || bad "a request of an unloaded adapter did not finish whole"
+curl -s "$URL/metrics" >"$T/metrics"
+check "once it ended, nothing drains" grep -q '^moepager_adapters_draining{model="tiny-real"} 0' "$T/metrics"
+check "the unload is counted" grep -q '^moepager_adapters_unloads_total{model="tiny-real"} 1' "$T/metrics"
+"$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 1.5 --max-tokens 8 --mix power:1 --json \
+	--prompts "$(dirname "$0")/../data/prompts/heldout-fortunes.txt" >"$T/loadgen.json" 2>"$T/loadgen.err"
+check "loadgen --mix power:1 spreads requests over the base and adapters, with no error" \
+	test "$(json "$T/loadgen.json" "j['errors'] == 0 and sum(m['requests'] > 0 for m in j['models'].values()) >= 2")" = True
+check "the adapter server stops cleanly" stop
+# Each adapter's text above is its merged model's, decoded alone.
+BASE_MODEL=$MODEL
+for m in legal code; do
+	"$MOEPAGER" adapter merge "$BASE_MODEL" "$A/$m.mpa" --out "$T/$m.mpk" >/dev/null || bad "merge $m"
+	MODEL=$T/$m.mpk
+	start --name "$m" --tokenizer "${BASE_MODEL%.mpk}.tok" || exit 1
+	post "{\"prompt\": \"Fortune says\", $GREEDY}" >/dev/null
+	for f in "$T"/mixed."$m".*; do
+		check "$m in a mixed batch gives its merged model's lone text ($(basename "$f"))" \
+			test "$(json "$f" "j['choices'][0]['text']")" = "$(json "$T/body" "j['choices'][0]['text']")"
+	done
+	stop
+done
+MODEL=$BASE_MODEL
+
 # A model slow enough for requests to overlap (2 Mixtral-mini layers, 22 MB experts, random
 # weights: prompts are token ids): a client leaving mid-stream or while queued, a full queue,
 # SIGTERM with requests in flight.

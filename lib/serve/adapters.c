@@ -373,14 +373,31 @@ static const void *set_expert(void *ctx, uint32_t layer, uint32_t row)
 	return p;
 }
 
+/*
+ * The base's source hears of the base rows only: adapter rows are the set's
+ * own memory, which it neither pages nor prefetches.
+ */
 static int set_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		     const uint32_t *ids, const float *weights, uint32_t k)
 {
 	struct mp_adapters *set = ctx;
+	uint32_t base_ids[MP_MAX_TOPK], n = 0;
+	float base_w[MP_MAX_TOPK];
 
 	if (!set->cfg.source->route)
 		return 0;
-	return set->cfg.source->route(set->cfg.source_ctx, request, token, layer, ids, weights, k);
+	for (uint32_t j = 0; j < k && j < MP_MAX_TOPK; j++)
+		if (ids[j] < set->experts) {
+			base_ids[n] = ids[j];
+			base_w[n++] = weights ? weights[j] : 0.0f;
+		}
+	if (n == k)
+		return set->cfg.source->route(set->cfg.source_ctx, request, token, layer, ids,
+					      weights, k);
+	if (!n)
+		return 0;
+	return set->cfg.source->route(set->cfg.source_ctx, request, token, layer, base_ids,
+				      weights ? base_w : NULL, n);
 }
 
 static int set_guard(void *ctx, int (*fn)(void *arg), void *arg)

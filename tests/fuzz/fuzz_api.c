@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * libFuzzer target: `moepager serve`'s completion request parser on any
+ * libFuzzer target: `moepager serve`'s request parsers (completions, adapter loads) on any
  * bytes. A parsed request keeps its promises (a prompt, fields in range,
  * at most 4 stop strings); a refused one names a status and says why.
  */
@@ -22,9 +22,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct api_request r;
+	struct api_adapter_load ld;
 	struct api_error e;
 	char *j;
 
+	/* The same bytes as a POST /v1/adapters body. */
+	if (api_parse_adapter_load((const char *)data, size, &ld, &e))
+		CHECK(e.status == 400 && strlen(e.message) > 0);
+	else
+		CHECK(ld.file[0] && strlen(ld.file) < sizeof(ld.file) &&
+		      strlen(ld.name) < sizeof(ld.name));
 	if (api_parse_completion((const char *)data, size, &r, &e)) {
 		CHECK(e.status >= 400 && e.status < 600);
 		CHECK(strlen(e.message) > 0);

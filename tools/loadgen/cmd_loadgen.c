@@ -49,8 +49,9 @@ static const char doc[] =
 	"line; data/prompts/heldout-fortunes.txt ships with the project), cut to\n"
 	"--prompt-chars. --mix A,B,C spreads requests over models with power-law\n"
 	"shares (model i gets a share proportional to i^-alpha, as S-LoRA's\n"
-	"workloads do). A request meets the SLO when its TTFT and TPOT are within\n"
-	"the bounds given.\n"
+	"workloads do); --mix power:ALPHA spreads them so over every model the\n"
+	"server lists (its base, then its adapters). A request meets the SLO when\n"
+	"its TTFT and TPOT are within the bounds given.\n"
 	"\n"
 	"Reports requests, completed, errors (5xx and failed connections; 503s also\n"
 	"as rejected), throughput_tok_s, ttft_ms / tpot_ms / latency_ms (p50, p90,\n"
@@ -71,7 +72,8 @@ static const struct argp_option opts[] = {
 	{ "prompt-chars", OPT_PROMPT_CHARS, "N", 0, "Cut prompts to N bytes (default 200)", 0 },
 	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "max_tokens of each request (default 64)", 0 },
 	{ "temperature", OPT_TEMPERATURE, "T", 0, "temperature of each request (default 0)", 0 },
-	{ "mix", OPT_MIX, "A,B,...", 0, "Models to spread requests over (default: the server's)", 0 },
+	{ "mix", OPT_MIX, "A,B,...", 0,
+	  "Models to spread requests over, or power:ALPHA for all the server's (default)", 0 },
 	{ "mix-alpha", OPT_MIX_ALPHA, "ALPHA", 0, "Power-law exponent of the shares (default 1)", 0 },
 	{ "slo-ttft-ms", OPT_SLO_TTFT, "MS", 0, "TTFT bound of the SLO (default 1000)", 0 },
 	{ "slo-tpot-ms", OPT_SLO_TPOT, "MS", 0, "TPOT bound of the SLO (default 200)", 0 },
@@ -112,7 +114,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TEMPERATURE:
 		return parse_double(state, "--temperature", arg, 0, 2, &env.temperature);
-	case OPT_MIX: env.mix = arg; break;
+	case OPT_MIX:
+		if (strncmp(arg, "power:", 6)) {
+			env.mix = arg;
+			break;
+		}
+		env.mix = NULL;
+		return parse_double(state, "--mix power:ALPHA", arg + 6, 0, 10, &env.mix_alpha);
 	case OPT_MIX_ALPHA: return parse_double(state, "--mix-alpha", arg, 0, 10, &env.mix_alpha);
 	case OPT_SLO_TTFT: return parse_double(state, "--slo-ttft-ms", arg, 0, 1e7, &env.slo_ttft_ms);
 	case OPT_SLO_TPOT: return parse_double(state, "--slo-tpot-ms", arg, 0, 1e7, &env.slo_tpot_ms);

@@ -239,6 +239,50 @@ int api_parse_completion(const char *body, size_t len, struct api_request *out,
 	return e;
 }
 
+/* A string field of at most cap - 1 bytes, not empty, into out; absent leaves out "". */
+static int string_field(json_t *o, const char *key, bool required, char *out, size_t cap,
+			struct api_error *err)
+{
+	json_t *v = json_object_get(o, key);
+
+	if (!v)
+		return required ? api_fail(err, 400, key, "'%s' is required", key) : 0;
+	if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) >= cap ||
+	    strlen(json_string_value(v)) != json_string_length(v))
+		return api_fail(err, 400, key, "'%s' must be a string of 1 to %zu bytes", key,
+				cap - 1);
+	memcpy(out, json_string_value(v), json_string_length(v) + 1);
+	return 0;
+}
+
+int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load *out,
+			   struct api_error *err)
+{
+	const char *key;
+	json_error_t jerr;
+	json_t *o, *v;
+	int e = 0;
+
+	memset(out, 0, sizeof(*out));
+	o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!o)
+		return api_fail(err, 400, NULL, "the body is not JSON: %s (at byte %d)", jerr.text,
+				jerr.position);
+	if (!json_is_object(o)) {
+		json_decref(o);
+		return api_fail(err, 400, NULL, "the body must be a JSON object");
+	}
+	json_object_foreach(o, key, v)
+		if (strcmp(key, "file") && strcmp(key, "name") && !e)
+			e = api_fail(err, 400, key, "unknown field '%.40s' (file, name)", key);
+	if (!e)
+		e = string_field(o, "file", true, out->file, sizeof(out->file), err);
+	if (!e)
+		e = string_field(o, "name", false, out->name, sizeof(out->name), err);
+	json_decref(o);
+	return e;
+}
+
 /*
  * Generated text
  */
@@ -459,4 +503,9 @@ char *api_models_json(const char *const *names, uint32_t n, long created)
 		}
 	}
 	return dump(json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+char *api_adapter_unloaded_json(const char *name)
+{
+	return dump(json_pack("{s:s, s:s}", "name", name, "status", "unloaded"));
 }

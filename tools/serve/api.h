@@ -52,6 +52,16 @@ int api_parse_completion(const char *body, size_t len, struct api_request *out,
 			 struct api_error *err);
 void api_request_free(struct api_request *r);
 
+/* POST /v1/adapters: {"file": "NAME.mpa", "name": "served-as"}, checked. */
+struct api_adapter_load {
+	char file[256];			/* a file name in the server's adapter directory */
+	char name[64];			/* "" when not given: the name the adapter records */
+};
+
+/* Parses and checks a body: 0, or -EINVAL with *err naming the field (status 400). */
+int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load *out,
+			   struct api_error *err);
+
 /* Fills err (status, param may be NULL) and returns -EINVAL, for `return api_fail(...)`. */
 int api_fail(struct api_error *err, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -111,6 +121,9 @@ char *api_completion_json(const char *id, long created, const char *model, const
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
 		    size_t len, const char *finish, const uint32_t *ids, uint32_t n,
 		    uint32_t prompt_tokens, uint32_t tokens);
+/* DELETE /v1/adapters/NAME's answer: it takes no new request, those running finish. */
+char *api_adapter_unloaded_json(const char *name);
+
 /* GET /v1/models for names[0..n). */
 char *api_models_json(const char *const *names, uint32_t n, long created);
 

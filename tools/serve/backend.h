@@ -26,11 +26,20 @@ struct serve_model {
 
 struct serve_backend;
 
+#define SERVE_NAME_MAX 64
+
 struct serve_backend_ops {
 	const char *name;
-	/* The models it serves: index i < count, or NULL past the last. */
-	const struct serve_model *(*model)(struct serve_backend *b, uint32_t i);
-	/* mp_sched_submit() semantics, for model m. */
+	/*
+	 * The model called name ("" or NULL: the default one), valid and served
+	 * to this caller until release(), even if it is unloaded meanwhile; or
+	 * NULL when no such model is served now. From any one thread.
+	 */
+	const struct serve_model *(*acquire)(struct serve_backend *b, const char *name);
+	void (*release)(struct serve_backend *b, const struct serve_model *m);
+	/* Copies the names of the models served now into names (at most max); returns how many. */
+	uint32_t (*list)(struct serve_backend *b, char (*names)[SERVE_NAME_MAX], uint32_t max);
+	/* mp_sched_submit() semantics, for model m (acquired). */
 	int (*submit)(struct serve_backend *b, const struct serve_model *m, const uint32_t *prompt,
 		      uint32_t n, const struct mp_sched_params *params,
 		      const struct mp_sched_callbacks *cb, uint64_t *id);
@@ -40,16 +49,27 @@ struct serve_backend_ops {
 	void (*metrics)(struct serve_backend *b, struct strbuf *out);
 	/* Stops admitting, waits for what runs (mp_sched_drain() semantics). */
 	int (*drain)(struct serve_backend *b, uint32_t timeout_ms);
-	/* Ends what still runs (MP_FINISH_SHUTDOWN) and frees everything. */
+	/* Ends what still waits or runs (MP_FINISH_SHUTDOWN); nothing is admitted after. */
+	void (*stop)(struct serve_backend *b);
+	/* Frees everything, once nobody holds a model (stops first if need be). */
 	void (*close)(struct serve_backend *b);
+	/*
+	 * Adapters (NULL when the backend serves none). load: the adapter file
+	 * `file` (a name inside the backend's adapter directory) as model name
+	 * (NULL: the name it records); may take long, call it off the HTTP
+	 * thread. 0 or -errno with the reason in why. unload: from now on name
+	 * takes no request (mp_adapters_unload()). adapters_json: the loaded
+	 * adapters and the memory they hold, as a JSON object (free()).
+	 */
+	int (*adapter_load)(struct serve_backend *b, const char *file, const char *name,
+			    char *why, size_t len);
+	int (*adapter_unload)(struct serve_backend *b, const char *name);
+	char *(*adapters_json)(struct serve_backend *b);
 };
 
 struct serve_backend {
 	const struct serve_backend_ops *ops;
 };
-
-/* Finds the model called name ("" or NULL: the first). */
-const struct serve_model *serve_model_find(struct serve_backend *b, const char *name);
 
 /* The local backend: one .mpk model, resident or paged, with its scheduler. */
 struct serve_local_config {
@@ -62,6 +82,11 @@ struct serve_local_config {
 	const char *engine;
 	uint32_t threads;
 	struct mp_sched_config sched;	/* without the runner */
+	/* Adapters: every .mpa in this directory is loaded at start (NULL: no adapters). */
+	const char *adapters;
+	uint32_t adapter_slots;		/* N; 0: 32 */
+	uint32_t adapter_rows;		/* E_max; 0: the most any adapter in the directory needs */
+	bool adapters_padded;		/* the padded layout (a baseline for benchmarks) */
 };
 
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out);

@@ -2,17 +2,32 @@
 /*
  * The local backend: one .mpk model, its experts resident or paged under a
  * budget (with a prefetcher that follows each request of the batch), a
- * runner and a scheduler, and the model's tokenizer when it has one.
+ * runner and a scheduler, and the model's tokenizer when it has one; and
+ * optionally expert adapters over it (ExpertWeave), each served as a model
+ * of its own name.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "serve/backend.h"
 #include "serve/metrics.h"
 #include "text.h"
+
+/* An adapter as a served model: slot i of the set. */
+struct adapter_model {
+	struct serve_model m;
+	char name[MP_ADAPTER_NAME_MAX];
+	const uint32_t *const *map;
+	int index;
+	uint32_t users;			/* requests holding it, under local.lock */
+};
 
 struct local {
 	struct serve_backend b;
@@ -25,28 +40,98 @@ struct local {
 	struct mp_prefetcher *prefetcher;
 	struct mp_runner *runner;
 	struct mp_tokenizer *tok;
+	/* Closed by stop() while the HTTP thread may still cancel or read counters. */
+	pthread_rwlock_t sched_lock;
 	struct mp_sched *sched;
+	struct mp_adapters *adapters;
+	char *adapter_dir;
+	pthread_mutex_t lock;		/* am[].users and the model each slot's entry describes */
+	struct adapter_model *am;	/* [slots] */
+	uint32_t n_slots;
 };
 
-static const struct serve_model *local_model(struct serve_backend *b, uint32_t i)
+static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
 {
 	struct local *l = (struct local *)b;
+	const uint32_t *const *map;
+	struct adapter_model *a;
+	int i;
 
-	return i == 0 ? &l->m : NULL;
+	if (!name || !*name || !strcmp(name, l->m.name))
+		return &l->m;
+	if (!l->adapters || (i = mp_adapters_acquire(l->adapters, name, &map)) < 0)
+		return NULL;
+	a = &l->am[i];
+	pthread_mutex_lock(&l->lock);
+	/* The first user of a slot describes what it holds now; later ones read it. */
+	if (!a->users++) {
+		a->m = l->m;
+		snprintf(a->name, sizeof(a->name), "%s", name);
+		a->m.name = a->name;
+		a->map = map;
+		a->index = i;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return &a->m;
+}
+
+static void local_release(struct serve_backend *b, const struct serve_model *m)
+{
+	struct local *l = (struct local *)b;
+	struct adapter_model *a;
+
+	if (!m || m == &l->m)
+		return;
+	a = (struct adapter_model *)m;
+	pthread_mutex_lock(&l->lock);
+	a->users--;
+	pthread_mutex_unlock(&l->lock);
+	mp_adapters_release(l->adapters, a->index);
+}
+
+static uint32_t local_list(struct serve_backend *b, char (*names)[SERVE_NAME_MAX], uint32_t max)
+{
+	struct local *l = (struct local *)b;
+	char name[MP_ADAPTER_NAME_MAX];
+	uint32_t n = 0;
+
+	if (max)
+		snprintf(names[n++], SERVE_NAME_MAX, "%s", l->m.name);
+	for (uint32_t i = 0; l->adapters && i < l->n_slots && n < max; i++)
+		if (!mp_adapters_name(l->adapters, i, name))
+			snprintf(names[n++], SERVE_NAME_MAX, "%s", name);
+	return n;
 }
 
 static int local_submit(struct serve_backend *b, const struct serve_model *m,
 			const uint32_t *prompt, uint32_t n, const struct mp_sched_params *p,
 			const struct mp_sched_callbacks *cb, uint64_t *id)
 {
-	(void)m;
-	return mp_sched_submit(((struct local *)b)->sched, prompt, n, p, cb, id);
+	struct local *l = (struct local *)b;
+	struct mp_sched_params q = *p;
+
+	int err = -ESHUTDOWN;
+
+	if (m != &l->m)
+		q.map = ((const struct adapter_model *)m)->map;
+	pthread_rwlock_rdlock(&l->sched_lock);
+	if (l->sched)
+		err = mp_sched_submit(l->sched, prompt, n, &q, cb, id);
+	pthread_rwlock_unlock(&l->sched_lock);
+	return err;
 }
 
 static int local_cancel(struct serve_backend *b, const struct serve_model *m, uint64_t id)
 {
+	struct local *l = (struct local *)b;
+	int err = -ENOENT;
+
 	(void)m;
-	return mp_sched_cancel(((struct local *)b)->sched, id);
+	pthread_rwlock_rdlock(&l->sched_lock);
+	if (l->sched)
+		err = mp_sched_cancel(l->sched, id);
+	pthread_rwlock_unlock(&l->sched_lock);
+	return err;
 }
 
 static void local_metrics(struct serve_backend *b, struct strbuf *out)
@@ -54,8 +139,12 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 	struct local *l = (struct local *)b;
 	struct mp_sched_stats ss;
 
-	mp_sched_stats(l->sched, &ss);
-	metrics_sched(out, l->m.name, &ss);
+	pthread_rwlock_rdlock(&l->sched_lock);
+	if (l->sched) {
+		mp_sched_stats(l->sched, &ss);
+		metrics_sched(out, l->m.name, &ss);
+	}
+	pthread_rwlock_unlock(&l->sched_lock);
 	if (l->pager) {
 		struct mp_pager_stats ps;
 
@@ -68,11 +157,28 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 		mp_prefetcher_stats(l->prefetcher, &fs);
 		metrics_prefetcher(out, l->m.name, &fs);
 	}
+	if (l->adapters) {
+		struct mp_adapters_stats as;
+
+		mp_adapters_stats(l->adapters, &as);
+		metrics_adapters(out, l->m.name, &as);
+	}
 }
 
+/* From the thread that stops the server, while the scheduler is open. */
 static int local_drain(struct serve_backend *b, uint32_t timeout_ms)
 {
 	return mp_sched_drain(((struct local *)b)->sched, timeout_ms);
+}
+
+static void local_stop(struct serve_backend *b)
+{
+	struct local *l = (struct local *)b;
+
+	pthread_rwlock_wrlock(&l->sched_lock);
+	mp_sched_close(l->sched);
+	l->sched = NULL;
+	pthread_rwlock_unlock(&l->sched_lock);
 }
 
 static void local_close(struct serve_backend *b)
@@ -82,7 +188,13 @@ static void local_close(struct serve_backend *b)
 	if (!l)
 		return;
 	mp_sched_close(l->sched);
+	pthread_rwlock_destroy(&l->sched_lock);
 	mp_runner_close(l->runner);
+	mp_adapters_close(l->adapters);
+	if (l->am)
+		pthread_mutex_destroy(&l->lock);
+	free(l->am);
+	free(l->adapter_dir);
 	mp_prefetcher_close(l->prefetcher);
 	mp_pager_close(l->pager);
 	mp_resident_close(l->resident);
@@ -93,14 +205,96 @@ static void local_close(struct serve_backend *b)
 	free(l);
 }
 
+/* A file name inside the adapter directory: no directories, nothing hidden. */
+static int adapter_path(struct local *l, const char *file, char *path, size_t len)
+{
+	size_t n = strlen(file);
+
+	if (n < 5 || strchr(file, '/') || file[0] == '.' || strcmp(file + n - 4, ".mpa"))
+		return -EINVAL;
+	if ((size_t)snprintf(path, len, "%s/%s", l->adapter_dir, file) >= len)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static int local_adapter_load(struct serve_backend *b, const char *file, const char *name,
+			      char *why, size_t len)
+{
+	struct local *l = (struct local *)b;
+	char path[4096];
+	int err;
+
+	err = adapter_path(l, file, path, sizeof(path));
+	if (err) {
+		snprintf(why, len, "'%s' is not the name of an .mpa file in the adapter directory",
+			 file);
+		return err;
+	}
+	err = mp_adapters_load(l->adapters, path, name);
+	if (err < 0)
+		snprintf(why, len, "%s", mp_last_error());
+	return err < 0 ? err : 0;
+}
+
+static int local_adapter_unload(struct serve_backend *b, const char *name)
+{
+	return mp_adapters_unload(((struct local *)b)->adapters, name);
+}
+
+static char *local_adapters_json(struct serve_backend *b)
+{
+	struct local *l = (struct local *)b;
+	char name[MP_ADAPTER_NAME_MAX];
+	struct mp_adapters_stats st;
+	json_t *root, *names = json_array();
+	char *s = NULL;
+
+	mp_adapters_stats(l->adapters, &st);
+	for (uint32_t i = 0; names && i < l->n_slots; i++)
+		if (!mp_adapters_name(l->adapters, i, name))
+			json_array_append_new(names, json_string(name));
+	root = json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
+			 "base", l->m.name, "loaded", names ? names : json_array(),
+			 "draining", (json_int_t)st.draining, "slots", (json_int_t)st.slots,
+			 "e_max", (json_int_t)st.e_max, "adapter_bytes", (json_int_t)st.adapter_bytes,
+			 "held_bytes", (json_int_t)st.held_bytes,
+			 "padded_bytes", (json_int_t)st.padded_bytes, "f_mem", st.f_mem,
+			 "loads", (json_int_t)st.loads, "unloads", (json_int_t)st.unloads,
+			 "load_errors", (json_int_t)st.load_errors);
+	if (root)
+		s = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	return s;
+}
+
 static const struct serve_backend_ops local_ops = {
 	.name = "local",
-	.model = local_model,
+	.acquire = local_acquire,
+	.release = local_release,
+	.list = local_list,
 	.submit = local_submit,
 	.cancel = local_cancel,
 	.metrics = local_metrics,
 	.drain = local_drain,
+	.stop = local_stop,
 	.close = local_close,
+};
+
+/* The same backend with adapters: the adapter operations too. */
+static const struct serve_backend_ops local_adapter_ops = {
+	.name = "local",
+	.acquire = local_acquire,
+	.release = local_release,
+	.list = local_list,
+	.submit = local_submit,
+	.cancel = local_cancel,
+	.metrics = local_metrics,
+	.drain = local_drain,
+	.stop = local_stop,
+	.close = local_close,
+	.adapter_load = local_adapter_load,
+	.adapter_unload = local_adapter_unload,
+	.adapters_json = local_adapters_json,
 };
 
 /* The eviction each prefetch policy's paper pairs it with. */
@@ -150,6 +344,83 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 	return err;
 }
 
+static int is_adapter_file(const struct dirent *d)
+{
+	size_t n = strlen(d->d_name);
+
+	return d->d_name[0] != '.' && n > 4 && !strcmp(d->d_name + n - 4, ".mpa");
+}
+
+/* E_max: the most experts any adapter of the directory replaces in a layer (unreadable: 1). */
+static uint32_t dir_e_max(struct local *l, struct dirent **files, int n)
+{
+	uint32_t e_max = 1;
+
+	for (int i = 0; i < n; i++) {
+		char path[4096];
+		struct mp_adapter *a;
+
+		snprintf(path, sizeof(path), "%s/%s", l->adapter_dir, files[i]->d_name);
+		if (mp_adapter_open(path, &a))
+			continue;
+		if (mp_adapter_max_per_layer(a) > e_max)
+			e_max = mp_adapter_max_per_layer(a);
+		mp_adapter_close(a);
+	}
+	return e_max;
+}
+
+/*
+ * The adapter set between the runner and the base's source, and every
+ * adapter of the directory loaded; one that cannot be is reported and
+ * skipped, the others are served.
+ */
+static int open_adapters(struct local *l, const struct serve_local_config *cfg,
+			 struct mp_runner_config *rc)
+{
+	struct mp_adapters_config ac = { .base = l->store, .source = rc->source,
+					 .source_ctx = rc->source_ctx, .slots = cfg->adapter_slots,
+					 .e_max = cfg->adapter_rows,
+					 .padded = cfg->adapters_padded };
+	struct dirent **files = NULL;
+	int n, err;
+
+	l->adapter_dir = strdup(cfg->adapters);
+	n = scandir(cfg->adapters, &files, is_adapter_file, alphasort);
+	if (!l->adapter_dir || n < 0) {
+		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
+			strerror(l->adapter_dir ? errno : ENOMEM));
+		return l->adapter_dir ? -errno : -ENOMEM;
+	}
+	if (!ac.e_max)
+		ac.e_max = dir_e_max(l, files, n);
+	err = mp_adapters_open(&ac, &l->adapters);
+	if (!err) {
+		struct mp_adapters_stats st;
+
+		mp_adapters_stats(l->adapters, &st);
+		l->n_slots = st.slots;
+		l->am = calloc(l->n_slots, sizeof(*l->am));
+		err = l->am ? 0 : -ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		char why[512];
+
+		if (!err && local_adapter_load(&l->b, files[i]->d_name, NULL, why, sizeof(why)))
+			fprintf(stderr, "moepager serve: adapter %s not loaded: %s\n",
+				files[i]->d_name, why);
+		free(files[i]);
+	}
+	free(files);
+	if (err)
+		return err;
+	pthread_mutex_init(&l->lock, NULL);
+	rc->source = mp_adapters_source_ops();
+	rc->source_ctx = l->adapters;
+	rc->expert_rows = mp_adapters_rows(l->adapters);
+	return 0;
+}
+
 /* The tokenizer beside the model (MODEL.tok), when there is one; else prompts are ids. */
 static int open_tokenizer(struct local *l, const struct serve_local_config *cfg)
 {
@@ -189,6 +460,7 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	if (!l)
 		return -ENOMEM;
 	l->b.ops = &local_ops;
+	pthread_rwlock_init(&l->sched_lock, NULL);
 	l->name = cfg->name ? strdup(cfg->name) : model_name(cfg->model);
 	err = l->name ? mp_store_open(cfg->model, &l->store) : -ENOMEM;
 	if (!err)
@@ -197,6 +469,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = mp_engine_open(cfg->engine ? cfg->engine : "ref", &ec, &l->engine);
 	if (!err)
 		err = open_source(l, cfg, &rc);
+	if (!err && cfg->adapters)
+		err = open_adapters(l, cfg, &rc);
 	if (!err) {
 		rc.engine = l->engine;
 		err = mp_runner_open(l->store, &rc, &l->runner);
@@ -209,6 +483,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		local_close(&l->b);
 		return err;
 	}
+	if (l->adapters)
+		l->b.ops = &local_adapter_ops;
 	g = mp_store_geometry(l->store);
 	l->m = (struct serve_model){
 		.name = l->name, .tok = l->tok, .vocab = g->vocab, .context = g->max_seq,
@@ -217,14 +493,4 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	};
 	*out = &l->b;
 	return 0;
-}
-
-const struct serve_model *serve_model_find(struct serve_backend *b, const char *name)
-{
-	const struct serve_model *m;
-
-	for (uint32_t i = 0; (m = b->ops->model(b, i)); i++)
-		if (!name || !*name || !strcmp(name, m->name))
-			return m;
-	return NULL;
 }

@@ -15,6 +15,7 @@
 #include "serve/http.h"
 
 #define TICK_MS 200
+#define MAX_LISTED 256
 
 static struct serve_env {
 	struct serve_local_config local;
@@ -29,7 +30,7 @@ enum {
 	OPT_NAME = 0x100, OPT_TOKENIZER, OPT_BUDGET, OPT_PREFETCH, OPT_EVICT, OPT_LISTEN,
 	OPT_PORT_FILE, OPT_MAX_BATCH, OPT_MAX_QUEUE, OPT_KV_BUDGET, OPT_PREFILL_CHUNK,
 	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS, OPT_REQUEST_TIMEOUT,
-	OPT_IDLE_TIMEOUT,
+	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 };
 
 static const char doc[] =
@@ -45,6 +46,13 @@ static const char doc[] =
 	"With --budget the experts are paged under it (docs/region.md), with\n"
 	"--prefetch a policy that follows each request (docs/prefetch.md); without\n"
 	"it every expert is read into memory first. docs/serve.md has the details.\n"
+	"\n"
+	"With --adapters DIR every expert adapter (.mpa) in DIR is served as a model of\n"
+	"its own name over the base (ExpertWeave, docs/adapters.md): a request's\n"
+	"\"model\" picks the base or an adapter, and batches mix them. POST\n"
+	"/v1/adapters {\"file\": \"x.mpa\"} loads one more from DIR, DELETE\n"
+	"/v1/adapters/NAME unloads one (its running requests finish), GET /v1/adapters\n"
+	"lists them with the memory they hold.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager serve --model data/models/tiny-real.mpk\n"
@@ -73,6 +81,12 @@ static const struct argp_option opts[] = {
 	{ "request-timeout", OPT_REQUEST_TIMEOUT, "S", 0,
 	  "Seconds a client has to send a request's headers, and again its body (10)", 0 },
 	{ "idle-timeout", OPT_IDLE_TIMEOUT, "S", 0, "Seconds a silent connection stays open (15)", 0 },
+	{ "adapters", OPT_ADAPTERS, "DIR", 0, "Serve the expert adapters (.mpa) in DIR too", 0 },
+	{ "adapter-slots", OPT_ADAPTER_SLOTS, "N", 0, "Adapters loaded at once at most (32)", 0 },
+	{ "adapter-rows", OPT_ADAPTER_ROWS, "E", 0,
+	  "Experts an adapter may replace per layer (default: the most DIR's adapters do)", 0 },
+	{ "adapters-padded", OPT_ADAPTERS_PADDED, NULL, 0,
+	  "Hold every adapter's E rows in every layer (a baseline for benchmarks)", 0 },
 	{ 0 },
 };
 
@@ -143,6 +157,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		env.http.body_timeout_s = env.http.header_timeout_s;
 		break;
+	case OPT_ADAPTERS: env.local.adapters = arg; break;
+	case OPT_ADAPTERS_PADDED: env.local.adapters_padded = true; break;
+	case OPT_ADAPTER_SLOTS:
+		if (cli_parse_u32("--adapter-slots", arg, 1, 4096, &env.local.adapter_slots))
+			argp_usage(state);
+		break;
+	case OPT_ADAPTER_ROWS:
+		if (cli_parse_u32("--adapter-rows", arg, 1, 4096, &env.local.adapter_rows))
+			argp_usage(state);
+		break;
 	case OPT_IDLE_TIMEOUT:
 		if (cli_parse_u32("--idle-timeout", arg, 1, 3600, &env.http.idle_timeout_s))
 			argp_usage(state);
@@ -160,6 +184,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--listen wants HOST:PORT, e.g. 127.0.0.1:8080");
 		if ((env.local.prefetch || env.local.evict) && !env.local.budget)
 			argp_error(state, "--prefetch and --evict need --budget (paged experts)");
+		if ((env.local.adapter_slots || env.local.adapter_rows ||
+		     env.local.adapters_padded) && !env.local.adapters)
+			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "
+				   "need --adapters DIR");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -201,10 +229,11 @@ static int wait_signal(struct http_server *h, const sigset_t *set)
 
 int cmd_serve(int argc, char **argv)
 {
+	static char names[1 + MAX_LISTED][SERVE_NAME_MAX];
 	struct serve_backend *b;
 	struct http_server *h;
 	sigset_t set;
-	uint32_t cut;
+	uint32_t cut, n;
 	int err;
 
 	memset(&env, 0, sizeof(env));
@@ -229,8 +258,12 @@ int cmd_serve(int argc, char **argv)
 		b->ops->close(b);
 		return 1;
 	}
-	printf("moepager serve: model %s at http://%s:%u/v1\n", serve_model_find(b, NULL)->name,
-	       env.http.host, http_port(h));
+	n = b->ops->list(b, names, 1 + MAX_LISTED);
+	printf("moepager serve: model %s at http://%s:%u/v1", names[0], env.http.host,
+	       http_port(h));
+	if (n > 1)
+		printf(" (and %u adapter%s)", n - 1, n > 2 ? "s" : "");
+	printf("\n");
 	fflush(stdout);
 	if (env.port_file && write_port(env.port_file, http_port(h))) {
 		http_stop(h, 0);

@@ -37,12 +37,13 @@ typedef int mhd_result;
 typedef enum MHD_Result mhd_result;
 #endif
 
-enum endpoint { EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
+enum endpoint { EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_ADAPTERS, EP_OTHER,
+		EP_COUNT };
 
 static const char *const ep_name[EP_COUNT] = {
-	"/v1/completions", "/v1/models", "/health", "/metrics", "other",
+	"/v1/completions", "/v1/models", "/health", "/metrics", "/v1/adapters", "other",
 };
-static const int codes[] = { 200, 400, 404, 405, 413, 500, 503 };
+static const int codes[] = { 200, 201, 400, 404, 405, 409, 413, 500, 503 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 
 /* A connection, for the janitor: how long it has been sending its request. */
@@ -67,7 +68,10 @@ struct req {
 	bool answered;			/* the final handler call has run */
 	bool submitted, finished, suspended, stream;
 	atomic_bool gone;		/* the client left */
-	const struct serve_model *m;
+	const struct serve_model *m;	/* acquired from the backend, released with the req */
+	bool admin;			/* POST /v1/adapters, not a completion */
+	struct api_adapter_load load;	/* admin: what to load */
+	struct api_error load_err;	/* admin: why it failed (err < 0) */
 	struct api_request api;
 	uint64_t id;
 	struct textgen tg;
@@ -91,6 +95,7 @@ struct http_server {
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
+	atomic_uint loaders;		/* adapter loads running on their threads */
 	atomic_uint cut_short;
 	atomic_uint_fast64_t next_cmpl;
 	uint64_t count[EP_COUNT][NCODES];
@@ -179,6 +184,8 @@ static void req_unref(struct req *q)
 	if (left)
 		return;
 	atomic_fetch_sub(&q->h->live, 1);
+	if (q->m)
+		q->h->b->ops->release(q->h->b, q->m);
 	sb_free(&q->body);
 	sb_free(&q->out);
 	textgen_fini(&q->tg);
@@ -371,7 +378,7 @@ static int check_and_submit(struct req *q, struct api_error *e)
 	uint32_t *ids, n;
 	int err;
 
-	q->m = serve_model_find(q->h->b, q->api.model);
+	q->m = q->h->b->ops->acquire(q->h->b, q->api.model);
 	if (!q->m)
 		return api_fail(e, 404, "model", "model '%s' is not served here (GET /v1/models)",
 				q->api.model);
@@ -522,17 +529,118 @@ static mhd_result completion(struct req *q, struct MHD_Connection *c)
 }
 
 /*
+ * POST /v1/adapters: a load reads MBs to GBs, so it runs on a thread of its
+ * own while the connection is suspended; requests keep being served.
+ */
+
+static void *load_thread(void *arg)
+{
+	struct req *q = arg;
+	struct http_server *h = q->h;
+	struct MHD_Connection *c;
+	char why[256] = "";
+	bool wake;
+	int err;
+
+	err = h->b->ops->adapter_load(h->b, q->load.file, q->load.name[0] ? q->load.name : NULL,
+				      why, sizeof(why));
+	pthread_mutex_lock(&q->lock);
+	q->err = err;
+	if (err)
+		api_fail(&q->load_err, err == -EEXIST || err == -ENOSPC ? 409 :
+			 err == -ENOENT ? 404 : 400, "file", "%s", why);
+	q->finished = true;
+	c = q->c;
+	wake = unpark(q);
+	pthread_mutex_unlock(&q->lock);
+	if (wake)
+		resume(h, c);
+	atomic_fetch_sub(&h->loaders, 1);
+	req_unref(q);
+	return NULL;
+}
+
+/* The answer to a finished load. q->lock held. */
+static mhd_result answer_load(struct req *q, struct MHD_Connection *c)
+{
+	if (q->err)
+		return answer_error(q->h, c, EP_ADAPTERS, &q->load_err);
+	return answer_json(q->h, c, EP_ADAPTERS, 201, q->h->b->ops->adapters_json(q->h->b));
+}
+
+static mhd_result adapter_post(struct req *q, struct MHD_Connection *c)
+{
+	struct http_server *h = q->h;
+	struct api_error e;
+	mhd_result ret = MHD_YES;
+	pthread_t th;
+
+	if (q->answered) {
+		pthread_mutex_lock(&q->lock);
+		if (atomic_load(&q->gone))
+			ret = MHD_NO;
+		else if (q->finished)
+			ret = answer_load(q, c);
+		else
+			park(q);
+		pthread_mutex_unlock(&q->lock);
+		return ret;
+	}
+	q->answered = true;
+	if (q->too_big)
+		return fail(h, c, EP_ADAPTERS, 413, NULL, "the body is too large");
+	if (!h->b->ops->adapter_load)
+		return fail(h, c, EP_ADAPTERS, 404, NULL, "this server serves no adapters (start it "
+			    "with --adapters DIR)");
+	if (atomic_load(&h->draining))
+		return fail(h, c, EP_ADAPTERS, 503, NULL, "the server is shutting down");
+	if (api_parse_adapter_load(q->body.s ? q->body.s : "", q->body.len, &q->load, &e))
+		return answer_error(h, c, EP_ADAPTERS, &e);
+	pthread_mutex_lock(&q->lock);
+	q->refs++;		/* the loader's */
+	atomic_fetch_add(&h->loaders, 1);
+	if (pthread_create(&th, NULL, load_thread, q)) {
+		q->refs--;
+		atomic_fetch_sub(&h->loaders, 1);
+		pthread_mutex_unlock(&q->lock);
+		return fail(h, c, EP_ADAPTERS, 500, NULL, "cannot start the load");
+	}
+	pthread_detach(th);
+	/* The loader takes q->lock to finish: it resumes after this suspend, never before. */
+	park(q);
+	pthread_mutex_unlock(&q->lock);
+	return ret;
+}
+
+/*
  * The handler
  */
 
+/* The adapter named in DELETE /v1/adapters/NAME, or NULL for another URL. */
+static const char *adapter_in_url(const char *url)
+{
+	size_t n = strlen(ep_name[EP_ADAPTERS]);
+
+	if (strncmp(url, ep_name[EP_ADAPTERS], n) || url[n] != '/' || !url[n + 1])
+		return NULL;
+	return url + n + 1;
+}
+
 static enum endpoint route(const char *method, const char *url, bool *method_ok)
 {
-	static const char *const methods[EP_COUNT] = { "POST", "GET", "GET", "GET", NULL };
+	static const char *const methods[EP_COUNT][2] = {
+		{ "POST" }, { "GET" }, { "GET" }, { "GET" }, { "GET", "POST" }, { NULL },
+	};
 
+	if (adapter_in_url(url)) {
+		*method_ok = !strcmp(method, "DELETE");
+		return EP_ADAPTERS;
+	}
 	for (int ep = 0; ep < EP_OTHER; ep++) {
 		if (strcmp(url, ep_name[ep]))
 			continue;
-		*method_ok = !strcmp(method, methods[ep]);
+		*method_ok = !strcmp(method, methods[ep][0]) ||
+			     (methods[ep][1] && !strcmp(method, methods[ep][1]));
 		return (enum endpoint)ep;
 	}
 	*method_ok = true;
@@ -560,12 +668,34 @@ static void set_phase(struct http_server *h, struct MHD_Connection *c, enum phas
 	pthread_mutex_unlock(&h->lock);
 }
 
-static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, enum endpoint ep)
+/* GET /v1/adapters, DELETE /v1/adapters/NAME. */
+static mhd_result adapters_answer(struct http_server *h, struct MHD_Connection *c,
+				  const char *url)
+{
+	const char *name = adapter_in_url(url);
+	struct api_error e;
+	int err;
+
+	if (!h->b->ops->adapters_json)
+		return fail(h, c, EP_ADAPTERS, 404, NULL, "this server serves no adapters (start it "
+			    "with --adapters DIR)");
+	if (!name)
+		return answer_json(h, c, EP_ADAPTERS, 200, h->b->ops->adapters_json(h->b));
+	err = h->b->ops->adapter_unload(h->b, name);
+	if (err) {
+		api_fail(&e, 404, "name", "no adapter named '%.200s' is loaded", name);
+		return answer_error(h, c, EP_ADAPTERS, &e);
+	}
+	return answer_json(h, c, EP_ADAPTERS, 200, api_adapter_unloaded_json(name));
+}
+
+static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
+			     const char *url)
 {
 	const char *names[64];
-	const struct serve_model *m;
+	char buf[64][SERVE_NAME_MAX];
 	struct strbuf o;
-	uint32_t n = 0;
+	uint32_t n;
 
 	switch (ep) {
 	case EP_HEALTH:
@@ -573,9 +703,12 @@ static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, en
 			return fail(h, c, ep, 503, NULL, "draining");
 		return answer_json(h, c, ep, 200, strdup("{\"status\":\"ok\"}"));
 	case EP_MODELS:
-		while (n < 64 && (m = h->b->ops->model(h->b, n)))
-			names[n++] = m->name;
+		n = h->b->ops->list(h->b, buf, 64);
+		for (uint32_t i = 0; i < n; i++)
+			names[i] = buf[i];
 		return answer_json(h, c, ep, 200, api_models_json(names, n, time(NULL)));
+	case EP_ADAPTERS:
+		return adapters_answer(h, c, url);
 	case EP_METRICS:
 		sb_init(&o);
 		http_metrics(h, &o);
@@ -587,7 +720,8 @@ static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, en
 			      false);
 	default:
 		return fail(h, c, ep, 404, NULL, "no such endpoint (POST /v1/completions, GET "
-			    "/v1/models, /health, /metrics)");
+			    "/v1/models, /health, /metrics, GET/POST /v1/adapters, DELETE "
+			    "/v1/adapters/NAME)");
 	}
 }
 
@@ -606,7 +740,7 @@ static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, co
 		*con_cls = &h->markers[EP_OTHER];
 		return fail(h, c, ep, 405, NULL, "method not allowed on this endpoint");
 	}
-	if (ep != EP_COMPLETIONS) {
+	if (ep != EP_COMPLETIONS && !(ep == EP_ADAPTERS && !strcmp(method, "POST"))) {
 		/* Answered on the next call: one queued now would close the connection. */
 		*con_cls = &h->markers[ep];
 		return MHD_YES;
@@ -619,6 +753,7 @@ static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, co
 	if (!q)
 		return MHD_NO;
 	q->h = h;
+	q->admin = ep == EP_ADAPTERS;
 	q->refs = 1;		/* the connection's */
 	q->c = c;
 	ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -651,7 +786,7 @@ static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *ur
 		if (*upload_size)
 			*upload_size = 0;	/* a body nobody asked for */
 		else
-			ret = simple_get(h, c, (enum endpoint)((char *)*con_cls - h->markers));
+			ret = simple_get(h, c, (enum endpoint)((char *)*con_cls - h->markers), url);
 	} else if (*upload_size) {
 		q = *con_cls;
 		if (q->body.len + *upload_size > h->cfg.max_body)
@@ -663,7 +798,8 @@ static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *ur
 		ret = q->body.len + *upload_size > 2ull * h->cfg.max_body ? MHD_NO : MHD_YES;
 	} else {
 		set_phase(h, c, PH_BUSY);
-		ret = completion(*con_cls, c);
+		q = *con_cls;
+		ret = q->admin ? adapter_post(q, c) : completion(q, c);
 	}
 	atomic_fetch_add(&h->handler_ns, now_ns() - t0);
 	return ret;
@@ -884,6 +1020,11 @@ static bool wait_until(struct http_server *h, bool (*cond)(struct http_server *)
 	return true;
 }
 
+static bool no_loads(struct http_server *h)
+{
+	return !atomic_load(&h->loaders);
+}
+
 static bool none_suspended(struct http_server *h)
 {
 	return !atomic_load(&h->suspended);
@@ -912,12 +1053,19 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	atomic_store(&h->draining, true);
 	h->b->ops->drain(h->b, grace_ms);
 	/* What still runs ends with an error its client is sent. */
-	h->b->ops->close(h->b);
+	h->b->ops->stop(h->b);
+	wait_until(h, no_loads, 60000);
 	wait_until(h, none_suspended, 5000);
 	wait_until(h, none_busy, 2000);
-	/* MHD must not stop with a suspended connection: wait_until made sure there is none. */
-	if (none_suspended(h))
+	/*
+	 * MHD must not stop with a suspended connection: wait_until made sure
+	 * there is none. The backend goes after MHD, whose requests hold its
+	 * models until they are freed.
+	 */
+	if (none_suspended(h) && no_loads(h)) {
 		MHD_stop_daemon(h->d);
+		h->b->ops->close(h->b);
+	}
 	if (lsock != MHD_INVALID_SOCKET)
 		close(lsock);
 	cut = atomic_load(&h->cut_short);

@@ -140,3 +140,29 @@ void metrics_prefetcher(struct strbuf *o, const char *name, const struct mp_pref
 	one(o, "moepager_prefetcher_policy_seconds_total", "counter",
 	    "Time the prefetch policy took on its thread.", model, (double)s->policy_ns / 1e9);
 }
+
+void metrics_adapters(struct strbuf *o, const char *name, const struct mp_adapters_stats *s)
+{
+	char buf[256];
+	const char *model = label(name, buf, sizeof(buf));
+
+	one(o, "moepager_adapters_loaded", "gauge", "Adapters that take requests.", model,
+	    s->loaded);
+	one(o, "moepager_adapters_draining", "gauge",
+	    "Unloaded adapters still used by running requests.", model, s->draining);
+	one(o, "moepager_adapters_held_bytes", "gauge",
+	    "Memory held for the loaded adapters' experts.", model, (double)s->held_bytes);
+	one(o, "moepager_adapters_expert_bytes", "gauge",
+	    "Bytes of the loaded adapters' experts.", model, (double)s->adapter_bytes);
+	one(o, "moepager_adapters_padded_bytes", "gauge",
+	    "What a layout padded to E_max rows per adapter and layer would hold.", model,
+	    (double)s->padded_bytes);
+	one(o, "moepager_adapters_loads_total", "counter", "Adapters loaded.", model,
+	    (double)s->loads);
+	one(o, "moepager_adapters_unloads_total", "counter", "Adapters unloaded.", model,
+	    (double)s->unloads);
+	one(o, "moepager_adapters_load_errors_total", "counter", "Adapter loads refused.", model,
+	    (double)s->load_errors);
+	one(o, "moepager_adapters_requests_total", "counter", "Requests served by adapters.",
+	    model, (double)s->requests);
+}
