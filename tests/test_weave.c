@@ -337,7 +337,7 @@ static void unloaded_adapter_stays_until_its_last_request_ends(void **state)
 struct churn {
 	struct mp_adapters *set;
 	atomic_bool stop;
-	uint32_t cycles;
+	atomic_uint cycles;
 };
 
 static void *churn_thread(void *arg)
@@ -348,7 +348,7 @@ static void *churn_thread(void *arg)
 		if (mp_adapters_load(c->set, fx.path[2], NULL) < 0 ||
 		    mp_adapters_unload(c->set, "ad2"))
 			return (void *)1;
-		c->cycles++;
+		atomic_fetch_add(&c->cycles, 1);
 	}
 	return NULL;
 }
@@ -378,21 +378,28 @@ static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
 		assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .map = map }, &q[a]), 0);
 	}
 	assert_int_equal(pthread_create(&th, NULL, churn_thread, &c), 0);
-	for (uint32_t t = 0; t < STEPS; t++) {
-		step(r, q, tok, 3);
+	/* Rounds of STEPS from the start until the other thread has loaded and unloaded a few times. */
+	for (uint32_t round = 0; round < 1000 && atomic_load(&c.cycles) < 3; round++) {
 		for (uint32_t a = 0; a < 3; a++) {
-			uint32_t w = a < 2 ? a : N_ADAPTERS;
+			mp_seq_reset(q[a]);
+			tok[a] = 11;
+		}
+		for (uint32_t t = 0; t < STEPS; t++) {
+			step(r, q, tok, 3);
+			for (uint32_t a = 0; a < 3; a++) {
+				uint32_t w = a < 2 ? a : N_ADAPTERS;
 
-			assert_memory_equal(mp_seq_logits(q[a]),
-					    want + ((size_t)w * STEPS + t) * fx.vocab,
-					    fx.vocab * sizeof(float));
-			tok[a] = mp_logits_argmax(mp_seq_logits(q[a]), fx.vocab);
+				assert_memory_equal(mp_seq_logits(q[a]),
+						    want + ((size_t)w * STEPS + t) * fx.vocab,
+						    fx.vocab * sizeof(float));
+				tok[a] = mp_logits_argmax(mp_seq_logits(q[a]), fx.vocab);
+			}
 		}
 	}
 	atomic_store(&c.stop, true);
 	assert_int_equal(pthread_join(th, &ret), 0);
 	assert_null(ret);
-	assert_true(c.cycles > 0);
+	assert_true(atomic_load(&c.cycles) >= 3);
 	for (uint32_t a = 0; a < 3; a++)
 		mp_seq_close(q[a]);
 	mp_adapters_release(c.set, 0);

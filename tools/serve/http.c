@@ -1056,7 +1056,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	h->b->ops->stop(h->b);
 	wait_until(h, no_loads, 60000);
 	wait_until(h, none_suspended, 5000);
-	wait_until(h, none_busy, 2000);
+	wait_until(h, none_busy, 5000);
 	/*
 	 * MHD must not stop with a suspended connection: wait_until made sure
 	 * there is none. The backend goes after MHD, whose requests hold its
