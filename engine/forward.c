@@ -36,8 +36,10 @@ void mp_runner_free_activations(struct mp_runner *r)
 		*u[i] = NULL;
 	}
 	free(r->items);
+	free(r->runs);
 	free(r->maps);
 	r->items = NULL;
+	r->runs = NULL;
 	r->maps = NULL;
 	r->cap = r->cap_items = 0;
 }
@@ -73,9 +75,10 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 	r->order = calloc(r->expert_rows, sizeof(uint32_t));
 	r->offset = calloc(r->expert_rows, sizeof(uint32_t));
 	r->items = calloc(count, sizeof(*r->items));
+	r->runs = calloc(count, sizeof(*r->runs));
 	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v ||
 	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids || !r->maps ||
-	    !r->row_of || !r->count || !r->order || !r->offset || !r->items) {
+	    !r->row_of || !r->count || !r->order || !r->offset || !r->items || !r->runs) {
 		mp_runner_free_activations(r);
 		return mp_err(-ENOMEM, "runner: out of memory for the activations of %u tokens",
 			      rows);
@@ -87,10 +90,11 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 
 static void embed(struct mp_runner *r, const struct step_item *it)
 {
-	const size_t row = (size_t)r->g.hidden * mp_dtype_size(r->embd_dtype);
+	const struct dense_set *d = &r->models[it->seq->model];
+	const size_t row = (size_t)r->g.hidden * mp_dtype_size(d->embd_dtype);
 
 	for (uint32_t t = 0; t < it->n; t++)
-		mp_dtype_to_f32(r->embd_dtype, (const char *)r->tok_embd + it->tokens[t] * row,
+		mp_dtype_to_f32(d->embd_dtype, (const char *)d->tok_embd + it->tokens[t] * row,
 				r->x + (size_t)(it->first + t) * r->g.hidden, r->g.hidden);
 }
 
@@ -127,29 +131,47 @@ static int attend(struct mp_runner *r, uint32_t l, const struct step_item *it)
 	return mp_engine_attention(r->e, &a);
 }
 
+/* A run's Q, K and V: its model's norm and projections over its rows. */
+static int qkv(struct mp_runner *r, uint32_t l, const struct step_run *run)
+{
+	const struct mp_geometry *g = &r->g;
+	const struct layer_weights *lw = &run->d->layers[l];
+	const size_t f = run->first;
+	float *xn = r->xn + f * g->hidden;
+	int err;
+
+	if ((err = mp_engine_rmsnorm(r->e, r->x + f * g->hidden, lw->attn_norm, g->hidden,
+				     run->rows, g->norm_eps, xn)) ||
+	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, xn,
+				    run->rows, r->q + f * r->qdim)) ||
+	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wk, r->kvdim, g->hidden, xn,
+				    run->rows, r->k + f * r->kvdim)))
+		return err;
+	return mp_engine_matmul(r->e, NULL, g->dtype, lw->wv, r->kvdim, g->hidden, xn, run->rows,
+				r->v + f * r->kvdim);
+}
+
 static int attention(struct mp_runner *r, uint32_t l, const struct step_item *items,
 		     uint32_t count, uint32_t n)
 {
 	const struct mp_geometry *g = &r->g;
-	const struct layer_weights *lw = &r->layers[l];
 	int err;
 
-	if ((err = mp_engine_rmsnorm(r->e, r->x, lw->attn_norm, g->hidden, n, g->norm_eps,
-				     r->xn)) ||
-	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, r->xn, n,
-				    r->q)) ||
-	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wk, r->kvdim, g->hidden, r->xn, n,
-				    r->k)) ||
-	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wv, r->kvdim, g->hidden, r->xn, n,
-				    r->v)))
-		return err;
+	for (uint32_t i = 0; i < r->n_runs; i++)
+		if ((err = qkv(r, l, &r->runs[i])))
+			return err;
 	for (uint32_t i = 0; i < count; i++)
 		if ((err = attend(r, l, &items[i])))
 			return err;
-	err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wo, g->hidden, r->qdim, r->att, n,
-			       r->tmp);
-	if (err)
-		return err;
+	for (uint32_t i = 0; i < r->n_runs; i++) {
+		const struct step_run *run = &r->runs[i];
+
+		err = mp_engine_matmul(r->e, NULL, g->dtype, run->d->layers[l].wo, g->hidden,
+				       r->qdim, r->att + (size_t)run->first * r->qdim, run->rows,
+				       r->tmp + (size_t)run->first * g->hidden);
+		if (err)
+			return err;
+	}
 	add(r->x, r->tmp, (size_t)n * g->hidden);
 	return 0;
 }
@@ -366,33 +388,48 @@ static int moe(struct mp_runner *r, uint32_t l, const struct step_item *items, u
 	       uint32_t n)
 {
 	const struct mp_geometry *g = &r->g;
-	const struct layer_weights *lw = &r->layers[l];
 	int err;
 
-	if ((err = mp_engine_rmsnorm(r->e, r->x, lw->ffn_norm, g->hidden, n, g->norm_eps,
-				     r->xn)) ||
-	    (err = mp_engine_matmul(r->e, NULL, lw->router_dtype, lw->router, g->experts,
-				    g->hidden, r->xn, n, r->rlogits)) ||
-	    (err = route(r, l, items, count)))
+	/* Each run's norm and router (its model's); the experts over every row at once. */
+	for (uint32_t i = 0; i < r->n_runs; i++) {
+		const struct step_run *run = &r->runs[i];
+		const struct layer_weights *lw = &run->d->layers[l];
+		float *xn = r->xn + (size_t)run->first * g->hidden;
+
+		if ((err = mp_engine_rmsnorm(r->e, r->x + (size_t)run->first * g->hidden,
+					     lw->ffn_norm, g->hidden, run->rows, g->norm_eps,
+					     xn)) ||
+		    (err = mp_engine_matmul(r->e, NULL, lw->router_dtype, lw->router, g->experts,
+					    g->hidden, xn, run->rows,
+					    r->rlogits + (size_t)run->first * g->experts)))
+			return err;
+	}
+	if ((err = route(r, l, items, count)))
 		return err;
 	return experts(r, l, n);
 }
 
-/* The logits of every item's last row, into its sequence. */
+/* The logits of every item's last row, into its sequence, with its model's head. */
 static int logits(struct mp_runner *r, const struct step_item *items, uint32_t count)
 {
 	const struct mp_geometry *g = &r->g;
-	int err;
+	int err = 0;
 
 	for (uint32_t i = 0; i < count; i++)
 		memcpy(r->last + (size_t)i * g->hidden,
 		       r->x + (size_t)(items[i].first + items[i].n - 1) * g->hidden,
 		       g->hidden * sizeof(float));
-	err = mp_engine_rmsnorm(r->e, r->last, r->output_norm, g->hidden, count, g->norm_eps,
-				r->xn);
-	if (!err)
-		err = mp_engine_matmul(r->e, NULL, r->output_dtype, r->output, g->vocab, g->hidden,
-				       r->xn, count, r->lbuf);
+	for (uint32_t i = 0; i < r->n_runs && !err; i++) {
+		const struct step_run *run = &r->runs[i];
+		float *xn = r->xn + (size_t)run->item * g->hidden;
+
+		err = mp_engine_rmsnorm(r->e, r->last + (size_t)run->item * g->hidden,
+					run->d->output_norm, g->hidden, run->count, g->norm_eps, xn);
+		if (!err)
+			err = mp_engine_matmul(r->e, NULL, run->d->output_dtype, run->d->output,
+					       g->vocab, g->hidden, xn, run->count,
+					       r->lbuf + (size_t)run->item * g->vocab);
+	}
 	if (err)
 		return err;
 	for (uint32_t i = 0; i < count; i++)
@@ -428,9 +465,14 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 	}
 	r->st.steps++;
 	r->st.tokens += rows;
-	r->st.dense_bytes += g->layers * r->layer_bytes +
-			     (uint64_t)g->vocab * g->hidden * mp_dtype_size(r->output_dtype) +
-			     (uint64_t)rows * g->hidden * mp_dtype_size(r->embd_dtype) +
-			     g->hidden * sizeof(float);
+	r->st.model_runs += r->n_runs;
+	for (uint32_t i = 0; i < r->n_runs; i++) {
+		const struct dense_set *d = r->runs[i].d;
+
+		r->st.dense_bytes += g->layers * d->layer_bytes +
+				     (uint64_t)g->vocab * g->hidden * mp_dtype_size(d->output_dtype) +
+				     (uint64_t)r->runs[i].rows * g->hidden *
+				     mp_dtype_size(d->embd_dtype) + g->hidden * sizeof(float);
+	}
 	return 0;
 }

@@ -17,19 +17,19 @@
 /* Items of one batch at most (a step's sequences). */
 #define MAX_BATCH_ITEMS 4096u
 
-static const struct mp_tensor_info *find_tensor(struct mp_runner *r, const char *name,
+static const struct mp_tensor_info *find_tensor(struct mp_store *s, const char *name,
 						uint64_t rows, uint64_t cols)
 {
-	const struct mp_tensor_info *t = mp_store_tensor(r->store, name);
+	const struct mp_tensor_info *t = mp_store_tensor(s, name);
 	uint32_t ndim = cols ? 2 : 1;
 
 	if (!t) {
-		mp_err(-EINVAL, "%s: model has no tensor %s", mp_store_path(r->store), name);
+		mp_err(-EINVAL, "%s: model has no tensor %s", mp_store_path(s), name);
 		return NULL;
 	}
 	if (t->ndim != ndim || t->dims[0] != rows || (cols && t->dims[1] != cols)) {
 		mp_err(-EINVAL, "%s: tensor %s has %u dims [%llu, %llu], expected [%llu, %llu]",
-		       mp_store_path(r->store), name, t->ndim, (unsigned long long)t->dims[0],
+		       mp_store_path(s), name, t->ndim, (unsigned long long)t->dims[0],
 		       (unsigned long long)(t->ndim > 1 ? t->dims[1] : 0),
 		       (unsigned long long)rows, (unsigned long long)cols);
 		return NULL;
@@ -41,17 +41,17 @@ static const struct mp_tensor_info *find_tensor(struct mp_runner *r, const char 
  * Reads the tensor into the weights block at *off. Norm vectors are used as
  * f32 by the engine, so others are widened here (they are tiny).
  */
-static int load_tensor(struct mp_runner *r, const char *name, uint64_t rows, uint64_t cols,
+static int load_tensor(struct dense_set *d, const char *name, uint64_t rows, uint64_t cols,
 		       bool want_f32, size_t *off, const void **out, enum mp_dtype *dtype)
 {
-	const struct mp_tensor_info *t = find_tensor(r, name, rows, cols);
-	char *dst = (char *)r->weights + *off;
+	const struct mp_tensor_info *t = find_tensor(d->store, name, rows, cols);
+	char *dst = (char *)d->weights + *off;
 	int err;
 
 	if (!t)
 		return -EINVAL;
 	if (!want_f32 || t->dtype == MP_DTYPE_F32) {
-		err = mp_store_read_tensor(r->store, t, dst);
+		err = mp_store_read_tensor(d->store, t, dst);
 		if (err)
 			return err;
 		*off += MP_ALIGN_UP(t->bytes, TENSOR_ALIGN);
@@ -63,7 +63,7 @@ static int load_tensor(struct mp_runner *r, const char *name, uint64_t rows, uin
 
 		if (!raw)
 			return mp_err(-ENOMEM, "runner: out of memory reading %s", name);
-		err = mp_store_read_tensor(r->store, t, raw);
+		err = mp_store_read_tensor(d->store, t, raw);
 		if (!err)
 			mp_dtype_to_f32(t->dtype, raw, (float *)dst, n);
 		free(raw);
@@ -92,7 +92,8 @@ static size_t weights_size(const struct mp_store *s)
 	return len;
 }
 
-static int load_weights(struct mp_runner *r)
+/* Reads d->store's non-expert tensors into d. */
+static int load_dense(struct mp_runner *r, struct dense_set *d)
 {
 	const struct mp_geometry *g = &r->g;
 	char name[MP_TENSOR_NAME_MAX];
@@ -101,32 +102,32 @@ static int load_weights(struct mp_runner *r)
 	const void *p;
 	int err;
 
-	r->weights_len = weights_size(r->store);
-	r->weights = aligned_alloc(TENSOR_ALIGN, MP_ALIGN_UP(r->weights_len, TENSOR_ALIGN));
-	r->layers = calloc(g->layers, sizeof(*r->layers));
-	if (!r->weights || !r->layers)
+	d->weights_len = weights_size(d->store);
+	d->weights = aligned_alloc(TENSOR_ALIGN, MP_ALIGN_UP(d->weights_len, TENSOR_ALIGN));
+	d->layers = calloc(g->layers, sizeof(*d->layers));
+	if (!d->weights || !d->layers)
 		return mp_err(-ENOMEM, "runner: out of memory for %zu bytes of weights",
-			      r->weights_len);
+			      d->weights_len);
 
-	err = load_tensor(r, "tok_embd", g->vocab, g->hidden, false, &off, &r->tok_embd,
-			  &r->embd_dtype);
+	err = load_tensor(d, "tok_embd", g->vocab, g->hidden, false, &off, &d->tok_embd,
+			  &d->embd_dtype);
 	if (err)
 		return err;
-	err = load_tensor(r, "output_norm", g->hidden, 0, true, &off, &p, NULL);
+	err = load_tensor(d, "output_norm", g->hidden, 0, true, &off, &p, NULL);
 	if (err)
 		return err;
-	r->output_norm = p;
-	err = load_tensor(r, "output", g->vocab, g->hidden, false, &off, &r->output,
-			  &r->output_dtype);
+	d->output_norm = p;
+	err = load_tensor(d, "output", g->vocab, g->hidden, false, &off, &d->output,
+			  &d->output_dtype);
 	if (err)
 		return err;
 	for (uint32_t l = 0; l < g->layers; l++) {
-		struct layer_weights *lw = &r->layers[l];
+		struct layer_weights *lw = &d->layers[l];
 
 		/* Attention matrices are in the model's weight type (byte counts assume it). */
 #define LOAD(suffix, rows, cols, f32, dst, dtp, check) do {			\
 		snprintf(name, sizeof(name), "blk.%u." suffix, l);		\
-		err = load_tensor(r, name, rows, cols, f32, &off, &p, dtp);	\
+		err = load_tensor(d, name, rows, cols, f32, &off, &p, dtp);	\
 		if (err)							\
 			return err;						\
 		if ((check) && dt != g->dtype)					\
@@ -142,16 +143,64 @@ static int load_weights(struct mp_runner *r)
 		LOAD("router", g->experts, g->hidden, false, lw->router, &lw->router_dtype, false);
 #undef LOAD
 	}
-	r->layer_bytes = (2ull * r->qdim * g->hidden + 2ull * r->kvdim * g->hidden) *
+	d->layer_bytes = (2ull * r->qdim * g->hidden + 2ull * r->kvdim * g->hidden) *
 			 mp_dtype_size(g->dtype) +
 			 (uint64_t)g->experts * g->hidden *
-			 mp_dtype_size(r->layers[0].router_dtype) +
+			 mp_dtype_size(d->layers[0].router_dtype) +
 			 2ull * g->hidden * sizeof(float);
 	return 0;
 
 bad_dtype:
 	return mp_err(-EINVAL, "%s: tensor %s is %s, the model's weights are %s",
-		      mp_store_path(r->store), name, mp_dtype_name(dt), mp_dtype_name(g->dtype));
+		      mp_store_path(d->store), name, mp_dtype_name(dt), mp_dtype_name(g->dtype));
+}
+
+static void free_dense(struct dense_set *d)
+{
+	free(d->layers);
+	free(d->weights);
+}
+
+/* The field in which two geometries differ, or NULL when they are the same. */
+static const char *geometry_diff(const struct mp_geometry *a, const struct mp_geometry *b)
+{
+#define SAME(f) if (a->f != b->f) return #f
+	SAME(layers); SAME(experts); SAME(topk); SAME(hidden); SAME(ffn); SAME(heads);
+	SAME(kv_heads); SAME(head_dim); SAME(vocab); SAME(max_seq); SAME(dtype);
+	SAME(rope_theta); SAME(norm_eps);
+#undef SAME
+	return NULL;
+}
+
+int mp_runner_add_model(struct mp_runner *r, struct mp_store *s)
+{
+	const char *field;
+	struct dense_set *m;
+	int err;
+
+	if (!r || !s)
+		return mp_err(-EINVAL, "runner add model: NULL %s", !r ? "runner" : "store");
+	field = geometry_diff(&r->g, mp_store_geometry(s));
+	if (field)
+		return mp_err(-EINVAL, "%s: its %s differs from %s's: a runner serves models of "
+			      "one architecture", mp_store_path(s), field, mp_store_path(r->store));
+	m = realloc(r->models, (r->n_models + 1) * sizeof(*m));
+	if (!m)
+		return mp_err(-ENOMEM, "runner: out of memory for another model");
+	r->models = m;
+	m = &r->models[r->n_models];
+	*m = (struct dense_set){ .store = s };
+	err = load_dense(r, m);
+	if (err) {
+		free_dense(m);
+		return err;
+	}
+	return (int)r->n_models++;
+}
+
+uint32_t mp_runner_models(const struct mp_runner *r)
+{
+	return r->n_models;
 }
 
 /*
@@ -174,6 +223,7 @@ static int seq_create(struct mp_runner *r, const struct mp_seq_config *cfg, stru
 		return mp_err(-ENOMEM, "runner: out of memory for a sequence");
 	s->r = r;
 	s->request = cfg->request;
+	s->model = cfg->model;
 	s->map = cfg->map;
 	s->trace = cfg->trace;
 	s->trace_request = cfg->trace_request;
@@ -224,6 +274,9 @@ int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_
 		return err;
 	if (cfg->map && (err = check_map(r, cfg->map)))
 		return err;
+	if (cfg->model >= r->n_models || cfg->reserved32)
+		return mp_err(-EINVAL, "sequence open: model %u, the runner has %u%s", cfg->model,
+			      r->n_models, cfg->reserved32 ? "; reserved32 must be zero" : "");
 	return seq_create(r, cfg, out);
 }
 
@@ -317,8 +370,13 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	err = sc.trace ? mp_trace_check_geometry(sc.trace, &r->g) : 0;
 	if (!err)
 		err = seq_create(r, &sc, &r->seq0);
-	if (!err)
-		err = load_weights(r);
+	if (!err && !(r->models = calloc(1, sizeof(*r->models))))
+		err = mp_err(-ENOMEM, "runner: out of memory");
+	if (!err) {
+		r->models[0].store = s;
+		r->n_models = 1;
+		err = load_dense(r, &r->models[0]);
+	}
 	if (err) {
 		mp_runner_close(r);
 		return err;
@@ -333,8 +391,9 @@ void mp_runner_close(struct mp_runner *r)
 		return;
 	mp_runner_free_activations(r);
 	mp_seq_close(r->seq0);
-	free(r->layers);
-	free(r->weights);
+	for (uint32_t i = 0; i < r->n_models; i++)
+		free_dense(&r->models[i]);
+	free(r->models);
 	free(r);
 }
 
@@ -365,6 +424,37 @@ static int check_item(const struct mp_runner *r, const struct mp_batch_item *b, 
 	return 0;
 }
 
+/*
+ * The step's items grouped by model, in batch order within a model, and
+ * their runs: each model's rows are contiguous for its dense products.
+ */
+static void order_items(struct mp_runner *r, const struct mp_batch_item *batch, uint32_t count)
+{
+	uint32_t rows = 0, n = 0;
+
+	r->n_runs = 0;
+	for (uint32_t m = 0; m < r->n_models && n < count; m++) {
+		struct step_run *run = &r->runs[r->n_runs];
+
+		*run = (struct step_run){ .d = &r->models[m], .item = n, .first = rows };
+		for (uint32_t i = 0; i < count; i++) {
+			if (batch[i].seq->model != m)
+				continue;
+			r->items[n++] = (struct step_item){
+				.seq = batch[i].seq, .tokens = batch[i].tokens, .first = rows,
+				.n = batch[i].n, .decode = batch[i].kind == MP_BATCH_DECODE,
+			};
+			if (batch[i].kind != MP_BATCH_DECODE)
+				MP_PROBE(prefill, batch[i].seq->request, batch[i].seq->pos,
+					 batch[i].n);
+			rows += batch[i].n;
+		}
+		run->count = n - run->item;
+		run->rows = rows - run->first;
+		r->n_runs += run->count > 0;
+	}
+}
+
 int mp_runner_batch(struct mp_runner *r, const struct mp_batch_item *batch, uint32_t count)
 {
 	uint32_t rows = 0;
@@ -387,15 +477,7 @@ int mp_runner_batch(struct mp_runner *r, const struct mp_batch_item *batch, uint
 	err = mp_runner_reserve(r, rows, count);
 	if (err)
 		return err;
-	rows = 0;
-	for (uint32_t i = 0; i < count; i++) {
-		r->items[i] = (struct step_item){ .seq = batch[i].seq, .tokens = batch[i].tokens,
-						  .first = rows, .n = batch[i].n,
-						  .decode = batch[i].kind == MP_BATCH_DECODE };
-		if (!r->items[i].decode)
-			MP_PROBE(prefill, batch[i].seq->request, batch[i].seq->pos, batch[i].n);
-		rows += batch[i].n;
-	}
+	order_items(r, batch, count);
 	return mp_runner_forward(r, r->items, count, rows);
 }
 

@@ -20,10 +20,23 @@ struct layer_weights {
 	enum mp_dtype router_dtype;
 };
 
+/* One model's non-expert weights, read once (the runner's own model is models[0]). */
+struct dense_set {
+	struct mp_store *store;
+	void *weights;
+	size_t weights_len;
+	const void *tok_embd, *output;
+	enum mp_dtype embd_dtype, output_dtype;
+	const float *output_norm;
+	struct layer_weights *layers;
+	uint64_t layer_bytes;			/* dense weight bytes one pass reads per layer */
+};
+
 /* One token stream: its own KV cache and position over the runner's weights. */
 struct mp_seq {
 	struct mp_runner *r;
 	uint32_t request;		/* reported to the source with every route */
+	uint32_t model;			/* its dense weights: r->models[model] */
 	const uint32_t *const *map;	/* routed-id map per layer, or NULL */
 	const struct mp_trace *trace;	/* forced routing of decode steps, or NULL */
 	uint32_t trace_request;
@@ -44,6 +57,17 @@ struct step_item {
 	bool decode;
 };
 
+/*
+ * The items of a step that share a model, which are next to each other:
+ * items [item, item + count), rows [first, first + rows). Dense products run
+ * once per run with its model's weights; the experts once over every row.
+ */
+struct step_run {
+	const struct dense_set *d;
+	uint32_t item, count;
+	uint32_t first, rows;
+};
+
 struct mp_runner {
 	struct mp_store *store;
 	struct mp_geometry g;
@@ -57,14 +81,9 @@ struct mp_runner {
 	uint32_t qdim, kvdim;
 	struct mp_seq *seq0;			/* the sequence of the one-stream calls */
 
-	/* Every non-expert tensor, read once at open. */
-	void *weights;
-	size_t weights_len;
-	const void *tok_embd, *output;
-	enum mp_dtype embd_dtype, output_dtype;
-	const float *output_norm;
-	struct layer_weights *layers;
-	uint64_t layer_bytes;			/* dense weight bytes one pass reads per layer */
+	/* Every non-expert tensor of each model, read once (models[0]: at open). */
+	struct dense_set *models;
+	uint32_t n_models;
 	uint64_t expert_bytes;
 
 	/* Activations for up to cap rows (tokens) and cap_items items of a step. */
@@ -77,6 +96,8 @@ struct mp_runner {
 	uint32_t *count, *order, *offset;	/* [experts]: the step's expert groups */
 	float *last, *lbuf;			/* [cap_items][hidden], [cap_items][vocab] */
 	struct step_item *items;
+	struct step_run *runs;			/* [cap_items] */
+	uint32_t n_runs;
 
 	struct mp_runner_stats st;
 };

@@ -443,6 +443,112 @@ static void rerouting_reproduces_expertweave_figure_4(void **state)
 	assert_int_equal(mp_reroute_table(64, 8, 0, far, 1, pi0), -EINVAL);
 }
 
+/*
+ * Two models of one architecture in one runner: rows [0, M) are model A's
+ * experts, [M, 2M) model B's; B's sequences run with B's dense weights and a
+ * map to B's rows. In a batch mixing them, each sequence gets exactly the
+ * logits of its model decoded alone.
+ */
+struct two_models {
+	struct mp_resident *res[2];
+	uint32_t experts;
+};
+
+static const void *two_expert(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct two_models *t = ctx;
+	uint32_t m = row / t->experts;
+
+	return mp_resident_source_ops()->expert(t->res[m], layer, row % t->experts);
+}
+
+static const struct mp_expert_source_ops two_ops = { .expert = two_expert };
+
+static void batch_mixing_two_models_gives_each_its_lone_logits(void **state)
+{
+	struct mp_engine *e = open_engine("ref", 2);
+	const struct mp_geometry *g = mp_store_geometry(fx.store);
+	struct two_models tm = { .res = { fx.res }, .experts = g->experts };
+	uint32_t table[64], tok[2] = { 3, 3 };
+	const uint32_t *map[16];
+	struct mp_store *b, *odd;
+	struct mp_runner *r, *alone[2];
+	struct mp_seq *q[2], *lq[2];
+	struct mp_runner_stats st;
+	struct mp_geometry og;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(t_path("b.mpk"), MP_DTYPE_BF16, 12), 0);
+	assert_int_equal(mp_store_open(t_path("b.mpk"), &b), 0);
+	assert_int_equal(mp_resident_open(b, NULL, NULL, &tm.res[1]), 0);
+	for (uint32_t i = 0; i < g->experts; i++)
+		table[i] = g->experts + i;
+	for (uint32_t l = 0; l < g->layers; l++)
+		map[l] = table;
+	{
+		struct mp_runner_config rc = { .engine = e, .source = &two_ops, .source_ctx = &tm,
+					       .expert_rows = 2 * g->experts };
+
+		assert_int_equal(mp_runner_open(fx.store, &rc, &r), 0);
+	}
+	assert_int_equal(mp_runner_models(r), 1);
+	assert_int_equal(mp_runner_add_model(r, b), 1);
+	/* Another architecture is refused, naming what differs. */
+	og = *g;
+	og.hidden *= 2;
+	og.head_dim *= 2;
+	assert_int_equal(mp_gen_model(t_path("odd.mpk"), &og, 1, "odd", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(t_path("odd.mpk"), &odd), 0);
+	t_log_reset();
+	assert_int_equal(mp_runner_add_model(r, odd), -EINVAL);
+	assert_true(t_log_contains("its hidden differs"));
+	mp_store_close(odd);
+	assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .model = 2 }, &q[0]), -EINVAL);
+	/* B first in the batch, A second: the runner groups them by model. */
+	assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .model = 1, .map = map }, &q[1]),
+			 0);
+	assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .request = 1 }, &q[0]), 0);
+	alone[0] = open_runner(e, mp_resident_source_ops(), fx.res);
+	{
+		struct mp_runner_config rc = { .engine = e, .source = mp_resident_source_ops(),
+					       .source_ctx = tm.res[1] };
+
+		assert_int_equal(mp_runner_open(b, &rc, &alone[1]), 0);
+	}
+	for (uint32_t m = 0; m < 2; m++)
+		assert_int_equal(mp_seq_open(alone[m], &(struct mp_seq_config){ 0 }, &lq[m]), 0);
+	mp_runner_stats_reset(r);
+	for (int t = 0; t < 8; t++) {
+		struct mp_batch_item items[2] = {
+			{ q[1], &tok[1], 1, MP_BATCH_DECODE }, { q[0], &tok[0], 1, MP_BATCH_DECODE },
+		};
+
+		assert_int_equal(mp_runner_batch(r, items, 2), 0);
+		for (uint32_t m = 0; m < 2; m++) {
+			assert_int_equal(mp_runner_batch(alone[m], &(struct mp_batch_item){
+				lq[m], &tok[m], 1, MP_BATCH_DECODE }, 1), 0);
+			assert_memory_equal(mp_seq_logits(q[m]), mp_seq_logits(lq[m]),
+					    fx.vocab * sizeof(float));
+		}
+		for (uint32_t m = 0; m < 2; m++)
+			tok[m] = mp_logits_argmax(mp_seq_logits(q[m]), fx.vocab);
+	}
+	assert_true(memcmp(mp_seq_logits(q[0]), mp_seq_logits(q[1]),
+			   fx.vocab * sizeof(float)) != 0);
+	mp_runner_stats(r, &st);
+	assert_int_equal(st.steps, 8);
+	assert_int_equal(st.model_runs, 16);
+	for (uint32_t m = 0; m < 2; m++) {
+		mp_seq_close(q[m]);
+		mp_seq_close(lq[m]);
+		mp_runner_close(alone[m]);
+	}
+	mp_runner_close(r);
+	mp_resident_close(tm.res[1]);
+	mp_store_close(b);
+	mp_engine_close(e);
+}
+
 /* An engine is tested where this CPU has its ISA and this build made it. */
 static bool engine_here(const char *name)
 {
@@ -471,6 +577,7 @@ int main(void)
 		cmocka_unit_test(a_refused_batch_changes_nothing),
 		cmocka_unit_test(paged_batch_under_a_two_expert_budget_gives_the_lone_tokens),
 		cmocka_unit_test(rerouting_reproduces_expertweave_figure_4),
+		cmocka_unit_test(batch_mixing_two_models_gives_each_its_lone_logits),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) + N_ELEMS(global)];
 	static char names[N_ELEMS(engines)][96];

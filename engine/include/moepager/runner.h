@@ -130,8 +130,25 @@ struct mp_seq_config {
 	 * stay the router's. map[l] may be NULL (that layer unmapped).
 	 */
 	const uint32_t *const *map;
-	MP_RESERVED(5);
+	/* Whose dense weights it runs with: 0, the runner's own model, or mp_runner_add_model()'s. */
+	uint32_t model;
+	uint32_t reserved32;		/* zero */
+	MP_RESERVED(4);
 };
+
+/*
+ * Several models of one architecture in one runner (Multi-MoE's variants):
+ * reads another model's non-expert weights (embedding, attention, norms,
+ * routers, head) into memory, for sequences opened with mp_seq_config.model
+ * = the returned index. A batch may mix models: each model's dense products
+ * run over its own sequences' rows, the experts over every row at once
+ * (another model's experts are other rows of the source, reached through
+ * the sequence's map). Returns the index (>= 1), -EINVAL naming the
+ * geometry field that differs, -ENOMEM, or the read error.
+ */
+MP_API int mp_runner_add_model(struct mp_runner *r, struct mp_store *s);
+/* Models the runner holds dense weights for (1 + those added). */
+MP_API uint32_t mp_runner_models(const struct mp_runner *r);
 
 /* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
 MP_API int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out);
@@ -197,7 +214,8 @@ struct mp_runner_stats {
 	uint64_t route_calls;		/* routing decisions reported to the source */
 	uint64_t trace_overrides;	/* trace experts differ from the router's */
 	uint64_t steps;			/* forward passes (a batch is one) */
-	MP_RESERVED(7);
+	uint64_t model_runs;		/* dense passes: one per model in each step */
+	MP_RESERVED(6);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);
