@@ -191,11 +191,19 @@ static void every_expert_reads_back_under_two_expert_budget(void **state)
 			for (uint32_t e = 0; e < geo->experts; e++)
 				assert_memory_equal(mp_pager_expert(p, l, e), want(l, e), xbytes);
 	mp_pager_stats(p, &st);
-	/* Each touch of an expert not in memory is one file-tier fault: constant eviction. */
-	assert_int_equal(st.faults_file, 2 * n);
+	/*
+	 * Each touch of an expert not in memory is one file-tier fault. Recency
+	 * policies evict what the scan comes back to last: every touch misses.
+	 * The others may keep an expert of the first pass that the second one
+	 * then finds (which one depends on what is still being filled when a
+	 * victim is picked), but never more than the budget's two.
+	 */
+	if (!strcmp(*state, "lru") || !strcmp(*state, "fifo"))
+		assert_int_equal(st.faults_file, 2 * n);
+	assert_true(st.faults_file >= 2 * n - 2 && st.faults_file <= 2 * n);
 	assert_int_equal(st.faults_host, 0);
-	assert_int_equal(st.evictions, 2 * n - 2);
-	assert_int_equal(st.bytes_file, 2 * n * xbytes);
+	assert_int_equal(st.evictions, st.faults_file - 2);
+	assert_int_equal(st.bytes_file, st.faults_file * xbytes);
 	assert_true(st.resident_peak <= 2 * xbytes);
 	assert_int_equal(st.resident_experts, 2);
 	assert_true(mp_pager_stats_quantile(&st, 0.5) > 0);
@@ -345,7 +353,7 @@ static void host_tier_refault_returns_right_bytes(void **state)
 struct evictor {
 	struct mp_pager *p;
 	atomic_bool stop;
-	int evicted;
+	atomic_int evicted;
 };
 
 static void *evict_loop(void *arg)
@@ -371,8 +379,15 @@ static void evicting_an_expert_being_read_refaults_right_bytes(void **state)
 
 	pthread_create(&th, NULL, evict_loop, &ev);
 	t0 = mp_now_ns();
-	while (mp_now_ns() - t0 < 300ull * 1000 * 1000)
+	/* 300 ms at least, and until the evictor has had its turns (a loaded machine starves it). */
+	for (uint64_t dt = 0; dt < 60ull * 1000 * 1000 * 1000; dt = mp_now_ns() - t0) {
 		bad += memcmp(mp_pager_expert(p, 0, 5), want(0, 5), xbytes) != 0;
+		if (dt > 300ull * 1000 * 1000 && atomic_load(&ev.evicted) > 10) {
+			mp_pager_stats(p, &st);
+			if (st.faults_file + st.faults_host > 10)
+				break;
+		}
+	}
 	atomic_store(&ev.stop, true);
 	pthread_join(th, NULL);
 	mp_pager_stats(p, &st);
