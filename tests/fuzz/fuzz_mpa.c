@@ -10,10 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <moepager.h>
+
+#include "fuzz_file.h"
 
 #define HEADER		4096u
 #define OFF_TABLE_OFF	64
@@ -21,7 +22,7 @@
 #define OFF_TABLE_SUM	80
 
 static int fd = -1;
-static char path[64];
+static const char *path;
 
 #define CHECK(c) do {							\
 	if (!(c)) {							\
@@ -114,26 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
-
-	if (fd < 0) {
-		fd = memfd_create("fuzz.mpa", MFD_CLOEXEC);
-		if (fd < 0) {
-			perror("memfd_create");
-			abort();
-		}
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	}
-	run(data, size);
-	if (size < HEADER)
-		return 0;
-	copy = malloc(size);
-	if (!copy)
-		return 0;
-	memcpy(copy, data, size);
-	fix_checksums(copy, size);
-	if (memcmp(copy, data, size))
-		run(copy, size);
-	free(copy);
+	path = fuzz_file("fuzz.mpa", &fd);
+	fuzz_twice(data, size, HEADER, run, fix_checksums);
 	return 0;
 }

@@ -13,18 +13,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <moepager.h>
+
+#include "fuzz_file.h"
 
 #define MAX_FILE	(16ull << 20)
 #define HEADER		4096u
 #define MAX_EXPERTS	64u		/* experts read per input */
 
 static int fd = -1;
-static char path[64];
+static const char *path;
 
 #define CHECK(c) do {							\
 	if (!(c)) {							\
@@ -168,26 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
-
-	if (fd < 0) {
-		fd = memfd_create("fuzz.mpk", MFD_CLOEXEC);
-		if (fd < 0) {
-			perror("memfd_create");
-			abort();
-		}
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	}
-	run(data, size);
-	if (size < HEADER)
-		return 0;
-	copy = malloc(size);
-	if (!copy)
-		return 0;
-	memcpy(copy, data, size);
-	fix_checksums(copy, size);
-	if (memcmp(copy, data, size))
-		run(copy, size);
-	free(copy);
+	path = fuzz_file("fuzz.mpk", &fd);
+	fuzz_twice(data, size, HEADER, run, fix_checksums);
 	return 0;
 }

@@ -216,22 +216,31 @@ static int parse_fields(json_t *o, struct api_request *r, struct api_error *err)
 	return 0;
 }
 
+/* A body that must be one JSON object: *o (json_decref() it), or -EINVAL saying why. */
+static int load_object(const char *body, size_t len, json_t **o, struct api_error *err)
+{
+	json_error_t jerr;
+
+	*o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!*o)
+		return api_fail(err, 400, NULL, "the body is not JSON: %s (at byte %d)", jerr.text,
+				jerr.position);
+	if (!json_is_object(*o)) {
+		json_decref(*o);
+		return api_fail(err, 400, NULL, "the body must be a JSON object");
+	}
+	return 0;
+}
+
 int api_parse_completion(const char *body, size_t len, struct api_request *out,
 			 struct api_error *err)
 {
-	json_error_t jerr;
 	json_t *o;
 	int e;
 
 	memset(out, 0, sizeof(*out));
-	o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!o)
-		return api_fail(err, 400, NULL, "the body is not JSON: %s (at byte %d)", jerr.text,
-				jerr.position);
-	if (!json_is_object(o)) {
-		json_decref(o);
-		return api_fail(err, 400, NULL, "the body must be a JSON object");
-	}
+	if (load_object(body, len, &o, err))
+		return -EINVAL;
 	e = parse_fields(o, out, err);
 	json_decref(o);
 	if (e)
@@ -259,19 +268,12 @@ int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load
 			   struct api_error *err)
 {
 	const char *key;
-	json_error_t jerr;
 	json_t *o, *v;
 	int e = 0;
 
 	memset(out, 0, sizeof(*out));
-	o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!o)
-		return api_fail(err, 400, NULL, "the body is not JSON: %s (at byte %d)", jerr.text,
-				jerr.position);
-	if (!json_is_object(o)) {
-		json_decref(o);
-		return api_fail(err, 400, NULL, "the body must be a JSON object");
-	}
+	if (load_object(body, len, &o, err))
+		return -EINVAL;
 	json_object_foreach(o, key, v)
 		if (strcmp(key, "file") && strcmp(key, "name") && !e)
 			e = api_fail(err, 400, key, "unknown field '%.40s' (file, name)", key);

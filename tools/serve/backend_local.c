@@ -43,6 +43,7 @@ struct local {
 	/* Closed by stop() while the HTTP thread may still cancel or read counters. */
 	pthread_rwlock_t sched_lock;
 	struct mp_sched *sched;
+	struct serve_backend_ops ops;	/* local_ops, and the adapter operations with adapters */
 	struct mp_adapters *adapters;
 	char *adapter_dir;
 	pthread_mutex_t lock;		/* am[].users and the model each slot's entry describes */
@@ -280,23 +281,6 @@ static const struct serve_backend_ops local_ops = {
 	.close = local_close,
 };
 
-/* The same backend with adapters: the adapter operations too. */
-static const struct serve_backend_ops local_adapter_ops = {
-	.name = "local",
-	.acquire = local_acquire,
-	.release = local_release,
-	.list = local_list,
-	.submit = local_submit,
-	.cancel = local_cancel,
-	.metrics = local_metrics,
-	.drain = local_drain,
-	.stop = local_stop,
-	.close = local_close,
-	.adapter_load = local_adapter_load,
-	.adapter_unload = local_adapter_unload,
-	.adapters_json = local_adapters_json,
-};
-
 /* The eviction each prefetch policy's paper pairs it with. */
 static const char *paper_evict(const char *prefetch)
 {
@@ -483,8 +467,13 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		local_close(&l->b);
 		return err;
 	}
-	if (l->adapters)
-		l->b.ops = &local_adapter_ops;
+	l->ops = local_ops;
+	if (l->adapters) {
+		l->ops.adapter_load = local_adapter_load;
+		l->ops.adapter_unload = local_adapter_unload;
+		l->ops.adapters_json = local_adapters_json;
+	}
+	l->b.ops = &l->ops;
 	g = mp_store_geometry(l->store);
 	l->m = (struct serve_model){
 		.name = l->name, .tok = l->tok, .vocab = g->vocab, .context = g->max_seq,

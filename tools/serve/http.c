@@ -400,13 +400,20 @@ static int check_and_submit(struct req *q, struct api_error *e)
 		err = api_fail(e, 500, NULL, "out of memory");
 		goto out;
 	}
+	/*
+	 * Set before the scheduler can call back: its first token may come
+	 * before submit returns, and a stream's token must find q->stream set.
+	 */
 	pthread_mutex_lock(&q->lock);
 	q->refs++;		/* the scheduler's, until done */
+	q->stream = q->api.stream;
+	q->submitted = true;
 	pthread_mutex_unlock(&q->lock);
 	err = q->h->b->ops->submit(q->h->b, q->m, ids, n, &p, &cb, &q->id);
 	if (err) {
 		pthread_mutex_lock(&q->lock);
 		q->refs--;
+		q->submitted = false;
 		pthread_mutex_unlock(&q->lock);
 		if (err == -EAGAIN || err == -ESHUTDOWN)
 			api_fail(e, 503, NULL, "%s", err == -EAGAIN ? "the queue is full: retry "
@@ -490,23 +497,30 @@ static mhd_result answer_finished(struct req *q, struct MHD_Connection *c)
 	return answer_json(q->h, c, EP_COMPLETIONS, 200, body);
 }
 
+/* A request called again after a resume: it has finished, or its client left. */
+static mhd_result resumed(struct req *q, struct MHD_Connection *c,
+			  mhd_result (*answer_done)(struct req *, struct MHD_Connection *))
+{
+	mhd_result ret = MHD_YES;
+
+	pthread_mutex_lock(&q->lock);
+	if (atomic_load(&q->gone))
+		ret = MHD_NO;
+	else if (q->finished)
+		ret = answer_done(q, c);
+	else
+		park(q);
+	pthread_mutex_unlock(&q->lock);
+	return ret;
+}
+
 static mhd_result completion(struct req *q, struct MHD_Connection *c)
 {
 	struct api_error e;
 	mhd_result ret = MHD_YES;
 
-	if (q->answered) {
-		/* Resumed: the request has finished, or its client left. */
-		pthread_mutex_lock(&q->lock);
-		if (atomic_load(&q->gone))
-			ret = MHD_NO;
-		else if (q->finished)
-			ret = answer_finished(q, c);
-		else
-			park(q);
-		pthread_mutex_unlock(&q->lock);
-		return ret;
-	}
+	if (q->answered)
+		return resumed(q, c, answer_finished);
 	q->answered = true;
 	if (q->too_big)
 		return fail(q->h, c, EP_COMPLETIONS, 413, NULL, "the body is too large");
@@ -515,8 +529,6 @@ static mhd_result completion(struct req *q, struct MHD_Connection *c)
 	if (api_parse_completion(q->body.s ? q->body.s : "", q->body.len, &q->api, &e) ||
 	    check_and_submit(q, &e))
 		return answer_error(q->h, c, EP_COMPLETIONS, &e);
-	q->stream = q->api.stream;
-	q->submitted = true;
 	if (q->stream)
 		return start_stream(q, c);
 	pthread_mutex_lock(&q->lock);
@@ -572,20 +584,10 @@ static mhd_result adapter_post(struct req *q, struct MHD_Connection *c)
 {
 	struct http_server *h = q->h;
 	struct api_error e;
-	mhd_result ret = MHD_YES;
 	pthread_t th;
 
-	if (q->answered) {
-		pthread_mutex_lock(&q->lock);
-		if (atomic_load(&q->gone))
-			ret = MHD_NO;
-		else if (q->finished)
-			ret = answer_load(q, c);
-		else
-			park(q);
-		pthread_mutex_unlock(&q->lock);
-		return ret;
-	}
+	if (q->answered)
+		return resumed(q, c, answer_load);
 	q->answered = true;
 	if (q->too_big)
 		return fail(h, c, EP_ADAPTERS, 413, NULL, "the body is too large");
@@ -609,7 +611,7 @@ static mhd_result adapter_post(struct req *q, struct MHD_Connection *c)
 	/* The loader takes q->lock to finish: it resumes after this suspend, never before. */
 	park(q);
 	pthread_mutex_unlock(&q->lock);
-	return ret;
+	return MHD_YES;
 }
 
 /*
