@@ -355,9 +355,11 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	r->expert_rows = cfg->expert_rows ? cfg->expert_rows : r->g.experts;
 	if (r->expert_rows < r->g.experts || r->expert_rows > MP_MAX_EXPERTS * 16 ||
 	    cfg->reserved32) {
+		uint32_t experts = r->g.experts;
+
 		free(r);
 		return mp_err(-EINVAL, "runner: expert_rows %u must be in [%u (experts), %u]%s",
-			      cfg->expert_rows, r->g.experts, MP_MAX_EXPERTS * 16,
+			      cfg->expert_rows, experts, MP_MAX_EXPERTS * 16,
 			      cfg->reserved32 ? "; reserved32 must be zero" : "");
 	}
 	if (r->src->guard) {
