@@ -105,11 +105,13 @@ static char *stream(const char *text, const char *const *stop, uint32_t nstop, u
 
 			assert_true(last < 0x80 || (last & 0xc0) == 0x80);
 		}
-		memcpy(out + len, d, dlen);
+		if (dlen)
+			memcpy(out + len, d, dlen);
 		len += dlen;
 	}
 	textgen_flush(&g, &d, &dlen);
-	memcpy(out + len, d, dlen);
+	if (dlen)
+		memcpy(out + len, d, dlen);
 	out[len + dlen] = '\0';
 	textgen_fini(&g);
 	return out;
