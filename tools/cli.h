@@ -28,6 +28,10 @@ int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
+int cmd_coe_gen(int argc, char **argv);
+int cmd_coe_profile(int argc, char **argv);
+int cmd_coe_window(int argc, char **argv);
+int cmd_bench_coe(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);
@@ -94,5 +98,12 @@ double cli_median(const double *v, size_t n);
  * Returns 0 or a negative errno, after printing what failed.
  */
 int cli_read_file(const char *path, char **buf, size_t *len);
+
+/*
+ * Drops the page cache before a cold-tier measurement: the file's pages
+ * (posix_fadvise, fd may be -1), then everything (/proc/sys/vm/drop_caches,
+ * as root). Returns how: "drop_caches" or "fadvise".
+ */
+const char *cli_drop_caches(int fd);
 
 #endif
