@@ -69,6 +69,13 @@ uint32_t coe_max_batch(const double *lat, uint32_t n, double gain);
 int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
 		   uint32_t n, const bool *resident_mask);
 
+/*
+ * Request assigning (CoServe §4.2, Fig. 8): with T[i] the predicted finish
+ * time of queue i and add[i] what the request would add to it, the queue
+ * that keeps the longest finish time lowest; ties go to the least added.
+ */
+uint32_t coe_assign_pick(const double *T, const double *add, uint32_t n);
+
 /* 64-bit mix of two values (splitmix64's finaliser), for draws that must not depend on order. */
 uint64_t coe_mix(uint64_t a, uint64_t b);
 

@@ -71,6 +71,8 @@ static int pick_victim(const struct coe_pool *pl)
 
 static void evict(struct coe_pool *pl, uint32_t m)
 {
+	uint64_t t0;
+
 	for (uint32_t i = 0; i < pl->n_list; i++) {
 		if (pl->list[i] == m) {
 			pl->list[i] = pl->list[--pl->n_list];
@@ -80,7 +82,9 @@ static void evict(struct coe_pool *pl, uint32_t m)
 	pl->resident[m] = false;
 	pl->used -= coe_model_bytes(pl->c, m);
 	pl->evictions++;
+	t0 = mp_now_ns();
 	pl->evict_busy += coe_model_evict(pl->c, pl->p, m, false);
+	pl->manage_ns += mp_now_ns() - t0;
 }
 
 /* Evicts until `bytes` more fit. -ENOSPC when the models in use leave no room now. */
@@ -98,7 +102,7 @@ static int make_room(struct coe_pool *pl, uint64_t bytes)
 
 static int load(struct coe_pool *pl, uint32_t m, bool demand)
 {
-	uint64_t bytes = coe_model_bytes(pl->c, m);
+	uint64_t bytes = coe_model_bytes(pl->c, m), t0;
 	bool host;
 	int err;
 
@@ -106,7 +110,9 @@ static int load(struct coe_pool *pl, uint32_t m, bool demand)
 	if (err)
 		return err;
 	host = coe_model_host(pl->c, pl->p, m);
+	t0 = mp_now_ns();
 	err = coe_model_load(pl->c, pl->p, m, demand);
+	pl->manage_ns += mp_now_ns() - t0;
 	if (err)
 		return err;
 	pl->resident[m] = true;

@@ -29,6 +29,7 @@ struct coe_pool {
 	uint32_t n_list;
 	/* counters */
 	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions, evict_busy;
+	uint64_t manage_ns;		/* in the pager: evicting, starting loads */
 };
 
 int coe_pool_init(struct coe_pool *pl, struct mp_coe *c, struct mp_pager *p,

@@ -53,6 +53,7 @@ struct mp_coe_sched {
 	struct mp_pager *p;
 	struct mp_coe_sched_config cfg;
 	uint32_t *cap;			/* per executor x arch: the splitter's batch cap */
+	double *T, *add;		/* per executor: assign's scratch */
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;		/* executors: a request queued, or stop */
 	pthread_cond_t room_cv;		/* a model released: room may be made */
@@ -151,11 +152,36 @@ static double added_latency(const struct mp_coe_sched *s, const struct executor 
 	return exec + sw;
 }
 
-/* Request assigning: the queue that keeps the longest finish time lowest, then the least added. */
+uint32_t coe_assign_pick(const double *T, const double *add, uint32_t n)
+{
+	double top1 = -1, top2 = -1, best_span = 0;
+	uint32_t best = 0, first = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (T[i] > top1) {
+			top2 = top1;
+			top1 = T[i];
+			first = i;
+		} else if (T[i] > top2) {
+			top2 = T[i];
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		/* The total time is the longest queue's: this one's with the request, or another. */
+		double span = MP_MAX(T[i] + add[i], i == first ? top2 : top1);
+
+		if (!i || span < best_span || (span == best_span && add[i] < add[best])) {
+			best = i;
+			best_span = span;
+		}
+	}
+	return best;
+}
+
+/* Request assigning (round robin for the baselines). Sets r->pred. */
 static struct executor *assign(struct mp_coe_sched *s, struct creq *r)
 {
-	uint32_t n = s->cfg.executors, best = 0, first = 0;
-	double top1 = -1, top2 = -1, best_span = 0, best_add = 0;
+	uint32_t n = s->cfg.executors, best;
 
 	if (s->cfg.assign == MP_COE_ASSIGN_RR || n == 1) {
 		struct executor *x = &s->ex[s->rr++ % n];
@@ -164,26 +190,11 @@ static struct executor *assign(struct mp_coe_sched *s, struct creq *r)
 		return x;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		if (s->ex[i].T > top1) {
-			top2 = top1;
-			top1 = s->ex[i].T;
-			first = i;
-		} else if (s->ex[i].T > top2) {
-			top2 = s->ex[i].T;
-		}
+		s->T[i] = s->ex[i].T;
+		s->add[i] = added_latency(s, &s->ex[i], r->model);
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		double add = added_latency(s, &s->ex[i], r->model);
-		double others = i == first ? top2 : top1;
-		double span = MP_MAX(s->ex[i].T + add, others);
-
-		if (!i || span < best_span || (span == best_span && add < best_add)) {
-			best = i;
-			best_span = span;
-			best_add = add;
-		}
-	}
-	r->pred = best_add;
+	best = coe_assign_pick(s->T, s->add, n);
+	r->pred = s->add[best];
 	return &s->ex[best];
 }
 
@@ -228,7 +239,7 @@ static uint32_t take_batch(struct mp_coe_sched *s, struct executor *x)
 /* Acquires the batch's model, waiting while every resident model is in use. */
 static int acquire_demand(struct mp_coe_sched *s, uint32_t m)
 {
-	uint64_t t0 = mp_now_ns(), waited = 0;
+	uint64_t t0 = mp_now_ns(), waited = 0, managed = s->pool.manage_ns;
 	int ret;
 
 	while ((ret = coe_pool_acquire(&s->pool, m, true)) == -ENOSPC && !s->stop) {
@@ -237,9 +248,9 @@ static int acquire_demand(struct mp_coe_sched *s, uint32_t m)
 		pthread_cond_wait(&s->room_cv, &s->lock);
 		waited += mp_now_ns() - w;
 	}
-	/* Evicting and starting the load are the expert manager's part of scheduling. */
+	/* The pager's part (evicting, starting reads) counts as expert management. */
 	s->st.wait_room_ns += waited;
-	s->st.sched_ns += mp_now_ns() - t0 - waited;
+	s->st.sched_ns += mp_now_ns() - t0 - waited - (s->pool.manage_ns - managed);
 	return ret;
 }
 
@@ -333,8 +344,12 @@ static void *executor_main(void *arg)
 			coe_pool_release(&s->pool, m);
 			x->held = -1;
 		}
-		if (err >= 0 && s->cfg.prefetch)
+		if (err >= 0 && s->cfg.prefetch) {
+			uint64_t managed = s->pool.manage_ns;
+
 			prefetch_next(s, x, m);
+			t0 += s->pool.manage_ns - managed;
+		}
 		s->st.sched_ns += mp_now_ns() - t0;
 		pthread_mutex_unlock(&s->lock);
 		if (err >= 0)
@@ -448,7 +463,9 @@ int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 		goto close;
 	s->ex = calloc(cfg->executors, sizeof(*s->ex));
 	s->cap = calloc((size_t)cfg->executors * c->n_archs, sizeof(*s->cap));
-	if (!s->ex || !s->cap) {
+	s->T = calloc(cfg->executors, sizeof(*s->T));
+	s->add = calloc(cfg->executors, sizeof(*s->add));
+	if (!s->ex || !s->cap || !s->T || !s->add) {
 		err = mp_err(-ENOMEM, "coe scheduler: out of memory");
 		goto close;
 	}
@@ -521,6 +538,7 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	out->loads_host = s->pool.loads_host;
 	out->bytes_loaded = s->pool.bytes_loaded;
 	out->evictions = s->pool.evictions;
+	out->manage_ns = s->pool.manage_ns;
 	memset(out->reserved, 0, sizeof(out->reserved));
 	pthread_mutex_unlock(&s->lock);
 }
@@ -564,5 +582,7 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 	pthread_mutex_destroy(&s->lock);
 	free(s->ex);
 	free(s->cap);
+	free(s->T);
+	free(s->add);
 	free(s);
 }

@@ -43,6 +43,20 @@ int coe_parse_budget(const struct mp_coe *c, const char *s, uint64_t *out)
 	return err;
 }
 
+/* The largest model's bytes. */
+static uint64_t largest_model(const struct mp_coe *c)
+{
+	uint64_t largest = 0;
+
+	for (uint32_t m = 0; m < mp_coe_model_count(c); m++) {
+		struct mp_coe_model_info mi;
+
+		mp_coe_model(c, m, &mi);
+		largest = mi.bytes > largest ? mi.bytes : largest;
+	}
+	return largest;
+}
+
 static int open_pager(struct mp_coe *c, const struct coe_run_opts *o, struct mp_pager **p)
 {
 	struct mp_store *cs = mp_coe_container(c);
@@ -53,6 +67,8 @@ static int open_pager(struct mp_coe *c, const struct coe_run_opts *o, struct mp_
 		.slots_per_layer = mp_store_geometry(cs)->experts,
 		/* A whole-model load reads many experts at once. */
 		.fill_threads = 4,
+		/* An evicted model's pages are the next load's: recycled, not freed and refaulted. */
+		.spare_bytes = 2 * largest_model(c),
 	};
 	int err = mp_pager_open(cs, &pc, p);
 

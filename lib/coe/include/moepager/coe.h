@@ -283,7 +283,8 @@ struct mp_coe_sched_stats {
 	uint64_t warm_loads;			/* models preloaded before the run */
 	uint64_t evictions;
 	uint64_t batches;
-	uint64_t sched_ns;			/* assigning, arranging, picking batches, evicting */
+	uint64_t sched_ns;			/* assigning, arranging, picking batches and victims */
+	uint64_t manage_ns;			/* expert management in the pager: evictions, loads */
 	uint64_t infer_ns;			/* runner batches, summed over executors */
 	uint64_t stall_ns;			/* waiting for a model's weights before a batch */
 	uint64_t wait_room_ns;			/* waiting for memory to load a model */
