@@ -82,7 +82,8 @@ static struct cost cost_of(const struct mp_coe_sched *s, uint32_t arch)
 
 	if (!e)
 		return (struct cost){ 1, 1, 10 };
-	return (struct cost){ e->k_ns, e->b_ns, e->load_file_ns };
+	/* A fit on a noisy machine can cross zero: no part of a latency is negative. */
+	return (struct cost){ MP_MAX(e->k_ns, 0.0), MP_MAX(e->b_ns, 0.0), e->load_file_ns };
 }
 
 static uint32_t batch_cap(const struct mp_coe_sched *s, const struct coe_exec *ex, uint32_t arch)

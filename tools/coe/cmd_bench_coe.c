@@ -12,9 +12,12 @@
 #include "cli.h"
 #include "coe/coe_tool.h"
 
+#define MAX_POLICIES 16
+#define MAX_ROUNDS 32
+
 static struct {
 	const char *coe, *profile, *budget, *policies;
-	uint32_t requests, executors, threads, tokens, max_batch;
+	uint32_t requests, executors, threads, tokens, max_batch, repeat;
 	uint64_t interval_us, seed, batch_memory;
 	bool json, no_drop;
 	struct cli_engine_opts eng;
@@ -22,7 +25,7 @@ static struct {
 
 enum {
 	OPT_PROFILE = 0x100, OPT_BUDGET, OPT_POLICIES, OPT_REQUESTS, OPT_INTERVAL, OPT_EXECUTORS,
-	OPT_TOKENS, OPT_MAX_BATCH, OPT_BATCH_MEMORY, OPT_NO_DROP, OPT_SEED, OPT_THREADS,
+	OPT_TOKENS, OPT_MAX_BATCH, OPT_BATCH_MEMORY, OPT_NO_DROP, OPT_SEED, OPT_THREADS, OPT_REPEAT,
 };
 
 static const char doc[] =
@@ -36,7 +39,9 @@ static const char doc[] =
 	"Samba-CoE keeps its frequent experts in fast memory too), not counted.\n"
 	"\n"
 	"--json prints {\"policies\": {NAME: {throughput_rps, switches, loads_file,\n"
-	"loads_host, ...}}, \"coserve_vs_samba\": {throughput_x, switch_reduction}}.\n"
+	"loads_host, ...}}, \"coserve_vs_samba\": {throughput_x, switch_reduction}}; with\n"
+	"--repeat N the policies run N rounds, interleaved: medians, each round's values,\n"
+	"and the median of each round's ratio.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  flock /work/scratch/bench.lock moepager bench-coe --coe coe/coe.json \\\n"
@@ -55,6 +60,8 @@ static const struct argp_option opts[] = {
 	{ "max-batch", OPT_MAX_BATCH, "N", 0, "Batch cap (default: the profile's)", 0 },
 	{ "batch-memory", OPT_BATCH_MEMORY, "SIZE", 0, "Memory for batch items (default: any)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "The board's seed (default 1)", 0 },
+	{ "repeat", OPT_REPEAT, "N", 0, "Rounds of every policy, interleaved; medians (default 1)",
+	  0 },
 	{ "no-drop", OPT_NO_DROP, NULL, 0, "Keep the page cache", 0 },
 	{ "json", 'j', NULL, 0, "Print JSON", 0 },
 	{ 0 },
@@ -84,6 +91,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_BATCH_MEMORY: err = cli_parse_size("--batch-memory", arg, &env.batch_memory);
 		break;
 	case OPT_SEED: err = cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed); break;
+	case OPT_REPEAT: err = cli_parse_u32("--repeat", arg, 1, MAX_ROUNDS, &env.repeat); break;
 	case ARGP_KEY_ARG:
 		argp_usage(state);
 		break;
@@ -143,51 +151,111 @@ static int load_profile(struct mp_coe_profile *pr)
 	return err;
 }
 
-/* Runs each policy named in the list; adds its object to out. */
-static int run_policies(struct mp_coe *c, struct coe_run_opts *o,
-			const struct mp_coe_request *reqs, uint32_t n, json_t *out)
+struct results {
+	const struct coe_policy *pol[MAX_POLICIES];
+	uint32_t n;
+	double thr[MAX_POLICIES][MAX_ROUNDS];
+	double sw[MAX_POLICIES][MAX_ROUNDS];
+	json_t *last[MAX_POLICIES];	/* the last round's object */
+};
+
+static int parse_policies(struct results *res)
 {
 	char buf[512], *save = NULL, *tok;
-	int err = 0;
 
 	snprintf(buf, sizeof(buf), "%s", env.policies ? env.policies :
 		 "coserve,samba,fifo,parallel,none,em,em-ra");
-	for (tok = strtok_r(buf, ",", &save); tok && !err; tok = strtok_r(NULL, ",", &save)) {
-		struct mp_coe_sched_stats st;
-		struct mp_pager_stats pst;
-
-		o->pol = coe_policy_find(tok);
-		if (!o->pol) {
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (res->n == MAX_POLICIES || !(res->pol[res->n] = coe_policy_find(tok))) {
 			fprintf(stderr, "moepager bench-coe: unknown policy '%s'\n", tok);
 			return -EINVAL;
 		}
-		err = coe_run(c, o, reqs, n, &st, &pst);
-		if (!err)
-			json_object_set_new(out, tok, policy_json(o, &st, &pst));
-		if (!err && !env.json)
-			printf("%-9s %8.1f req/s  switches %5llu  mean batch %5.2f  sched/infer %.4f  "
-			       "manage %.3f s  makespan %.2f s\n", tok, st.requests / (st.makespan_ns / 1e9),
-			       (unsigned long long)st.switches,
-			       st.batches ? (double)st.runs / st.batches : 0,
-			       st.infer_ns ? (double)st.sched_ns / st.infer_ns : 0,
-			       st.manage_ns / 1e9, st.makespan_ns / 1e9);
+		res->n++;
 	}
-	return err;
+	return 0;
 }
 
-static void add_ratios(json_t *root, json_t *pols)
+/* Runs the policies round after round (interleaved, so the machine's moods spread evenly). */
+static int run_rounds(struct mp_coe *c, struct coe_run_opts *o,
+		      const struct mp_coe_request *reqs, uint32_t n, struct results *res)
 {
-	json_t *a = json_object_get(pols, "coserve"), *b = json_object_get(pols, "samba");
-	double ta, tb, sa, sb;
+	for (uint32_t r = 0; r < env.repeat; r++) {
+		for (uint32_t i = 0; i < res->n; i++) {
+			struct mp_coe_sched_stats st;
+			struct mp_pager_stats pst;
+			int err;
 
-	if (!a || !b)
-		return;
-	ta = json_real_value(json_object_get(a, "throughput_rps"));
-	tb = json_real_value(json_object_get(b, "throughput_rps"));
-	sa = (double)json_integer_value(json_object_get(a, "switches"));
-	sb = (double)json_integer_value(json_object_get(b, "switches"));
-	json_object_set_new(root, "coserve_vs_samba", json_pack("{s:f, s:f}", "throughput_x",
-			    tb > 0 ? ta / tb : 0, "switch_reduction", sb > 0 ? 1 - sa / sb : 0));
+			o->pol = res->pol[i];
+			err = coe_run(c, o, reqs, n, &st, &pst);
+			if (err)
+				return err;
+			res->thr[i][r] = st.makespan_ns ? st.requests / (st.makespan_ns / 1e9) : 0;
+			res->sw[i][r] = (double)st.switches;
+			json_decref(res->last[i]);
+			res->last[i] = policy_json(o, &st, &pst);
+			if (!env.json)
+				printf("%-9s %8.1f req/s  switches %5llu  mean batch %5.2f  sched/infer "
+				       "%.4f  manage %.3f s  makespan %.2f s\n", o->pol->name,
+				       res->thr[i][r], (unsigned long long)st.switches,
+				       st.batches ? (double)st.runs / st.batches : 0,
+				       st.infer_ns ? (double)st.sched_ns / st.infer_ns : 0,
+				       st.manage_ns / 1e9, st.makespan_ns / 1e9);
+		}
+	}
+	return 0;
+}
+
+static json_t *runs_array(const double *v, uint32_t n)
+{
+	json_t *a = json_array();
+
+	for (uint32_t i = 0; i < n; i++)
+		json_array_append_new(a, json_real(v[i]));
+	return a;
+}
+
+/* The median of n values (copied: v stays as it is). */
+static double median_of(const double *v, uint32_t n)
+{
+	double s[MAX_ROUNDS];
+
+	memcpy(s, v, n * sizeof(*s));
+	return cli_median(s, n);
+}
+
+/* Medians over the rounds; CoServe against Samba-CoE as the median of each round's ratio. */
+static void add_results(json_t *root, struct results *res)
+{
+	json_t *pols = json_object();
+	int cs = -1, sb = -1;
+
+	for (uint32_t i = 0; i < res->n; i++) {
+		json_t *o = res->last[i];
+
+		json_object_set_new(o, "throughput_rps", json_real(median_of(res->thr[i],
+								env.repeat)));
+		json_object_set_new(o, "switches", json_integer((json_int_t)median_of(res->sw[i],
+								env.repeat)));
+		json_object_set_new(o, "throughput_rps_runs", runs_array(res->thr[i], env.repeat));
+		json_object_set_new(o, "switches_runs", runs_array(res->sw[i], env.repeat));
+		json_object_set_new(pols, res->pol[i]->name, o);
+		res->last[i] = NULL;
+		cs = !strcmp(res->pol[i]->name, "coserve") ? (int)i : cs;
+		sb = !strcmp(res->pol[i]->name, "samba") ? (int)i : sb;
+	}
+	json_object_set_new(root, "policies", pols);
+	if (cs >= 0 && sb >= 0) {
+		double tx[MAX_ROUNDS], sr[MAX_ROUNDS];
+
+		for (uint32_t r = 0; r < env.repeat; r++) {
+			tx[r] = res->thr[sb][r] > 0 ? res->thr[cs][r] / res->thr[sb][r] : 0;
+			sr[r] = res->sw[sb][r] > 0 ? 1 - res->sw[cs][r] / res->sw[sb][r] : 0;
+		}
+		json_object_set_new(root, "coserve_vs_samba", json_pack("{s:f, s:f, s:o, s:o}",
+			"throughput_x", median_of(tx, env.repeat), "switch_reduction",
+			median_of(sr, env.repeat), "throughput_x_runs", runs_array(tx, env.repeat),
+			"switch_reduction_runs", runs_array(sr, env.repeat)));
+	}
 }
 
 int cmd_bench_coe(int argc, char **argv)
@@ -198,7 +266,8 @@ int cmd_bench_coe(int argc, char **argv)
 	struct mp_coe_profile pr = { 0 };
 	struct mp_coe_request *reqs = NULL;
 	struct coe_run_opts o = { 0 };
-	json_t *root = NULL, *pols;
+	struct results res = { 0 };
+	json_t *root = NULL;
 	struct mp_coe *c;
 	int n, err;
 
@@ -208,6 +277,7 @@ int cmd_bench_coe(int argc, char **argv)
 	env.requests = 2500;
 	env.interval_us = 4000;
 	env.seed = 1;
+	env.repeat = 1;
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -235,14 +305,18 @@ int cmd_bench_coe(int argc, char **argv)
 		.profile = env.profile ? &pr : NULL, .engine = env.eng.engine,
 		.drop_cache = !env.no_drop };
 	root = json_object();
-	pols = json_object();
-	err = run_policies(c, &o, reqs, (uint32_t)n, pols);
-	json_object_set_new(root, "board", json_pack("{s:i, s:I, s:I, s:i, s:i, s:i}", "requests",
-			    n, "interval_us", (json_int_t)env.interval_us, "budget_bytes",
+	err = parse_policies(&res);
+	if (!err)
+		err = run_rounds(c, &o, reqs, (uint32_t)n, &res);
+	json_object_set_new(root, "board", json_pack("{s:i, s:I, s:I, s:i, s:i, s:i, s:i}",
+			    "requests", n, "interval_us", (json_int_t)env.interval_us, "budget_bytes",
 			    (json_int_t)o.budget, "models", (int)mp_coe_model_count(c), "executors",
-			    (int)env.executors, "threads", (int)env.threads));
-	add_ratios(root, pols);
-	json_object_set_new(root, "policies", pols);
+			    (int)env.executors, "threads", (int)env.threads, "rounds",
+			    (int)env.repeat));
+	if (!err)
+		add_results(root, &res);
+	for (uint32_t i = 0; i < res.n; i++)
+		json_decref(res.last[i]);
 	if (!err && env.json) {
 		json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
 		putchar('\n');

@@ -48,19 +48,6 @@ static const struct argp_option opts[] = {
 	{ 0 },
 };
 
-static int parse_double(const char *opt, const char *s, double *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtod(s, &end);
-	if (errno || end == s || *end) {
-		fprintf(stderr, "moepager coe-gen: %s: '%s' is not a number\n", opt, s);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
@@ -79,15 +66,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_ZIPF:
-		if (parse_double("--zipf", arg, &env.zipf))
+		if (cli_parse_double("--zipf", arg, &env.zipf))
 			argp_usage(state);
 		break;
 	case OPT_DET:
-		if (parse_double("--detector-share", arg, &env.detector_share))
+		if (cli_parse_double("--detector-share", arg, &env.detector_share))
 			argp_usage(state);
 		break;
 	case OPT_CLEAN:
-		if (parse_double("--clean", arg, &env.clean))
+		if (cli_parse_double("--clean", arg, &env.clean))
 			argp_usage(state);
 		break;
 	case ARGP_KEY_ARG:

@@ -51,19 +51,6 @@ static const struct argp_option opts[] = {
 	{ 0 },
 };
 
-static int parse_double(const char *opt, const char *s, double *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtod(s, &end);
-	if (errno || end == s || *end) {
-		fprintf(stderr, "moepager coe-window: %s: '%s' is not a number\n", opt, s);
-		return -EINVAL;
-	}
-	return 0;
-}
-
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	int err = 0;
@@ -76,8 +63,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case 'j': env.json = true; break;
 	case OPT_PROFILE: env.profile = arg; break;
 	case OPT_MEMORY: err = cli_parse_size("--memory", arg, &env.memory); break;
-	case OPT_W0: err = parse_double("--w0", arg, &env.w0); break;
-	case OPT_MARGIN: err = parse_double("--margin", arg, &env.margin); break;
+	case OPT_W0: err = cli_parse_double("--w0", arg, &env.w0); break;
+	case OPT_MARGIN: err = cli_parse_double("--margin", arg, &env.margin); break;
 	case OPT_REQUESTS: err = cli_parse_u32("--requests", arg, 1, 1u << 24, &env.requests); break;
 	case OPT_INTERVAL: err = cli_parse_u64("--interval-us", arg, 0, 10000000, &env.interval_us);
 		break;
