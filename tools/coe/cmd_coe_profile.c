@@ -30,7 +30,8 @@ static const char doc[] =
 	"before the per-request latency stops improving by 5%, the time to load a whole\n"
 	"model from the file tier (page cache dropped first: drop_caches as root, else\n"
 	"fadvise; the pager reads with O_DIRECT) and from host memory, and the memory a\n"
-	"model and a batch item hold. Writes the profile the scheduler reads (--out).\n"
+	"model and a batch item hold. Each point is the fastest of --repeat runs (on a\n"
+	"shared machine other work only adds). Writes the profile the scheduler reads (--out).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager coe-profile --coe /work/scratch/coe/coe.json --threads 1,2 \\\n"
@@ -43,7 +44,7 @@ static const struct argp_option opts[] = {
 	  0 },
 	{ "max-batch", OPT_MAX_BATCH, "N", 0, "Largest batch measured (default 16)", 0 },
 	{ "tokens", OPT_TOKENS, "N", 0, "Tokens per request (default 4)", 0 },
-	{ "repeat", OPT_REPEAT, "N", 0, "Runs per point, median (default 5)", 0 },
+	{ "repeat", OPT_REPEAT, "N", 0, "Runs per point, the fastest counts (default 5)", 0 },
 	{ "no-drop", OPT_NO_DROP, NULL, 0, "Do not drop the page cache before file loads", 0 },
 	{ "json", 'j', NULL, 0, "Print the profile as JSON", 0 },
 	{ 0 },

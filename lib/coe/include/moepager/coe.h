@@ -185,7 +185,7 @@ struct mp_coe_profile_config {
 	uint32_t n_threads;
 	uint32_t max_batch;			/* batches 1..max_batch measured; 0: 16 */
 	uint32_t tokens;			/* tokens per request; 0: 4 */
-	uint32_t repeat;			/* runs per point (median); 0: 5 */
+	uint32_t repeat;			/* runs per point (the fastest counts); 0: 5 */
 	const char *engine;			/* NULL: "ref" */
 	/* Called before each load from the file tier (e.g. to drop the page cache); may be NULL. */
 	void (*before_file_load)(void *arg);
