@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "helpers.h"
+#include "base/base.h"
 #include "coe/coe_priv.h"
 #include "store/gen.h"
 
@@ -513,6 +514,78 @@ static void every_policy_runs_every_chain_to_the_same_outputs(void **state)
 	mp_coe_close(c);
 }
 
+/* A pinned model is loaded before the run and never leaves, however little it is used. */
+static void pinned_model_stays_in_memory(void **state)
+{
+	struct mp_coe_workload_config wc = { .requests = 80, .interval_ns = 100000, .seed = 2 };
+	struct mp_coe_sched_config sc = { .executors = 2, .tokens = 2, .max_batch = 2,
+					  .evict = MP_COE_EVICT_TWO_STAGE, .arrange = true,
+					  .prefetch = true, .assign = MP_COE_ASSIGN_SPAN };
+	uint64_t budget;
+	struct mp_pager_config pc = { .fill_threads = 4 };
+	struct mp_coe_request *reqs;
+	struct mp_coe_model_info mi;
+	struct mp_coe_sched_stats st;
+	struct mp_coe_sched *s;
+	struct mp_pager *p;
+	struct mp_coe *c;
+	char *json, *at, *out;
+	size_t len;
+	FILE *f;
+	int n, least = 0;
+
+	(void)state;
+	open_gen(&c);
+	/* Pin the least used classifier. */
+	for (uint32_t m = 0; m < mp_coe_model_count(c); m++) {
+		struct mp_coe_model_info a, b;
+
+		mp_coe_model(c, m, &a);
+		mp_coe_model(c, (uint32_t)least, &b);
+		if (a.p_first > 0 && a.p_first < b.p_first)
+			least = (int)m;
+	}
+	mp_coe_model(c, (uint32_t)least, &mi);
+	assert_false(mi.pinned);
+	assert_int_equal(mp_read_file("manifest", t_path("coe.json"), &json, &len), 0);
+	out = malloc(len + 64);
+	snprintf(out, len + 64, "\"name\": \"%s\",", mi.name);
+	at = strstr(json, out);
+	assert_non_null(at);
+	snprintf(out, len + 64, "%.*s\"pin\": true, %s", (int)(at - json), json, at);
+	f = fopen(t_path("coe-pin.json"), "w");
+	fputs(out, f);
+	fclose(f);
+	free(out);
+	free(json);
+	mp_coe_close(c);
+
+	assert_int_equal(mp_coe_open(t_path("coe-pin.json"), &c), 0);
+	mp_coe_model(c, (uint32_t)least, &mi);
+	assert_true(mi.pinned);
+	budget = 40ull * mp_store_expert_bytes(mp_coe_container(c));
+	pc.budget_bytes = budget;
+	sc.budget = budget;
+	n = mp_coe_workload(c, &wc, &reqs);
+	assert_int_equal(mp_pager_open(mp_coe_container(c), &pc, &p), 0);
+	assert_int_equal(mp_coe_sched_open(c, p, &sc, &s), 0);
+	assert_int_equal(mp_coe_sched_run(s, reqs, (uint32_t)n), 0);
+	mp_coe_sched_stats(s, &st);
+	assert_true(st.evictions > 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		for (uint32_t e = 0; e < 4; e++) {
+			uint32_t cl, ce;
+
+			assert_int_equal(mp_coe_slot(c, (uint32_t)least, l, e, &cl, &ce), 0);
+			assert_int_equal(mp_pager_residency(p, cl, ce), MP_RES_MAPPED);
+		}
+	}
+	mp_coe_sched_close(s);
+	mp_pager_close(p);
+	free(reqs);
+	mp_coe_close(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest pure[] = {
@@ -534,6 +607,7 @@ int main(void)
 		cmocka_unit_test(profile_round_trips_and_bad_files_are_refused),
 		cmocka_unit_test(zero_executors_are_refused),
 		cmocka_unit_test(every_policy_runs_every_chain_to_the_same_outputs),
+		cmocka_unit_test(pinned_model_stays_in_memory),
 	};
 	int failed;
 

@@ -23,6 +23,7 @@ struct coe_model {
 	uint64_t seed;
 	double p_first;
 	double usage;
+	bool pinned;			/* always in memory, never evicted */
 	uint32_t n_pre, n_next;
 	uint32_t *pre;			/* preliminary models */
 	uint32_t first_edge;		/* its out-edges: edges[first_edge .. + n_next), by from */

@@ -135,6 +135,9 @@ static int parse_model(struct parse *ps, json_t *o, const char *where, struct co
 	    (err = get_u64(ps, o, "seed", where, false, &m->seed)) ||
 	    (err = get_prob(ps, o, "p", where, false, &m->p_first)))
 		return err;
+	if (json_object_get(o, "pin") && !json_is_boolean(json_object_get(o, "pin")))
+		return mp_err(-EINVAL, "%s: %s: \"pin\" must be true or false", ps->what, where);
+	m->pinned = json_is_true(json_object_get(o, "pin"));
 	if (mp_coe_model_find(ps->c, name) >= 0)
 		return mp_err(-EINVAL, "%s: %s: model \"%s\" named twice", ps->what, where, name);
 	a = find_arch(ps->c, arch);
@@ -457,7 +460,7 @@ int mp_coe_model(const struct mp_coe *c, uint32_t i, struct mp_coe_model_info *o
 	*out = (struct mp_coe_model_info){
 		.name = m->name, .arch = m->arch, .first_slot = m->first_slot,
 		.bytes = coe_model_bytes(c, i), .seed = m->seed, .p_first = m->p_first,
-		.usage = m->usage, .n_pre = m->n_pre, .n_next = m->n_next,
+		.usage = m->usage, .n_pre = m->n_pre, .n_next = m->n_next, .pinned = m->pinned,
 	};
 	return 0;
 }

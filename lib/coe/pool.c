@@ -156,6 +156,22 @@ static int cmp_usage(const void *a, const void *b, void *arg)
 	return x > y ? -1 : x < y;
 }
 
+int coe_pool_pin(struct coe_pool *pl)
+{
+	for (uint32_t m = 0; m < pl->c->n_models; m++) {
+		int err;
+
+		if (!pl->c->models[m].pinned)
+			continue;
+		/* A reference never released: the model counts as in use for good. */
+		err = coe_pool_acquire(pl, m, false);
+		if (err < 0)
+			return mp_err(err, "coe pool: pinned model %s does not fit the budget",
+				      pl->c->models[m].name);
+	}
+	return 0;
+}
+
 uint32_t coe_pool_warm(struct coe_pool *pl)
 {
 	uint32_t *order = malloc(pl->c->n_models * sizeof(*order)), n = 0;
@@ -169,6 +185,8 @@ uint32_t coe_pool_warm(struct coe_pool *pl)
 	for (uint32_t i = 0; i < pl->c->n_models; i++) {
 		uint32_t m = order[i];
 
+		if (pl->resident[m])
+			continue;
 		if (pl->used + coe_model_bytes(pl->c, m) > pl->budget)
 			break;
 		if (load(pl, m, false) < 0)

@@ -43,6 +43,8 @@ void coe_pool_fini(struct coe_pool *pl);
  */
 int coe_pool_acquire(struct coe_pool *pl, uint32_t model, bool demand);
 void coe_pool_release(struct coe_pool *pl, uint32_t model);
+/* Loads the pinned models and holds them for good. Returns 0 or -ENOSPC (they do not fit). */
+int coe_pool_pin(struct coe_pool *pl);
 /* Loads models by usage, highest first, while they fit (the warm start). Returns how many. */
 uint32_t coe_pool_warm(struct coe_pool *pl);
 

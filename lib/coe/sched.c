@@ -403,18 +403,21 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 
 static int check_config(const struct mp_coe_sched *s)
 {
-	uint64_t largest = 0;
+	uint64_t largest = 0, pinned = 0;
 
 	if (!s->cfg.executors || s->cfg.executors > 256)
 		return mp_err(-EINVAL, "coe scheduler: %u executors (1 to 256)", s->cfg.executors);
-	for (uint32_t m = 0; m < s->c->n_models; m++)
+	for (uint32_t m = 0; m < s->c->n_models; m++) {
 		largest = MP_MAX(largest, coe_model_bytes(s->c, m));
-	/* Each executor holds at most its batch's model and the next group's. */
-	if (s->pool.budget < 2ull * s->cfg.executors * largest)
+		pinned += s->c->models[m].pinned ? coe_model_bytes(s->c, m) : 0;
+	}
+	/* Each executor holds at most its batch's model and the next group's, beside the pinned. */
+	if (s->pool.budget < 2ull * s->cfg.executors * largest + pinned)
 		return mp_err(-EINVAL, "coe scheduler: a budget of %llu bytes cannot hold two "
-			      "models of %llu bytes per executor (%u executors)",
-			      (unsigned long long)s->pool.budget, (unsigned long long)largest,
-			      s->cfg.executors);
+			      "models of %llu bytes per executor (%u executors) and the %llu bytes "
+			      "pinned", (unsigned long long)s->pool.budget,
+			      (unsigned long long)largest, s->cfg.executors,
+			      (unsigned long long)pinned);
 	if (s->pool.budget > mp_pager_budget(s->p))
 		return mp_err(-EINVAL, "coe scheduler: budget %llu above the pager's %llu",
 			      (unsigned long long)s->pool.budget,
@@ -424,10 +427,11 @@ static int check_config(const struct mp_coe_sched *s)
 
 static void warm(struct mp_coe_sched *s)
 {
-	uint32_t n = coe_pool_warm(&s->pool);
-
+	if (!s->cfg.no_warm)
+		coe_pool_warm(&s->pool);
 	mp_pager_wait_idle(s->p, 600000);
-	s->st.warm_loads = n;
+	/* The pinned and warm models are loaded before the run: not switches. */
+	s->st.warm_loads = s->pool.loads;
 	s->pool.loads = s->pool.loads_file = s->pool.loads_host = s->pool.bytes_loaded = 0;
 }
 
@@ -472,10 +476,11 @@ int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 	}
 	for (uint32_t i = 0; i < cfg->executors && !err; i++)
 		err = open_executor(s, i);
+	if (!err)
+		err = coe_pool_pin(&s->pool);
 	if (err)
 		goto close;
-	if (!cfg->no_warm)
-		warm(s);
+	warm(s);
 	for (uint32_t i = 0; i < cfg->executors && !err; i++) {
 		err = -pthread_create(&s->ex[i].thread, NULL, executor_main, &s->ex[i]);
 		s->ex[i].started = !err;

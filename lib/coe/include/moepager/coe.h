@@ -48,6 +48,7 @@ struct mp_coe_model_info {
 	double usage;				/* probability a request uses it (through the graph) */
 	uint32_t n_pre;				/* preliminary models (edges into it) */
 	uint32_t n_next;			/* subsequent models (edges out of it) */
+	bool pinned;				/* "pin": loaded first, never evicted */
 };
 
 /* preliminary -> subsequent: the subsequent model runs with probability p after it. */
