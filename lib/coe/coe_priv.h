@@ -50,8 +50,11 @@ static inline uint64_t coe_model_bytes(const struct mp_coe *c, uint32_t m)
 	return (uint64_t)c->archs[c->models[m].arch].slots * c->slot_bytes;
 }
 
-/* graph.c: checks the graph (cycles, probabilities) and fills usage, pre, first_edge. */
-int coe_graph_build(struct mp_coe *c);
+/*
+ * graph.c: checks the graph (cycles, probabilities) and fills usage, pre,
+ * first_edge; what names the manifest in messages.
+ */
+int coe_graph_build(struct mp_coe *c, const char *what);
 
 /* Least squares y = k x + b; -EINVAL with fewer than two distinct x. */
 int coe_fit_line(const double *x, const double *y, uint32_t n, double *k, double *b, double *r2);

@@ -36,7 +36,7 @@ static int cmp_edge(const void *a, const void *b)
 }
 
 /* Names one cycle: walks back from a model left over by Kahn's order. */
-static int report_cycle(const struct mp_coe *c, const uint32_t *indeg)
+static int report_cycle(const struct mp_coe *c, const char *what, const uint32_t *indeg)
 {
 	uint32_t start = 0, m;
 	char path[256] = "";
@@ -62,20 +62,20 @@ static int report_cycle(const struct mp_coe *c, const uint32_t *indeg)
 				break;
 			}
 	} while (m != start && len < sizeof(path));
-	return mp_err(-ELOOP, "coe manifest: the dependency graph has a cycle: %s%s", path,
+	return mp_err(-ELOOP, "%s: the dependency graph has a cycle: %s%s", what, path,
 		      c->models[start].name);
 }
 
 /* Fills pre lists and first_edge (edges sorted by from); refuses duplicate edges. */
-static int link_edges(struct mp_coe *c)
+static int link_edges(struct mp_coe *c, const char *what)
 {
 	qsort(c->edges, c->n_edges, sizeof(*c->edges), cmp_edge);
 	for (uint32_t i = 0; i < c->n_edges; i++) {
 		struct mp_coe_edge *e = &c->edges[i];
 
 		if (i && e->from == e[-1].from && e->to == e[-1].to)
-			return mp_err(-EINVAL, "coe manifest: dependency %s -> %s given twice",
-				      c->models[e->from].name, c->models[e->to].name);
+			return mp_err(-EINVAL, "%s: dependency %s -> %s given twice",
+				      what, c->models[e->from].name, c->models[e->to].name);
 		if (!c->models[e->from].n_next++)
 			c->models[e->from].first_edge = i;
 		c->models[e->to].n_pre++;
@@ -95,7 +95,7 @@ static int link_edges(struct mp_coe *c)
 	return 0;
 }
 
-static int check_probabilities(const struct mp_coe *c)
+static int check_probabilities(const struct mp_coe *c, const char *what)
 {
 	double sum = 0;
 
@@ -107,25 +107,25 @@ static int check_probabilities(const struct mp_coe *c)
 		for (uint32_t i = 0; i < x->n_next; i++)
 			out += c->edges[x->first_edge + i].p;
 		if (out > 1 + PROB_SLACK)
-			return mp_err(-EINVAL, "coe manifest: model \"%s\": its dependencies' "
+			return mp_err(-EINVAL, "%s: model \"%s\": its dependencies' "
 				      "probabilities sum to %.9g (at most 1: one subsequent model "
-				      "runs after it, or none)", x->name, out);
+				      "runs after it, or none)", what, x->name, out);
 	}
 	if (fabs(sum - 1) > PROB_SLACK)
-		return mp_err(-EINVAL, "coe manifest: the models' start probabilities (\"p\") sum "
-			      "to %.9g, not 1", sum);
+		return mp_err(-EINVAL, "%s: the models' start probabilities (\"p\") sum to %.9g, "
+			      "not 1", what, sum);
 	return 0;
 }
 
-int coe_graph_build(struct mp_coe *c)
+int coe_graph_build(struct mp_coe *c, const char *what)
 {
 	uint32_t *indeg, *order, head = 0, tail = 0;
 	int err;
 
-	err = link_edges(c);
+	err = link_edges(c, what);
 	if (err)
 		return err;
-	err = check_probabilities(c);
+	err = check_probabilities(c, what);
 	if (err)
 		return err;
 	indeg = calloc(c->n_models, sizeof(*indeg));
@@ -153,7 +153,7 @@ int coe_graph_build(struct mp_coe *c)
 		}
 	}
 	if (tail < c->n_models)
-		err = report_cycle(c, indeg);
+		err = report_cycle(c, what, indeg);
 free_all:
 	free(indeg);
 	free(order);

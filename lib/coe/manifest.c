@@ -223,17 +223,17 @@ static int parse_root(struct parse *ps, json_t *root)
 
 	if (!json_is_object(root))
 		return mp_err(-EINVAL, "%s: the manifest must be a JSON object", ps->what);
-	if ((err = get_string(ps, root, "format", "manifest", &fmt)))
+	if ((err = get_string(ps, root, "format", "top level", &fmt)))
 		return err;
 	if (strcmp(fmt, MANIFEST_FORMAT))
 		return mp_err(-EINVAL, "%s: format \"%s\", expected \"%s\"", ps->what, fmt,
 			      MANIFEST_FORMAT);
-	if ((err = get_u64(ps, root, "version", "manifest", true, &version)))
+	if ((err = get_u64(ps, root, "version", "top level", true, &version)))
 		return err;
 	if (version != 1)
 		return mp_err(-EPROTONOSUPPORT, "%s: version %llu (this library reads 1)", ps->what,
 			      (unsigned long long)version);
-	if ((err = get_string(ps, root, "container", "manifest", &container)))
+	if ((err = get_string(ps, root, "container", "top level", &container)))
 		return err;
 	ps->c->container_path = path_join(ps->c->dir, container);
 	if (!ps->c->container_path)
@@ -242,7 +242,7 @@ static int parse_root(struct parse *ps, json_t *root)
 	    (err = parse_models(ps, json_object_get(root, "models"))) ||
 	    (err = parse_edges(ps, json_object_get(root, "dependencies"))))
 		return err;
-	return coe_graph_build(ps->c);
+	return coe_graph_build(ps->c, ps->what);
 }
 
 /* Opens a store, naming the role it plays when it is missing. */
@@ -328,10 +328,11 @@ static void fill_sizes(struct mp_coe *c)
 		c->total_bytes += coe_model_bytes(c, m);
 }
 
-int mp_coe_parse(const char *json, size_t len, const char *dir, bool no_stores,
-		 struct mp_coe **out)
+/* Parses a manifest; what names it in messages (its path, or "coe manifest"). */
+static int parse_named(const char *what, const char *json, size_t len, const char *dir,
+		       bool no_stores, struct mp_coe **out)
 {
-	struct parse ps = { .what = "coe manifest" };
+	struct parse ps = { .what = what };
 	json_error_t jerr;
 	json_t *root;
 	int err;
@@ -373,6 +374,12 @@ close:
 	return err;
 }
 
+int mp_coe_parse(const char *json, size_t len, const char *dir, bool no_stores,
+		 struct mp_coe **out)
+{
+	return parse_named("coe manifest", json, len, dir, no_stores, out);
+}
+
 int mp_coe_open(const char *manifest, struct mp_coe **out)
 {
 	char *buf = NULL, *dir, *slash;
@@ -392,9 +399,7 @@ int mp_coe_open(const char *manifest, struct mp_coe **out)
 	slash = strrchr(dir, '/');
 	if (slash)
 		*slash = '\0';
-	err = mp_coe_parse(buf, len, slash ? dir : ".", false, out);
-	if (err == -EINVAL || err == -ELOOP)
-		mp_err(err, "%s: %s", manifest, mp_last_error());
+	err = parse_named(manifest, buf, len, slash ? dir : ".", false, out);
 	free(dir);
 	free(buf);
 	return err;
