@@ -72,6 +72,7 @@ static int pick_victim(const struct coe_pool *pl)
 static void evict(struct coe_pool *pl, uint32_t m)
 {
 	uint64_t t0;
+	uint32_t busy;
 
 	for (uint32_t i = 0; i < pl->n_list; i++) {
 		if (pl->list[i] == m) {
@@ -83,8 +84,12 @@ static void evict(struct coe_pool *pl, uint32_t m)
 	pl->used -= coe_model_bytes(pl->c, m);
 	pl->evictions++;
 	t0 = mp_now_ns();
-	pl->evict_busy += coe_model_evict(pl->c, pl->p, m, false);
+	busy = coe_model_evict(pl->c, pl->p, m, false);
 	pl->manage_ns += mp_now_ns() - t0;
+	/* Its pages stay until the pager's own budget takes them: correct, only later. */
+	if (busy)
+		mp_debug("coe pool: model %s: %u experts busy, not evicted", pl->c->models[m].name,
+			 busy);
 }
 
 /* Evicts until `bytes` more fit. -ENOSPC when the models in use leave no room now. */

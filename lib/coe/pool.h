@@ -28,7 +28,7 @@ struct coe_pool {
 	uint32_t *list;			/* resident models, n_list of them */
 	uint32_t n_list;
 	/* counters */
-	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions, evict_busy;
+	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions;
 	uint64_t manage_ns;		/* in the pager: evicting, starting loads */
 };
 

@@ -255,12 +255,15 @@ static int acquire_demand(struct mp_coe_sched *s, uint32_t m)
 	return ret;
 }
 
-/* Prefetch: load the model of the queue's next group while this batch runs. */
+/*
+ * Prefetch: load the model of the queue's next group while this batch runs,
+ * and hold it (resident already or not) so that nobody evicts it before.
+ */
 static void prefetch_next(struct mp_coe_sched *s, struct executor *x, uint32_t running)
 {
 	int next = x->head ? (int)x->head->model : -1;
 
-	if (next < 0 || next == (int)running || next == x->held || s->pool.resident[next])
+	if (next < 0 || next == (int)running || next == x->held)
 		return;
 	if (x->held >= 0) {
 		coe_pool_release(&s->pool, (uint32_t)x->held);
@@ -302,7 +305,7 @@ static void finish_batch(struct mp_coe_sched *s, struct executor *x, uint32_t n,
 /* Runs one batch of model m unlocked: the whole model in, then the runner. */
 static int run_batch(struct mp_coe_sched *s, struct executor *x, uint32_t m, uint32_t n)
 {
-	uint64_t t0 = mp_now_ns(), t1;
+	uint64_t t0 = mp_now_ns(), t1, t2;
 	int err;
 
 	for (uint32_t i = 0; i < n; i++)
@@ -311,9 +314,10 @@ static int run_batch(struct mp_coe_sched *s, struct executor *x, uint32_t m, uin
 	t1 = mp_now_ns();
 	if (!err)
 		err = coe_exec_run(x->ex, m, x->ids, n, x->out);
+	t2 = mp_now_ns();
 	pthread_mutex_lock(&s->lock);
 	s->st.stall_ns += t1 - t0;
-	s->st.infer_ns += mp_now_ns() - t1;
+	s->st.infer_ns += t2 - t1;
 	s->st.batches++;
 	return err;
 }

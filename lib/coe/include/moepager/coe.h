@@ -306,7 +306,12 @@ struct mp_coe_sched;
  */
 MP_API int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 			     const struct mp_coe_sched_config *cfg, struct mp_coe_sched **out);
-/* Runs the board: submits each request at its arrival time, waits for all. Returns 0 or -errno. */
+/*
+ * Runs the board (once per open: the counters and the clock start with it):
+ * submits each request at its arrival time, waits for every chain. Returns 0,
+ * -EINVAL (a request's model out of range), or the first failed batch's error
+ * (its chains end; the others run).
+ */
 MP_API int mp_coe_sched_run(struct mp_coe_sched *s, const struct mp_coe_request *reqs, uint32_t n);
 MP_API void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out);
 MP_API void mp_coe_sched_close(struct mp_coe_sched *s);
