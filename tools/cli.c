@@ -2,6 +2,7 @@
 /* Helpers the subcommands share: log handler, number parsing, progress line. */
 #include <argp.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -235,4 +236,36 @@ close_file:
 	fclose(f);
 	free(b);
 	return err;
+}
+
+const char *cli_drop_caches(int fd)
+{
+	int d;
+
+	if (fd >= 0)
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	d = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+	if (d >= 0) {
+		bool ok;
+
+		sync();
+		ok = write(d, "3", 1) == 1;
+		close(d);
+		if (ok)
+			return "drop_caches";
+	}
+	return "fadvise";
+}
+
+int cli_parse_double(const char *opt, const char *s, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(*out)) {
+		fprintf(stderr, "moepager: %s: '%s' is not a number\n", opt, s);
+		return -EINVAL;
+	}
+	return 0;
 }

@@ -28,6 +28,10 @@ int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
+int cmd_coe_gen(int argc, char **argv);
+int cmd_coe_profile(int argc, char **argv);
+int cmd_coe_window(int argc, char **argv);
+int cmd_bench_coe(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);
@@ -38,6 +42,9 @@ void cli_install_log_handler(void);
  */
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
+
+/* Parses a finite number (strtod+errno, the whole string). Returns 0 or -EINVAL (printed). */
+int cli_parse_double(const char *opt, const char *s, double *out);
 
 /*
  * Parses a size: "8G", "512M", "64K", "4096" (bytes, powers of 1024).
@@ -94,5 +101,12 @@ double cli_median(const double *v, size_t n);
  * Returns 0 or a negative errno, after printing what failed.
  */
 int cli_read_file(const char *path, char **buf, size_t *len);
+
+/*
+ * Drops the page cache before a cold-tier measurement: the file's pages
+ * (posix_fadvise, fd may be -1), then everything (/proc/sys/vm/drop_caches,
+ * as root). Returns how: "drop_caches" or "fadvise".
+ */
+const char *cli_drop_caches(int fd);
 
 #endif

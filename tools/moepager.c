@@ -22,6 +22,14 @@ static const struct cli_command commands[] = {
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },
 	{ "loadgen", "open-loop Poisson load on a completions server; latency as JSON", cmd_loadgen },
+	{ "coe-gen", "write a Collaboration-of-Experts model: many whole models, one container",
+	  cmd_coe_gen },
+	{ "coe-profile", "profile a CoE per executor and architecture: K, B, max batch, loads",
+	  cmd_coe_profile },
+	{ "coe-window", "CoServe's decay-window search for the experts' share of memory",
+	  cmd_coe_window },
+	{ "bench-coe", "CoServe against FCFS+LRU, FIFO, round robin and its ablations, as JSON",
+	  cmd_bench_coe },
 };
 
 static void usage(FILE *f)

@@ -7,7 +7,8 @@
  * stage 2 evicts the lowest usage probability (the conditional transition
  * probability for layer l + 1, the layer's recorded frequency elsewhere).
  * Experts all have one size, so CoServe's "largest footprint first" is moot;
- * ties go to the least recently used. docs/prefetch.md, "coserve".
+ * ties go to the least recently used. The choice is mp_two_stage (evict.h),
+ * which the CoE layer's whole-model pool shares. docs/prefetch.md, "coserve".
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -117,21 +118,18 @@ static double cs_usage(const struct coserve *c, uint32_t key, bool *unrunnable)
 static int64_t cs_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
 {
 	struct coserve *c = pol->priv;
-	int64_t stage1 = -ENOENT, stage2 = -ENOENT;
-	double best_u = 0;
+	struct mp_two_stage t;
 
+	/* From the least recently used end: ties go to the oldest. */
+	mp_two_stage_init(&t);
 	for (uint32_t k = c->recent.tail; k != MP_KEYLIST_NONE; k = c->recent.prev[k]) {
 		bool unrunnable;
 		double u = cs_usage(c, k, &unrunnable);
 
-		if (unrunnable && stage1 < 0 && evictable(arg, k))
-			stage1 = k;
-		if ((stage2 < 0 || u < best_u) && evictable(arg, k)) {
-			stage2 = k;
-			best_u = u;
-		}
+		if (evictable(arg, k))
+			mp_two_stage_offer(&t, k, 1, u, unrunnable);
 	}
-	return stage1 >= 0 ? stage1 : stage2;
+	return mp_two_stage_victim(&t);
 }
 
 static void cs_insert(struct mp_evict *pol, uint32_t key)

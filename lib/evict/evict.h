@@ -3,6 +3,7 @@
 #ifndef MP_EVICT_H
 #define MP_EVICT_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -61,6 +62,45 @@ static inline bool mp_evict_admit(const struct mp_evict_hints *h, uint32_t incom
 	if (vi == UINT64_MAX || vi < now)
 		return true;
 	return in != UINT64_MAX && in >= now && vi > in;
+}
+
+/*
+ * CoServe's two-stage victim choice (§4.3), shared by the MoE-expert policy
+ * (coserve.c) and the CoE layer's model pool (lib/coe/): offer each
+ * candidate that may go, then take the victim. Stage 1: the largest
+ * candidate that cannot run (a subsequent one none of whose preliminaries
+ * is resident); stage 2, when there is none: the lowest usage probability.
+ * Ties go to the candidate offered first. Evicting victims one at a time
+ * until the newcomer fits is the paper's sorted sweep through both stages.
+ */
+struct mp_two_stage {
+	int64_t s1, s2;
+	uint64_t s1_bytes;
+	double s2_p;
+};
+
+static inline void mp_two_stage_init(struct mp_two_stage *t)
+{
+	*t = (struct mp_two_stage){ .s1 = -ENOENT, .s2 = -ENOENT };
+}
+
+static inline void mp_two_stage_offer(struct mp_two_stage *t, uint32_t key, uint64_t bytes,
+				      double p, bool unrunnable)
+{
+	if (unrunnable && (t->s1 < 0 || bytes > t->s1_bytes)) {
+		t->s1 = key;
+		t->s1_bytes = bytes;
+	}
+	if (t->s2 < 0 || p < t->s2_p) {
+		t->s2 = key;
+		t->s2_p = p;
+	}
+}
+
+/* The victim, or -ENOENT when nothing was offered. */
+static inline int64_t mp_two_stage_victim(const struct mp_two_stage *t)
+{
+	return t->s1 >= 0 ? t->s1 : t->s2;
 }
 
 /* A routing decision as the engine reported it (mp_pager_route()). */

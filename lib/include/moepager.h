@@ -25,5 +25,6 @@
 #include <moepager/prefetch.h>
 #include <moepager/serve.h>
 #include <moepager/adapters.h>
+#include <moepager/coe.h>
 
 #endif /* MOEPAGER_H */

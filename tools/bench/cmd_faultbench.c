@@ -126,22 +126,7 @@ struct expert_id {
 
 static const char *drop_caches(int fd)
 {
-	int d;
-
-	if (env.no_drop)
-		return "warm";
-	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-	d = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-	if (d >= 0) {
-		bool ok;
-
-		sync();
-		ok = write(d, "3", 1) == 1;
-		close(d);
-		if (ok)
-			return "drop_caches";
-	}
-	return "fadvise";
+	return env.no_drop ? "warm" : cli_drop_caches(fd);
 }
 
 /*

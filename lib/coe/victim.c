@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: MIT
+/* CoServe's two-stage eviction over whole models: the choice is evict.h's mp_two_stage. */
+#include <errno.h>
+
+#include "base/base.h"
+#include "coe/coe_priv.h"
+#include "evict/evict.h"
+
+/* A subsequent model none of whose preliminaries is resident cannot run before they load. */
+static bool unrunnable(const struct mp_coe *c, uint32_t m, const bool *resident_mask)
+{
+	const struct coe_model *x = &c->models[m];
+
+	if (!x->n_pre)
+		return false;
+	for (uint32_t i = 0; i < x->n_pre; i++)
+		if (resident_mask[x->pre[i]])
+			return false;
+	return true;
+}
+
+int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
+		   uint32_t n, const bool *resident_mask)
+{
+	struct mp_two_stage t;
+
+	mp_two_stage_init(&t);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t m = resident[i];
+
+		if (in_use[m])
+			continue;
+		mp_two_stage_offer(&t, m, coe_model_bytes(c, m), c->models[m].usage,
+				   unrunnable(c, m, resident_mask));
+	}
+	return (int)mp_two_stage_victim(&t);
+}
