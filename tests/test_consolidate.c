@@ -5,7 +5,6 @@
  * map file (every damaged field refused by name) and the check against models.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -497,35 +496,17 @@ static void a_failed_write_leaves_no_map(void **state)
 #define OFF_SUMS		104
 #define OFF_HEADER_SUM		4088
 
-static void read_at(const char *path, void *buf, size_t len, off_t off)
-{
-	int fd = open(path, O_RDONLY);
-
-	assert_true(fd >= 0);
-	assert_int_equal(pread(fd, buf, len, off), (ssize_t)len);
-	close(fd);
-}
-
-static void write_at(const char *path, const void *buf, size_t len, off_t off)
-{
-	int fd = open(path, O_WRONLY);
-
-	assert_true(fd >= 0);
-	assert_int_equal(pwrite(fd, buf, len, off), (ssize_t)len);
-	close(fd);
-}
-
-static uint64_t u64_at(const char *path, off_t off)
+static uint64_t u64_at(const char *path, uint64_t off)
 {
 	uint64_t v;
 
-	read_at(path, &v, 8, off);
+	t_read_at(path, &v, 8, off);
 	return v;
 }
 
-static void put_u32(const char *path, off_t off, uint32_t v)
+static void put_u32(const char *path, uint64_t off, uint32_t v)
 {
-	write_at(path, &v, 4, off);
+	t_write_at(path, &v, 4, off);
 }
 
 /* Rewrites the three table checksums and the header's, so only the field under test is wrong. */
@@ -537,7 +518,7 @@ static void reseal(const char *path)
 	uint64_t sum;
 
 	assert_int_equal(stat(path, &st), 0);
-	read_at(path, h, 4096, 0);
+	t_read_at(path, h, 4096, 0);
 	memcpy(&n, h + OFF_N_MODELS, 4);
 	memcpy(&pos, h + OFF_N_POSITIONS, 4);
 	for (int t = 0; t < 3; t++) {
@@ -549,14 +530,14 @@ static void reseal(const char *path)
 		if (off > (uint64_t)st.st_size || len > (uint64_t)st.st_size - off)
 			continue;
 		b = malloc(len + 1);
-		read_at(path, b, len, (off_t)off);
+		t_read_at(path, b, len, off);
 		sum = mp_checksum(b, len);
 		memcpy(h + OFF_SUMS + 8 * t, &sum, 8);
 		free(b);
 	}
 	sum = mp_checksum(h, OFF_HEADER_SUM);
 	memcpy(h + OFF_HEADER_SUM, &sum, 8);
-	write_at(path, h, 4096, 0);
+	t_write_at(path, h, 4096, 0);
 	free(h);
 }
 
@@ -581,7 +562,7 @@ static void expect_refused(const char *path, const char *what, int err, const ch
 }
 
 /* Writes a u32 at a header offset, reseals, expects the refusal. */
-static void header_u32(const char *p, off_t off, uint32_t v, int err, const char *message)
+static void header_u32(const char *p, uint64_t off, uint32_t v, int err, const char *message)
 {
 	write_map(p);
 	put_u32(p, off, v);
@@ -623,7 +604,7 @@ static void damaged_header_fields_are_refused_by_name(void **state)
 
 	write_map(p);
 	u64 = u64_at(p, OFF_MODELS_OFF);
-	write_at(p, &u64, 8, OFF_POSITIONS_OFF);
+	t_write_at(p, &u64, 8, OFF_POSITIONS_OFF);
 	reseal(p);
 	expect_refused(p, "overlap", -EINVAL, "the position table at 4096 (positions_off at offset 72) overlaps "
 		       "the model table");
@@ -638,7 +619,7 @@ static void damaged_header_fields_are_refused_by_name(void **state)
 
 	write_map(p);
 	u64 = 1 << 20;
-	write_at(p, &u64, 8, OFF_FILE_BYTES);
+	t_write_at(p, &u64, 8, OFF_FILE_BYTES);
 	reseal(p);
 	expect_refused(p, "file_bytes", -ENODATA, "header says 1048576");
 }
@@ -667,31 +648,31 @@ static void damaged_tables_are_refused_by_name(void **state)
 
 	write_map(p);
 	memset(name, 'x', sizeof(name));
-	write_at(p, name, sizeof(name), (off_t)(models + 256 + 16));
+	t_write_at(p, name, sizeof(name), (models + 256 + 16));
 	reseal(p);
 	expect_refused(p, "name", -EINVAL, "model 1 (entry at offset 4352): name or file");
 
 	write_map(p);
-	put_u32(p, (off_t)(models + 2 * 256 + 12), 4);
+	put_u32(p, (models + 2 * 256 + 12), 4);
 	reseal(p);
 	expect_refused(p, "model flags", -EPROTONOSUPPORT, "model 2 (entry at offset 4608): "
 		       "unknown flags 0x4");
 
 	write_map(p);
-	write_at(p, (uint64_t[]){ u64_at(p, (off_t)models) }, 8, (off_t)(models + 256));
+	t_write_at(p, (uint64_t[]){ u64_at(p, models) }, 8, (models + 256));
 	reseal(p);
 	expect_refused(p, "identity", -EINVAL, "model 1 (entry at offset 4352) has the identity "
 		       "of model 0");
 
 	write_map(p);
-	put_u32(p, (off_t)(models + 8), 9);
+	put_u32(p, (models + 8), 9);
 	reseal(p);
 	expect_refused(p, "owned", -EINVAL, "model 0's entry says it owns 9 positions, it owns 3");
 }
 
 static void put_double(const char *p, uint64_t off, double v)
 {
-	write_at(p, &v, 8, (off_t)off);
+	t_write_at(p, &v, 8, off);
 }
 
 static void positions_that_are_not_algorithm_1s_are_refused(void **state)
@@ -722,15 +703,15 @@ static void positions_that_are_not_algorithm_1s_are_refused(void **state)
 
 	/* positions 3 (rank 1) and 8 (rank 2) swap ranks */
 	write_map(p);
-	put_u32(p, (off_t)(positions + 3 * 16 + 4), 2);
-	put_u32(p, (off_t)(positions + 8 * 16 + 4), 1);
+	put_u32(p, (positions + 3 * 16 + 4), 2);
+	put_u32(p, (positions + 8 * 16 + 4), 1);
 	reseal(p);
 	expect_refused(p, "rank", -EINVAL, "layer 0 expert 3 (entry at offset 4912): rank 2, its "
 		       "distance ranks it 1");
 
 	/* position 8 (rank 2) given to model 0 */
 	write_map(p);
-	put_u32(p, (off_t)(positions + 8 * 16), 0);
+	put_u32(p, (positions + 8 * 16), 0);
 	reseal(p);
 	expect_refused(p, "owner", -EINVAL, "layer 2 expert 0 (entry at offset 4992): owner 0, "
 		       "Algorithm 1 gives 1 for rank 2 of capacity 7");

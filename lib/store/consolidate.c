@@ -147,7 +147,7 @@ static int check_geometry(struct mp_store *a, struct mp_store *b)
 	return 0;
 }
 
-static int check_models(struct mp_store *const *models, uint32_t n, uint32_t capacity)
+static int check_inputs(struct mp_store *const *models, uint32_t n, uint32_t capacity)
 {
 	const struct mp_geometry *g;
 	int err;
@@ -310,7 +310,7 @@ int mp_consolidation_build(struct mp_store *const *models, uint32_t n, uint32_t 
 	if (!out)
 		return mp_err(-EINVAL, "mp_consolidation_build: NULL argument");
 	*out = NULL;
-	err = check_models(models, n, capacity);
+	err = check_inputs(models, n, capacity);
 	if (err)
 		return err;
 	g = mp_store_geometry(models[0]);

@@ -6,16 +6,14 @@
  * opens is read through and its promises (Algorithm 1's ranks and owners,
  * distances that are sums of distances) are checked.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <moepager.h>
+
+#include "fuzz_file.h"
 
 #define HEADER		4096u
 #define OFF_N_MODELS	24
@@ -24,7 +22,7 @@
 #define OFF_SUMS	104
 
 static int fd = -1;
-static char path[64];
+static const char *path;
 
 #define CHECK(c) do {							\
 	if (!(c)) {							\
@@ -32,20 +30,6 @@ static char path[64];
 		__builtin_trap();					\
 	}								\
 } while (0)
-
-static int put_file(const uint8_t *d, size_t n)
-{
-	if (ftruncate(fd, 0))
-		return -errno;
-	for (size_t off = 0; off < n;) {
-		ssize_t w = pwrite(fd, d + off, n - off, (off_t)off);
-
-		if (w <= 0)
-			return -EIO;
-		off += (size_t)w;
-	}
-	return 0;
-}
 
 /* Position (l, e): its owner is Algorithm 1's for its rank; its distance the sum of its pairs. */
 static void check_position(const struct mp_consolidation *c, uint32_t l, uint32_t e,
@@ -98,7 +82,7 @@ static void run(const uint8_t *d, size_t n)
 	struct mp_consolidation *c = NULL;
 	int ret;
 
-	if (put_file(d, n))
+	if (fuzz_put_file(fd, d, n))
 		return;
 	ret = mp_consolidation_open(path, &c);
 	CHECK(ret <= 0);
@@ -136,26 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
-
-	if (fd < 0) {
-		fd = memfd_create("fuzz.mpc", MFD_CLOEXEC);
-		if (fd < 0) {
-			perror("memfd_create");
-			abort();
-		}
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	}
-	run(data, size);
-	if (size < HEADER)
-		return 0;
-	copy = malloc(size);
-	if (!copy)
-		return 0;
-	memcpy(copy, data, size);
-	fix_checksums(copy, size);
-	if (memcmp(copy, data, size))
-		run(copy, size);
-	free(copy);
+	path = fuzz_file("fuzz.mpc", &fd);
+	fuzz_twice(data, size, HEADER, run, fix_checksums);
 	return 0;
 }
