@@ -230,6 +230,39 @@ static void equal_distances_rank_the_lower_position_first(void **state)
 	mp_consolidation_close(c);
 }
 
+/* Model 1's experts, but 5 more at element 0 of position 6 (layer 1 expert 2). */
+static int fill_one_changed(void *ctx, uint32_t layer, uint32_t expert, void *buf, uint64_t bytes)
+{
+	int err = fill_scaled(ctx, layer, expert, buf, bytes);
+
+	if (layer * EXPERTS + expert == 6)
+		((float *)buf)[0] += 5;
+	return err;
+}
+
+static void experts_a_variant_left_alone_are_at_distance_zero(void **state)
+{
+	struct mp_store *m[2] = { fx.m[1], NULL };
+	struct mp_consolidation *c;
+	uint32_t one = 1;
+
+	(void)state;
+	assert_int_equal(write_model(t_path("one.mpk"), &small, "one", NULL, fill_one_changed,
+				     &one), 0);
+	assert_int_equal(mp_store_open(t_path("one.mpk"), &m[1]), 0);
+	c = build(m, 2, POSITIONS);
+	for (uint32_t p = 0; p < POSITIONS; p++) {
+		uint32_t rank = p < 6 ? p + 1 : p == 6 ? POSITIONS : p;
+
+		assert_true(mp_consolidation_distance(c, p / EXPERTS, p % EXPERTS) == (p == 6 ? 5 : 0));
+		assert_int_equal(mp_consolidation_rank(c, p / EXPERTS, p % EXPERTS), rank);
+		assert_int_equal(mp_consolidation_owner(c, p / EXPERTS, p % EXPERTS),
+				 (int)((rank - 1) % 2));
+	}
+	mp_consolidation_close(c);
+	mp_store_close(m[1]);
+}
+
 static void bad_sets_of_models_are_refused_naming_the_field_and_files(void **state)
 {
 	struct mp_geometry g = small;
@@ -731,6 +764,7 @@ int main(void)
 		cmocka_unit_test(ranks_and_owners_are_algorithm_1s),
 		cmocka_unit_test(capacity_zero_owns_nothing_and_all_owns_everything),
 		cmocka_unit_test(equal_distances_rank_the_lower_position_first),
+		cmocka_unit_test(experts_a_variant_left_alone_are_at_distance_zero),
 		cmocka_unit_test(bad_sets_of_models_are_refused_naming_the_field_and_files),
 		cmocka_unit_test(cross_distances_compare_different_experts_of_a_layer),
 		cmocka_unit_test(perturbed_f32_variant_ranks_by_its_perturbation),

@@ -229,12 +229,30 @@ int mpc_rank(const struct mp_consolidation *c, uint32_t *rank, int32_t *owner)
 	return 0;
 }
 
-/* Reads position p's expert from every model and fills the pair table's column p. */
+/* True when every model's expert at (layer, expert) has one checksum: the same bytes. */
+static bool same_bytes(struct mp_store *const *models, uint32_t n, uint32_t layer,
+		       uint32_t expert)
+{
+	uint64_t sum = mp_store_expert(models[0], layer, expert)->checksum;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (mp_store_expert(models[i], layer, expert)->checksum != sum)
+			return false;
+	return true;
+}
+
+/*
+ * Reads position p's expert from every model and fills the pair table's
+ * column p. Experts of one checksum everywhere (a fine-tune that left them
+ * alone) are at distance 0 and are not read.
+ */
 static int position_distances(struct mp_consolidation *c, struct mp_store *const *models,
 			      struct dist_work *w, uint32_t p)
 {
 	uint32_t layer = p / c->experts, expert = p % c->experts;
 
+	if (same_bytes(models, c->n, layer, expert))
+		return 0;
 	for (uint32_t i = 0; i < c->n; i++) {
 		int err = mp_store_read_expert(models[i], layer, expert, w->raw[i]);
 
