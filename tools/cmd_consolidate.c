@@ -202,16 +202,38 @@ static int layer_cross(struct mp_store **models, uint32_t n, uint32_t l, struct 
 	return 0;
 }
 
+/* The summed and the pair distances over every position, through all[] (pairs x positions). */
+static void overall_distances(const struct mp_consolidation *c, double *all, struct report *rep)
+{
+	uint32_t n = mp_consolidation_models(c), layers = mp_consolidation_layers(c);
+	uint32_t experts = mp_consolidation_experts(c);
+	size_t k = 0;
+
+	for (uint32_t l = 0; l < layers; l++)
+		for (uint32_t e = 0; e < experts; e++)
+			all[k++] = mp_consolidation_distance(c, l, e);
+	rep->summed = stats_of(all, k);
+	k = 0;
+	for (uint32_t l = 0; l < layers; l++)
+		for (uint32_t e = 0; e < experts; e++)
+			for (uint32_t i = 0; i < n; i++)
+				for (uint32_t j = i + 1; j < n; j++)
+					all[k++] = mp_consolidation_pair_distance(c, i, j, l, e);
+	rep->same = stats_of(all, k);
+}
+
 /* Fills rep from the map, and cross-position samples from models when they are open. */
 static int make_report(const struct mp_consolidation *c, struct mp_store **models,
 		       struct report *rep)
 {
 	uint32_t n = mp_consolidation_models(c), layers = mp_consolidation_layers(c);
 	uint32_t experts = mp_consolidation_experts(c), pairs = n * (n - 1) / 2;
-	size_t cross_per = (size_t)experts * (experts - 1), n_cross = 0;
-	size_t per_pair = layers * (size_t)(cross_per > experts ? cross_per : experts);
-	double *same = malloc(((size_t)pairs * experts + experts) * sizeof(*same));
-	double *all = malloc(((pairs ? pairs : 1) * per_pair + 1) * sizeof(*all));
+	size_t cross = (size_t)experts * (experts - 1), n_cross = 0;
+	/* per pair and layer, all[] holds its cross samples or its experts' distances */
+	size_t per_layer = env.cross < cross ? env.cross : cross;
+	size_t len = (size_t)(pairs ? pairs : 1) * layers * (per_layer > experts ? per_layer : experts);
+	double *same = malloc(((size_t)pairs + 1) * experts * sizeof(*same));
+	double *all = malloc((len + 1) * sizeof(*all));
 	int err = 0;
 
 	rep->layer = calloc(layers, sizeof(*rep->layer));
@@ -225,16 +247,7 @@ static int make_report(const struct mp_consolidation *c, struct mp_store **model
 			err = layer_cross(models, n, l, &rep->layer[l], all, &n_cross);
 	}
 	rep->cross = stats_of(all, n_cross);
-	for (uint32_t l = 0, k = 0; l < layers; l++)
-		for (uint32_t e = 0; e < experts; e++, k++)
-			all[k] = mp_consolidation_distance(c, l, e);
-	rep->summed = stats_of(all, (size_t)layers * experts);
-	for (uint32_t l = 0, k = 0; l < layers; l++)
-		for (uint32_t e = 0; e < experts; e++)
-			for (uint32_t i = 0; i < n; i++)
-				for (uint32_t j = i + 1; j < n; j++)
-					all[k++] = mp_consolidation_pair_distance(c, i, j, l, e);
-	rep->same = stats_of(all, (size_t)pairs * layers * experts);
+	overall_distances(c, all, rep);
 free_buffers:
 	free(same);
 	free(all);
