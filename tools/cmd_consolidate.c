@@ -101,8 +101,10 @@ static int parse_capacity(const char *s, uint32_t positions, uint64_t expert_byt
 	if (len && (s[len - 1] == '%' || strchr(s, '.'))) {
 		errno = 0;
 		f = strtod(s, &end);
-		if (s[len - 1] == '%')
-			f /= 100, end += *end == '%';
+		if (s[len - 1] == '%' && *end == '%') {
+			f /= 100;
+			end++;
+		}
 		if (errno || end == s || *end || !(f >= 0 && f <= 1))
 			goto bad;
 		*out = (uint32_t)floor(f * positions + 1e-9);
