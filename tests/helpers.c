@@ -109,6 +109,24 @@ int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed)
 	return mp_gen_model(path, &g, seed, "tiny", NULL, NULL);
 }
 
+void t_read_at(const char *path, void *buf, size_t len, uint64_t off)
+{
+	int fd = open(path, O_RDONLY);
+
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, buf, len, (off_t)off), (ssize_t)len);
+	close(fd);
+}
+
+void t_write_at(const char *path, const void *buf, size_t len, uint64_t off)
+{
+	int fd = open(path, O_WRONLY);
+
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, buf, len, (off_t)off), (ssize_t)len);
+	close(fd);
+}
+
 int t_flip_byte(const char *path, uint64_t off)
 {
 	int fd = open(path, O_RDWR);

@@ -41,6 +41,10 @@ int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed);
 int t_write_adapter(const char *path, struct mp_store *base, struct mp_store *from,
 		    const uint32_t (*picks)[2], size_t n, const char *name);
 
+/* Reads / writes exactly len bytes of a file at off, failing the test otherwise. */
+void t_read_at(const char *path, void *buf, size_t len, uint64_t off);
+void t_write_at(const char *path, const void *buf, size_t len, uint64_t off);
+
 /* Flips one byte of a file at off (xor 0xff). */
 int t_flip_byte(const char *path, uint64_t off);
 

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Adapters (.mpa): write, open, pack, merge, and every damaged field refused by name. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,24 +194,6 @@ static void writer_refuses_bad_ids_duplicates_and_names(void **state)
 #define OFF_TABLE_SUM	80
 #define OFF_HEADER_SUM	4088
 
-static void read_at(const char *path, void *buf, size_t len, off_t off)
-{
-	int fd = open(path, O_RDONLY);
-
-	assert_true(fd >= 0);
-	assert_int_equal(pread(fd, buf, len, off), (ssize_t)len);
-	close(fd);
-}
-
-static void write_at(const char *path, const void *buf, size_t len, off_t off)
-{
-	int fd = open(path, O_WRONLY);
-
-	assert_true(fd >= 0);
-	assert_int_equal(pwrite(fd, buf, len, off), (ssize_t)len);
-	close(fd);
-}
-
 /* Rewrites the table and header checksums so only the field under test is wrong. */
 static void reseal(const char *path)
 {
@@ -220,16 +201,16 @@ static void reseal(const char *path)
 	uint64_t table_off, sum;
 	uint32_t n;
 
-	read_at(path, h, 4096, 0);
+	t_read_at(path, h, 4096, 0);
 	memcpy(&table_off, h + OFF_TABLE_OFF, 8);
 	memcpy(&n, h + OFF_N_ENTRIES, 4);
 	t = malloc((size_t)n * 64);
-	read_at(path, t, (size_t)n * 64, (off_t)table_off);
+	t_read_at(path, t, (size_t)n * 64, table_off);
 	sum = mp_checksum(t, (size_t)n * 64);
 	memcpy(h + OFF_TABLE_SUM, &sum, 8);
 	sum = mp_checksum(h, OFF_HEADER_SUM);
 	memcpy(h + OFF_HEADER_SUM, &sum, 8);
-	write_at(path, h, 4096, 0);
+	t_write_at(path, h, 4096, 0);
 	free(t);
 	free(h);
 }
@@ -238,7 +219,7 @@ static uint64_t table_off(const char *path)
 {
 	uint64_t off;
 
-	read_at(path, &off, 8, OFF_TABLE_OFF);
+	t_read_at(path, &off, 8, OFF_TABLE_OFF);
 	return off;
 }
 
@@ -275,7 +256,7 @@ static void damaged_fields_are_refused_by_name(void **state)
 
 	write_adapter(p, "d");
 	u32 = 9;
-	write_at(p, &u32, 4, OFF_VERSION);
+	t_write_at(p, &u32, 4, OFF_VERSION);
 	expect_refused(p, &(struct damage){ "version", -EPROTONOSUPPORT, "unknown adapter version 9" });
 
 	write_adapter(p, "d");
@@ -292,34 +273,34 @@ static void damaged_fields_are_refused_by_name(void **state)
 
 	write_adapter(p, "d");
 	u64 = 4096 * 1000;
-	write_at(p, &u64, 8, OFF_FILE_BYTES);
+	t_write_at(p, &u64, 8, OFF_FILE_BYTES);
 	reseal(p);
 	expect_refused(p, &(struct damage){ "file_bytes", -ENODATA, "header says 4096000" });
 
 	/* Entry 0 (layer 0 expert 1) named layer 99: out of the base. */
 	write_adapter(p, "d");
 	u32 = 99;
-	write_at(p, &u32, 4, (off_t)toff);
+	t_write_at(p, &u32, 4, toff);
 	reseal(p);
 	expect_refused(p, &(struct damage){ "layer", -EINVAL, "names layer 99 expert 1" });
 
 	/* Entry 1 (layer 0 expert 5) made expert 1 again: a duplicate, out of order. */
 	write_adapter(p, "d");
 	u32 = 1;
-	write_at(p, &u32, 4, (off_t)toff + 64 + 4);
+	t_write_at(p, &u32, 4, toff + 64 + 4);
 	reseal(p);
 	expect_refused(p, &(struct damage){ "order", -EINVAL, "is not after the one before it" });
 
 	/* Entry 1 pointed at entry 0's bytes. */
 	write_adapter(p, "d");
-	read_at(p, &u64, 8, (off_t)toff + 8);
-	write_at(p, &u64, 8, (off_t)toff + 64 + 8);
+	t_read_at(p, &u64, 8, toff + 8);
+	t_write_at(p, &u64, 8, toff + 64 + 8);
 	reseal(p);
 	expect_refused(p, &(struct damage){ "overlap", -EINVAL, "overlaps" });
 
 	/* Entry 0 pointed into the table. */
 	write_adapter(p, "d");
-	write_at(p, &toff, 8, (off_t)toff + 8);
+	t_write_at(p, &toff, 8, toff + 8);
 	reseal(p);
 	expect_refused(p, &(struct damage){ "extent", -EINVAL, "over the header or table" });
 

@@ -16,6 +16,7 @@ struct cli_command {
 };
 
 int cmd_adapter(int argc, char **argv);
+int cmd_consolidate(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

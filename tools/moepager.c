@@ -14,6 +14,8 @@ static const struct cli_command commands[] = {
 	{ "run", "greedy decoding of a model, resident or paged; throughput as JSON", cmd_run },
 	{ "verify", "check every tensor and expert checksum of an .mpk file", cmd_verify },
 	{ "adapter", "pack, merge, make and inspect expert adapters (.mpa)", cmd_adapter },
+	{ "consolidate", "map which variant's expert serves all at each position (Multi-MoE)",
+	  cmd_consolidate },
 	{ "trace", "record a process's expert trajectory through BPF; export moe-trace", cmd_trace },
 	{ "eval", "held-out perplexity of a trained model, computed by the runner", cmd_eval },
 	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },

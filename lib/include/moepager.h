@@ -15,6 +15,7 @@
 #include <moepager/common.h>
 #include <moepager/store.h>
 #include <moepager/adapter.h>
+#include <moepager/consolidate.h>
 #include <moepager/trace.h>
 #include <moepager/traj.h>
 #include <moepager/engine.h>

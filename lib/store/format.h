@@ -152,4 +152,70 @@ struct mpa_entry {
 
 _Static_assert(sizeof(struct mpa_entry) == MPA_ENTRY_BYTES, "adapter entry size");
 
+/*
+ * The .mpc consolidation map (docs/consolidate-format.md): which model's
+ * expert serves every model at each (layer, expert) position.
+ */
+#define MPC_MAGIC		"MPCONSOL"
+#define MPC_HEADER_BYTES	4096u
+#define MPC_MODEL_ENTRY_BYTES	256u
+#define MPC_POSITION_ENTRY_BYTES	16u
+#define MPC_FLAGS_KNOWN		0u
+
+struct mpc_header {
+	char magic[MPK_MAGIC_LEN];	/* "MPCONSOL", no NUL */
+	uint32_t version;		/* MP_MPC_VERSION */
+	uint32_t header_bytes;		/* MPC_HEADER_BYTES */
+	uint64_t file_bytes;
+	uint32_t n_models;
+	uint32_t flags;
+	uint32_t layers;		/* the models' geometry */
+	uint32_t experts;
+	uint32_t hidden;
+	uint32_t ffn;
+	uint32_t dtype;
+	uint32_t capacity;		/* positions owned */
+	uint64_t expert_bytes;
+	uint64_t models_off;		/* n_models entries of MPC_MODEL_ENTRY_BYTES */
+	uint64_t positions_off;		/* layers * experts entries of MPC_POSITION_ENTRY_BYTES */
+	uint64_t pairs_off;		/* n_pairs * layers * experts f64 */
+	uint32_t model_entry_bytes;
+	uint32_t position_entry_bytes;
+	uint32_t n_positions;		/* layers * experts */
+	uint32_t n_pairs;		/* n_models * (n_models - 1) / 2 */
+	uint64_t models_checksum;	/* XXH3-64 of each table */
+	uint64_t positions_checksum;
+	uint64_t pairs_checksum;
+	uint8_t reserved[MPC_HEADER_BYTES - 128 - 8];
+	uint64_t header_checksum;	/* XXH3-64 of bytes [0, 4088) */
+};
+
+_Static_assert(sizeof(struct mpc_header) == MPC_HEADER_BYTES, "map header size");
+_Static_assert(offsetof(struct mpc_header, expert_bytes) == 56, "map header layout");
+_Static_assert(offsetof(struct mpc_header, model_entry_bytes) == 88, "map header layout");
+_Static_assert(offsetof(struct mpc_header, models_checksum) == 104, "map header layout");
+_Static_assert(offsetof(struct mpc_header, reserved) == 128, "map header layout");
+
+struct mpc_model_entry {
+	uint64_t identity;		/* mp_store_identity() */
+	uint32_t owned;			/* positions it owns */
+	uint32_t flags;			/* 0 in version 1 */
+	char name[MPK_NAME_MAX];	/* mp_store_name(), NUL-padded */
+	char file[128];			/* the file's name without its directory, for messages */
+	uint8_t reserved[48];
+};
+
+_Static_assert(sizeof(struct mpc_model_entry) == MPC_MODEL_ENTRY_BYTES, "map model entry size");
+_Static_assert(offsetof(struct mpc_model_entry, file) == 80, "map model entry layout");
+
+/* Entry layer * experts + expert; distance is the sum of the pair table's column. */
+struct mpc_position_entry {
+	int32_t owner;			/* model index, or -1: each model uses its own */
+	uint32_t rank;			/* 1 .. n_positions, 1 = smallest distance */
+	double distance;		/* summed over model pairs */
+};
+
+_Static_assert(sizeof(struct mpc_position_entry) == MPC_POSITION_ENTRY_BYTES,
+	       "map position entry size");
+
 #endif /* MP_MPK_FORMAT_H */

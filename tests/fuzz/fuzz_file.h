@@ -7,11 +7,13 @@
 #ifndef MP_FUZZ_FILE_H
 #define MP_FUZZ_FILE_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* The path of this process's fuzz file, created on first use; *fd gets its descriptor. */
 static inline const char *fuzz_file(const char *name, int *fd)
@@ -27,6 +29,21 @@ static inline const char *fuzz_file(const char *name, int *fd)
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", *fd);
 	}
 	return path;
+}
+
+/* Makes d[0..n) the whole of the file behind fd. 0 or -errno. */
+static inline int fuzz_put_file(int fd, const uint8_t *d, size_t n)
+{
+	if (ftruncate(fd, 0))
+		return -errno;
+	for (size_t off = 0; off < n;) {
+		ssize_t w = pwrite(fd, d + off, n - off, (off_t)off);
+
+		if (w <= 0)
+			return -EIO;
+		off += (size_t)w;
+	}
+	return 0;
 }
 
 /*

@@ -31,20 +31,6 @@ static const char *path;
 	}								\
 } while (0)
 
-static int put_file(const uint8_t *d, size_t n)
-{
-	if (ftruncate(fd, 0))
-		return -errno;
-	for (size_t off = 0; off < n;) {
-		ssize_t w = pwrite(fd, d + off, n - off, (off_t)off);
-
-		if (w <= 0)
-			return -EIO;
-		off += (size_t)w;
-	}
-	return 0;
-}
-
 static void read_through(struct mp_adapter *a, size_t file)
 {
 	uint32_t total = 0, most = 0, n;
@@ -82,7 +68,7 @@ static void run(const uint8_t *d, size_t n)
 	struct mp_adapter *a = NULL;
 	int ret;
 
-	if (put_file(d, n))
+	if (fuzz_put_file(fd, d, n))
 		return;
 	ret = mp_adapter_open(path, &a);
 	CHECK(ret <= 0);

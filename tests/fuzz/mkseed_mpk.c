@@ -4,7 +4,8 @@
  * zeros, cut after their last tensor. fuzz_mpk extends an input with zeros
  * up to the header's file_bytes, so each seed reads as a complete, valid
  * file while being a few pages long instead of megabytes. With a second
- * directory, also the .mpa seeds of fuzz_mpa: small adapters of one model.
+ * directory, also the .mpa seeds of fuzz_mpa: small adapters of one model;
+ * with a third, the .mpc seeds of fuzz_mpc: maps of one, two and three models.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -112,6 +113,38 @@ static int write_adapter_seeds(const char *dir, const struct mp_geometry *g)
 	return err;
 }
 
+/* Maps of the first 1, 2 and 3 of three generated models of geometry g, capacities all, 3, 0. */
+static int write_map_seeds(const char *dir, const struct mp_geometry *g)
+{
+	struct mp_store *m[3] = { NULL, NULL, NULL };
+	char path[4096];
+	int err = 0;
+
+	for (uint32_t i = 0; !err && i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/m%u.mpk.tmp", dir, i);
+		err = mp_gen_model(path, g, i + 1, "seed", NULL, NULL);
+		if (!err)
+			err = mp_store_open(path, &m[i]);
+		unlink(path);
+	}
+	for (uint32_t n = 1; !err && n <= 3; n++) {
+		static const uint32_t capacity[] = { 0, ~0u, 3, 0 };
+		struct mp_consolidation *c = NULL;
+		uint32_t cap = capacity[n] == ~0u ? g->layers * g->experts : capacity[n];
+
+		snprintf(path, sizeof(path), "%s/n%u.mpc", dir, n);
+		err = mp_consolidation_build(m, n, cap, NULL, NULL, &c);
+		if (!err)
+			err = mp_consolidation_write(c, path);
+		mp_consolidation_close(c);
+	}
+	for (uint32_t i = 0; i < 3; i++)
+		mp_store_close(m[i]);
+	if (err)
+		fprintf(stderr, "mkseed_mpk: %s: %s (%s)\n", dir, strerror(-err), mp_last_error());
+	return err;
+}
+
 int main(int argc, char **argv)
 {
 	struct mp_geometry a = {
@@ -121,8 +154,8 @@ int main(int argc, char **argv)
 	};
 	struct mp_geometry b = a, c = a;
 
-	if (argc != 2 && argc != 3) {
-		fprintf(stderr, "usage: mkseed_mpk DIR [MPA_DIR]\n");
+	if (argc < 2 || argc > 4) {
+		fprintf(stderr, "usage: mkseed_mpk DIR [MPA_DIR [MPC_DIR]]\n");
 		return 2;
 	}
 	b.layers = 2;
@@ -143,8 +176,11 @@ int main(int argc, char **argv)
 	if (write_seed(argv[1], "l1e2-f32.mpk", &a) || write_seed(argv[1], "l2e4-bf16.mpk", &b) ||
 	    write_seed(argv[1], "l1e3-f16.mpk", &c))
 		return 1;
-	if (argc == 3 && ((mkdir(argv[2], 0755) && errno != EEXIST) ||
+	if (argc >= 3 && ((mkdir(argv[2], 0755) && errno != EEXIST) ||
 			  write_adapter_seeds(argv[2], &b)))
+		return 1;
+	if (argc == 4 && ((mkdir(argv[3], 0755) && errno != EEXIST) ||
+			  write_map_seeds(argv[3], &b)))
 		return 1;
 	return 0;
 }

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# `moepager consolidate` on three generated tiny models: every form of --capacity, the
+# report's counts against Algorithm 1, --info reading back what was built, a map checked
+# against the models in another order or another geometry refused with a message saying so.
+set -u
+moepager=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+for s in 1 2 3; do
+	"$moepager" gen --preset tiny --seed $s --name v$s --out "$dir/v$s.mpk" --quiet || exit 1
+done
+"$moepager" gen --preset tiny --layers 2 --out "$dir/short.mpk" --quiet || exit 1
+models=("$dir/v1.mpk" "$dir/v2.mpk" "$dir/v3.mpk")
+capacity() {
+	"$moepager" consolidate "${models[@]}" --capacity "$1" --out "$dir/m.mpc" --json \
+		--cross-samples 4 | python3 -c 'import json, sys; print(json.load(sys.stdin)["capacity"])'
+}
+# tiny: 4 x 8 = 32 positions, experts of 3 x 128 x 256 f32 = 393216 bytes
+for c in 5:5 50%:16 0.25:8 1M:2 0:0 32:32 100G:32; do
+	got=$(capacity "${c%%:*}")
+	[[ $got == "${c##*:}" ]] || { echo "FAILED: --capacity ${c%%:*} gave '$got', not ${c##*:}"; fail=1; }
+done
+for bad in 33 1.5 150% abc -1; do
+	if "$moepager" consolidate "${models[@]}" --capacity "$bad" --out "$dir/x.mpc" \
+		>/dev/null 2>&1 || [[ -e $dir/x.mpc ]]; then
+		echo "FAILED: --capacity $bad was accepted"
+		fail=1
+	fi
+done
+"$moepager" consolidate "${models[@]}" --capacity 11 --out "$dir/m.mpc" --json \
+	--cross-samples 8 > "$dir/build.json" || exit 1
+"$moepager" consolidate --info "$dir/m.mpc" "${models[@]}" --json > "$dir/info.json" || {
+	echo "FAILED: --info refused the models the map was made for"; fail=1; }
+python3 - "$dir/build.json" "$dir/info.json" <<'PY' || fail=1
+import json, sys
+b, i = (json.load(open(p)) for p in sys.argv[1:3])
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("FAILED:", what)
+        ok = False
+n, C = len(b["models"]), b["capacity"]
+check(C == 11 and sum(m["owned"] for m in b["models"]) == C, "owned counts do not sum to C")
+for p in b["positions_by_index"]:
+    want = (p["rank"] - 1) % n if p["rank"] <= C else -1
+    check(p["owner"] == want, f"layer {p['layer']} expert {p['expert']}: owner {p['owner']}")
+ranked = sorted(b["positions_by_index"], key=lambda p: p["rank"])
+check(all(a["distance"] <= c["distance"] for a, c in zip(ranked, ranked[1:])),
+      "ranks do not follow the distances")
+for L in b["per_layer"]:
+    check(sum(L["owned"]) + L["unowned"] == b["experts"], f"layer {L['layer']} counts")
+    check(L["distance"]["cross"]["n"] == 8 * 3, f"layer {L['layer']}: cross samples")
+check(b["distance"]["same"]["n"] == 3 * 32, "same-position distances: not 3 pairs x 32")
+check(i["positions_by_index"] == b["positions_by_index"], "--info reads back other positions")
+check(i["distance"]["cross"] is None, "--info reports cross-position distances")
+sys.exit(0 if ok else 1)
+PY
+if err=$("$moepager" consolidate --info "$dir/m.mpc" "$dir/v2.mpk" "$dir/v1.mpk" \
+	"$dir/v3.mpk" 2>&1 >/dev/null); then
+	echo "FAILED: a map was accepted for its models in another order"
+	fail=1
+fi
+[[ $err == *"is model 1 of the map, not 0"* ]] || { echo "FAILED: the order error: $err"; fail=1; }
+if err=$("$moepager" consolidate "$dir/v1.mpk" "$dir/short.mpk" --capacity 1 \
+	--out "$dir/s.mpc" 2>&1 >/dev/null) || [[ -e $dir/s.mpc ]]; then
+	echo "FAILED: models of two geometries were consolidated"
+	fail=1
+fi
+[[ $err == *"v1.mpk and $dir/short.mpk differ in geometry: layers 4 vs 2"* ]] ||
+	{ echo "FAILED: the geometry error: $err"; fail=1; }
+if err=$("$moepager" consolidate --info "$dir/v1.mpk" 2>&1 >/dev/null); then
+	echo "FAILED: an .mpk was read as a map"
+	fail=1
+fi
+[[ $err == *"not a moepager consolidation map"* ]] || { echo "FAILED: $err"; fail=1; }
+exit $fail
