@@ -17,7 +17,7 @@
 
 static struct mp_emap *make(uint32_t capacity, uint32_t sem_dim)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = sem_dim,
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = sem_dim,
 				    .capacity = capacity, .distance = 1 };
 	struct mp_emap *m = NULL;
 
@@ -48,7 +48,7 @@ static void sem_vec(uint32_t seed, float *sem)
 static void insert_normalises_every_layer_row(void **state)
 {
 	struct mp_emap *m = make(8, 0);
-	float map[L * J] = { 0 };
+	float map[L * J] = { 0 }, got[L * J];
 
 	(void)state;
 	for (uint32_t j = 0; j < J; j++)
@@ -58,16 +58,17 @@ static void insert_normalises_every_layer_row(void **state)
 	map[3 * J + 0] = 1.0f;
 	map[3 * J + 7] = 3.0f;
 	assert_int_equal(mp_emap_insert(m, map, NULL), 0);
+	assert_int_equal(mp_emap_record(m, 0, got, NULL), 0);
 	for (uint32_t l = 0; l < L; l++) {
-		const float *row = mp_emap_layer(m, 0, l);
 		double sum = 0;
 
 		for (uint32_t j = 0; j < J; j++)
-			sum += row[j];
+			sum += got[l * J + j];
 		assert_true(fabs(sum - (l == 2 ? 0.0 : 1.0)) < 1e-6);
 	}
-	assert_true(fabsf(mp_emap_layer(m, 0, 0)[7] - 8.0f / 36.0f) < 1e-6f);
-	assert_true(fabsf(mp_emap_layer(m, 0, 3)[7] - 0.75f) < 1e-6f);
+	assert_true(fabsf(got[0 * J + 7] - 8.0f / 36.0f) < 1e-6f);
+	assert_true(fabsf(got[3 * J + 7] - 0.75f) < 1e-6f);
+	assert_int_equal(mp_emap_record(m, 1, got, NULL), -ENOENT);
 	mp_emap_destroy(m);
 }
 
@@ -148,10 +149,12 @@ static void empty_store_has_nothing_to_find(void **state)
 
 static bool same_map(const struct mp_emap *m, uint32_t idx, const float *map)
 {
-	for (uint32_t l = 0; l < L; l++)
-		for (uint32_t j = 0; j < J; j++)
-			if (fabsf(mp_emap_layer(m, idx, l)[j] - map[l * J + j]) > 1e-6f)
-				return false;
+	float got[L * J];
+
+	assert_int_equal(mp_emap_record(m, idx, got, NULL), 0);
+	for (uint32_t i = 0; i < L * J; i++)
+		if (fabsf(got[i] - map[i]) > 1e-6f)
+			return false;
 	return true;
 }
 
@@ -212,8 +215,8 @@ static void memory_is_bounded_and_reported(void **state)
 
 static void persistence_round_trip_keeps_every_record(void **state)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8,
-				    .distance = 1 };
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = H,
+				    .capacity = 8, .distance = 1 };
 	struct mp_emap *m = make(8, H), *back = NULL;
 	struct mp_emap_stats st;
 	float map[L * J], sem[H], score;
@@ -231,9 +234,12 @@ static void persistence_round_trip_keeps_every_record(void **state)
 	assert_int_equal(st.count, 8);
 	assert_int_equal(st.inserted, 11);
 	for (uint32_t y = 0; y < 8; y++) {
-		assert_memory_equal(mp_emap_layer(back, y, 0), mp_emap_layer(m, y, 0),
-				    L * J * sizeof(float));
-		assert_memory_equal(mp_emap_sem(back, y), mp_emap_sem(m, y), H * sizeof(float));
+		float a[L * J], b[L * J], sa[H], sb[H];
+
+		assert_int_equal(mp_emap_record(back, y, a, sa), 0);
+		assert_int_equal(mp_emap_record(m, y, b, sb), 0);
+		assert_memory_equal(a, b, sizeof(a));
+		assert_memory_equal(sa, sb, sizeof(sa));
 	}
 	/* Searches over the loaded store find the same records. */
 	top2_map(10, map);
@@ -246,7 +252,8 @@ static void persistence_round_trip_keeps_every_record(void **state)
 
 static void corrupt_files_are_refused_naming_the_offset(void **state)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8 };
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = H,
+				    .capacity = 8 };
 	struct mp_emap_config other = c;
 	struct mp_emap *m = make(8, H), *back = NULL;
 	float map[L * J], sem[H];
@@ -321,7 +328,7 @@ static void predict_layer_learns_the_layer_transition(void **state)
 	map[2 * J + 6] = 1.0f;
 	assert_int_equal(mp_emap_insert(m, map, ctx), 4);
 
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 2 * J, 2, use), 0);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 2 * J, use), 0);
 	/* Four votes of weight 0.5 each and the pseudo-record (2/8 each, weight 1): / 3. */
 	for (uint32_t j = 0; j < J; j++) {
 		double want = (0.25 + ((j == 4 || j == 5) ? 2.0 : 0.0)) / 3.0;
@@ -333,14 +340,12 @@ static void predict_layer_learns_the_layer_transition(void **state)
 	/* A context no record shares: the uniform prior k/J. */
 	const float row2[J] = { 0, 0, 1.0f };
 
-	assert_int_equal(mp_emap_predict_layer(m, 2, row2, 2 * J, 2, use), 0);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row2, 2 * J, use), 0);
 	for (uint32_t j = 0; j < J; j++)
 		assert_float_equal(use[j], 0.25, 1e-6);
 	/* Arguments out of range are refused. */
-	assert_int_equal(mp_emap_predict_layer(m, L, row01, 0, 2, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, L * J - 4, 2, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, 0, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, J + 1, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, L, row01, 0, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, 2, row01, L * J - 4, use), -EINVAL);
 	mp_emap_destroy(m);
 }
 
@@ -359,7 +364,7 @@ static void predict_traj_votes_the_nearest_records(void **state)
 		assert_true(mp_emap_insert(m, a, NULL) >= 0);
 	for (uint32_t i = 0; i < 8; i++)
 		assert_true(mp_emap_insert(m, b, NULL) >= 0);
-	assert_int_equal(mp_emap_predict_traj(m, a, 2, 3, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 2, 3, use, &score), 0);
 	assert_float_equal(score, 1.0, 1e-5);
 	/* All places go to a's exact copies (cosine 1): a's layer-3 pair gets 16 of 17 votes. */
 	for (uint32_t j = 0; j < J; j++) {
@@ -376,12 +381,12 @@ static void predict_traj_votes_the_nearest_records(void **state)
 
 	none[0 * J + 6] = 1.0f;
 	none[1 * J + 2] = 1.0f;
-	assert_int_equal(mp_emap_predict_traj(m, none, 2, 3, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, none, 2, 3, use, &score), 0);
 	assert_float_equal(score, 0.0, 0);
 	for (uint32_t j = 0; j < J; j++)
 		assert_float_equal(use[j], 0.25, 1e-6);
-	assert_int_equal(mp_emap_predict_traj(m, a, 0, 3, 2, use, &score), -EINVAL);
-	assert_int_equal(mp_emap_predict_traj(m, a, 2, L, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 0, 3, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 2, L, use, &score), -EINVAL);
 	mp_emap_destroy(m);
 }
 
@@ -401,7 +406,7 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	for (uint32_t i = 0; i < 3; i++)
 		assert_true(mp_emap_insert(m, a, sa) >= 0);
 	assert_true(mp_emap_insert(m, b, sb) >= 0);
-	assert_int_equal(mp_emap_predict_sem(m, sb, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_sem(m, sb, use, &score), 0);
 	assert_float_equal(score, 1.0, 1e-6);
 	/* b's one record (cosine 1) against the prior: (k/J + 1) / 2 on b's pair of every layer. */
 	for (uint32_t l = 0; l < L; l++) {
@@ -419,7 +424,7 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	float mid[H] = { 1.0f, 1.0f, 0, 0, 0 };
 	double c = 1.0 / sqrt(2.0);
 
-	assert_int_equal(mp_emap_predict_sem(m, mid, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_sem(m, mid, use, &score), 0);
 	assert_float_equal(score, c, 1e-6);
 	for (uint32_t j = 0; j < J; j++) {
 		double votes = (a[0 * J + j] > 0 ? 3 * c : 0) + (b[0 * J + j] > 0 ? c : 0);
@@ -429,16 +434,92 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	/* A vector nothing shares: the prior everywhere, score 0. */
 	float other[H] = { 0, 0, 3.0f, 0, 0 };
 
-	assert_int_equal(mp_emap_predict_sem(m, other, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_sem(m, other, use, &score), 0);
 	assert_float_equal(score, 0.0, 0);
 	for (uint32_t i = 0; i < L * J; i++)
 		assert_float_equal(use[i], 0.25, 1e-6);
-	assert_int_equal(mp_emap_predict_sem(m, NULL, 2, use, &score), -EINVAL);
-	assert_int_equal(mp_emap_predict_sem(m, sa, 0, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, use, &score), -EINVAL);
 	mp_emap_destroy(m);
 	/* A store without semantic vectors has nothing to search them by. */
 	m = make(8, 0);
-	assert_int_equal(mp_emap_predict_sem(m, sa, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_sem(m, sa, use, &score), -EINVAL);
+	mp_emap_destroy(m);
+}
+
+static void a_topk_outside_the_experts_is_refused(void **state)
+{
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 0, .capacity = 4 };
+	struct mp_emap *m = NULL;
+
+	(void)state;
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_emap_create(&c, &m), -EINVAL);
+	assert_true(t_log_contains("topk 0"));
+	c.topk = J + 1;
+	assert_int_equal(mp_emap_create(&c, &m), -EINVAL);
+	assert_null(m);
+}
+
+/* A dense map of pseudo-random gate values (every expert non-zero, as a full softmax). */
+static void dense_map(uint32_t *seed, float *map)
+{
+	for (uint32_t i = 0; i < L * J; i++) {
+		*seed = *seed * 1103515245u + 12345u;
+		map[i] = (float)((*seed >> 8) % 1000 + 1);
+	}
+}
+
+/* The query's search and a search from scratch give the same bits. */
+static void same_prediction(struct mp_emap *m, struct mp_emap_query *q, const float *traj,
+			    uint32_t prefix)
+{
+	float a[J], b[J], sa, sb;
+
+	assert_int_equal(mp_emap_predict_traj(m, q, traj, prefix, L - 1, a, &sa), 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, traj, prefix, L - 1, b, &sb), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_memory_equal(&sa, &sb, sizeof(sa));
+}
+
+/*
+ * A query adds only the layers gated since its last search, yet finds what a
+ * search from scratch finds: as the prefix grows, when records are replaced
+ * under it (another request's maps), when a layer is gated again, and when
+ * it moves to another store.
+ */
+static void a_query_finds_what_a_search_from_scratch_finds(void **state)
+{
+	struct mp_emap *m = make(8, 0), *other = make(8, 0);
+	struct mp_emap_query q = { 0 };
+	float traj[L * J] = { 0 }, full[L * J], map[L * J];
+	uint32_t seed = 7;
+
+	(void)state;
+	for (uint32_t i = 0; i < 8; i++) {
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(m, map, NULL) >= 0);
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(other, map, NULL) >= 0);
+	}
+	dense_map(&seed, full);
+	for (uint32_t l = 0; l + 1 < L; l++) {
+		memcpy(traj + l * J, full + l * J, J * sizeof(float));
+		same_prediction(m, &q, traj, l + 1);
+		/* A full store replaces a record: the query recomputes that one. */
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(m, map, NULL) >= 0);
+	}
+	same_prediction(m, &q, traj, L - 1);
+	/* Layer 0 gated again with other values: the prefix did not grow, start over. */
+	traj[0] = traj[1] * 3;
+	same_prediction(m, &q, traj, 1);
+	same_prediction(m, &q, traj, 2);
+	same_prediction(other, &q, traj, 3);
+	mp_emap_query_reset(&q);
+	same_prediction(other, &q, traj, 3);
+	mp_emap_query_fini(&q);
+	mp_emap_destroy(other);
 	mp_emap_destroy(m);
 }
 
@@ -457,6 +538,8 @@ int main(void)
 		cmocka_unit_test(predict_layer_learns_the_layer_transition),
 		cmocka_unit_test(predict_traj_votes_the_nearest_records),
 		cmocka_unit_test(predict_sem_votes_the_nearest_records_for_every_layer),
+		cmocka_unit_test(a_topk_outside_the_experts_is_refused),
+		cmocka_unit_test(a_query_finds_what_a_search_from_scratch_finds),
 	};
 	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
 

@@ -37,19 +37,36 @@ struct emap_header {
 
 _Static_assert(sizeof(struct emap_header) == 64, "expert-map header is 64 bytes");
 
+/*
+ * Records are stored by columns: value i of every record is one contiguous
+ * run (maps[i][y]), so scoring a query against the whole store is, for each
+ * of the query's non-zero values, one multiply-add into every record's dot
+ * product: independent across records (the compiler vectorises it) and, for
+ * each record, in the order a row-by-row dot product would add its terms.
+ */
 struct mp_emap {
 	struct mp_emap_config cfg;
 	uint32_t lj;		/* floats of one map */
+	uint32_t cap;
 	uint32_t count;
-	float *maps;		/* [capacity][lj] */
-	float *sem;		/* [capacity][sem_dim] */
-	float *sem_norm;	/* [capacity] */
-	float *prefix_sq;	/* [capacity][layers]: sum of squares of layers 0..l */
-	float *scratch;		/* [capacity] RDY scores */
+	uint64_t id;		/* unique among stores: a query of another store starts over */
+	float *maps;		/* [lj][cap] */
+	float *sem;		/* [sem_dim][cap] */
+	float *sem_norm;	/* [cap] */
+	float *prefix_sq;	/* [layers][cap]: a record's sum of squares of layers 0..l */
+	uint16_t *top;		/* [cap][layers][topk]: each row's top-k, in vote order */
+	uint32_t *gen;		/* [cap]: changes with every write of the record */
+	uint32_t writes;
+	float *row;		/* [lj] scratch: a normalised map */
+	double *dot;		/* [cap] scratch */
+	double *dot2;		/* [cap] scratch */
 	uint64_t inserted;
 	uint64_t replaced;
 	uint64_t searches;
 };
+
+/* Marks the end of a row's top-k when fewer than k of its experts ran. */
+#define NO_EXPERT UINT16_MAX
 
 float mp_cosine(const float *a, const float *b, uint32_t n)
 {
@@ -73,6 +90,9 @@ static int check_config(const struct mp_emap_config *c)
 	if (!c->experts || c->experts > MP_MAX_EXPERTS)
 		return mp_err(-EINVAL, "expert map: experts %u out of range 1..%u", c->experts,
 			      MP_MAX_EXPERTS);
+	if (!c->topk || c->topk > MP_MAX_TOPK || c->topk > c->experts)
+		return mp_err(-EINVAL, "expert map: topk %u out of range 1..%u", c->topk,
+			      MP_MIN(MP_MAX_TOPK, c->experts));
 	if (c->sem_dim > MP_EMAP_MAX_SEM)
 		return mp_err(-EINVAL, "expert map: sem_dim %u above %u", c->sem_dim, MP_EMAP_MAX_SEM);
 	if (c->capacity > EMAP_MAX_CAPACITY)
@@ -84,8 +104,18 @@ static int check_config(const struct mp_emap_config *c)
 	return 0;
 }
 
+static uint64_t arrays_bytes(const struct mp_emap *m)
+{
+	uint64_t cap = m->cap, sem = m->cfg.sem_dim ? m->cfg.sem_dim : 1;
+
+	return cap * ((m->lj + sem + 1 + m->cfg.layers) * sizeof(float) +
+		      (uint64_t)m->cfg.layers * m->cfg.topk * sizeof(uint16_t) +
+		      sizeof(uint32_t) + 2 * sizeof(double)) + m->lj * sizeof(float);
+}
+
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 {
+	static _Atomic uint64_t stores;
 	struct mp_emap *m;
 	size_t cap;
 	int err;
@@ -101,14 +131,21 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	m->cfg = *cfg;
 	if (!m->cfg.capacity)
 		m->cfg.capacity = EMAP_DEFAULT_CAPACITY;
-	cap = m->cfg.capacity;
+	m->cap = m->cfg.capacity;
+	m->id = ++stores;
+	cap = m->cap;
 	m->lj = cfg->layers * cfg->experts;
 	m->maps = calloc(cap * m->lj, sizeof(float));
 	m->sem = calloc(cap * (cfg->sem_dim ? cfg->sem_dim : 1), sizeof(float));
 	m->sem_norm = calloc(cap, sizeof(float));
 	m->prefix_sq = calloc(cap * cfg->layers, sizeof(float));
-	m->scratch = calloc(cap, sizeof(float));
-	if (!m->maps || !m->sem || !m->sem_norm || !m->prefix_sq || !m->scratch) {
+	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
+	m->gen = calloc(cap, sizeof(uint32_t));
+	m->row = calloc(m->lj, sizeof(float));
+	m->dot = calloc(cap, sizeof(double));
+	m->dot2 = calloc(cap, sizeof(double));
+	if (!m->maps || !m->sem || !m->sem_norm || !m->prefix_sq || !m->top || !m->gen ||
+	    !m->row || !m->dot || !m->dot2) {
 		mp_emap_destroy(m);
 		return mp_err(-ENOMEM, "expert map: no memory for %zu records", cap);
 	}
@@ -124,7 +161,11 @@ void mp_emap_destroy(struct mp_emap *m)
 	free(m->sem);
 	free(m->sem_norm);
 	free(m->prefix_sq);
-	free(m->scratch);
+	free(m->top);
+	free(m->gen);
+	free(m->row);
+	free(m->dot);
+	free(m->dot2);
 	free(m);
 }
 
@@ -135,35 +176,62 @@ const struct mp_emap_config *mp_emap_config(const struct mp_emap *m)
 
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 {
-	size_t cap = m->cfg.capacity;
-
 	out->count = m->count;
 	out->capacity = m->cfg.capacity;
 	out->inserted = m->inserted;
 	out->replaced = m->replaced;
 	out->searches = m->searches;
-	out->bytes = sizeof(*m) + cap * sizeof(float) *
-		     ((uint64_t)m->lj + (m->cfg.sem_dim ? m->cfg.sem_dim : 1) + 2 + m->cfg.layers);
+	out->bytes = sizeof(*m) + arrays_bytes(m);
 }
 
-/* Recomputes the derived norms of record y after its data changed. */
-static void index_record(struct mp_emap *m, uint32_t y)
+/* The k largest positive values of row, largest first (ties: lower j), NO_EXPERT after. */
+static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
 {
-	const float *map = m->maps + (size_t)y * m->lj;
-	float *pre = m->prefix_sq + (size_t)y * m->cfg.layers;
+	for (uint32_t i = 0; i < k; i++) {
+		uint32_t best = J;
+
+		for (uint32_t j = 0; j < J; j++) {
+			bool used = false;
+
+			for (uint32_t t = 0; t < i; t++)
+				used |= ids[t] == j;
+			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
+				best = j;
+		}
+		ids[i] = best == J ? NO_EXPERT : (uint16_t)best;
+		if (best == J)
+			return;		/* fewer than k experts ran (an all-zero row) */
+	}
+}
+
+/*
+ * Writes record y from a normalised row-major map and its semantic vector
+ * (NULL: zeros), with everything derived from them: norms, top-k, a new
+ * generation.
+ */
+static void put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
+{
+	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
 	double acc = 0, s = 0;
 
-	for (uint32_t l = 0; l < m->cfg.layers; l++) {
-		for (uint32_t j = 0; j < m->cfg.experts; j++)
-			acc += (double)map[l * m->cfg.experts + j] * map[l * m->cfg.experts + j];
-		pre[l] = (float)acc;
+	for (uint32_t i = 0; i < m->lj; i++)
+		m->maps[(size_t)i * m->cap + y] = map[i];
+	for (uint32_t l = 0; l < L; l++) {
+		for (uint32_t j = 0; j < J; j++)
+			acc += (double)map[l * J + j] * map[l * J + j];
+		m->prefix_sq[(size_t)l * m->cap + y] = (float)acc;
+		row_topk(map + (size_t)l * J, J, K, m->top + ((size_t)y * L + l) * K);
 	}
 	for (uint32_t i = 0; i < m->cfg.sem_dim; i++) {
-		float v = m->sem[(size_t)y * m->cfg.sem_dim + i];
+		float v = sem ? sem[i] : 0.0f;
 
+		m->sem[(size_t)i * m->cap + y] = v;
 		s += (double)v * v;
 	}
 	m->sem_norm[y] = (float)sqrt(s);
+	if (!++m->writes)
+		m->writes = 1;		/* never 0: a query's "none" */
+	m->gen[y] = m->writes;
 }
 
 /* Copies map into dst with every layer row scaled to sum to 1. */
@@ -186,33 +254,6 @@ static int normalise_map(const struct mp_emap *m, const float *map, float *dst)
 	return 0;
 }
 
-/* Dot products of vector v (n floats, stride) against every record's first n floats. */
-static float cos_prefix(const struct mp_emap *m, uint32_t y, const float *v, double vsq,
-			uint32_t layers)
-{
-	const float *map = m->maps + (size_t)y * m->lj;
-	uint32_t n = layers * m->cfg.experts;
-	double dot = 0, ysq = m->prefix_sq[(size_t)y * m->cfg.layers + layers - 1];
-
-	if (vsq <= 0 || ysq <= 0)
-		return 0.0f;
-	for (uint32_t i = 0; i < n; i++)
-		dot += (double)v[i] * map[i];
-	return (float)(dot / sqrt(vsq * ysq));
-}
-
-static float cos_sem(const struct mp_emap *m, uint32_t y, const float *v, double vnorm)
-{
-	const float *s = m->sem + (size_t)y * m->cfg.sem_dim;
-	double dot = 0;
-
-	if (vnorm <= 0 || m->sem_norm[y] <= 0)
-		return 0.0f;
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
-		dot += (double)v[i] * s[i];
-	return (float)(dot / (vnorm * m->sem_norm[y]));
-}
-
 static double sumsq(const float *v, uint32_t n)
 {
 	double s = 0;
@@ -222,61 +263,97 @@ static double sumsq(const float *v, uint32_t n)
 	return s;
 }
 
+/* acc[y] += a * col[y] for every record y < n: the next term of each record's dot product. */
+static void fold(double *restrict acc, double a, const float *restrict col, uint32_t n)
+{
+	for (uint32_t y = 0; y < n; y++)
+		acc[y] += a * col[y];
+}
+
+/*
+ * Adds v[0..n) . (values 0..n of the columns cols) into every record's acc,
+ * term by term in index order. A zero term is skipped: adding +-0 leaves a
+ * sum that is never -0 unchanged, so the sums are those of a plain loop.
+ */
+static void fold_vec(const struct mp_emap *m, double *acc, const float *v, uint32_t n,
+		     const float *cols)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (v[i] != 0)
+			fold(acc, v[i], cols + (size_t)i * m->cap, m->count);
+}
+
+/* Every record's dot product with v over columns cols, into acc. */
+static void dots(const struct mp_emap *m, double *acc, const float *v, uint32_t n,
+		 const float *cols)
+{
+	memset(acc, 0, m->count * sizeof(*acc));
+	fold_vec(m, acc, v, n, cols);
+}
+
+/* Cosine of a trajectory prefix of squared norm vsq with record y's first `layers` layers. */
+static float cos_prefix(const struct mp_emap *m, uint32_t y, double dot, double vsq,
+			uint32_t layers)
+{
+	double ysq = m->prefix_sq[(size_t)(layers - 1) * m->cap + y];
+
+	if (vsq <= 0 || ysq <= 0)
+		return 0.0f;
+	return (float)(dot / sqrt(vsq * ysq));
+}
+
+static float cos_sem(const struct mp_emap *m, uint32_t y, double dot, double vnorm)
+{
+	if (vnorm <= 0 || m->sem_norm[y] <= 0)
+		return 0.0f;
+	return (float)(dot / (vnorm * m->sem_norm[y]));
+}
+
+/* The record whose RDY against the new map norm (and sem) is highest: FineMoE's victim. */
+static uint32_t most_redundant(struct mp_emap *m, const float *norm, const float *sem)
+{
+	const uint32_t L = m->cfg.layers, d = m->cfg.distance;
+	double nsq = sumsq(norm, m->lj), snorm = sem ? sqrt(sumsq(sem, m->cfg.sem_dim)) : 0;
+	float best = -INFINITY;
+	uint32_t y = 0;
+
+	dots(m, m->dot, norm, m->lj, m->maps);
+	if (m->cfg.sem_dim && snorm > 0)
+		dots(m, m->dot2, sem, m->cfg.sem_dim, m->sem);
+	for (uint32_t i = 0; i < m->count; i++) {
+		float traj = cos_prefix(m, i, m->dot[i], nsq, L);
+		float s = !m->cfg.sem_dim ? traj : snorm > 0 ? cos_sem(m, i, m->dot2[i], snorm) : 0;
+		/* Without semantic vectors both terms are the trajectory's. */
+		float rdy = ((float)d / L) * s + ((float)(L - d) / L) * traj;
+
+		if (rdy > best) {
+			best = rdy;
+			y = i;
+		}
+	}
+	return y;
+}
+
 int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem)
 {
-	float *tmp;
 	uint32_t y;
 	int err;
 
 	if (!m || !map)
 		return mp_err(-EINVAL, "expert map: insert without a map");
-	tmp = m->maps + (size_t)(m->count < m->cfg.capacity ? m->count : 0) * m->lj;
-	/* Normalise into a scratch copy first when full: the victim is not known yet. */
-	if (m->count == m->cfg.capacity) {
-		const uint32_t L = m->cfg.layers, d = m->cfg.distance;
-		float *norm = malloc(m->lj * sizeof(float));
-		double nsq, snorm;
-		float best = -INFINITY;
-
-		if (!norm)
-			return -ENOMEM;
-		err = normalise_map(m, map, norm);
-		if (err) {
-			free(norm);
-			return err;
-		}
-		nsq = sumsq(norm, m->lj);
-		snorm = sem ? sqrt(sumsq(sem, m->cfg.sem_dim)) : 0;
-		y = 0;
-		for (uint32_t i = 0; i < m->count; i++) {
-			float traj = cos_prefix(m, i, norm, nsq, L);
-			float s = m->cfg.sem_dim ? cos_sem(m, i, sem ? sem : norm, snorm) : traj;
-			/* Without semantic vectors both terms are the trajectory's. */
-			float rdy = ((float)d / L) * s + ((float)(L - d) / L) * traj;
-
-			if (rdy > best) {
-				best = rdy;
-				y = i;
-			}
-		}
-		memcpy(m->maps + (size_t)y * m->lj, norm, m->lj * sizeof(float));
-		free(norm);
+	for (uint32_t i = 0; sem && i < m->cfg.sem_dim; i++)
+		if (!isfinite(sem[i]))
+			return mp_err(-EINVAL, "expert map: semantic value %u is %g", i, sem[i]);
+	err = normalise_map(m, map, m->row);
+	if (err)
+		return err;
+	if (m->count == m->cap) {
+		y = most_redundant(m, m->row, sem);
 		m->replaced++;
 	} else {
-		err = normalise_map(m, map, tmp);
-		if (err)
-			return err;
 		y = m->count++;
 	}
-	if (m->cfg.sem_dim) {
-		float *dst = m->sem + (size_t)y * m->cfg.sem_dim;
-
-		if (sem)
-			memcpy(dst, sem, m->cfg.sem_dim * sizeof(float));
-		else
-			memset(dst, 0, m->cfg.sem_dim * sizeof(float));
-	}
-	index_record(m, y);
+	put_record(m, y, m->row, sem);
 	m->inserted++;
 	return (int)y;
 }
@@ -290,8 +367,9 @@ int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
 	if (!m->count || !m->cfg.sem_dim || !sem)
 		return -ENOENT;
 	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
+	dots(m, m->dot, sem, m->cfg.sem_dim, m->sem);
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_sem(m, y, sem, vnorm);
+		float c = cos_sem(m, y, m->dot[y], vnorm);
 
 		if (c > best) {
 			best = c;
@@ -308,6 +386,7 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 			float *score)
 {
 	float best = -INFINITY;
+	uint32_t n;
 	double vsq;
 	int arg = -ENOENT;
 
@@ -315,9 +394,11 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 		return -ENOENT;
 	if (prefix_layers > m->cfg.layers)
 		prefix_layers = m->cfg.layers;
-	vsq = sumsq(map, prefix_layers * m->cfg.experts);
+	n = prefix_layers * m->cfg.experts;
+	vsq = sumsq(map, n);
+	dots(m, m->dot, map, n, m->maps);
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_prefix(m, y, map, vsq, prefix_layers);
+		float c = cos_prefix(m, y, m->dot[y], vsq, prefix_layers);
 
 		if (c > best) {
 			best = c;
@@ -330,27 +411,13 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 	return arg;
 }
 
-/* Adds w to acc[j] for each of the k largest values of row (ties: lower j first). */
-static void add_topk(const float *row, uint32_t J, uint32_t k, double w, double *acc)
+/* Adds w to acc[j] for each of the top-k experts of record y's row of layer. */
+static void vote(const struct mp_emap *m, uint32_t y, uint32_t layer, double w, double *acc)
 {
-	uint32_t taken[MP_MAX_TOPK];
+	const uint16_t *ids = m->top + ((size_t)y * m->cfg.layers + layer) * m->cfg.topk;
 
-	for (uint32_t i = 0; i < k; i++) {
-		uint32_t best = J;
-
-		for (uint32_t j = 0; j < J; j++) {
-			bool used = false;
-
-			for (uint32_t t = 0; t < i; t++)
-				used |= taken[t] == j;
-			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
-				best = j;
-		}
-		if (best == J)
-			return;		/* fewer than k experts ran (an all-zero row) */
-		taken[i] = best;
-		acc[best] += w;
-	}
+	for (uint32_t i = 0; i < m->cfg.topk && ids[i] != NO_EXPERT; i++)
+		acc[ids[i]] += w;
 }
 
 /*
@@ -358,33 +425,33 @@ static void add_topk(const float *row, uint32_t J, uint32_t k, double w, double 
  * pseudo-record keeps every probability above zero and is all there is for
  * an empty store or a context no record shares.
  */
-static void finish_use(const double *acc, double wsum, uint32_t J, uint32_t k, float *out)
+static void finish_use(const struct mp_emap *m, const double *acc, double wsum, float *out)
 {
+	const uint32_t J = m->cfg.experts, k = m->cfg.topk;
+
 	for (uint32_t j = 0; j < J; j++)
 		out[j] = (float)(((double)k / J + acc[j]) / (1.0 + wsum));
 }
 
 int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
-			  uint32_t k, float *out)
+			  float *out)
 {
 	const uint32_t J = m->cfg.experts;
 	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
 
-	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK ||
-	    k > J || J > MP_MAX_PREDICT_EXPERTS || (uint64_t)offset + J > m->cfg.sem_dim)
+	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_dim || J > MP_MAX_PREDICT_EXPERTS ||
+	    (uint64_t)offset + J > m->cfg.sem_dim)
 		return -EINVAL;
+	dots(m, m->dot, ctx, J, m->sem + (size_t)offset * m->cap);
 	for (uint32_t y = 0; y < m->count; y++) {
-		const float *c = m->sem + (size_t)y * m->cfg.sem_dim + offset;
-		double w = 0;
+		double w = m->dot[y];
 
-		for (uint32_t j = 0; j < J; j++)
-			w += (double)ctx[j] * c[j];
 		if (!(w > 0))
 			continue;
 		wsum += w;
-		add_topk(m->maps + (size_t)y * m->lj + (size_t)layer * J, J, k, w, acc);
+		vote(m, y, layer, w, acc);
 	}
-	finish_use(acc, wsum, J, k, out);
+	finish_use(m, acc, wsum, out);
 	m->searches++;
 	return 0;
 }
@@ -414,94 +481,159 @@ static void neighbour_add(struct neighbours *nb, uint32_t y, float c)
 
 /* The neighbours' vote, weighted by their cosine, for layer `target`: finish_use() into out. */
 static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb, uint32_t target,
-			   uint32_t k, float *out)
+			   float *out)
 {
-	const uint32_t J = m->cfg.experts;
 	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
 
 	for (uint32_t i = 0; i < nb->n; i++) {
 		wsum += nb->c[i];
-		add_topk(m->maps + (size_t)nb->y[i] * m->lj + (size_t)target * J, J, k, nb->c[i],
-			 acc);
+		vote(m, nb->y[i], target, nb->c[i], acc);
 	}
-	finish_use(acc, wsum, J, k, out);
+	finish_use(m, acc, wsum, out);
 }
 
-int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
-			 uint32_t target, uint32_t k, float *out, float *score)
+/* Record y's dot product with the first n values of map, added row by row. */
+static double record_dot(const struct mp_emap *m, uint32_t y, const float *map, uint32_t n)
+{
+	double dot = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		dot += (double)map[i] * m->maps[(size_t)i * m->cap + y];
+	return dot;
+}
+
+void mp_emap_query_reset(struct mp_emap_query *q)
+{
+	q->store = 0;
+}
+
+void mp_emap_query_fini(struct mp_emap_query *q)
+{
+	free(q->dot);
+	free(q->gen);
+	memset(q, 0, sizeof(*q));
+}
+
+/*
+ * Brings q's dot products up to map's first `prefix` layers: only the rows
+ * added since the last call, plus a full product for each record written
+ * since (another request's map). A prefix that did not grow means the
+ * rows were rewritten (a new iteration, a layer gated again): start over.
+ */
+static int query_fold(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+		      uint32_t prefix)
+{
+	const uint32_t J = m->cfg.experts;
+	uint32_t from;
+
+	if (q->cap < m->cap) {
+		double *dot = realloc(q->dot, m->cap * sizeof(*dot));
+		uint32_t *gen = dot ? realloc(q->gen, m->cap * sizeof(*gen)) : NULL;
+
+		if (dot)
+			q->dot = dot;
+		if (!gen)
+			return -ENOMEM;
+		q->gen = gen;
+		q->cap = m->cap;
+		q->store = 0;
+	}
+	if (q->store != m->id || prefix <= q->layers) {
+		q->store = m->id;
+		q->layers = 0;
+		q->vsq = 0;
+		memset(q->dot, 0, m->count * sizeof(*q->dot));
+		memset(q->gen, 0, q->cap * sizeof(*q->gen));
+		memcpy(q->gen, m->gen, m->count * sizeof(*q->gen));
+	}
+	from = q->layers * J;
+	for (uint32_t i = from; i < prefix * J; i++)
+		q->vsq += (double)map[i] * map[i];
+	fold_vec(m, q->dot, map + from, prefix * J - from, m->maps + (size_t)from * m->cap);
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (q->gen[y] == m->gen[y])
+			continue;
+		q->dot[y] = record_dot(m, y, map, prefix * J);
+		q->gen[y] = m->gen[y];
+	}
+	q->layers = prefix;
+	return 0;
+}
+
+int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
 {
 	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
+	const double *dot = m->dot;
 	double vsq;
 
 	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
-	    !k || k > MP_MAX_TOPK || k > J || J > MP_MAX_PREDICT_EXPERTS)
+	    J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	vsq = sumsq(map, prefix_layers * J);
+	if (q && !query_fold(m, q, map, prefix_layers)) {
+		dot = q->dot;
+		vsq = q->vsq;
+	} else {
+		vsq = sumsq(map, prefix_layers * J);
+		dots(m, m->dot, map, prefix_layers * J, m->maps);
+	}
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_prefix(m, y, map, vsq, prefix_layers));
-	neighbour_vote(m, &nb, target, k, out);
+		neighbour_add(&nb, y, cos_prefix(m, y, dot[y], vsq, prefix_layers));
+	neighbour_vote(m, &nb, target, out);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
 }
 
-int mp_emap_predict_sem(struct mp_emap *m, const float *sem, uint32_t k, float *out,
-			float *score)
+int mp_emap_predict_sem(struct mp_emap *m, const float *sem, float *out, float *score)
 {
 	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
 	double vnorm;
 
-	if (!sem || !out || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK || k > J ||
-	    J > MP_MAX_PREDICT_EXPERTS)
+	if (!sem || !out || !m->cfg.sem_dim || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
 	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
+	dots(m, m->dot, sem, m->cfg.sem_dim, m->sem);
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_sem(m, y, sem, vnorm));
+		neighbour_add(&nb, y, cos_sem(m, y, m->dot[y], vnorm));
 	for (uint32_t l = 0; l < m->cfg.layers; l++)
-		neighbour_vote(m, &nb, l, k, out + (size_t)l * J);
+		neighbour_vote(m, &nb, l, out + (size_t)l * J);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
 }
 
-const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer)
+int mp_emap_record(const struct mp_emap *m, uint32_t idx, float *map, float *sem)
 {
-	if (idx >= m->count || layer >= m->cfg.layers)
-		return NULL;
-	return m->maps + (size_t)idx * m->lj + (size_t)layer * m->cfg.experts;
-}
-
-const float *mp_emap_sem(const struct mp_emap *m, uint32_t idx)
-{
-	if (idx >= m->count || !m->cfg.sem_dim)
-		return NULL;
-	return m->sem + (size_t)idx * m->cfg.sem_dim;
+	if (idx >= m->count)
+		return -ENOENT;
+	for (uint32_t i = 0; map && i < m->lj; i++)
+		map[i] = m->maps[(size_t)i * m->cap + idx];
+	for (uint32_t i = 0; sem && i < m->cfg.sem_dim; i++)
+		sem[i] = m->sem[(size_t)i * m->cap + idx];
+	return 0;
 }
 
 /*
  * File
  */
 
-static int payload_sum(const struct mp_emap *m, uint32_t count, uint64_t *sum)
+/* The records as the file holds them: each one's map, then its semantic vector. */
+static float *gather_records(const struct mp_emap *m, size_t *bytes)
 {
-	/* Records are hashed as written: the map, then the semantic vector, record by record. */
-	size_t rec = ((size_t)m->lj + m->cfg.sem_dim) * sizeof(float);
-	float *buf = malloc(rec * (count ? count : 1));
+	size_t rec = (size_t)m->lj + m->cfg.sem_dim;
+	float *buf = malloc(rec * sizeof(float) * (m->count ? m->count : 1));
 
 	if (!buf)
-		return mp_err(-ENOMEM, "expert map: no memory to checksum %u records", count);
-	for (uint32_t y = 0; y < count; y++) {
-		memcpy((char *)buf + y * rec, m->maps + (size_t)y * m->lj, m->lj * sizeof(float));
-		memcpy((char *)buf + y * rec + m->lj * sizeof(float),
-		       m->sem + (size_t)y * m->cfg.sem_dim, m->cfg.sem_dim * sizeof(float));
-	}
-	*sum = mp_checksum(buf, rec * count);
-	free(buf);
-	return 0;
+		return NULL;
+	for (uint32_t y = 0; y < m->count; y++)
+		mp_emap_record(m, y, buf + y * rec, buf + y * rec + m->lj);
+	*bytes = rec * sizeof(float) * m->count;
+	return buf;
 }
 
 static int write_all(int fd, const void *buf, size_t len, const char *path)
@@ -525,6 +657,8 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 {
 	struct emap_header h = { 0 };
 	char tmp[4096];
+	float *recs;
+	size_t bytes;
 	int fd, err = 0;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
@@ -538,21 +672,21 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 	h.count = m->count;
 	h.inserted = m->inserted;
 	h.replaced = m->replaced;
-	err = payload_sum(m, m->count, &h.payload_sum);
-	if (err)
-		return err;
+	recs = gather_records(m, &bytes);
+	if (!recs)
+		return mp_err(-ENOMEM, "expert map %s: no memory to write %u records", path,
+			      m->count);
+	h.payload_sum = mp_checksum(recs, bytes);
 	h.header_sum = mp_checksum(&h, offsetof(struct emap_header, header_sum));
 
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return mp_err(-errno, "expert map %s: create: %s", tmp, strerror(errno));
-	err = write_all(fd, &h, sizeof(h), tmp);
-	for (uint32_t y = 0; !err && y < m->count; y++) {
-		err = write_all(fd, m->maps + (size_t)y * m->lj, m->lj * sizeof(float), tmp);
-		if (!err && m->cfg.sem_dim)
-			err = write_all(fd, m->sem + (size_t)y * m->cfg.sem_dim,
-					m->cfg.sem_dim * sizeof(float), tmp);
+	if (fd < 0) {
+		err = mp_err(-errno, "expert map %s: create: %s", tmp, strerror(errno));
+		goto free_recs;
 	}
+	err = write_all(fd, &h, sizeof(h), tmp);
+	if (!err)
+		err = write_all(fd, recs, bytes, tmp);
 	if (!err && fsync(fd))
 		err = mp_err(-errno, "expert map %s: fsync: %s", tmp, strerror(errno));
 	close(fd);
@@ -560,6 +694,8 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 		err = mp_err(-errno, "expert map %s: rename: %s", path, strerror(errno));
 	if (err)
 		unlink(tmp);
+free_recs:
+	free(recs);
 	return err;
 }
 
@@ -652,24 +788,19 @@ int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_e
 		goto free_payload;
 	}
 	for (uint32_t y = 0; y < keep; y++) {
-		memcpy(m->maps + (size_t)y * m->lj, payload + y * rec, m->lj * sizeof(float));
-		memcpy(m->sem + (size_t)y * cfg->sem_dim, payload + y * rec + m->lj * sizeof(float),
-		       cfg->sem_dim * sizeof(float));
-	}
-	m->count = keep;
-	for (uint32_t y = 0; y < keep; y++) {
-		for (uint32_t i = 0; i < m->lj; i++) {
-			float v = m->maps[(size_t)y * m->lj + i];
+		const float *map = (const float *)(payload + y * rec);
 
-			if (!(v >= 0 && v <= 1.0001f)) {
+		for (uint32_t i = 0; i < m->lj; i++) {
+			if (!(map[i] >= 0 && map[i] <= 1.0001f)) {
 				err = mp_err(-EBADMSG, "expert map %s: offset %llu: gate value %g "
 					     "out of [0, 1]", path,
-					     (unsigned long long)(sizeof(h) + y * rec + i * 4), v);
+					     (unsigned long long)(sizeof(h) + y * rec + i * 4), map[i]);
 				goto free_payload;
 			}
 		}
-		index_record(m, y);
+		put_record(m, y, map, map + m->lj);
 	}
+	m->count = keep;
 	m->inserted = h.inserted;
 	m->replaced = h.replaced;
 	free(payload);

@@ -19,6 +19,7 @@ struct mp_emap;
 struct mp_emap_config {
 	uint32_t layers;
 	uint32_t experts;
+	uint32_t topk;		/* experts a record's row votes for (the model's top-k) */
 	uint32_t sem_dim;	/* semantic vector length; 0: none (trajectory searches only) */
 	uint32_t capacity;	/* records; 0: 1024 */
 	uint32_t distance;	/* prefetch distance d: RDY = (d/L) sem + ((L-d)/L) traj */
@@ -59,10 +60,34 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 			float *score);
 
 /*
+ * A trajectory's running similarity to every record, for
+ * mp_emap_predict_traj(): the dot products of its prefix with each record's,
+ * kept between calls so that each call adds only the layers gated since
+ * (one pass over the store per token instead of one per layer). Each record's
+ * product is recomputed when the record was written since, so a store that
+ * other requests' iterations change is followed. A zeroed struct is an empty
+ * query; one per request followed (it belongs to the request's iteration).
+ */
+struct mp_emap_query {
+	uint64_t store;		/* the store the products belong to (0: none) */
+	uint32_t cap;
+	uint32_t layers;	/* prefix layers folded in */
+	double vsq;		/* the prefix's squared norm */
+	double *dot;		/* [cap] */
+	uint32_t *gen;		/* [cap]: the record write each product belongs to */
+};
+
+/* A new trajectory: the next search starts from its first layer. */
+void mp_emap_query_reset(struct mp_emap_query *q);
+/* Frees what the query holds and empties it. */
+void mp_emap_query_fini(struct mp_emap_query *q);
+
+/*
  * Probabilities of use: for each expert of a layer, how likely it is to be
  * among the layer's top-k, estimated from several records at once rather
  * than the one best match (whose rows are zero but for the top-k). Each
- * record votes for its row's k largest experts with a weight; one uniform
+ * record votes for its row's k largest experts (k = the store's topk,
+ * computed once when the record is written) with a weight; one uniform
  * pseudo-record of weight 1 (k/J each) keeps every probability above zero
  * and is all there is for an empty store or a context no record shares.
  * Both write experts floats in [0, 1] summing to k into out and return 0,
@@ -77,7 +102,9 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
  * mp_emap_predict_traj(): the MP_EMAP_NEIGHBOURS records whose first
  * prefix_layers layers are most similar (cosine, positive only) vote for
  * layer `target`, weighted by that cosine; *score is the best cosine (0:
- * no record shares anything).
+ * no record shares anything). With a query q (may be NULL: computed from
+ * scratch) map must be the trajectory q followed so far, its rows below the
+ * last call's prefix unchanged unless the prefix does not grow.
  *
  * mp_emap_predict_sem(): the same vote by the records whose semantic vectors
  * are nearest sem, for every layer at once (out: layers x experts floats):
@@ -87,16 +114,17 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 /* Enough votes for a probability within about +-0.12 (binomial), few enough to stay local. */
 #define MP_EMAP_NEIGHBOURS	16u
 int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
-			  uint32_t k, float *out);
-int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
-			 uint32_t target, uint32_t k, float *out, float *score);
-int mp_emap_predict_sem(struct mp_emap *m, const float *sem, uint32_t k, float *out,
-			float *score);
+			  float *out);
+int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			 uint32_t prefix_layers, uint32_t target, float *out, float *score);
+int mp_emap_predict_sem(struct mp_emap *m, const float *sem, float *out, float *score);
 
-/* Layer `layer` of record `idx` (experts floats summing to 1 or 0), or NULL. */
-const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer);
-/* The semantic vector of record idx, or NULL. */
-const float *mp_emap_sem(const struct mp_emap *m, uint32_t idx);
+/*
+ * Copies record idx's map (layers x experts floats, rows summing to 1 or 0)
+ * and semantic vector (sem_dim floats) to map and sem (either may be NULL).
+ * Returns 0 or -ENOENT.
+ */
+int mp_emap_record(const struct mp_emap *m, uint32_t idx, float *map, float *sem);
 
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out);
 const struct mp_emap_config *mp_emap_config(const struct mp_emap *m);

@@ -18,11 +18,17 @@ struct finemoe {
 	float *sem_use;		/* [layers][experts]: the semantic vote (with sem_dim) */
 };
 
+/* A request's own state: its trajectory's running similarity to the store's records. */
+struct finemoe_req {
+	struct mp_emap_query traj;
+};
+
 static int finemoe_init(struct mp_prefetch *pf)
 {
 	struct mp_emap_config c = {
 		.layers = pf->env.layers,
 		.experts = pf->env.experts,
+		.topk = pf->env.topk,
 		/* Without a semantic vector the previous iteration's map is the context. */
 		.sem_dim = pf->env.sem_dim ? pf->env.sem_dim : pf->env.layers * pf->env.experts,
 		.capacity = pf->env.emap_capacity,
@@ -61,8 +67,7 @@ static int next_pass(struct mp_prefetch *pf, uint32_t layer, const float *last_m
 	struct finemoe *f = pf->priv;
 	const uint32_t J = pf->env.experts;
 
-	return mp_emap_predict_layer(f->emap, layer, last_map + (size_t)layer * J, layer * J,
-				     pf->env.topk, use);
+	return mp_emap_predict_layer(f->emap, layer, last_map + (size_t)layer * J, layer * J, use);
 }
 
 /*
@@ -85,7 +90,7 @@ static void begin_semantic(struct mp_prefetch *pf)
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
-	if (mp_emap_predict_sem(f->emap, pf->it->sem, pf->env.topk, f->sem_use, &score) ||
+	if (mp_emap_predict_sem(f->emap, pf->it->sem, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
@@ -95,8 +100,10 @@ static void begin_semantic(struct mp_prefetch *pf)
 static void finemoe_begin(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
 	float use[MP_MAX_EXPERTS], score;
 
+	mp_emap_query_reset(&q->traj);
 	if (pf->env.sem_dim) {
 		begin_semantic(pf);
 		return;
@@ -116,6 +123,7 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 			 const float *spec)
 {
 	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
 	uint32_t target = layer + pf->env.distance;
 	float use[MP_MAX_EXPERTS], score;
 
@@ -128,7 +136,7 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 	if (target >= pf->env.layers)
 		return;
 	/* No record shares anything with this trajectory: nothing to go on. */
-	if (!mp_emap_predict_traj(f->emap, pf->it->traj, layer + 1, target, pf->env.topk, use,
+	if (!mp_emap_predict_traj(f->emap, &q->traj, pf->it->traj, layer + 1, target, use,
 				  &score) && score > 0)
 		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
@@ -150,6 +158,14 @@ static void finemoe_fini(struct mp_prefetch *pf)
 	free(f->sem_use);
 	free(f);
 	pf->priv = NULL;
+}
+
+static void finemoe_iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
+{
+	struct finemoe_req *q = it->priv;
+
+	(void)pf;
+	mp_emap_query_fini(&q->traj);
 }
 
 /* The policy's store (to save, load or report), or NULL for another policy. */
@@ -180,4 +196,6 @@ const struct mp_prefetch_ops mp_prefetch_finemoe = {
 	.gate = finemoe_gate,
 	.end = finemoe_end,
 	.fini = finemoe_fini,
+	.iter_size = sizeof(struct finemoe_req),
+	.iter_fini = finemoe_iter_fini,
 };
