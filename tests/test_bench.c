@@ -41,6 +41,36 @@ static off_t file_size(const char *path)
 	return stat(path, &st) ? -1 : st.st_size;
 }
 
+/*
+ * A prefetch policy's row says what its policy cost: in all, per token, and
+ * (measured runs) as a share of decode time; finemoe searches, so it costs
+ * something. Baselines have no policy.
+ */
+static void check_policy_cost(json_t *row, bool policy, bool measured)
+{
+	const char *pol = json_string_value(json_object_get(row, "policy"));
+	json_t *ms = json_object_get(row, "prefetch_policy_ms");
+	json_t *per = json_object_get(row, "prefetch_policy_ms_per_token");
+	json_t *share = json_object_get(row, "prefetch_policy_share");
+	json_int_t tokens = json_integer_value(json_object_get(row, "tokens"));
+
+	if (!policy) {
+		assert_null(ms);
+		assert_null(per);
+		assert_null(share);
+		return;
+	}
+	assert_true(json_is_real(ms) && json_is_real(per));
+	/* Both printed to 6 significant digits. */
+	assert_float_equal(json_real_value(per), json_real_value(ms) / (double)tokens,
+			   1e-5 * json_real_value(per));
+	if (!strcmp(pol, "finemoe"))
+		assert_true(json_real_value(per) > 0);
+	assert_int_equal(json_is_real(share), measured);
+	if (measured)
+		assert_true(json_real_value(share) >= 0 && json_real_value(share) < 1);
+}
+
 static void bench_runs_every_policy_and_baseline(void **state)
 {
 	char cmd[4096], model[1024], trace[1024];
@@ -92,6 +122,7 @@ static void bench_runs_every_policy_and_baseline(void **state)
 		/* The trace has its token ids: the prefetcher gets their embeddings. */
 		assert_int_equal(json_is_true(json_object_get(row, "semantic")),
 				 strcmp(pol, "pread-lru") && strcmp(pol, "mmap"));
+		check_policy_cost(row, strcmp(pol, "pread-lru") && strcmp(pol, "mmap"), true);
 	}
 	json_decref(j);
 	assert_true(file_size(t_path("out.csv")) > 100);
@@ -119,6 +150,7 @@ static void simulated_bench_needs_no_model(void **state)
 		/* gsm8k's evaluated request 1 has 78 tokens of 32 layers, top-2. */
 		assert_int_equal(json_integer_value(json_object_get(row, "expert_uses")),
 				 78 * 32 * 2);
+		check_policy_cost(row, true, false);
 	}
 	json_decref(j);
 }

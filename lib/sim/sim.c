@@ -215,6 +215,7 @@ static int route(const struct sim *s, const struct mp_replay_seg *seg, uint32_t 
 static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 {
 	const struct mp_sem_source *src = &s->cfg->sem;
+	uint64_t t0;
 	int err = 0;
 
 	if (src->dim && !s->err) {
@@ -223,7 +224,9 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 			s->err = mp_err(err, "simulate: semantic vector of request %u token %u: %s",
 					request, tok, strerror(-err));
 	}
+	t0 = mp_now_ns();
 	mp_prefetch_begin(&s->pf, request, tok, src->dim && !err ? s->sem : NULL);
+	s->res->policy_ns += mp_now_ns() - t0;
 }
 
 static void learn(struct sim *s, const struct mp_replay_seg *segs, uint32_t n)
@@ -292,6 +295,7 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 	const uint32_t *ids;
 	const float *w, *probs;
 	uint32_t keys[MP_MAX_TOPK];
+	uint64_t t0;
 	double ready;
 
 	s->hints.now = it * s->L + l;
@@ -306,7 +310,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 
 		s->pol.ops->on_route(&s->pol, &r);
 	}
+	t0 = mp_now_ns();
 	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, NULL);
+	s->res->policy_ns += mp_now_ns() - t0;
 	take_items(s, it);
 	if (l + 1 == s->L) {
 		/*
@@ -314,7 +320,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 		 * iteration's context, known now; a token's embedding only when
 		 * its step starts.
 		 */
+		t0 = mp_now_ns();
 		mp_prefetch_end(&s->pf);
+		s->res->policy_ns += mp_now_ns() - t0;
 		if (it + 1 < nsteps && !s->cfg->sem.dim) {
 			sim_begin(s, segs[steps[it + 1].seg].request, steps[it + 1].tok);
 			take_items(s, it + 1);
@@ -476,6 +484,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.pol_ok = true;
 
 	learn(&s, train, ntrain);
+	out->policy_ns = 0;	/* the evaluation's only */
 	err = s.err;
 	if (err)
 		goto out;

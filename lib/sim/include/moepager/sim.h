@@ -61,7 +61,8 @@ struct mp_sim_result {
 	uint64_t prefetch_refused;	/* not issued: the victim was needed sooner */
 	double time;			/* model time */
 	double stall;			/* of which waiting for loads */
-	MP_RESERVED(8);
+	uint64_t policy_ns;		/* real time in the prefetch policy while evaluating */
+	MP_RESERVED(7);
 };
 
 /* Returns 0, or -EINVAL (unknown policy, bad capacity or split) or -ENOMEM. */
