@@ -328,7 +328,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 		   const float *x, const float *sem)
 {
 	struct mp_prefetch *pf = &d->pf;
-	uint64_t t0 = mp_now_ns();
+	uint64_t t0 = mp_prefetch_cpu_ns();
 	struct pf_req *rq;
 
 	pthread_mutex_lock(&d->lock);
@@ -371,7 +371,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 	}
 out:
 	pthread_mutex_unlock(&d->lock);
-	atomic_fetch_add(&d->policy_ns, mp_now_ns() - t0);
+	atomic_fetch_add(&d->policy_ns, mp_prefetch_cpu_ns() - t0);
 }
 
 static void *thread_main(void *arg)

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <moepager/prefetch.h>
 
@@ -54,6 +55,14 @@ int mp_prefetch_check_names(const char *prefetch, const char *eviction)
 		return mp_err(-EINVAL, "unknown eviction policy '%s' (%s)", eviction,
 			      mp_evict_names());
 	return 0;
+}
+
+uint64_t mp_prefetch_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *it)

@@ -135,6 +135,12 @@ extern const struct mp_prefetch_ops mp_prefetch_oracle;
 struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf);
 void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m);
 
+/*
+ * The calling thread's CPU time in ns: what a policy's work costs, however
+ * busy the machine is with other work.
+ */
+uint64_t mp_prefetch_cpu_ns(void);
+
 /* The policy called name, or NULL. */
 const struct mp_prefetch_ops *mp_prefetch_find(const char *name);
 /* "none, nextlayer, ...", for messages. */

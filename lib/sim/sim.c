@@ -224,9 +224,9 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 			s->err = mp_err(err, "simulate: semantic vector of request %u token %u: %s",
 					request, tok, strerror(-err));
 	}
-	t0 = mp_now_ns();
+	t0 = mp_prefetch_cpu_ns();
 	mp_prefetch_begin(&s->pf, request, tok, src->dim && !err ? s->sem : NULL);
-	s->res->policy_ns += mp_now_ns() - t0;
+	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 }
 
 static void learn(struct sim *s, const struct mp_replay_seg *segs, uint32_t n)
@@ -310,9 +310,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 
 		s->pol.ops->on_route(&s->pol, &r);
 	}
-	t0 = mp_now_ns();
+	t0 = mp_prefetch_cpu_ns();
 	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, NULL);
-	s->res->policy_ns += mp_now_ns() - t0;
+	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 	take_items(s, it);
 	if (l + 1 == s->L) {
 		/*
@@ -320,9 +320,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 		 * iteration's context, known now; a token's embedding only when
 		 * its step starts.
 		 */
-		t0 = mp_now_ns();
+		t0 = mp_prefetch_cpu_ns();
 		mp_prefetch_end(&s->pf);
-		s->res->policy_ns += mp_now_ns() - t0;
+		s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 		if (it + 1 < nsteps && !s->cfg->sem.dim) {
 			sim_begin(s, segs[steps[it + 1].seg].request, steps[it + 1].tok);
 			take_items(s, it + 1);

@@ -61,7 +61,7 @@ struct mp_sim_result {
 	uint64_t prefetch_refused;	/* not issued: the victim was needed sooner */
 	double time;			/* model time */
 	double stall;			/* of which waiting for loads */
-	uint64_t policy_ns;		/* real time in the prefetch policy while evaluating */
+	uint64_t policy_ns;		/* CPU time in the prefetch policy while evaluating */
 	MP_RESERVED(7);
 };
 
