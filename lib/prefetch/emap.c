@@ -38,28 +38,37 @@ struct emap_header {
 _Static_assert(sizeof(struct emap_header) == 64, "expert-map header is 64 bytes");
 
 /*
- * Records are stored by columns: value i of every record is one contiguous
- * run (maps[i][y]), so scoring a query against the whole store is, for each
- * of the query's non-zero values, one multiply-add into every record's dot
- * product: independent across records (the compiler vectorises it) and, for
- * each record, in the order a row-by-row dot product would add its terms.
+ * A record's map is kept as sparse rows: of each layer, the kept values by
+ * increasing expert id, padded with expert J, a slot of the spread-out
+ * query that is always 0. Stored layer by layer, so one layer of every
+ * record is one contiguous run: a search's pass over a layer reads
+ * records x kept values, each multiplied by the query's value of that
+ * expert and added to the record's dot product in expert order, as a dense
+ * row-by-row dot product would add the same non-zero terms.
  */
+struct rows {
+	uint16_t *id;		/* [layers][cap][kept] */
+	float *val;		/* [layers][cap][kept] */
+	float *prefix_sq;	/* [layers][cap]: sum of squares of layers 0..l as kept */
+};
+
 struct mp_emap {
 	struct mp_emap_config cfg;
 	uint32_t lj;		/* floats of one map */
 	uint32_t cap;
+	uint32_t kept;		/* values a row keeps */
 	uint32_t count;
 	uint64_t id;		/* unique among stores: a query of another store starts over */
-	float *maps;		/* [lj][cap] */
-	float *sem;		/* [sem_dim][cap] */
+	struct rows maps;
+	struct rows ctx;	/* sem_is_map: the records' semantic maps */
+	float *sem;		/* otherwise: [sem_dim][cap], by columns */
 	float *sem_norm;	/* [cap] */
-	float *prefix_sq;	/* [layers][cap]: a record's sum of squares of layers 0..l */
 	uint16_t *top;		/* [cap][layers][topk]: each row's top-k, in vote order */
 	uint32_t *gen;		/* [cap]: changes with every write of the record */
 	uint32_t writes;
 	float *row;		/* [lj] scratch: a normalised map */
-	double *dot;		/* [cap] scratch */
-	double *dot2;		/* [cap] scratch */
+	float *qrow;		/* [experts + 1] scratch: a kept row spread out; qrow[J] stays 0 */
+	struct mp_emap_query tmp;	/* the searches of callers without a query */
 	uint64_t inserted;
 	uint64_t replaced;
 	uint64_t searches;
@@ -67,6 +76,7 @@ struct mp_emap {
 
 /* Marks the end of a row's top-k when fewer than k of its experts ran. */
 #define NO_EXPERT UINT16_MAX
+#define MAX_KEPT (MP_EMAP_ROW_KEEP * MP_MAX_TOPK)
 
 float mp_cosine(const float *a, const float *b, uint32_t n)
 {
@@ -95,6 +105,9 @@ static int check_config(const struct mp_emap_config *c)
 			      MP_MIN(MP_MAX_TOPK, c->experts));
 	if (c->sem_dim > MP_EMAP_MAX_SEM)
 		return mp_err(-EINVAL, "expert map: sem_dim %u above %u", c->sem_dim, MP_EMAP_MAX_SEM);
+	if (c->sem_is_map && c->sem_dim != c->layers * c->experts)
+		return mp_err(-EINVAL, "expert map: a semantic map of %u floats, not layers x "
+			      "experts (%u)", c->sem_dim, c->layers * c->experts);
 	if (c->capacity > EMAP_MAX_CAPACITY)
 		return mp_err(-EINVAL, "expert map: capacity %u above %u", c->capacity,
 			      EMAP_MAX_CAPACITY);
@@ -104,20 +117,32 @@ static int check_config(const struct mp_emap_config *c)
 	return 0;
 }
 
-static uint64_t arrays_bytes(const struct mp_emap *m)
+static int rows_alloc(struct rows *r, size_t cap, uint32_t layers, uint32_t kept)
 {
-	uint64_t cap = m->cap, sem = m->cfg.sem_dim ? m->cfg.sem_dim : 1;
+	r->id = calloc(cap * layers * kept, sizeof(*r->id));
+	r->val = calloc(cap * layers * kept, sizeof(*r->val));
+	r->prefix_sq = calloc(cap * layers, sizeof(*r->prefix_sq));
+	return r->id && r->val && r->prefix_sq ? 0 : -ENOMEM;
+}
 
-	return cap * ((m->lj + sem + 1 + m->cfg.layers) * sizeof(float) +
-		      (uint64_t)m->cfg.layers * m->cfg.topk * sizeof(uint16_t) +
-		      sizeof(uint32_t) + 2 * sizeof(double)) + m->lj * sizeof(float);
+static void rows_free(struct rows *r)
+{
+	free(r->id);
+	free(r->val);
+	free(r->prefix_sq);
+}
+
+static uint64_t rows_bytes(const struct mp_emap *m)
+{
+	return (uint64_t)m->cap * m->cfg.layers * (m->kept * (sizeof(uint16_t) + sizeof(float)) +
+						   sizeof(float));
 }
 
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 {
 	static _Atomic uint64_t stores;
 	struct mp_emap *m;
-	size_t cap;
+	size_t cap, sem;
 	int err;
 
 	if (!cfg || !out)
@@ -132,20 +157,22 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	if (!m->cfg.capacity)
 		m->cfg.capacity = EMAP_DEFAULT_CAPACITY;
 	m->cap = m->cfg.capacity;
+	m->kept = MP_MIN(cfg->experts, MP_EMAP_ROW_KEEP * cfg->topk);
 	m->id = ++stores;
 	cap = m->cap;
 	m->lj = cfg->layers * cfg->experts;
-	m->maps = calloc(cap * m->lj, sizeof(float));
-	m->sem = calloc(cap * (cfg->sem_dim ? cfg->sem_dim : 1), sizeof(float));
+	sem = cfg->sem_dim && !cfg->sem_is_map ? cfg->sem_dim : 0;
+	err = rows_alloc(&m->maps, cap, cfg->layers, m->kept);
+	if (!err && cfg->sem_is_map)
+		err = rows_alloc(&m->ctx, cap, cfg->layers, m->kept);
+	m->sem = sem ? calloc(cap * sem, sizeof(float)) : NULL;
 	m->sem_norm = calloc(cap, sizeof(float));
-	m->prefix_sq = calloc(cap * cfg->layers, sizeof(float));
 	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
 	m->gen = calloc(cap, sizeof(uint32_t));
 	m->row = calloc(m->lj, sizeof(float));
-	m->dot = calloc(cap, sizeof(double));
-	m->dot2 = calloc(cap, sizeof(double));
-	if (!m->maps || !m->sem || !m->sem_norm || !m->prefix_sq || !m->top || !m->gen ||
-	    !m->row || !m->dot || !m->dot2) {
+	m->qrow = calloc(cfg->experts + 1, sizeof(float));
+	if (err || (sem && !m->sem) || !m->sem_norm || !m->top || !m->gen || !m->row ||
+	    !m->qrow) {
 		mp_emap_destroy(m);
 		return mp_err(-ENOMEM, "expert map: no memory for %zu records", cap);
 	}
@@ -157,15 +184,15 @@ void mp_emap_destroy(struct mp_emap *m)
 {
 	if (!m)
 		return;
-	free(m->maps);
+	rows_free(&m->maps);
+	rows_free(&m->ctx);
 	free(m->sem);
 	free(m->sem_norm);
-	free(m->prefix_sq);
 	free(m->top);
 	free(m->gen);
 	free(m->row);
-	free(m->dot);
-	free(m->dot2);
+	free(m->qrow);
+	mp_emap_query_fini(&m->tmp);
 	free(m);
 }
 
@@ -176,12 +203,89 @@ const struct mp_emap_config *mp_emap_config(const struct mp_emap *m)
 
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 {
+	uint64_t cap = m->cap;
+
 	out->count = m->count;
 	out->capacity = m->cfg.capacity;
 	out->inserted = m->inserted;
 	out->replaced = m->replaced;
 	out->searches = m->searches;
-	out->bytes = sizeof(*m) + arrays_bytes(m);
+	/* Records, the scratch rows and the searches' products (a query's for the store's). */
+	out->bytes = sizeof(*m) + rows_bytes(m) * (m->cfg.sem_is_map ? 2 : 1) +
+		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
+		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
+			    sizeof(uint16_t) + sizeof(uint32_t)) +
+		     (m->lj + m->cfg.experts + 1) * sizeof(float) +
+		     cap * 2 * (sizeof(double) + sizeof(uint32_t));
+}
+
+/*
+ * Keeps row's `kept` largest positive values (ties: lower index), scaled to
+ * keep the row's sum when it has more non-zero ones, and writes them by
+ * increasing index to id/val, padded with (J, 0); adds their squares to *sq
+ * in that order. A NULL row is all zeros.
+ */
+static void keep_row(const float *row, uint32_t J, uint32_t kept, uint16_t *id, float *val,
+		     double *sq)
+{
+	uint32_t best[MAX_KEPT], n = 0, nz = 0;
+	double total = 0, sum = 0, scale = 1;
+
+	/* By decreasing value: an equal value comes after the lower index already in. */
+	for (uint32_t j = 0; row && j < J; j++) {
+		float v = row[j];
+		uint32_t i;
+
+		if (!(v > 0))
+			continue;
+		nz++;
+		total += v;
+		if (n == kept && !(v > row[best[n - 1]]))
+			continue;
+		i = n < kept ? n++ : n - 1;
+		for (; i > 0 && row[best[i - 1]] < v; i--)
+			best[i] = best[i - 1];
+		best[i] = j;
+	}
+	if (nz > n) {
+		for (uint32_t i = 0; i < n; i++)
+			sum += row[best[i]];
+		scale = total / sum;
+	}
+	/* By increasing index: insertion, n is small. */
+	for (uint32_t i = 1; i < n; i++)
+		for (uint32_t t = i; t > 0 && best[t - 1] > best[t]; t--) {
+			uint32_t x = best[t];
+
+			best[t] = best[t - 1];
+			best[t - 1] = x;
+		}
+	for (uint32_t i = 0; i < kept; i++) {
+		float v = i < n ? (nz > n ? (float)(row[best[i]] * scale) : row[best[i]]) : 0.0f;
+
+		id[i] = i < n ? (uint16_t)best[i] : (uint16_t)J;
+		val[i] = v;
+		*sq += (double)v * v;
+	}
+}
+
+/* Where record y's kept row of layer l starts in r. */
+static size_t at(const struct mp_emap *m, uint32_t l, uint32_t y)
+{
+	return ((size_t)l * m->cap + y) * m->kept;
+}
+
+/* Writes record y's kept rows of map (NULL: zeros) to r; returns its whole sum of squares. */
+static double put_rows(struct mp_emap *m, struct rows *r, uint32_t y, const float *map)
+{
+	double sq = 0;
+
+	for (uint32_t l = 0; l < m->cfg.layers; l++) {
+		keep_row(map ? map + (size_t)l * m->cfg.experts : NULL, m->cfg.experts, m->kept,
+			 r->id + at(m, l, y), r->val + at(m, l, y), &sq);
+		r->prefix_sq[(size_t)l * m->cap + y] = (float)sq;
+	}
+	return sq;
 }
 
 /* The k largest positive values of row, largest first (ties: lower j), NO_EXPERT after. */
@@ -205,24 +309,21 @@ static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
 }
 
 /*
- * Writes record y from a normalised row-major map and its semantic vector
- * (NULL: zeros), with everything derived from them: norms, top-k, a new
- * generation.
+ * Writes record y from a normalised map and its semantic vector (NULL:
+ * zeros), with everything derived from them: kept rows, norms, top-k, a
+ * new generation.
  */
 static void put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
 {
 	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
-	double acc = 0, s = 0;
+	double s = 0;
 
-	for (uint32_t i = 0; i < m->lj; i++)
-		m->maps[(size_t)i * m->cap + y] = map[i];
-	for (uint32_t l = 0; l < L; l++) {
-		for (uint32_t j = 0; j < J; j++)
-			acc += (double)map[l * J + j] * map[l * J + j];
-		m->prefix_sq[(size_t)l * m->cap + y] = (float)acc;
+	put_rows(m, &m->maps, y, map);
+	for (uint32_t l = 0; l < L; l++)
 		row_topk(map + (size_t)l * J, J, K, m->top + ((size_t)y * L + l) * K);
-	}
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++) {
+	if (m->cfg.sem_is_map)
+		s = put_rows(m, &m->ctx, y, sem);
+	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++) {
 		float v = sem ? sem[i] : 0.0f;
 
 		m->sem[(size_t)i * m->cap + y] = v;
@@ -263,6 +364,94 @@ static double sumsq(const float *v, uint32_t n)
 	return s;
 }
 
+/*
+ * Kept rows
+ */
+
+/* Spreads a kept row over m->qrow (clear: sets those places back to 0). */
+static void spread(struct mp_emap *m, const uint16_t *id, const float *val, bool clear)
+{
+	for (uint32_t i = 0; i < m->kept; i++)
+		m->qrow[id[i]] = clear ? 0.0f : val[i];
+	m->qrow[m->cfg.experts] = 0.0f;
+}
+
+/* acc[y] += m->qrow . (record y's kept row of layer l in r), for every record. */
+static void fold_rows(const struct mp_emap *m, const struct rows *r, uint32_t l, double *acc)
+{
+	const uint16_t *id = r->id + at(m, l, 0);
+	const float *val = r->val + at(m, l, 0);
+	const float *q = m->qrow;
+
+	for (uint32_t y = 0; y < m->count; y++, id += m->kept, val += m->kept) {
+		double d = acc[y];
+
+		for (uint32_t i = 0; i < m->kept; i++)
+			d += (double)q[id[i]] * val[i];
+		acc[y] = d;
+	}
+}
+
+/* As fold_rows() into a fresh w[y] and, term by term as well, into acc[y]. */
+static void fold_rows_both(const struct mp_emap *m, const struct rows *r, uint32_t l, double *w,
+			   double *acc)
+{
+	const uint16_t *id = r->id + at(m, l, 0);
+	const float *val = r->val + at(m, l, 0);
+	const float *q = m->qrow;
+
+	for (uint32_t y = 0; y < m->count; y++, id += m->kept, val += m->kept) {
+		double d = 0, e = acc[y];
+
+		for (uint32_t i = 0; i < m->kept; i++) {
+			double t = (double)q[id[i]] * val[i];
+
+			d += t;
+			e += t;
+		}
+		w[y] = d;
+		acc[y] = e;
+	}
+}
+
+/* Record y's dot product with map's first `layers` layers as kept, added as fold_rows() does. */
+static double record_rows_dot(struct mp_emap *m, const struct rows *r, uint32_t y,
+			      const float *map, uint32_t layers)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+	double dot = 0, sq = 0;
+
+	for (uint32_t l = 0; l < layers; l++) {
+		const uint16_t *rid = r->id + at(m, l, y);
+		const float *rval = r->val + at(m, l, y);
+
+		keep_row(map + (size_t)l * m->cfg.experts, m->cfg.experts, m->kept, id, val, &sq);
+		spread(m, id, val, false);
+		for (uint32_t i = 0; i < m->kept; i++)
+			dot += (double)m->qrow[rid[i]] * rval[i];
+		spread(m, id, val, true);
+	}
+	return dot;
+}
+
+/* Keeps row (a map's row l), adding its squares to *sq, and folds it into every record's acc. */
+static void fold_map_row(struct mp_emap *m, const struct rows *r, const float *row, uint32_t l,
+			 double *acc, double *sq)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+
+	keep_row(row, m->cfg.experts, m->kept, id, val, sq);
+	spread(m, id, val, false);
+	fold_rows(m, r, l, acc);
+	spread(m, id, val, true);
+}
+
+/*
+ * Dense semantic vectors, by columns
+ */
+
 /* acc[y] += a * col[y] for every record y < n: the next term of each record's dot product. */
 static void fold(double *restrict acc, double a, const float *restrict col, uint32_t n)
 {
@@ -271,31 +460,179 @@ static void fold(double *restrict acc, double a, const float *restrict col, uint
 }
 
 /*
- * Adds v[0..n) . (values 0..n of the columns cols) into every record's acc,
- * term by term in index order. A zero term is skipped: adding +-0 leaves a
- * sum that is never -0 unchanged, so the sums are those of a plain loop.
+ * Every record's dot product with v (sem_dim floats), term by term in index
+ * order. A zero term is skipped: adding +-0 leaves a sum that is never -0
+ * unchanged, so the sums are those of a plain loop.
  */
-static void fold_vec(const struct mp_emap *m, double *acc, const float *v, uint32_t n,
-		     const float *cols)
-{
-	for (uint32_t i = 0; i < n; i++)
-		if (v[i] != 0)
-			fold(acc, v[i], cols + (size_t)i * m->cap, m->count);
-}
-
-/* Every record's dot product with v over columns cols, into acc. */
-static void dots(const struct mp_emap *m, double *acc, const float *v, uint32_t n,
-		 const float *cols)
+static void sem_dots(const struct mp_emap *m, double *acc, const float *v)
 {
 	memset(acc, 0, m->count * sizeof(*acc));
-	fold_vec(m, acc, v, n, cols);
+	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
+		if (v[i] != 0)
+			fold(acc, v[i], m->sem + (size_t)i * m->cap, m->count);
+}
+
+static double record_sem_dot(const struct mp_emap *m, uint32_t y, const float *v)
+{
+	double dot = 0;
+
+	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
+		dot += (double)v[i] * m->sem[(size_t)i * m->cap + y];
+	return dot;
+}
+
+/*
+ * Queries
+ */
+
+void mp_emap_query_reset(struct mp_emap_query *q)
+{
+	double *dot = q->sdot;
+	uint32_t *gen = q->sgen;
+
+	q->store = 0;
+	q->sem_store = 0;
+	/* The last iteration's rows, all of them and in order: the new semantic map's products. */
+	if (q->next_store && q->next_layers == q->next_full) {
+		q->sem_store = q->next_store;
+		q->snorm = sqrt(q->next_sq);
+		q->sdot = q->ndot;
+		q->sgen = q->ngen;
+		q->ndot = dot;
+		q->ngen = gen;
+	}
+	q->next_store = 0;
+}
+
+void mp_emap_query_fini(struct mp_emap_query *q)
+{
+	free(q->dot);
+	free(q->gen);
+	free(q->sdot);
+	free(q->sgen);
+	free(q->ndot);
+	free(q->ngen);
+	memset(q, 0, sizeof(*q));
+}
+
+/*
+ * Starts products afresh: zero for every record, each belonging to the
+ * record's current write; places past the records belong to no write (0),
+ * whatever another store or an earlier use left there.
+ */
+static void products_start(const struct mp_emap *m, const struct mp_emap_query *q, double *dot,
+			   uint32_t *gen)
+{
+	memset(dot, 0, m->count * sizeof(*dot));
+	memcpy(gen, m->gen, m->count * sizeof(*gen));
+	memset(gen + m->count, 0, (q->cap - m->count) * sizeof(*gen));
+}
+
+/* (Re)allocates one of a query's product arrays for cap records. */
+static bool grow(void **p, size_t cap, size_t size)
+{
+	void *n = realloc(*p, cap * size);
+
+	if (n)
+		*p = n;
+	return n != NULL;
+}
+
+static int query_fit(const struct mp_emap *m, struct mp_emap_query *q)
+{
+	if (q->cap >= m->cap)
+		return 0;
+	if (!grow((void **)&q->dot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->gen, m->cap, sizeof(uint32_t)) ||
+	    !grow((void **)&q->sdot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->sgen, m->cap, sizeof(uint32_t)) ||
+	    !grow((void **)&q->ndot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->ngen, m->cap, sizeof(uint32_t)))
+		return mp_err(-ENOMEM, "expert map: no memory for a query of %u records", m->cap);
+	q->cap = m->cap;
+	q->next_store = 0;
+	mp_emap_query_reset(q);
+	return 0;
+}
+
+/*
+ * Brings q's trajectory products up to map's first `prefix` layers: only
+ * the rows added since the last call, plus a whole product for each record
+ * written since. A prefix that did not grow means the rows were rewritten
+ * (a layer gated again): start over.
+ */
+static int query_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+		      uint32_t prefix)
+{
+	int err = query_fit(m, q);
+
+	if (err)
+		return err;
+	if (q->store != m->id || prefix <= q->layers) {
+		q->store = m->id;
+		q->layers = 0;
+		q->vsq = 0;
+		products_start(m, q, q->dot, q->gen);
+	}
+	for (uint32_t l = q->layers; l < prefix; l++)
+		fold_map_row(m, &m->maps, map + (size_t)l * m->cfg.experts, l, q->dot, &q->vsq);
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (q->gen[y] == m->gen[y])
+			continue;
+		q->dot[y] = record_rows_dot(m, &m->maps, y, map, prefix);
+		q->gen[y] = m->gen[y];
+	}
+	q->layers = prefix;
+	return 0;
+}
+
+/* Brings q's semantic products with sem (its iteration's vector) up to date. */
+static int query_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem)
+{
+	const bool map = m->cfg.sem_is_map;
+	int err = query_fit(m, q);
+
+	if (err)
+		return err;
+	if (q->sem_store != m->id) {
+		double sq = 0;
+
+		q->sem_store = m->id;
+		products_start(m, q, q->sdot, q->sgen);
+		if (map) {
+			for (uint32_t l = 0; l < m->cfg.layers; l++)
+				fold_map_row(m, &m->ctx, sem + (size_t)l * m->cfg.experts, l,
+					     q->sdot, &sq);
+		} else {
+			sq = sumsq(sem, m->cfg.sem_dim);
+			sem_dots(m, q->sdot, sem);
+		}
+		q->snorm = sqrt(sq);
+	}
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (q->sgen[y] == m->gen[y])
+			continue;
+		q->sdot[y] = map ? record_rows_dot(m, &m->ctx, y, sem, m->cfg.layers) :
+				   record_sem_dot(m, y, sem);
+		q->sgen[y] = m->gen[y];
+	}
+	return 0;
+}
+
+/* The query to use: the caller's, or the store's own started afresh. */
+static struct mp_emap_query *query_of(struct mp_emap *m, struct mp_emap_query *q)
+{
+	if (q)
+		return q;
+	mp_emap_query_reset(&m->tmp);
+	return &m->tmp;
 }
 
 /* Cosine of a trajectory prefix of squared norm vsq with record y's first `layers` layers. */
 static float cos_prefix(const struct mp_emap *m, uint32_t y, double dot, double vsq,
 			uint32_t layers)
 {
-	double ysq = m->prefix_sq[(size_t)(layers - 1) * m->cap + y];
+	double ysq = m->maps.prefix_sq[(size_t)(layers - 1) * m->cap + y];
 
 	if (vsq <= 0 || ysq <= 0)
 		return 0.0f;
@@ -309,32 +646,44 @@ static float cos_sem(const struct mp_emap *m, uint32_t y, double dot, double vno
 	return (float)(dot / (vnorm * m->sem_norm[y]));
 }
 
-/* The record whose RDY against the new map norm (and sem) is highest: FineMoE's victim. */
-static uint32_t most_redundant(struct mp_emap *m, const float *norm, const float *sem)
+/*
+ * The record whose RDY against the new map norm (and sem) is highest:
+ * FineMoE's victim. q's semantic products are reused when it has them.
+ */
+static int most_redundant(struct mp_emap *m, struct mp_emap_query *q, const float *norm,
+			  const float *sem, uint32_t *victim)
 {
 	const uint32_t L = m->cfg.layers, d = m->cfg.distance;
-	double nsq = sumsq(norm, m->lj), snorm = sem ? sqrt(sumsq(sem, m->cfg.sem_dim)) : 0;
+	struct mp_emap_query *t = &m->tmp;
 	float best = -INFINITY;
-	uint32_t y = 0;
+	int err;
 
-	dots(m, m->dot, norm, m->lj, m->maps);
-	if (m->cfg.sem_dim && snorm > 0)
-		dots(m, m->dot2, sem, m->cfg.sem_dim, m->sem);
+	mp_emap_query_reset(t);
+	err = query_traj(m, t, norm, L);
+	if (!err && m->cfg.sem_dim && sem) {
+		if (!q || q->sem_store != m->id)
+			q = t;
+		err = query_sem(m, q, sem);
+	}
+	if (err)
+		return err;
+	*victim = 0;
 	for (uint32_t i = 0; i < m->count; i++) {
-		float traj = cos_prefix(m, i, m->dot[i], nsq, L);
-		float s = !m->cfg.sem_dim ? traj : snorm > 0 ? cos_sem(m, i, m->dot2[i], snorm) : 0;
+		float traj = cos_prefix(m, i, t->dot[i], t->vsq, L);
+		float s = !m->cfg.sem_dim ? traj : sem ? cos_sem(m, i, q->sdot[i], q->snorm) : 0;
 		/* Without semantic vectors both terms are the trajectory's. */
 		float rdy = ((float)d / L) * s + ((float)(L - d) / L) * traj;
 
 		if (rdy > best) {
 			best = rdy;
-			y = i;
+			*victim = i;
 		}
 	}
-	return y;
+	return 0;
 }
 
-int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem)
+int mp_emap_insert(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+		   const float *sem)
 {
 	uint32_t y;
 	int err;
@@ -342,13 +691,15 @@ int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem)
 	if (!m || !map)
 		return mp_err(-EINVAL, "expert map: insert without a map");
 	for (uint32_t i = 0; sem && i < m->cfg.sem_dim; i++)
-		if (!isfinite(sem[i]))
+		if (!isfinite(sem[i]) || (m->cfg.sem_is_map && sem[i] < 0))
 			return mp_err(-EINVAL, "expert map: semantic value %u is %g", i, sem[i]);
 	err = normalise_map(m, map, m->row);
 	if (err)
 		return err;
 	if (m->count == m->cap) {
-		y = most_redundant(m, m->row, sem);
+		err = most_redundant(m, q, m->row, sem, &y);
+		if (err)
+			return err;
 		m->replaced++;
 	} else {
 		y = m->count++;
@@ -358,18 +709,19 @@ int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem)
 	return (int)y;
 }
 
-int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
+int mp_emap_search_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
+		       float *score)
 {
 	float best = -INFINITY;
-	double vnorm;
 	int arg = -ENOENT;
 
 	if (!m->count || !m->cfg.sem_dim || !sem)
 		return -ENOENT;
-	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
-	dots(m, m->dot, sem, m->cfg.sem_dim, m->sem);
+	q = query_of(m, q);
+	if (query_sem(m, q, sem))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_sem(m, y, m->dot[y], vnorm);
+		float c = cos_sem(m, y, q->sdot[y], q->snorm);
 
 		if (c > best) {
 			best = c;
@@ -385,20 +737,18 @@ int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
 int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			float *score)
 {
+	struct mp_emap_query *q = query_of(m, NULL);
 	float best = -INFINITY;
-	uint32_t n;
-	double vsq;
 	int arg = -ENOENT;
 
 	if (!m->count || !map || !prefix_layers)
 		return -ENOENT;
 	if (prefix_layers > m->cfg.layers)
 		prefix_layers = m->cfg.layers;
-	n = prefix_layers * m->cfg.experts;
-	vsq = sumsq(map, n);
-	dots(m, m->dot, map, n, m->maps);
+	if (query_traj(m, q, map, prefix_layers))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_prefix(m, y, m->dot[y], vsq, prefix_layers);
+		float c = cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers);
 
 		if (c > best) {
 			best = c;
@@ -433,23 +783,65 @@ static void finish_use(const struct mp_emap *m, const double *acc, double wsum, 
 		out[j] = (float)(((double)k / J + acc[j]) / (1.0 + wsum));
 }
 
-int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
-			  float *out)
+/*
+ * Folds ctx, row `layer` of q's iteration's map, into every record's product
+ * with the semantic map of q's next iteration, writing the row's own product
+ * with each record's row to w. Layers must come in order from 0; otherwise
+ * the products are dropped (and computed afresh when needed).
+ */
+static void fold_next(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer,
+		      const float *ctx, double *w)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+
+	double sq = 0;
+
+	if (layer == 0) {
+		q->next_store = m->id;
+		q->next_layers = 0;
+		q->next_sq = 0;
+		q->next_full = m->cfg.layers;
+		products_start(m, q, q->ndot, q->ngen);
+	}
+	if (q->next_store != m->id || q->next_layers != layer) {
+		q->next_store = 0;
+		memset(w, 0, m->count * sizeof(*w));
+		fold_map_row(m, &m->ctx, ctx, layer, w, &sq);
+		return;
+	}
+	keep_row(ctx, m->cfg.experts, m->kept, id, val, &q->next_sq);
+	spread(m, id, val, false);
+	fold_rows_both(m, &m->ctx, layer, w, q->ndot);
+	spread(m, id, val, true);
+	q->next_layers++;
+}
+
+int mp_emap_predict_layer(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer,
+			  const float *ctx, float *out)
 {
 	const uint32_t J = m->cfg.experts;
-	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
+	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0, sq = 0;
+	double *w;
 
-	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_dim || J > MP_MAX_PREDICT_EXPERTS ||
-	    (uint64_t)offset + J > m->cfg.sem_dim)
+	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_is_map || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	dots(m, m->dot, ctx, J, m->sem + (size_t)offset * m->cap);
+	if (query_fit(m, &m->tmp) || (q && query_fit(m, q)))
+		return -ENOMEM;
+	/* The store's own trajectory products make room for the row's. */
+	mp_emap_query_reset(&m->tmp);
+	w = m->tmp.dot;
+	if (q) {
+		fold_next(m, q, layer, ctx, w);
+	} else {
+		memset(w, 0, m->count * sizeof(*w));
+		fold_map_row(m, &m->ctx, ctx, layer, w, &sq);
+	}
 	for (uint32_t y = 0; y < m->count; y++) {
-		double w = m->dot[y];
-
-		if (!(w > 0))
+		if (!(w[y] > 0))
 			continue;
-		wsum += w;
-		vote(m, y, layer, w, acc);
+		wsum += w[y];
+		vote(m, y, layer, w[y], acc);
 	}
 	finish_use(m, acc, wsum, out);
 	m->searches++;
@@ -492,94 +884,19 @@ static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb,
 	finish_use(m, acc, wsum, out);
 }
 
-/* Record y's dot product with the first n values of map, added row by row. */
-static double record_dot(const struct mp_emap *m, uint32_t y, const float *map, uint32_t n)
-{
-	double dot = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		dot += (double)map[i] * m->maps[(size_t)i * m->cap + y];
-	return dot;
-}
-
-void mp_emap_query_reset(struct mp_emap_query *q)
-{
-	q->store = 0;
-}
-
-void mp_emap_query_fini(struct mp_emap_query *q)
-{
-	free(q->dot);
-	free(q->gen);
-	memset(q, 0, sizeof(*q));
-}
-
-/*
- * Brings q's dot products up to map's first `prefix` layers: only the rows
- * added since the last call, plus a full product for each record written
- * since (another request's map). A prefix that did not grow means the
- * rows were rewritten (a new iteration, a layer gated again): start over.
- */
-static int query_fold(struct mp_emap *m, struct mp_emap_query *q, const float *map,
-		      uint32_t prefix)
-{
-	const uint32_t J = m->cfg.experts;
-	uint32_t from;
-
-	if (q->cap < m->cap) {
-		double *dot = realloc(q->dot, m->cap * sizeof(*dot));
-		uint32_t *gen = dot ? realloc(q->gen, m->cap * sizeof(*gen)) : NULL;
-
-		if (dot)
-			q->dot = dot;
-		if (!gen)
-			return -ENOMEM;
-		q->gen = gen;
-		q->cap = m->cap;
-		q->store = 0;
-	}
-	if (q->store != m->id || prefix <= q->layers) {
-		q->store = m->id;
-		q->layers = 0;
-		q->vsq = 0;
-		memset(q->dot, 0, m->count * sizeof(*q->dot));
-		memset(q->gen, 0, q->cap * sizeof(*q->gen));
-		memcpy(q->gen, m->gen, m->count * sizeof(*q->gen));
-	}
-	from = q->layers * J;
-	for (uint32_t i = from; i < prefix * J; i++)
-		q->vsq += (double)map[i] * map[i];
-	fold_vec(m, q->dot, map + from, prefix * J - from, m->maps + (size_t)from * m->cap);
-	for (uint32_t y = 0; y < m->count; y++) {
-		if (q->gen[y] == m->gen[y])
-			continue;
-		q->dot[y] = record_dot(m, y, map, prefix * J);
-		q->gen[y] = m->gen[y];
-	}
-	q->layers = prefix;
-	return 0;
-}
-
 int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
 			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
 {
-	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
-	const double *dot = m->dot;
-	double vsq;
 
 	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
-	    J > MP_MAX_PREDICT_EXPERTS)
+	    m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	if (q && !query_fold(m, q, map, prefix_layers)) {
-		dot = q->dot;
-		vsq = q->vsq;
-	} else {
-		vsq = sumsq(map, prefix_layers * J);
-		dots(m, m->dot, map, prefix_layers * J, m->maps);
-	}
+	q = query_of(m, q);
+	if (query_traj(m, q, map, prefix_layers))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_prefix(m, y, dot[y], vsq, prefix_layers));
+		neighbour_add(&nb, y, cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers));
 	neighbour_vote(m, &nb, target, out);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
@@ -587,18 +904,19 @@ int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float
 	return 0;
 }
 
-int mp_emap_predict_sem(struct mp_emap *m, const float *sem, float *out, float *score)
+int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
+			float *out, float *score)
 {
 	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
-	double vnorm;
 
 	if (!sem || !out || !m->cfg.sem_dim || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
-	dots(m, m->dot, sem, m->cfg.sem_dim, m->sem);
+	q = query_of(m, q);
+	if (query_sem(m, q, sem))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_sem(m, y, m->dot[y], vnorm));
+		neighbour_add(&nb, y, cos_sem(m, y, q->sdot[y], q->snorm));
 	for (uint32_t l = 0; l < m->cfg.layers; l++)
 		neighbour_vote(m, &nb, l, out + (size_t)l * J);
 	if (score)
@@ -607,20 +925,31 @@ int mp_emap_predict_sem(struct mp_emap *m, const float *sem, float *out, float *
 	return 0;
 }
 
+/* Record y's kept rows of r, spread out into dense (layers x experts floats). */
+static void get_rows(const struct mp_emap *m, const struct rows *r, uint32_t y, float *dense)
+{
+	memset(dense, 0, m->lj * sizeof(float));
+	for (uint32_t l = 0; l < m->cfg.layers; l++) {
+		const uint16_t *id = r->id + at(m, l, y);
+		const float *val = r->val + at(m, l, y);
+
+		for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++)
+			dense[(size_t)l * m->cfg.experts + id[i]] = val[i];
+	}
+}
+
 int mp_emap_record(const struct mp_emap *m, uint32_t idx, float *map, float *sem)
 {
 	if (idx >= m->count)
 		return -ENOENT;
-	for (uint32_t i = 0; map && i < m->lj; i++)
-		map[i] = m->maps[(size_t)i * m->cap + idx];
-	for (uint32_t i = 0; sem && i < m->cfg.sem_dim; i++)
+	if (map)
+		get_rows(m, &m->maps, idx, map);
+	if (sem && m->cfg.sem_is_map)
+		get_rows(m, &m->ctx, idx, sem);
+	for (uint32_t i = 0; sem && m->sem && i < m->cfg.sem_dim; i++)
 		sem[i] = m->sem[(size_t)i * m->cap + idx];
 	return 0;
 }
-
-/*
- * File
- */
 
 /* The records as the file holds them: each one's map, then its semantic vector. */
 static float *gather_records(const struct mp_emap *m, size_t *bytes)

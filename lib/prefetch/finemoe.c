@@ -18,9 +18,9 @@ struct finemoe {
 	float *sem_use;		/* [layers][experts]: the semantic vote (with sem_dim) */
 };
 
-/* A request's own state: its trajectory's running similarity to the store's records. */
+/* A request's own state: its iteration's running similarity to the store's records. */
 struct finemoe_req {
-	struct mp_emap_query traj;
+	struct mp_emap_query query;
 };
 
 static int finemoe_init(struct mp_prefetch *pf)
@@ -31,6 +31,7 @@ static int finemoe_init(struct mp_prefetch *pf)
 		.topk = pf->env.topk,
 		/* Without a semantic vector the previous iteration's map is the context. */
 		.sem_dim = pf->env.sem_dim ? pf->env.sem_dim : pf->env.layers * pf->env.experts,
+		.sem_is_map = !pf->env.sem_dim,
 		.capacity = pf->env.emap_capacity,
 		.distance = pf->env.distance,
 	};
@@ -62,12 +63,13 @@ static int finemoe_init(struct mp_prefetch *pf)
  * row says how likely each of its experts is at the layer's next pass.
  * Returns 0 with use[] filled, or -EINVAL (geometry beyond the estimator).
  */
-static int next_pass(struct mp_prefetch *pf, uint32_t layer, const float *last_map, float *use)
+static int next_pass(struct mp_prefetch *pf, struct mp_emap_query *q, uint32_t layer,
+		     const float *last_map, float *use)
 {
 	struct finemoe *f = pf->priv;
 	const uint32_t J = pf->env.experts;
 
-	return mp_emap_predict_layer(f->emap, layer, last_map + (size_t)layer * J, layer * J, use);
+	return mp_emap_predict_layer(f->emap, q, layer, last_map + (size_t)layer * J, use);
 }
 
 /*
@@ -86,11 +88,12 @@ static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *us
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts;
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
-	if (mp_emap_predict_sem(f->emap, pf->it->sem, f->sem_use, &score) ||
+	if (mp_emap_predict_sem(f->emap, &q->query, pf->it->sem, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
@@ -103,17 +106,18 @@ static void finemoe_begin(struct mp_prefetch *pf)
 	struct finemoe_req *q = pf->it->priv;
 	float use[MP_MAX_EXPERTS], score;
 
-	mp_emap_query_reset(&q->traj);
+	mp_emap_query_reset(&q->query);
 	if (pf->env.sem_dim) {
 		begin_semantic(pf);
 		return;
 	}
 	/* Cold start (empty store) or no context yet: nothing to go on, demand only. */
-	if (!pf->it->have_context || mp_emap_search_sem(f->emap, pf->it->sem, &score) < 0)
+	if (!pf->it->have_context ||
+	    mp_emap_search_sem(f->emap, &q->query, pf->it->sem, &score) < 0)
 		return;
 	/* The closest context's score sets δ; the layer's transition, the set. */
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
-		if (next_pass(pf, l, pf->it->context, use))
+		if (next_pass(pf, NULL, l, pf->it->context, use))
 			return;
 		plan_or_hint(pf, l, use, score);
 	}
@@ -131,12 +135,12 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 	(void)k;
 	(void)spec;
 	/* The layer's next use is in the next iteration: hint how likely each expert is there. */
-	if (!pf->env.sem_dim && !next_pass(pf, layer, pf->it->traj, use))
+	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
 	if (target >= pf->env.layers)
 		return;
 	/* No record shares anything with this trajectory: nothing to go on. */
-	if (!mp_emap_predict_traj(f->emap, &q->traj, pf->it->traj, layer + 1, target, use,
+	if (!mp_emap_predict_traj(f->emap, &q->query, pf->it->traj, layer + 1, target, use,
 				  &score) && score > 0)
 		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
@@ -145,7 +149,9 @@ static void finemoe_end(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
 
-	mp_emap_insert(f->emap, pf->it->traj, pf->it->sem);
+	struct finemoe_req *q = pf->it->priv;
+
+	mp_emap_insert(f->emap, &q->query, pf->it->traj, pf->it->sem);
 }
 
 static void finemoe_fini(struct mp_prefetch *pf)
@@ -165,7 +171,7 @@ static void finemoe_iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *i
 	struct finemoe_req *q = it->priv;
 
 	(void)pf;
-	mp_emap_query_fini(&q->traj);
+	mp_emap_query_fini(&q->query);
 }
 
 /* The policy's store (to save, load or report), or NULL for another policy. */
