@@ -169,6 +169,57 @@ static void fewer_nonzero_than_k_still_gives_k(void **state)
 	assert_int_equal(out[0], 2);
 }
 
+/* p as selection ranks it: NaN and negatives are 0. */
+static float ranked(float p)
+{
+	return p > 0 ? p : 0;
+}
+
+/*
+ * The selection of 64 values with ties, zeros, a NaN and a negative, at
+ * scores from 1 (top-k) to 0 (every non-zero): always the shortest prefix,
+ * in decreasing p then increasing id, that a plain sort of all 64 gives,
+ * however far past its first few members the set reaches.
+ */
+static void selection_is_the_prefix_of_the_whole_ranking(void **state)
+{
+	enum { N = 64 };
+	float p[N];
+	uint32_t out[N], ref[N];
+
+	(void)state;
+	for (uint32_t j = 0; j < N; j++)
+		p[j] = (float)((j * 37) % 11) / 400.0f;	/* many ties, several zeros */
+	p[5] = NAN;
+	p[9] = -0.5f;
+	for (uint32_t j = 0; j < N; j++)
+		ref[j] = j;
+	/* The ranking by selection: decreasing p, then increasing id. */
+	for (uint32_t i = 0; i < N; i++)
+		for (uint32_t j = i + 1; j < N; j++) {
+			float a = ranked(p[ref[i]]), b = ranked(p[ref[j]]);
+
+			if (b > a || (b == a && ref[j] < ref[i])) {
+				uint32_t t = ref[i];
+
+				ref[i] = ref[j];
+				ref[j] = t;
+			}
+		}
+	for (float score = 1.0f; score >= -0.01f; score -= 0.05f) {
+		uint32_t m = mp_prefetch_select(p, N, 3, score, out), want = 0;
+		double sum = 0;
+
+		while (want < N && !(want >= 3 && (sum >= 1.0 - score - 1e-6 ||
+						   !(ranked(p[ref[want]]) > 0))))
+			sum += ranked(p[ref[want++]]);
+		assert_int_equal(m, want);
+		assert_memory_equal(out, ref, m * sizeof(*out));
+	}
+	/* Past the first 2k + 2 at low scores. */
+	assert_true(mp_prefetch_select(p, N, 3, 0.0f, out) > 8);
+}
+
 static void priority_is_p_over_layer_distance(void **state)
 {
 	struct mp_prefetch_env env = { .layers = 8, .experts = 4, .topk = 1 };
@@ -1012,6 +1063,7 @@ int main(void)
 		cmocka_unit_test(partial_score_stops_at_the_cumulative_threshold),
 		cmocka_unit_test(delta_one_with_rounded_sums_is_capped),
 		cmocka_unit_test(fewer_nonzero_than_k_still_gives_k),
+		cmocka_unit_test(selection_is_the_prefix_of_the_whole_ranking),
 		cmocka_unit_test(priority_is_p_over_layer_distance),
 		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
