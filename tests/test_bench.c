@@ -190,6 +190,49 @@ static void semantic_vectors_raise_finemoes_hit_rate(void **state)
 	assert_true(with > without + 0.01);
 }
 
+/* nextlayer's and none's rows of a simulated run on the trained model's windows trace. */
+static void nextlayer_against_none(bool model, json_t **j, json_t **none, json_t **next)
+{
+	char cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate %s%s%s --trace "
+		 "%s/data/traces/tiny-real/heldout-windows.csv --budget 50%% --load-cost 2 "
+		 "--policies none,nextlayer --threads 1 --json", root("MOEPAGER_BUILD_ROOT"),
+		 model ? "--model " : "", model ? root("MOEPAGER_BUILD_ROOT") : "",
+		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"));
+	*j = run_json(cmd);
+	*none = json_array_get(json_object_get(*j, "results"), 0);
+	*next = json_array_get(json_object_get(*j, "results"), 1);
+	assert_non_null(*none);
+	assert_non_null(*next);
+}
+
+/*
+ * With the model, the simulator gives nextlayer the speculative gates the
+ * model computes on the trace's tokens: its reads are mostly right and it
+ * hits more than on-demand LRU. Without the model it has nothing to go on.
+ */
+static void simulated_nextlayer_speculates_with_the_model(void **state)
+{
+	json_t *j, *none, *next;
+
+	(void)state;
+	nextlayer_against_none(true, &j, &none, &next);
+	print_message("nextlayer hit %.3f (accuracy %.3f), none %.3f\n",
+		      json_real_value(json_object_get(next, "hit_rate")),
+		      json_real_value(json_object_get(next, "prefetch_accuracy")),
+		      json_real_value(json_object_get(none, "hit_rate")));
+	assert_true(json_real_value(json_object_get(next, "prefetch_accuracy")) > 0.5);
+	assert_true(json_real_value(json_object_get(next, "hit_rate")) >
+		    json_real_value(json_object_get(none, "hit_rate")) + 0.05);
+	json_decref(j);
+	nextlayer_against_none(false, &j, &none, &next);
+	assert_float_equal(json_real_value(json_object_get(next, "hit_rate")),
+			   json_real_value(json_object_get(none, "hit_rate")), 0);
+	assert_float_equal(json_real_value(json_object_get(next, "prefetch_accuracy")), 0, 0);
+	json_decref(j);
+}
+
 static void bad_arguments_fail_with_a_message(void **state)
 {
 	char cmd[4096];
@@ -210,6 +253,7 @@ int main(void)
 		cmocka_unit_test(bench_runs_every_policy_and_baseline),
 		cmocka_unit_test(simulated_bench_needs_no_model),
 		cmocka_unit_test(semantic_vectors_raise_finemoes_hit_rate),
+		cmocka_unit_test(simulated_nextlayer_speculates_with_the_model),
 		cmocka_unit_test(bad_arguments_fail_with_a_message),
 	};
 	int ret = cmocka_run_group_tests_name("bench", tests, NULL, NULL);

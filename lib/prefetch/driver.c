@@ -68,11 +68,11 @@ struct mp_prefetcher {
 	/* The queue: single consumer; head written by producers, tail by the thread. */
 	struct pf_event *ring;
 	float *ring_probs;	/* [queue][J] */
-	float *ring_x;		/* [queue][hidden], nextlayer only */
+	float *ring_x;		/* [queue][hidden], policies that take the layer input only */
 	float *ring_sem;	/* [queue][sem.dim], with semantic vectors only */
 	float *train_sem;	/* [sem.dim]: mp_prefetcher_train()'s vector */
 	uint32_t hidden;
-	float *routers;		/* nextlayer: [L][J][hidden] router weights as f32 */
+	float *routers;		/* the same: [L][J][hidden] router weights as f32 */
 	float *spec;		/* [J] scratch: the speculative gate */
 
 	/* The source's stash between gate() and route() of one (request, token, layer). */
@@ -797,8 +797,8 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d);
 }
 
-/* nextlayer: every layer's router as f32, read once from the store. */
-static int load_routers(struct mp_prefetcher *d)
+/* For speculation: every layer's router as f32, read once from the store. */
+static int load_routers(struct mp_prefetcher *d, const char *policy)
 {
 	struct mp_store *s = mp_pager_store(d->pager);
 	size_t per = (size_t)d->J * d->hidden;
@@ -818,7 +818,7 @@ static int load_routers(struct mp_prefetcher *d)
 		snprintf(name, sizeof(name), "blk.%u.router", l);
 		t = mp_store_tensor(s, name);
 		if (!t || t->bytes != per * mp_dtype_size(t->dtype)) {
-			err = mp_err(-EINVAL, "prefetch nextlayer: %s: no %u x %u router", name,
+			err = mp_err(-EINVAL, "prefetch %s: %s: no %u x %u router", policy, name,
 				     d->J, d->hidden);
 			break;
 		}
@@ -921,11 +921,11 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 		if (!d->ring_sem || !d->train_sem)
 			goto close;
 	}
-	if (ops == &mp_prefetch_nextlayer) {
+	if (ops->layer_input) {
 		d->ring_x = calloc((size_t)q * d->hidden, sizeof(float));
 		if (!d->ring_x)
 			goto close;
-		err = load_routers(d);
+		err = load_routers(d, ops->name);
 		if (err)
 			goto close;
 	}

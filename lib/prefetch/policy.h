@@ -88,6 +88,11 @@ struct mp_prefetch_ops {
 	 */
 	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
 		     const float *spec);
+	/*
+	 * gate() uses spec: the driver reads the routers and speculates, the
+	 * simulator asks its mp_spec_source.
+	 */
+	bool layer_input;
 	/* The iteration is over: pf->it->traj is its complete map. */
 	void (*end)(struct mp_prefetch *pf);
 	void (*fini)(struct mp_prefetch *pf);

@@ -46,7 +46,8 @@ struct sim {
 	struct mp_evict_hints hints;
 	bool truth;		/* next_use comes from the trace (oracle/belady) */
 	float *sem;		/* [cfg->sem.dim]: the iteration's semantic vector */
-	int err;		/* the first semantic source error */
+	float *spec;		/* [J]: a position's speculative gate */
+	int err;		/* the first semantic or speculation source error */
 };
 
 int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_replay_seg *train,
@@ -229,6 +230,23 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 }
 
+/* The speculative gate for layer + 1 at this position, when the policy takes one. */
+static const float *speculate(struct sim *s, uint32_t request, uint32_t tok, uint32_t layer)
+{
+	const struct mp_spec_source *src = &s->cfg->spec;
+	int err;
+
+	if (!src->fn || !s->pf.ops->layer_input || layer + 1 >= s->L || s->err)
+		return NULL;
+	err = src->fn(src->arg, request, tok, layer, s->spec);
+	if (err) {
+		s->err = mp_err(err, "simulate: speculative gate of request %u token %u layer %u: "
+				"%s", request, tok, layer, strerror(-err));
+		return NULL;
+	}
+	return s->spec;
+}
+
 static void learn(struct sim *s, const struct mp_replay_seg *segs, uint32_t n)
 {
 	for (uint32_t g = 0; g < n; g++) {
@@ -295,6 +313,7 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 	const uint32_t *ids;
 	const float *w, *probs;
 	uint32_t keys[MP_MAX_TOPK];
+	const float *spec;
 	uint64_t t0;
 	double ready;
 
@@ -310,8 +329,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 
 		s->pol.ops->on_route(&s->pol, &r);
 	}
+	spec = speculate(s, seg->request, tok, l);
 	t0 = mp_prefetch_cpu_ns();
-	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, NULL);
+	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, spec);
 	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 	take_items(s, it);
 	if (l + 1 == s->L) {
@@ -394,6 +414,7 @@ static void sim_free(struct sim *s)
 	free(s->qidx);
 	free(s->hints.next_use);
 	free(s->sem);
+	free(s->spec);
 }
 
 int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *out)
@@ -450,9 +471,11 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.qidx = malloc(s.nkeys * sizeof(*s.qidx));
 	s.hints.next_use = malloc(s.nkeys * sizeof(uint64_t));
 	s.sem = cfg.sem.dim ? malloc(cfg.sem.dim * sizeof(float)) : NULL;
+	s.spec = malloc(s.J * sizeof(float));
 	err = -ENOMEM;
 	if (!train || !eval || !s.state || !s.prefetched || !s.pinned || !s.done ||
-	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem))
+	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem) ||
+	    !s.spec)
 		goto out;
 	for (uint32_t k = 0; k < s.nkeys; k++)
 		s.qidx[k] = -1;

@@ -59,6 +59,9 @@ static const char doc[] =
 	"model's) is decoded with those tokens, and with --model the prefetcher\n"
 	"gets each token's embedding as its semantic vector (finemoe's search for\n"
 	"the first d layers; --no-semantic: the previous iteration's map instead).\n"
+	"Simulated with --model, such a trace also gives nextlayer its speculative\n"
+	"gates: the model runs the trace's tokens (every expert in memory) and the\n"
+	"next layer's router reads each layer's input, as in a real run.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench --simulate --trace gsm8k.csv,humaneval.csv --budget 25%,50% \\\n"
@@ -335,8 +338,8 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 }
 
 static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
-		   const struct bench_sem *sem, uint32_t capacity, uint64_t expert_bytes,
-		   struct bench_result *r)
+		   const struct bench_sem *sem, struct bench_look *look, uint32_t capacity,
+		   uint64_t expert_bytes, struct bench_result *r)
 {
 	struct mp_sim_config c = {
 		.trace = t, .train_fraction = env.train_fraction, .capacity = capacity,
@@ -351,6 +354,8 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 
 	if (semantic)
 		c.sem = (struct mp_sem_source){ bench_sem_dim(sem), bench_sem_fn, (void *)sem };
+	if (look)
+		c.spec = (struct mp_spec_source){ bench_look_fn, look };
 
 	if (spec->baseline == BENCH_MMAP) {
 		fprintf(stderr, "moepager bench: --simulate has no model of the page cache: "
@@ -510,6 +515,7 @@ int cmd_bench(int argc, char **argv)
 	static char default_policies[] = "none,finemoe,oracle";
 	struct mp_trace *traces[MAX_LIST] = { 0 };
 	struct bench_sem *sems[MAX_LIST] = { 0 };
+	struct bench_look *looks[MAX_LIST] = { 0 };
 	struct bench_spec specs[MAX_LIST];
 	struct bench_row *rows = NULL;
 	struct mp_store *store = NULL;
@@ -567,6 +573,10 @@ int cmd_bench(int argc, char **argv)
 				goto out;
 			err = 0;
 		}
+		/* The model runs the trace's tokens only if a simulated policy asks for gates. */
+		if (env.simulate && sems[i] &&
+		    (err = bench_look_open(store, traces[i], sems[i], &env.eng, &looks[i])))
+			goto out;
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
 	if (!rows) {
@@ -598,7 +608,7 @@ int cmd_bench(int argc, char **argv)
 
 					if (env.simulate)
 						err = run_sim(&specs[p], traces[t], sems[t],
-							      cap, expert_bytes, &r);
+							      looks[t], cap, expert_bytes, &r);
 					else
 						err = bench_run_real(&env, &specs[p], store,
 								     traces[t], env.traces[t],
@@ -642,6 +652,7 @@ int cmd_bench(int argc, char **argv)
 out:
 	free(rows);
 	for (uint32_t i = 0; i < env.ntraces; i++) {
+		bench_look_close(looks[i]);
 		bench_sem_close(sems[i]);
 		mp_trace_close(traces[i]);
 	}
