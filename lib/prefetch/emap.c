@@ -39,17 +39,39 @@ _Static_assert(sizeof(struct emap_header) == 64, "expert-map header is 64 bytes"
 
 /*
  * A record's map is kept as sparse rows: of each layer, the kept values by
- * increasing expert id, padded with expert J, a slot of the spread-out
- * query that is always 0. Stored layer by layer, so one layer of every
- * record is one contiguous run: a search's pass over a layer reads
- * records x kept values, each multiplied by the query's value of that
- * expert and added to the record's dot product in expert order, as a dense
- * row-by-row dot product would add the same non-zero terms.
+ * increasing expert id, padded with expert J (a slot of a spread-out query
+ * that is always 0). Each (layer, expert) also lists the records whose kept
+ * row holds it: a search folds a query row in through the lists of its
+ * kept experts only, so it touches the records that share an expert with
+ * it, kept x kept / J values per record on average rather than all kept,
+ * and adds each record's terms in expert order, as a dense row-by-row dot
+ * product adds the same non-zero terms.
  */
+struct post {
+	uint32_t y;		/* the record */
+	uint32_t i;		/* which of its kept values */
+	float v;
+};
+
+struct list {
+	struct post *p;
+	uint32_t n, cap;
+};
+
 struct rows {
 	uint16_t *id;		/* [layers][cap][kept] */
 	float *val;		/* [layers][cap][kept] */
 	float *prefix_sq;	/* [layers][cap]: sum of squares of layers 0..l as kept */
+	struct list *lists;	/* [layers][experts] */
+	uint32_t *where;	/* [layers][cap][kept]: each kept value's place in its list */
+};
+
+/* A map's kept rows before they are written. */
+struct kept_map {
+	uint16_t *id;		/* [layers][kept] */
+	float *val;
+	float *prefix_sq;	/* [layers] */
+	double sq;
 };
 
 struct mp_emap {
@@ -63,11 +85,12 @@ struct mp_emap {
 	struct rows ctx;	/* sem_is_map: the records' semantic maps */
 	float *sem;		/* otherwise: [sem_dim][cap], by columns */
 	float *sem_norm;	/* [cap] */
-	uint16_t *top;		/* [cap][layers][topk]: each row's top-k, in vote order */
+	uint16_t *top;		/* [layers][cap][topk]: each row's top-k, in vote order */
 	uint32_t *gen;		/* [cap]: changes with every write of the record */
 	uint32_t writes;
 	float *row;		/* [lj] scratch: a normalised map */
 	float *qrow;		/* [experts + 1] scratch: a kept row spread out; qrow[J] stays 0 */
+	struct kept_map kmap, kctx;	/* a record being written */
 	struct mp_emap_query tmp;	/* the searches of callers without a query */
 	uint64_t inserted;
 	uint64_t replaced;
@@ -117,25 +140,37 @@ static int check_config(const struct mp_emap_config *c)
 	return 0;
 }
 
-static int rows_alloc(struct rows *r, size_t cap, uint32_t layers, uint32_t kept)
+static int rows_alloc(struct rows *r, size_t cap, uint32_t layers, uint32_t experts,
+		      uint32_t kept)
 {
 	r->id = calloc(cap * layers * kept, sizeof(*r->id));
 	r->val = calloc(cap * layers * kept, sizeof(*r->val));
 	r->prefix_sq = calloc(cap * layers, sizeof(*r->prefix_sq));
-	return r->id && r->val && r->prefix_sq ? 0 : -ENOMEM;
+	r->lists = calloc((size_t)layers * experts, sizeof(*r->lists));
+	r->where = calloc(cap * layers * kept, sizeof(*r->where));
+	return r->id && r->val && r->prefix_sq && r->lists && r->where ? 0 : -ENOMEM;
 }
 
-static void rows_free(struct rows *r)
+static void rows_free(struct rows *r, uint32_t nlists)
 {
+	for (uint32_t i = 0; r->lists && i < nlists; i++)
+		free(r->lists[i].p);
+	free(r->lists);
+	free(r->where);
 	free(r->id);
 	free(r->val);
 	free(r->prefix_sq);
 }
 
-static uint64_t rows_bytes(const struct mp_emap *m)
+static uint64_t rows_bytes(const struct mp_emap *m, const struct rows *r)
 {
-	return (uint64_t)m->cap * m->cfg.layers * (m->kept * (sizeof(uint16_t) + sizeof(float)) +
-						   sizeof(float));
+	uint64_t b = (uint64_t)m->cap * m->cfg.layers *
+		     (m->kept * (sizeof(uint16_t) + sizeof(float) + sizeof(uint32_t)) +
+		      sizeof(float)) + (uint64_t)m->lj * sizeof(struct list);
+
+	for (uint32_t i = 0; r->lists && i < m->lj; i++)
+		b += (uint64_t)r->lists[i].cap * sizeof(struct post);
+	return b;
 }
 
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
@@ -162,15 +197,24 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	cap = m->cap;
 	m->lj = cfg->layers * cfg->experts;
 	sem = cfg->sem_dim && !cfg->sem_is_map ? cfg->sem_dim : 0;
-	err = rows_alloc(&m->maps, cap, cfg->layers, m->kept);
+	err = rows_alloc(&m->maps, cap, cfg->layers, cfg->experts, m->kept);
 	if (!err && cfg->sem_is_map)
-		err = rows_alloc(&m->ctx, cap, cfg->layers, m->kept);
+		err = rows_alloc(&m->ctx, cap, cfg->layers, cfg->experts, m->kept);
 	m->sem = sem ? calloc(cap * sem, sizeof(float)) : NULL;
 	m->sem_norm = calloc(cap, sizeof(float));
 	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
 	m->gen = calloc(cap, sizeof(uint32_t));
 	m->row = calloc(m->lj, sizeof(float));
 	m->qrow = calloc(cfg->experts + 1, sizeof(float));
+	for (uint32_t i = 0; i < 2; i++) {
+		struct kept_map *k = i ? &m->kctx : &m->kmap;
+
+		k->id = calloc((size_t)cfg->layers * m->kept, sizeof(*k->id));
+		k->val = calloc((size_t)cfg->layers * m->kept, sizeof(*k->val));
+		k->prefix_sq = calloc(cfg->layers, sizeof(*k->prefix_sq));
+		if (!k->id || !k->val || !k->prefix_sq)
+			err = -ENOMEM;
+	}
 	if (err || (sem && !m->sem) || !m->sem_norm || !m->top || !m->gen || !m->row ||
 	    !m->qrow) {
 		mp_emap_destroy(m);
@@ -184,14 +228,21 @@ void mp_emap_destroy(struct mp_emap *m)
 {
 	if (!m)
 		return;
-	rows_free(&m->maps);
-	rows_free(&m->ctx);
+	rows_free(&m->maps, m->lj);
+	rows_free(&m->ctx, m->lj);
 	free(m->sem);
 	free(m->sem_norm);
 	free(m->top);
 	free(m->gen);
 	free(m->row);
 	free(m->qrow);
+	for (uint32_t i = 0; i < 2; i++) {
+		struct kept_map *k = i ? &m->kctx : &m->kmap;
+
+		free(k->id);
+		free(k->val);
+		free(k->prefix_sq);
+	}
 	mp_emap_query_fini(&m->tmp);
 	free(m);
 }
@@ -211,7 +262,8 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 	out->replaced = m->replaced;
 	out->searches = m->searches;
 	/* Records, the scratch rows and the searches' products (a query's for the store's). */
-	out->bytes = sizeof(*m) + rows_bytes(m) * (m->cfg.sem_is_map ? 2 : 1) +
+	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
+		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
 		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
 		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
 			    sizeof(uint16_t) + sizeof(uint32_t)) +
@@ -275,17 +327,86 @@ static size_t at(const struct mp_emap *m, uint32_t l, uint32_t y)
 	return ((size_t)l * m->cap + y) * m->kept;
 }
 
-/* Writes record y's kept rows of map (NULL: zeros) to r; returns its whole sum of squares. */
-static double put_rows(struct mp_emap *m, struct rows *r, uint32_t y, const float *map)
+/* Room for one more entry in each list row (a kept row of layer l) will join. */
+static int lists_reserve(struct mp_emap *m, struct rows *r, uint32_t l, const uint16_t *id)
 {
-	double sq = 0;
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		uint32_t cap = li->cap ? 2 * li->cap : 8;
+		struct post *p;
 
-	for (uint32_t l = 0; l < m->cfg.layers; l++) {
-		keep_row(map ? map + (size_t)l * m->cfg.experts : NULL, m->cfg.experts, m->kept,
-			 r->id + at(m, l, y), r->val + at(m, l, y), &sq);
-		r->prefix_sq[(size_t)l * m->cap + y] = (float)sq;
+		if (li->n < li->cap)
+			continue;
+		p = realloc(li->p, MP_MIN(cap, m->cap) * sizeof(*p));
+		if (!p)
+			return mp_err(-ENOMEM, "expert map: no memory for layer %u expert %u's "
+				      "records", l, id[i]);
+		li->p = p;
+		li->cap = MP_MIN(cap, m->cap);
 	}
-	return sq;
+	return 0;
+}
+
+/* Takes record y's kept row of layer l out of its lists (the last entry fills each gap). */
+static void lists_remove(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
+{
+	const uint16_t *id = r->id + at(m, l, y);
+	const uint32_t *where = r->where + at(m, l, y);
+
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		struct post last = li->p[--li->n];
+
+		if (where[i] == li->n)
+			continue;
+		li->p[where[i]] = last;
+		r->where[at(m, l, last.y) + last.i] = where[i];
+	}
+}
+
+static void lists_add(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
+{
+	const uint16_t *id = r->id + at(m, l, y);
+	const float *val = r->val + at(m, l, y);
+
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+
+		r->where[at(m, l, y) + i] = li->n;
+		li->p[li->n++] = (struct post){ y, i, val[i] };
+	}
+}
+
+/*
+ * A map's kept rows (NULL: zeros) into k, with room made in r's lists for
+ * them. Returns 0, or -ENOMEM with the store unchanged.
+ */
+static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k)
+{
+	const uint32_t J = m->cfg.experts;
+	int err = 0;
+
+	k->sq = 0;
+	for (uint32_t l = 0; !err && l < m->cfg.layers; l++) {
+		keep_row(map ? map + (size_t)l * J : NULL, J, m->kept, k->id + l * m->kept,
+			 k->val + l * m->kept, &k->sq);
+		k->prefix_sq[l] = (float)k->sq;
+		err = lists_reserve(m, r, l, k->id + l * m->kept);
+	}
+	return err;
+}
+
+/* Writes k as record y's rows in r, and in r's lists instead of what it held. */
+static void put_rows(struct mp_emap *m, struct rows *r, uint32_t y, const struct kept_map *k)
+{
+	for (uint32_t l = 0; l < m->cfg.layers; l++) {
+		if (m->gen[y])
+			lists_remove(m, r, l, y);
+		memcpy(r->id + at(m, l, y), k->id + l * m->kept, m->kept * sizeof(*k->id));
+		memcpy(r->val + at(m, l, y), k->val + l * m->kept, m->kept * sizeof(*k->val));
+		r->prefix_sq[(size_t)l * m->cap + y] = k->prefix_sq[l];
+		lists_add(m, r, l, y);
+	}
 }
 
 /* The k largest positive values of row, largest first (ties: lower j), NO_EXPERT after. */
@@ -310,19 +431,28 @@ static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
 
 /*
  * Writes record y from a normalised map and its semantic vector (NULL:
- * zeros), with everything derived from them: kept rows, norms, top-k, a
- * new generation.
+ * zeros), with everything derived from them: kept rows and their lists,
+ * norms, top-k, a new generation. Returns 0, or -ENOMEM with the record as
+ * it was.
  */
-static void put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
+static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
 {
 	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
 	double s = 0;
+	int err;
 
-	put_rows(m, &m->maps, y, map);
+	err = keep_map(m, &m->maps, map, &m->kmap);
+	if (!err && m->cfg.sem_is_map)
+		err = keep_map(m, &m->ctx, sem, &m->kctx);
+	if (err)
+		return err;
+	put_rows(m, &m->maps, y, &m->kmap);
 	for (uint32_t l = 0; l < L; l++)
-		row_topk(map + (size_t)l * J, J, K, m->top + ((size_t)y * L + l) * K);
-	if (m->cfg.sem_is_map)
-		s = put_rows(m, &m->ctx, y, sem);
+		row_topk(map + (size_t)l * J, J, K, m->top + ((size_t)l * m->cap + y) * K);
+	if (m->cfg.sem_is_map) {
+		put_rows(m, &m->ctx, y, &m->kctx);
+		s = m->kctx.sq;
+	}
 	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++) {
 		float v = sem ? sem[i] : 0.0f;
 
@@ -333,6 +463,7 @@ static void put_record(struct mp_emap *m, uint32_t y, const float *map, const fl
 	if (!++m->writes)
 		m->writes = 1;		/* never 0: a query's "none" */
 	m->gen[y] = m->writes;
+	return 0;
 }
 
 /* Copies map into dst with every layer row scaled to sum to 1. */
@@ -376,41 +507,38 @@ static void spread(struct mp_emap *m, const uint16_t *id, const float *val, bool
 	m->qrow[m->cfg.experts] = 0.0f;
 }
 
-/* acc[y] += m->qrow . (record y's kept row of layer l in r), for every record. */
-static void fold_rows(const struct mp_emap *m, const struct rows *r, uint32_t l, double *acc)
+/*
+ * acc[y] += (the kept row id/val of layer l) . (record y's), through the
+ * lists of the row's experts: only the records that share one, each one's
+ * terms in expert order.
+ */
+static void fold_rows(const struct mp_emap *m, const struct rows *r, uint32_t l,
+		      const uint16_t *id, const float *val, double *acc)
 {
-	const uint16_t *id = r->id + at(m, l, 0);
-	const float *val = r->val + at(m, l, 0);
-	const float *q = m->qrow;
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		const struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		double a = val[i];
 
-	for (uint32_t y = 0; y < m->count; y++, id += m->kept, val += m->kept) {
-		double d = acc[y];
-
-		for (uint32_t i = 0; i < m->kept; i++)
-			d += (double)q[id[i]] * val[i];
-		acc[y] = d;
+		for (uint32_t n = 0; n < li->n; n++)
+			acc[li->p[n].y] += a * li->p[n].v;
 	}
 }
 
-/* As fold_rows() into a fresh w[y] and, term by term as well, into acc[y]. */
-static void fold_rows_both(const struct mp_emap *m, const struct rows *r, uint32_t l, double *w,
-			   double *acc)
+/* As fold_rows() into a fresh w[y] (every record's) and, term by term as well, into acc[y]. */
+static void fold_rows_both(const struct mp_emap *m, const struct rows *r, uint32_t l,
+			   const uint16_t *id, const float *val, double *w, double *acc)
 {
-	const uint16_t *id = r->id + at(m, l, 0);
-	const float *val = r->val + at(m, l, 0);
-	const float *q = m->qrow;
+	memset(w, 0, m->count * sizeof(*w));
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		const struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		double a = val[i];
 
-	for (uint32_t y = 0; y < m->count; y++, id += m->kept, val += m->kept) {
-		double d = 0, e = acc[y];
+		for (uint32_t n = 0; n < li->n; n++) {
+			double t = a * li->p[n].v;
 
-		for (uint32_t i = 0; i < m->kept; i++) {
-			double t = (double)q[id[i]] * val[i];
-
-			d += t;
-			e += t;
+			w[li->p[n].y] += t;
+			acc[li->p[n].y] += t;
 		}
-		w[y] = d;
-		acc[y] = e;
 	}
 }
 
@@ -443,9 +571,7 @@ static void fold_map_row(struct mp_emap *m, const struct rows *r, const float *r
 	float val[MAX_KEPT];
 
 	keep_row(row, m->cfg.experts, m->kept, id, val, sq);
-	spread(m, id, val, false);
-	fold_rows(m, r, l, acc);
-	spread(m, id, val, true);
+	fold_rows(m, r, l, id, val, acc);
 }
 
 /*
@@ -698,13 +824,18 @@ int mp_emap_insert(struct mp_emap *m, struct mp_emap_query *q, const float *map,
 		return err;
 	if (m->count == m->cap) {
 		err = most_redundant(m, q, m->row, sem, &y);
+		if (!err)
+			err = put_record(m, y, m->row, sem);
 		if (err)
 			return err;
 		m->replaced++;
 	} else {
-		y = m->count++;
+		y = m->count;
+		err = put_record(m, y, m->row, sem);
+		if (err)
+			return err;
+		m->count++;
 	}
-	put_record(m, y, m->row, sem);
 	m->inserted++;
 	return (int)y;
 }
@@ -764,7 +895,7 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 /* Adds w to acc[j] for each of the top-k experts of record y's row of layer. */
 static void vote(const struct mp_emap *m, uint32_t y, uint32_t layer, double w, double *acc)
 {
-	const uint16_t *ids = m->top + ((size_t)y * m->cfg.layers + layer) * m->cfg.topk;
+	const uint16_t *ids = m->top + ((size_t)layer * m->cap + y) * m->cfg.topk;
 
 	for (uint32_t i = 0; i < m->cfg.topk && ids[i] != NO_EXPERT; i++)
 		acc[ids[i]] += w;
@@ -794,7 +925,6 @@ static void fold_next(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer
 {
 	uint16_t id[MAX_KEPT];
 	float val[MAX_KEPT];
-
 	double sq = 0;
 
 	if (layer == 0) {
@@ -811,9 +941,7 @@ static void fold_next(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer
 		return;
 	}
 	keep_row(ctx, m->cfg.experts, m->kept, id, val, &q->next_sq);
-	spread(m, id, val, false);
-	fold_rows_both(m, &m->ctx, layer, w, q->ndot);
-	spread(m, id, val, true);
+	fold_rows_both(m, &m->ctx, layer, id, val, w, q->ndot);
 	q->next_layers++;
 }
 
@@ -1127,7 +1255,9 @@ int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_e
 				goto free_payload;
 			}
 		}
-		put_record(m, y, map, map + m->lj);
+		err = put_record(m, y, map, map + m->lj);
+		if (err)
+			goto free_payload;
 	}
 	m->count = keep;
 	m->inserted = h.inserted;
