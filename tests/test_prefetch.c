@@ -634,6 +634,57 @@ static void nextlayer_speculates_from_the_next_router(void **state)
 	mp_prefetch_fini(&pf);
 }
 
+/* The p finemoe+nextlayer gave layer's experts in its last output (-1: none). */
+static float item_p(const struct mp_prefetch *pf, uint32_t layer, uint32_t expert)
+{
+	for (uint32_t i = 0; i < pf->n; i++)
+		if (pf->items[i].layer == layer && pf->items[i].expert == expert)
+			return pf->items[i].p;
+	return -1.0f;
+}
+
+/*
+ * finemoe+nextlayer reads the speculative top-k of the next layer when a
+ * read lands within a layer, each as likely as the speculation has turned
+ * out to be (1/2 before any check, then counted as the layers route); when
+ * reads are slower, or unmeasured, it does what finemoe does.
+ */
+static void finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2 };
+	const float spec[6] = { 0.05f, 0.1f, 0.5f, 0.05f, 0.25f, 0.05f };
+	const uint32_t ids[2] = { 2, 4 }, other[2] = { 0, 1 };
+	struct mp_prefetch pf;
+	uint32_t got[6], n;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe_nextlayer, &env), 0);
+	assert_true(pf.ops->layer_input);
+	assert_ptr_equal(mp_prefetch_find("finemoe+nextlayer"), &mp_prefetch_finemoe_nextlayer);
+	assert_non_null(mp_prefetch_finemoe_emap(&pf));
+	mp_prefetch_begin(&pf, 0, 0, NULL);
+	/* Unmeasured reads: no lookahead read. */
+	assert_int_equal(mp_prefetch_gate(&pf, 0, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 1, got, &n);
+	assert_int_equal(n, 0);
+	pf.load_ratio = 0.5f;
+	assert_int_equal(mp_prefetch_gate(&pf, 1, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 2, got, &n);
+	assert_int_equal(n, 2);
+	assert_true(same_set(got, n, ids, 2));
+	/* Layer 1 routed to the speculated pair: 2 of 2 so far, p = (2 + 1) / (2 + 2). */
+	assert_float_equal(item_p(&pf, 2, 2), 0.75, 1e-6);
+	/* Layer 2 routes elsewhere: 2 of 4, p = 3 / 6. */
+	assert_int_equal(mp_prefetch_gate(&pf, 2, other, NULL, 2, NULL, spec), 0);
+	assert_float_equal(item_p(&pf, 3, 4), 0.5, 1e-6);
+	/* A read two layers of compute long would land after its use. */
+	pf.load_ratio = 2.0f;
+	assert_int_equal(mp_prefetch_gate(&pf, 3, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 4, got, &n);
+	assert_int_equal(n, 0);
+	mp_prefetch_fini(&pf);
+}
+
 static void names_are_checked(void **state)
 {
 	(void)state;
@@ -1075,6 +1126,7 @@ int main(void)
 		cmocka_unit_test(dependency_follows_recorded_transitions),
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
+		cmocka_unit_test(finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),

@@ -19,6 +19,7 @@ static const struct mp_prefetch_ops *const policies[] = {
 	&mp_prefetch_nextlayer,
 	&mp_prefetch_eam,
 	&mp_prefetch_finemoe,
+	&mp_prefetch_finemoe_nextlayer,
 	&mp_prefetch_dependency,
 	&mp_prefetch_oracle,
 };
@@ -33,7 +34,7 @@ const struct mp_prefetch_ops *mp_prefetch_find(const char *name)
 
 const char *mp_prefetch_names(void)
 {
-	return "none, nextlayer, eam, finemoe, dependency, oracle";
+	return "none, nextlayer, eam, finemoe, finemoe+nextlayer, dependency, oracle";
 }
 
 const char *mp_prefetch_policy_names(void)

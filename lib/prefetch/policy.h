@@ -133,10 +133,14 @@ extern const struct mp_prefetch_ops mp_prefetch_none;
 extern const struct mp_prefetch_ops mp_prefetch_nextlayer;
 extern const struct mp_prefetch_ops mp_prefetch_eam;
 extern const struct mp_prefetch_ops mp_prefetch_finemoe;
+extern const struct mp_prefetch_ops mp_prefetch_finemoe_nextlayer;
 extern const struct mp_prefetch_ops mp_prefetch_dependency;
 extern const struct mp_prefetch_ops mp_prefetch_oracle;
 
-/* finemoe's expert-map store (NULL for another policy), and replacing it (taken over). */
+/*
+ * finemoe's (or finemoe+nextlayer's) expert-map store (NULL for another
+ * policy), and replacing it (taken over).
+ */
 struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf);
 void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m);
 

@@ -42,14 +42,16 @@ static const char doc[] =
 	"O_DIRECT and the mmap baseline says its cache was not dropped).\n"
 	"\n"
 	"--policies takes prefetch policies (none, nextlayer, eam, finemoe,\n"
-	"dependency, oracle), optionally with an eviction policy as PREFETCH:EVICT\n"
+	"finemoe+nextlayer, dependency, oracle), optionally with an eviction policy\n"
+	"as PREFETCH:EVICT\n"
 	"(lru, lfu, fifo, finemoe, coserve, belady), and the baselines mmap (the\n"
 	"model mmapped, the kernel's page cache limited by a memory cgroup (v1\n"
 	"memory controller where mounted, else v2) to the budget plus what the\n"
 	"process holds besides expert pages) and pread-lru (O_DIRECT reads of\n"
 	"whole experts into an LRU cache of the budget, no prefetch). Without\n"
 	"PREFETCH:EVICT or --evict each prefetch policy uses its paper's eviction:\n"
-	"finemoe:finemoe, eam:lfu, dependency:coserve, oracle:belady, others lru.\n"
+	"finemoe:finemoe (and finemoe+nextlayer), eam:lfu, dependency:coserve,\n"
+	"oracle:belady, others lru.\n"
 	"\n"
 	"--simulate replays the traces through a cache model instead (no model\n"
 	"file needed, budgets as percentages): hit rates within seconds, times in\n"
@@ -227,7 +229,7 @@ static const struct argp argp = { opts, parse_opt, NULL, doc, children, NULL, NU
 /* The eviction each prefetch policy's paper pairs it with. */
 static const char *default_evict(const char *prefetch)
 {
-	if (!strcmp(prefetch, "finemoe"))
+	if (!strcmp(prefetch, "finemoe") || !strcmp(prefetch, "finemoe+nextlayer"))
 		return "finemoe";
 	if (!strcmp(prefetch, "eam"))
 		return "lfu";
