@@ -41,6 +41,36 @@ static off_t file_size(const char *path)
 	return stat(path, &st) ? -1 : st.st_size;
 }
 
+/*
+ * A prefetch policy's row says what its policy cost: in all, per token, and
+ * (measured runs) as a share of decode time; finemoe searches, so it costs
+ * something. Baselines have no policy.
+ */
+static void check_policy_cost(json_t *row, bool policy, bool measured)
+{
+	const char *pol = json_string_value(json_object_get(row, "policy"));
+	json_t *ms = json_object_get(row, "prefetch_policy_ms");
+	json_t *per = json_object_get(row, "prefetch_policy_ms_per_token");
+	json_t *share = json_object_get(row, "prefetch_policy_share");
+	json_int_t tokens = json_integer_value(json_object_get(row, "tokens"));
+
+	if (!policy) {
+		assert_null(ms);
+		assert_null(per);
+		assert_null(share);
+		return;
+	}
+	assert_true(json_is_real(ms) && json_is_real(per));
+	/* Both printed to 6 significant digits. */
+	assert_float_equal(json_real_value(per), json_real_value(ms) / (double)tokens,
+			   1e-5 * json_real_value(per));
+	if (!strcmp(pol, "finemoe"))
+		assert_true(json_real_value(per) > 0);
+	assert_int_equal(json_is_real(share), measured);
+	if (measured)
+		assert_true(json_real_value(share) >= 0 && json_real_value(share) < 1);
+}
+
 static void bench_runs_every_policy_and_baseline(void **state)
 {
 	char cmd[4096], model[1024], trace[1024];
@@ -92,6 +122,7 @@ static void bench_runs_every_policy_and_baseline(void **state)
 		/* The trace has its token ids: the prefetcher gets their embeddings. */
 		assert_int_equal(json_is_true(json_object_get(row, "semantic")),
 				 strcmp(pol, "pread-lru") && strcmp(pol, "mmap"));
+		check_policy_cost(row, strcmp(pol, "pread-lru") && strcmp(pol, "mmap"), true);
 	}
 	json_decref(j);
 	assert_true(file_size(t_path("out.csv")) > 100);
@@ -119,6 +150,7 @@ static void simulated_bench_needs_no_model(void **state)
 		/* gsm8k's evaluated request 1 has 78 tokens of 32 layers, top-2. */
 		assert_int_equal(json_integer_value(json_object_get(row, "expert_uses")),
 				 78 * 32 * 2);
+		check_policy_cost(row, true, false);
 	}
 	json_decref(j);
 }
@@ -158,6 +190,49 @@ static void semantic_vectors_raise_finemoes_hit_rate(void **state)
 	assert_true(with > without + 0.01);
 }
 
+/* nextlayer's and none's rows of a simulated run on the trained model's windows trace. */
+static void nextlayer_against_none(bool model, json_t **j, json_t **none, json_t **next)
+{
+	char cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate %s%s%s --trace "
+		 "%s/data/traces/tiny-real/heldout-windows.csv --budget 50%% --load-cost 2 "
+		 "--policies none,nextlayer --threads 1 --json", root("MOEPAGER_BUILD_ROOT"),
+		 model ? "--model " : "", model ? root("MOEPAGER_BUILD_ROOT") : "",
+		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"));
+	*j = run_json(cmd);
+	*none = json_array_get(json_object_get(*j, "results"), 0);
+	*next = json_array_get(json_object_get(*j, "results"), 1);
+	assert_non_null(*none);
+	assert_non_null(*next);
+}
+
+/*
+ * With the model, the simulator gives nextlayer the speculative gates the
+ * model computes on the trace's tokens: its reads are mostly right and it
+ * hits more than on-demand LRU. Without the model it has nothing to go on.
+ */
+static void simulated_nextlayer_speculates_with_the_model(void **state)
+{
+	json_t *j, *none, *next;
+
+	(void)state;
+	nextlayer_against_none(true, &j, &none, &next);
+	print_message("nextlayer hit %.3f (accuracy %.3f), none %.3f\n",
+		      json_real_value(json_object_get(next, "hit_rate")),
+		      json_real_value(json_object_get(next, "prefetch_accuracy")),
+		      json_real_value(json_object_get(none, "hit_rate")));
+	assert_true(json_real_value(json_object_get(next, "prefetch_accuracy")) > 0.5);
+	assert_true(json_real_value(json_object_get(next, "hit_rate")) >
+		    json_real_value(json_object_get(none, "hit_rate")) + 0.05);
+	json_decref(j);
+	nextlayer_against_none(false, &j, &none, &next);
+	assert_float_equal(json_real_value(json_object_get(next, "hit_rate")),
+			   json_real_value(json_object_get(none, "hit_rate")), 0);
+	assert_float_equal(json_real_value(json_object_get(next, "prefetch_accuracy")), 0, 0);
+	json_decref(j);
+}
+
 static void bad_arguments_fail_with_a_message(void **state)
 {
 	char cmd[4096];
@@ -178,6 +253,7 @@ int main(void)
 		cmocka_unit_test(bench_runs_every_policy_and_baseline),
 		cmocka_unit_test(simulated_bench_needs_no_model),
 		cmocka_unit_test(semantic_vectors_raise_finemoes_hit_rate),
+		cmocka_unit_test(simulated_nextlayer_speculates_with_the_model),
 		cmocka_unit_test(bad_arguments_fail_with_a_message),
 	};
 	int ret = cmocka_run_group_tests_name("bench", tests, NULL, NULL);

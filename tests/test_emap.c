@@ -15,10 +15,12 @@
 #define J 8
 #define H 5
 
+/* A store of L x J maps, top-2; sem_dim L x J: its semantic vectors are maps. */
 static struct mp_emap *make(uint32_t capacity, uint32_t sem_dim)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = sem_dim,
-				    .capacity = capacity, .distance = 1 };
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = sem_dim,
+				    .sem_is_map = sem_dim == L * J, .capacity = capacity,
+				    .distance = 1 };
 	struct mp_emap *m = NULL;
 
 	assert_int_equal(mp_emap_create(&c, &m), 0);
@@ -45,29 +47,33 @@ static void sem_vec(uint32_t seed, float *sem)
 		sem[i] = (float)((seed * 7 + i * 3) % 11) - 5.0f;
 }
 
-static void insert_normalises_every_layer_row(void **state)
+/* Rows sum to 1; a row with more than 2k values keeps its 2k largest, scaled to sum to 1. */
+static void insert_normalises_every_layer_row_and_keeps_its_largest_values(void **state)
 {
 	struct mp_emap *m = make(8, 0);
-	float map[L * J] = { 0 };
+	float map[L * J] = { 0 }, got[L * J];
 
 	(void)state;
 	for (uint32_t j = 0; j < J; j++)
-		map[0 * J + j] = (float)(j + 1);	/* sums to 36 */
+		map[0 * J + j] = (float)(j + 1);	/* sums to 36; the largest four to 26 */
 	map[1 * J + 3] = 5.0f;
 	/* layer 2 all zero, layer 3 two values */
 	map[3 * J + 0] = 1.0f;
 	map[3 * J + 7] = 3.0f;
-	assert_int_equal(mp_emap_insert(m, map, NULL), 0);
+	assert_int_equal(mp_emap_insert(m, NULL, map, NULL), 0);
+	assert_int_equal(mp_emap_record(m, 0, got, NULL), 0);
 	for (uint32_t l = 0; l < L; l++) {
-		const float *row = mp_emap_layer(m, 0, l);
 		double sum = 0;
 
 		for (uint32_t j = 0; j < J; j++)
-			sum += row[j];
+			sum += got[l * J + j];
 		assert_true(fabs(sum - (l == 2 ? 0.0 : 1.0)) < 1e-6);
 	}
-	assert_true(fabsf(mp_emap_layer(m, 0, 0)[7] - 8.0f / 36.0f) < 1e-6f);
-	assert_true(fabsf(mp_emap_layer(m, 0, 3)[7] - 0.75f) < 1e-6f);
+	for (uint32_t j = 0; j < J; j++)
+		assert_float_equal(got[0 * J + j], j < 4 ? 0.0 : (j + 1) / 26.0, 1e-6);
+	assert_true(fabsf(got[1 * J + 3] - 1.0f) < 1e-6f);
+	assert_true(fabsf(got[3 * J + 7] - 0.75f) < 1e-6f);
+	assert_int_equal(mp_emap_record(m, 1, got, NULL), -ENOENT);
 	mp_emap_destroy(m);
 }
 
@@ -80,10 +86,10 @@ static void bad_gate_values_are_refused(void **state)
 	t_log_capture();
 	t_log_reset();
 	map[2 * J + 5] = -0.5f;
-	assert_int_equal(mp_emap_insert(m, map, NULL), -EINVAL);
+	assert_int_equal(mp_emap_insert(m, NULL, map, NULL), -EINVAL);
 	assert_true(t_log_contains("layer 2 expert 5"));
 	map[2 * J + 5] = NAN;
-	assert_int_equal(mp_emap_insert(m, map, NULL), -EINVAL);
+	assert_int_equal(mp_emap_insert(m, NULL, map, NULL), -EINVAL);
 	mp_emap_destroy(m);
 }
 
@@ -96,7 +102,7 @@ static void exact_replay_scores_one_and_finds_its_record(void **state)
 	for (uint32_t s = 0; s < 6; s++) {
 		top2_map(s, map);
 		sem_vec(s, sem);
-		assert_int_equal(mp_emap_insert(m, map, sem), (int)s);
+		assert_int_equal(mp_emap_insert(m, NULL, map, sem), (int)s);
 	}
 	for (uint32_t s = 0; s < 6; s++) {
 		top2_map(s, map);
@@ -104,7 +110,7 @@ static void exact_replay_scores_one_and_finds_its_record(void **state)
 		/* The full prefix identifies the record; its score is 1 (within rounding). */
 		assert_int_equal(mp_emap_search_traj(m, map, L, &score), (int)s);
 		assert_true(score > 0.99999f && score < 1.00001f);
-		assert_int_equal(mp_emap_search_sem(m, sem, &score), (int)s);
+		assert_int_equal(mp_emap_search_sem(m, NULL, sem, &score), (int)s);
 		assert_true(score > 0.99999f);
 	}
 	mp_emap_destroy(m);
@@ -122,8 +128,8 @@ static void prefix_search_ignores_later_layers(void **state)
 	memset(b + 2 * J, 0, 2 * J * sizeof(float));
 	b[2 * J + 6] = 1.0f;
 	b[3 * J + 6] = 1.0f;
-	assert_int_equal(mp_emap_insert(m, a, NULL), 0);
-	assert_int_equal(mp_emap_insert(m, b, NULL), 1);
+	assert_int_equal(mp_emap_insert(m, NULL, a, NULL), 0);
+	assert_int_equal(mp_emap_insert(m, NULL, b, NULL), 1);
 	/* A query equal to b on layers 0..2: a 2-layer prefix cannot tell, a 3-layer one can. */
 	memcpy(q, b, sizeof(q));
 	assert_true(mp_emap_search_traj(m, q, 2, &score) >= 0);
@@ -142,16 +148,18 @@ static void empty_store_has_nothing_to_find(void **state)
 	top2_map(0, map);
 	sem_vec(0, sem);
 	assert_int_equal(mp_emap_search_traj(m, map, 2, &score), -ENOENT);
-	assert_int_equal(mp_emap_search_sem(m, sem, &score), -ENOENT);
+	assert_int_equal(mp_emap_search_sem(m, NULL, sem, &score), -ENOENT);
 	mp_emap_destroy(m);
 }
 
 static bool same_map(const struct mp_emap *m, uint32_t idx, const float *map)
 {
-	for (uint32_t l = 0; l < L; l++)
-		for (uint32_t j = 0; j < J; j++)
-			if (fabsf(mp_emap_layer(m, idx, l)[j] - map[l * J + j]) > 1e-6f)
-				return false;
+	float got[L * J];
+
+	assert_int_equal(mp_emap_record(m, idx, got, NULL), 0);
+	for (uint32_t i = 0; i < L * J; i++)
+		if (fabsf(got[i] - map[i]) > 1e-6f)
+			return false;
 	return true;
 }
 
@@ -165,12 +173,12 @@ static void full_store_duplicate_replaces_its_twin(void **state)
 	for (uint32_t s = 0; s < 4; s++) {
 		top2_map(s, map);
 		sem_vec(s, sem);
-		assert_int_equal(mp_emap_insert(m, map, sem), (int)s);
+		assert_int_equal(mp_emap_insert(m, NULL, map, sem), (int)s);
 	}
 	/* A duplicate of record 2 (RDY = 1) must land on record 2, keeping 0, 1 and 3. */
 	top2_map(2, map);
 	sem_vec(2, sem);
-	assert_int_equal(mp_emap_insert(m, map, sem), 2);
+	assert_int_equal(mp_emap_insert(m, NULL, map, sem), 2);
 	mp_emap_stats(m, &st);
 	assert_int_equal(st.count, 4);
 	assert_int_equal(st.replaced, 1);
@@ -182,7 +190,7 @@ static void full_store_duplicate_replaces_its_twin(void **state)
 	/* A new, different map replaces one record; the store stays at capacity. */
 	top2_map(5, map);
 	sem_vec(5, sem);
-	assert_true(mp_emap_insert(m, map, sem) >= 0);
+	assert_true(mp_emap_insert(m, NULL, map, sem) >= 0);
 	mp_emap_stats(m, &st);
 	assert_int_equal(st.count, 4);
 	mp_emap_destroy(m);
@@ -196,24 +204,26 @@ static void memory_is_bounded_and_reported(void **state)
 
 	(void)state;
 	mp_emap_stats(m, &a);
-	/* Maps, semantic vectors, norms and scratch: fixed at creation. */
-	assert_true(a.bytes >= 32ull * (L * J + H) * sizeof(float));
-	assert_true(a.bytes < 32ull * (L * J + H + L + 8) * sizeof(float) + 4096);
-	for (uint32_t s = 0; s < 200; s++) {
+	/* Kept rows, semantic vectors, norms and scratch: allocated at creation. */
+	assert_true(a.bytes >= 32ull * (L * 4 * (2 + 4) + H * 4));
+	assert_true(a.bytes < 32ull * (L * J + H + L + 8) * 2 * sizeof(float) + 4096);
+	for (uint32_t s = 0; s < 400; s++) {
 		top2_map(s, map);
 		sem_vec(s, sem);
-		assert_true(mp_emap_insert(m, map, sem) >= 0);
+		assert_true(mp_emap_insert(m, NULL, map, sem) >= 0);
+		/* Each (layer, expert) lists its records: each kept value once, room doubling. */
+		mp_emap_stats(m, &b);
+		assert_true(b.bytes >= a.bytes);
+		assert_true(b.bytes <= a.bytes + (2ull * 32 * L * 4 + L * J * 8) * 16);
 	}
-	mp_emap_stats(m, &b);
 	assert_int_equal(b.count, 32);
-	assert_int_equal(b.bytes, a.bytes);
 	mp_emap_destroy(m);
 }
 
 static void persistence_round_trip_keeps_every_record(void **state)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8,
-				    .distance = 1 };
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = H,
+				    .capacity = 8, .distance = 1 };
 	struct mp_emap *m = make(8, H), *back = NULL;
 	struct mp_emap_stats st;
 	float map[L * J], sem[H], score;
@@ -223,7 +233,7 @@ static void persistence_round_trip_keeps_every_record(void **state)
 	for (uint32_t s = 0; s < 11; s++) {
 		top2_map(s, map);
 		sem_vec(s, sem);
-		assert_true(mp_emap_insert(m, map, sem) >= 0);
+		assert_true(mp_emap_insert(m, NULL, map, sem) >= 0);
 	}
 	assert_int_equal(mp_emap_save(m, path), 0);
 	assert_int_equal(mp_emap_load(path, &c, &back), 0);
@@ -231,9 +241,12 @@ static void persistence_round_trip_keeps_every_record(void **state)
 	assert_int_equal(st.count, 8);
 	assert_int_equal(st.inserted, 11);
 	for (uint32_t y = 0; y < 8; y++) {
-		assert_memory_equal(mp_emap_layer(back, y, 0), mp_emap_layer(m, y, 0),
-				    L * J * sizeof(float));
-		assert_memory_equal(mp_emap_sem(back, y), mp_emap_sem(m, y), H * sizeof(float));
+		float a[L * J], b[L * J], sa[H], sb[H];
+
+		assert_int_equal(mp_emap_record(back, y, a, sa), 0);
+		assert_int_equal(mp_emap_record(m, y, b, sb), 0);
+		assert_memory_equal(a, b, sizeof(a));
+		assert_memory_equal(sa, sb, sizeof(sa));
 	}
 	/* Searches over the loaded store find the same records. */
 	top2_map(10, map);
@@ -246,7 +259,8 @@ static void persistence_round_trip_keeps_every_record(void **state)
 
 static void corrupt_files_are_refused_naming_the_offset(void **state)
 {
-	struct mp_emap_config c = { .layers = L, .experts = J, .sem_dim = H, .capacity = 8 };
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = H,
+				    .capacity = 8 };
 	struct mp_emap_config other = c;
 	struct mp_emap *m = make(8, H), *back = NULL;
 	float map[L * J], sem[H];
@@ -258,7 +272,7 @@ static void corrupt_files_are_refused_naming_the_offset(void **state)
 	for (uint32_t s = 0; s < 3; s++) {
 		top2_map(s, map);
 		sem_vec(s, sem);
-		assert_true(mp_emap_insert(m, map, sem) >= 0);
+		assert_true(mp_emap_insert(m, NULL, map, sem) >= 0);
 	}
 	assert_int_equal(mp_emap_save(m, path), 0);
 	other.experts = J * 2;
@@ -311,7 +325,7 @@ static void predict_layer_learns_the_layer_transition(void **state)
 		memset(map, 0, sizeof(map));
 		map[2 * J + 4] = 0.6f;
 		map[2 * J + 5] = 0.4f;
-		assert_int_equal(mp_emap_insert(m, map, ctx), (int)i);
+		assert_int_equal(mp_emap_insert(m, NULL, map, ctx), (int)i);
 	}
 	/* A record with another context: weight 0 for this one. */
 	memset(ctx, 0, sizeof(ctx));
@@ -319,9 +333,9 @@ static void predict_layer_learns_the_layer_transition(void **state)
 	memset(map, 0, sizeof(map));
 	map[2 * J + 3] = 1.0f;
 	map[2 * J + 6] = 1.0f;
-	assert_int_equal(mp_emap_insert(m, map, ctx), 4);
+	assert_int_equal(mp_emap_insert(m, NULL, map, ctx), 4);
 
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 2 * J, 2, use), 0);
+	assert_int_equal(mp_emap_predict_layer(m, NULL, 2, row01, use), 0);
 	/* Four votes of weight 0.5 each and the pseudo-record (2/8 each, weight 1): / 3. */
 	for (uint32_t j = 0; j < J; j++) {
 		double want = (0.25 + ((j == 4 || j == 5) ? 2.0 : 0.0)) / 3.0;
@@ -333,14 +347,15 @@ static void predict_layer_learns_the_layer_transition(void **state)
 	/* A context no record shares: the uniform prior k/J. */
 	const float row2[J] = { 0, 0, 1.0f };
 
-	assert_int_equal(mp_emap_predict_layer(m, 2, row2, 2 * J, 2, use), 0);
+	assert_int_equal(mp_emap_predict_layer(m, NULL, 2, row2, use), 0);
 	for (uint32_t j = 0; j < J; j++)
 		assert_float_equal(use[j], 0.25, 1e-6);
 	/* Arguments out of range are refused. */
-	assert_int_equal(mp_emap_predict_layer(m, L, row01, 0, 2, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, L * J - 4, 2, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, 0, use), -EINVAL);
-	assert_int_equal(mp_emap_predict_layer(m, 2, row01, 0, J + 1, use), -EINVAL);
+	assert_int_equal(mp_emap_predict_layer(m, NULL, L, row01, use), -EINVAL);
+	mp_emap_destroy(m);
+	/* Only a store whose semantic vectors are maps has a layer transition. */
+	m = make(8, H);
+	assert_int_equal(mp_emap_predict_layer(m, NULL, 2, row01, use), -EINVAL);
 	mp_emap_destroy(m);
 }
 
@@ -356,10 +371,10 @@ static void predict_traj_votes_the_nearest_records(void **state)
 	top2_map(3, b);
 	/* More copies of a than there are neighbour places, then b's. */
 	for (uint32_t i = 0; i < MP_EMAP_NEIGHBOURS + 4; i++)
-		assert_true(mp_emap_insert(m, a, NULL) >= 0);
+		assert_true(mp_emap_insert(m, NULL, a, NULL) >= 0);
 	for (uint32_t i = 0; i < 8; i++)
-		assert_true(mp_emap_insert(m, b, NULL) >= 0);
-	assert_int_equal(mp_emap_predict_traj(m, a, 2, 3, 2, use, &score), 0);
+		assert_true(mp_emap_insert(m, NULL, b, NULL) >= 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 2, 3, use, &score), 0);
 	assert_float_equal(score, 1.0, 1e-5);
 	/* All places go to a's exact copies (cosine 1): a's layer-3 pair gets 16 of 17 votes. */
 	for (uint32_t j = 0; j < J; j++) {
@@ -376,12 +391,12 @@ static void predict_traj_votes_the_nearest_records(void **state)
 
 	none[0 * J + 6] = 1.0f;
 	none[1 * J + 2] = 1.0f;
-	assert_int_equal(mp_emap_predict_traj(m, none, 2, 3, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, none, 2, 3, use, &score), 0);
 	assert_float_equal(score, 0.0, 0);
 	for (uint32_t j = 0; j < J; j++)
 		assert_float_equal(use[j], 0.25, 1e-6);
-	assert_int_equal(mp_emap_predict_traj(m, a, 0, 3, 2, use, &score), -EINVAL);
-	assert_int_equal(mp_emap_predict_traj(m, a, 2, L, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 0, 3, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, a, 2, L, use, &score), -EINVAL);
 	mp_emap_destroy(m);
 }
 
@@ -399,9 +414,9 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	sa[0] = 2.0f;
 	sb[1] = 1.0f;
 	for (uint32_t i = 0; i < 3; i++)
-		assert_true(mp_emap_insert(m, a, sa) >= 0);
-	assert_true(mp_emap_insert(m, b, sb) >= 0);
-	assert_int_equal(mp_emap_predict_sem(m, sb, 2, use, &score), 0);
+		assert_true(mp_emap_insert(m, NULL, a, sa) >= 0);
+	assert_true(mp_emap_insert(m, NULL, b, sb) >= 0);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, sb, use, &score), 0);
 	assert_float_equal(score, 1.0, 1e-6);
 	/* b's one record (cosine 1) against the prior: (k/J + 1) / 2 on b's pair of every layer. */
 	for (uint32_t l = 0; l < L; l++) {
@@ -419,7 +434,7 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	float mid[H] = { 1.0f, 1.0f, 0, 0, 0 };
 	double c = 1.0 / sqrt(2.0);
 
-	assert_int_equal(mp_emap_predict_sem(m, mid, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, mid, use, &score), 0);
 	assert_float_equal(score, c, 1e-6);
 	for (uint32_t j = 0; j < J; j++) {
 		double votes = (a[0 * J + j] > 0 ? 3 * c : 0) + (b[0 * J + j] > 0 ? c : 0);
@@ -429,23 +444,161 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	/* A vector nothing shares: the prior everywhere, score 0. */
 	float other[H] = { 0, 0, 3.0f, 0, 0 };
 
-	assert_int_equal(mp_emap_predict_sem(m, other, 2, use, &score), 0);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, other, use, &score), 0);
 	assert_float_equal(score, 0.0, 0);
 	for (uint32_t i = 0; i < L * J; i++)
 		assert_float_equal(use[i], 0.25, 1e-6);
-	assert_int_equal(mp_emap_predict_sem(m, NULL, 2, use, &score), -EINVAL);
-	assert_int_equal(mp_emap_predict_sem(m, sa, 0, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, NULL, use, &score), -EINVAL);
 	mp_emap_destroy(m);
 	/* A store without semantic vectors has nothing to search them by. */
 	m = make(8, 0);
-	assert_int_equal(mp_emap_predict_sem(m, sa, 2, use, &score), -EINVAL);
+	assert_int_equal(mp_emap_predict_sem(m, NULL, sa, use, &score), -EINVAL);
 	mp_emap_destroy(m);
+}
+
+static void a_topk_outside_the_experts_is_refused(void **state)
+{
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 0, .capacity = 4 };
+	struct mp_emap *m = NULL;
+
+	(void)state;
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_emap_create(&c, &m), -EINVAL);
+	assert_true(t_log_contains("topk 0"));
+	c.topk = J + 1;
+	assert_int_equal(mp_emap_create(&c, &m), -EINVAL);
+	assert_null(m);
+}
+
+/* A dense map of pseudo-random gate values (every expert non-zero, as a full softmax). */
+static void dense_map(uint32_t *seed, float *map)
+{
+	for (uint32_t i = 0; i < L * J; i++) {
+		*seed = *seed * 1103515245u + 12345u;
+		map[i] = (float)((*seed >> 8) % 1000 + 1);
+	}
+}
+
+/* The query's search and a search from scratch give the same bits. */
+static void same_prediction(struct mp_emap *m, struct mp_emap_query *q, const float *traj,
+			    uint32_t prefix)
+{
+	float a[J], b[J], sa, sb;
+
+	assert_int_equal(mp_emap_predict_traj(m, q, traj, prefix, L - 1, a, &sa), 0);
+	assert_int_equal(mp_emap_predict_traj(m, NULL, traj, prefix, L - 1, b, &sb), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_memory_equal(&sa, &sb, sizeof(sa));
+}
+
+/*
+ * A query adds only the layers gated since its last search, yet finds what a
+ * search from scratch finds: as the prefix grows, when records are replaced
+ * under it (another request's maps), when a layer is gated again, and when
+ * it moves to another store.
+ */
+static void a_query_finds_what_a_search_from_scratch_finds(void **state)
+{
+	struct mp_emap *m = make(8, 0), *other = make(8, 0);
+	struct mp_emap_query q = { 0 };
+	float traj[L * J] = { 0 }, full[L * J], map[L * J];
+	uint32_t seed = 7;
+
+	(void)state;
+	for (uint32_t i = 0; i < 8; i++) {
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(m, NULL, map, NULL) >= 0);
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(other, NULL, map, NULL) >= 0);
+	}
+	dense_map(&seed, full);
+	for (uint32_t l = 0; l + 1 < L; l++) {
+		memcpy(traj + l * J, full + l * J, J * sizeof(float));
+		same_prediction(m, &q, traj, l + 1);
+		/* A full store replaces a record: the query recomputes that one. */
+		dense_map(&seed, map);
+		assert_true(mp_emap_insert(m, NULL, map, NULL) >= 0);
+	}
+	same_prediction(m, &q, traj, L - 1);
+	/* Layer 0 gated again with other values: the prefix did not grow, start over. */
+	traj[0] = traj[1] * 3;
+	same_prediction(m, &q, traj, 1);
+	same_prediction(m, &q, traj, 2);
+	same_prediction(other, &q, traj, 3);
+	mp_emap_query_reset(&q);
+	same_prediction(other, &q, traj, 3);
+	mp_emap_query_fini(&q);
+	mp_emap_destroy(other);
+	mp_emap_destroy(m);
+}
+
+/* Two stores that saw the same maps with dense semantic maps. */
+static void twin_stores(struct mp_emap **a, struct mp_emap **b, uint32_t *seed)
+{
+	float map[L * J], ctx[L * J];
+
+	*a = make(8, L * J);
+	*b = make(8, L * J);
+	for (uint32_t i = 0; i < 8; i++) {
+		dense_map(seed, map);
+		dense_map(seed, ctx);
+		assert_true(mp_emap_insert(*a, NULL, map, ctx) >= 0);
+		assert_true(mp_emap_insert(*b, NULL, map, ctx) >= 0);
+	}
+}
+
+/*
+ * With a semantic map (the previous iteration's), the transition searches of
+ * an iteration's gates sum its rows into the next iteration's semantic
+ * products: the next begin's search and end's insert find what they find
+ * from scratch, with a record written in between, and rows skipped or out
+ * of order fall back to a whole pass.
+ */
+static void gated_rows_become_the_next_iterations_semantic_search(void **state)
+{
+	struct mp_emap_query q = { 0 };
+	struct mp_emap *a, *b;
+	float traj[L * J], map[L * J], use_a[J], use_b[J], sa, sb;
+	uint32_t seed = 11;
+
+	(void)state;
+	twin_stores(&a, &b, &seed);
+	dense_map(&seed, traj);
+	for (uint32_t l = 0; l < L; l++) {
+		assert_int_equal(mp_emap_predict_layer(a, &q, l, traj + l * J, use_a), 0);
+		assert_int_equal(mp_emap_predict_layer(b, NULL, l, traj + l * J, use_b), 0);
+		assert_memory_equal(use_a, use_b, sizeof(use_a));
+	}
+	/* The iteration's own map goes in (replacing a record): the next one's context is traj. */
+	dense_map(&seed, map);
+	assert_int_equal(mp_emap_insert(a, NULL, traj, map), mp_emap_insert(b, NULL, traj, map));
+	mp_emap_query_reset(&q);
+	assert_int_equal(mp_emap_search_sem(a, &q, traj, &sa), mp_emap_search_sem(b, NULL, traj, &sb));
+	assert_memory_equal(&sa, &sb, sizeof(sa));
+	dense_map(&seed, map);
+	assert_int_equal(mp_emap_insert(a, &q, map, traj), mp_emap_insert(b, NULL, map, traj));
+
+	/* Layer 2, or the last, skipped: the next search makes a whole pass and finds the same. */
+	for (uint32_t skip = 2; skip < L; skip += L - 3) {
+		for (uint32_t l = 0; l < L; l++)
+			if (l != skip)
+				assert_int_equal(mp_emap_predict_layer(a, &q, l, map + l * J, use_a),
+						 0);
+		mp_emap_query_reset(&q);
+		assert_int_equal(mp_emap_search_sem(a, &q, map, &sa),
+				 mp_emap_search_sem(b, NULL, map, &sb));
+		assert_memory_equal(&sa, &sb, sizeof(sa));
+	}
+	mp_emap_query_fini(&q);
+	mp_emap_destroy(a);
+	mp_emap_destroy(b);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(insert_normalises_every_layer_row),
+		cmocka_unit_test(insert_normalises_every_layer_row_and_keeps_its_largest_values),
 		cmocka_unit_test(bad_gate_values_are_refused),
 		cmocka_unit_test(exact_replay_scores_one_and_finds_its_record),
 		cmocka_unit_test(prefix_search_ignores_later_layers),
@@ -457,6 +610,9 @@ int main(void)
 		cmocka_unit_test(predict_layer_learns_the_layer_transition),
 		cmocka_unit_test(predict_traj_votes_the_nearest_records),
 		cmocka_unit_test(predict_sem_votes_the_nearest_records_for_every_layer),
+		cmocka_unit_test(a_topk_outside_the_experts_is_refused),
+		cmocka_unit_test(a_query_finds_what_a_search_from_scratch_finds),
+		cmocka_unit_test(gated_rows_become_the_next_iterations_semantic_search),
 	};
 	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
 

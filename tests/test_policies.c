@@ -469,6 +469,63 @@ static void simulator_gives_every_iteration_its_semantic_vector(void **state)
 	mp_trace_close(t);
 }
 
+/* Speculative gates for the simulator: the trace's own next layer, counted, failing on cue. */
+struct spec_calls {
+	const struct mp_trace *t;
+	uint32_t calls;
+	uint32_t fail_at;	/* 0: never */
+};
+
+static int spec_true(void *arg, uint32_t r, uint32_t tok, uint32_t layer, float *out)
+{
+	struct spec_calls *c = arg;
+	uint32_t J = mp_trace_experts(c->t), K = mp_trace_topk(c->t);
+	const uint32_t *ids;
+	const float *w;
+
+	if (++c->calls == c->fail_at)
+		return -EIO;
+	assert_int_equal(mp_trace_route(c->t, r, tok, layer + 1, &ids, &w), 0);
+	memset(out, 0, J * sizeof(float));
+	for (uint32_t i = 0; i < K; i++)
+		out[ids[i]] = 1.0f / K;
+	return 0;
+}
+
+/*
+ * nextlayer in the simulator reads the speculative gate of every evaluated
+ * position but the last layer's: given the true next layer, every read it
+ * issues is used. A policy that takes no layer input never asks; a source
+ * that fails is the simulation's error, naming the position.
+ */
+static void simulator_gives_nextlayer_its_speculative_gates(void **state)
+{
+	struct mp_trace *t = synthetic(4, 8, 2, 4, 10, 5);
+	struct spec_calls calls = { .t = t };
+	struct mp_sim_config c = { .trace = t, .capacity = 16, .prefetch = "nextlayer",
+				   .evict = "lru", .load_cost = 0.5,
+				   .spec = { spec_true, &calls } };
+	struct mp_sim_result r;
+
+	(void)state;
+	t_log_capture();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	/* The evaluated request's 10 tokens, layers 0..2. */
+	assert_int_equal(calls.calls, 10 * 3);
+	assert_true(r.prefetch_loads > 0);
+	assert_int_equal(r.prefetch_used, r.prefetch_loads);
+	calls.calls = 0;
+	c.prefetch = "finemoe";
+	assert_int_equal(mp_prefetch_simulate(&c, &r), 0);
+	assert_int_equal(calls.calls, 0);
+	c.prefetch = "nextlayer";
+	calls = (struct spec_calls){ .t = t, .fail_at = 8 };
+	t_log_reset();
+	assert_int_equal(mp_prefetch_simulate(&c, &r), -EIO);
+	assert_true(t_log_contains("speculative gate of request 3 token 2 layer 1"));
+	mp_trace_close(t);
+}
+
 static void unknown_policies_are_refused(void **state)
 {
 	struct mp_trace *t = synthetic(4, 8, 2, 2, 4, 3);
@@ -504,6 +561,7 @@ int main(void)
 		cmocka_unit_test(oracle_prefetch_misses_only_what_it_cannot_reach),
 		cmocka_unit_test(ranking_holds_on_a_synthetic_geometry),
 		cmocka_unit_test(simulator_gives_every_iteration_its_semantic_vector),
+		cmocka_unit_test(simulator_gives_nextlayer_its_speculative_gates),
 		cmocka_unit_test(unknown_policies_are_refused),
 	};
 

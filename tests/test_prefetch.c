@@ -169,6 +169,57 @@ static void fewer_nonzero_than_k_still_gives_k(void **state)
 	assert_int_equal(out[0], 2);
 }
 
+/* p as selection ranks it: NaN and negatives are 0. */
+static float ranked(float p)
+{
+	return p > 0 ? p : 0;
+}
+
+/*
+ * The selection of 64 values with ties, zeros, a NaN and a negative, at
+ * scores from 1 (top-k) to 0 (every non-zero): always the shortest prefix,
+ * in decreasing p then increasing id, that a plain sort of all 64 gives,
+ * however far past its first few members the set reaches.
+ */
+static void selection_is_the_prefix_of_the_whole_ranking(void **state)
+{
+	enum { N = 64 };
+	float p[N];
+	uint32_t out[N], ref[N];
+
+	(void)state;
+	for (uint32_t j = 0; j < N; j++)
+		p[j] = (float)((j * 37) % 11) / 400.0f;	/* many ties, several zeros */
+	p[5] = NAN;
+	p[9] = -0.5f;
+	for (uint32_t j = 0; j < N; j++)
+		ref[j] = j;
+	/* The ranking by selection: decreasing p, then increasing id. */
+	for (uint32_t i = 0; i < N; i++)
+		for (uint32_t j = i + 1; j < N; j++) {
+			float a = ranked(p[ref[i]]), b = ranked(p[ref[j]]);
+
+			if (b > a || (b == a && ref[j] < ref[i])) {
+				uint32_t t = ref[i];
+
+				ref[i] = ref[j];
+				ref[j] = t;
+			}
+		}
+	for (float score = 1.0f; score >= -0.01f; score -= 0.05f) {
+		uint32_t m = mp_prefetch_select(p, N, 3, score, out), want = 0;
+		double sum = 0;
+
+		while (want < N && !(want >= 3 && (sum >= 1.0 - score - 1e-6 ||
+						   !(ranked(p[ref[want]]) > 0))))
+			sum += ranked(p[ref[want++]]);
+		assert_int_equal(m, want);
+		assert_memory_equal(out, ref, m * sizeof(*out));
+	}
+	/* Past the first 2k + 2 at low scores. */
+	assert_true(mp_prefetch_select(p, N, 3, 0.0f, out) > 8);
+}
+
 static void priority_is_p_over_layer_distance(void **state)
 {
 	struct mp_prefetch_env env = { .layers = 8, .experts = 4, .topk = 1 };
@@ -580,6 +631,57 @@ static void nextlayer_speculates_from_the_next_router(void **state)
 	/* No hidden state: nothing to speculate on. */
 	assert_int_equal(mp_prefetch_gate(&pf, 2, ids, NULL, 2, NULL, NULL), 0);
 	assert_int_equal(pf.n, 0);
+	mp_prefetch_fini(&pf);
+}
+
+/* The p finemoe+nextlayer gave layer's experts in its last output (-1: none). */
+static float item_p(const struct mp_prefetch *pf, uint32_t layer, uint32_t expert)
+{
+	for (uint32_t i = 0; i < pf->n; i++)
+		if (pf->items[i].layer == layer && pf->items[i].expert == expert)
+			return pf->items[i].p;
+	return -1.0f;
+}
+
+/*
+ * finemoe+nextlayer reads the speculative top-k of the next layer when a
+ * read lands within a layer, each as likely as the speculation has turned
+ * out to be (1/2 before any check, then counted as the layers route); when
+ * reads are slower, or unmeasured, it does what finemoe does.
+ */
+static void finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2 };
+	const float spec[6] = { 0.05f, 0.1f, 0.5f, 0.05f, 0.25f, 0.05f };
+	const uint32_t ids[2] = { 2, 4 }, other[2] = { 0, 1 };
+	struct mp_prefetch pf;
+	uint32_t got[6], n;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe_nextlayer, &env), 0);
+	assert_true(pf.ops->layer_input);
+	assert_ptr_equal(mp_prefetch_find("finemoe+nextlayer"), &mp_prefetch_finemoe_nextlayer);
+	assert_non_null(mp_prefetch_finemoe_emap(&pf));
+	mp_prefetch_begin(&pf, 0, 0, NULL);
+	/* Unmeasured reads: no lookahead read. */
+	assert_int_equal(mp_prefetch_gate(&pf, 0, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 1, got, &n);
+	assert_int_equal(n, 0);
+	pf.load_ratio = 0.5f;
+	assert_int_equal(mp_prefetch_gate(&pf, 1, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 2, got, &n);
+	assert_int_equal(n, 2);
+	assert_true(same_set(got, n, ids, 2));
+	/* Layer 1 routed to the speculated pair: 2 of 2 so far, p = (2 + 1) / (2 + 2). */
+	assert_float_equal(item_p(&pf, 2, 2), 0.75, 1e-6);
+	/* Layer 2 routes elsewhere: 2 of 4, p = 3 / 6. */
+	assert_int_equal(mp_prefetch_gate(&pf, 2, other, NULL, 2, NULL, spec), 0);
+	assert_float_equal(item_p(&pf, 3, 4), 0.5, 1e-6);
+	/* A read two layers of compute long would land after its use. */
+	pf.load_ratio = 2.0f;
+	assert_int_equal(mp_prefetch_gate(&pf, 3, ids, NULL, 2, NULL, spec), 0);
+	collect(&pf, 4, got, &n);
+	assert_int_equal(n, 0);
 	mp_prefetch_fini(&pf);
 }
 
@@ -1012,6 +1114,7 @@ int main(void)
 		cmocka_unit_test(partial_score_stops_at_the_cumulative_threshold),
 		cmocka_unit_test(delta_one_with_rounded_sums_is_capped),
 		cmocka_unit_test(fewer_nonzero_than_k_still_gives_k),
+		cmocka_unit_test(selection_is_the_prefix_of_the_whole_ranking),
 		cmocka_unit_test(priority_is_p_over_layer_distance),
 		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
@@ -1023,6 +1126,7 @@ int main(void)
 		cmocka_unit_test(dependency_follows_recorded_transitions),
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
+		cmocka_unit_test(finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),

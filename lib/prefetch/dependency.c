@@ -13,6 +13,7 @@
 struct dependency {
 	uint32_t J;
 	double *trans;		/* [L - 1][J][J]: layer l expert a -> layer l+1 expert b */
+	double *row_sum;	/* [L - 1][J]: each row's total (counts: exact in any order) */
 	double *first;		/* [J]: layer 0 counts */
 	double *q;		/* [J] scratch */
 	double *nq;		/* [J] scratch */
@@ -28,12 +29,13 @@ static int dependency_init(struct mp_prefetch *pf)
 		return -ENOMEM;
 	d->J = J;
 	d->trans = calloc((size_t)(L > 1 ? L - 1 : 1) * J * J, sizeof(double));
+	d->row_sum = calloc((size_t)(L > 1 ? L - 1 : 1) * J, sizeof(double));
 	d->first = calloc(J, sizeof(double));
 	d->q = calloc(J, sizeof(double));
 	d->nq = calloc(J, sizeof(double));
 	d->P = calloc(J, sizeof(float));
 	pf->priv = d;
-	if (!d->trans || !d->first || !d->q || !d->nq || !d->P)
+	if (!d->trans || !d->row_sum || !d->first || !d->q || !d->nq || !d->P)
 		return mp_err(-ENOMEM, "prefetch dependency: no memory for %u x %u x %u counts",
 			      L, J, J);
 	return 0;
@@ -50,12 +52,10 @@ static bool propagate(struct dependency *d, uint32_t from, uint32_t to)
 
 		memset(d->nq, 0, J * sizeof(double));
 		for (uint32_t a = 0; a < J; a++) {
-			double row = 0;
+			double row = d->row_sum[(size_t)l * J + a];
 
 			if (!(d->q[a] > 0))
 				continue;
-			for (uint32_t b = 0; b < J; b++)
-				row += T[a * J + b];
 			for (uint32_t b = 0; row > 0 && b < J; b++)
 				d->nq[b] += d->q[a] * T[a * J + b] / row;
 		}
@@ -109,10 +109,15 @@ static void dependency_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 	} else {
 		const float *prev = pf->it->traj + (size_t)(layer - 1) * J;
 		double *T = d->trans + (size_t)(layer - 1) * J * J;
+		double *rows = d->row_sum + (size_t)(layer - 1) * J;
 
-		for (uint32_t a = 0; a < J; a++)
-			for (uint32_t i = 0; prev[a] > 0 && i < k; i++)
+		for (uint32_t a = 0; a < J; a++) {
+			if (!(prev[a] > 0))
+				continue;
+			for (uint32_t i = 0; i < k; i++)
 				T[a * J + ids[i]] += 1;
+			rows[a] += k;
+		}
 	}
 	if (target >= pf->env.layers)
 		return;
@@ -129,6 +134,7 @@ static void dependency_fini(struct mp_prefetch *pf)
 	if (!d)
 		return;
 	free(d->trans);
+	free(d->row_sum);
 	free(d->first);
 	free(d->q);
 	free(d->nq);

@@ -40,6 +40,7 @@ struct pf_event {
 	bool begin;		/* an iteration's start with its semantic vector, no gate */
 	bool has_weights;
 	bool has_probs;
+	bool has_logits;	/* the ring's J floats are router logits: softmax on the thread */
 	bool has_x;
 	uint32_t ids[MP_TRAJ_MAX_K];
 	float weights[MP_TRAJ_MAX_K];
@@ -67,16 +68,15 @@ struct mp_prefetcher {
 	/* The queue: single consumer; head written by producers, tail by the thread. */
 	struct pf_event *ring;
 	float *ring_probs;	/* [queue][J] */
-	float *ring_x;		/* [queue][hidden], nextlayer only */
+	float *ring_x;		/* [queue][hidden], policies that take the layer input only */
 	float *ring_sem;	/* [queue][sem.dim], with semantic vectors only */
 	float *train_sem;	/* [sem.dim]: mp_prefetcher_train()'s vector */
 	uint32_t hidden;
-	float *routers;		/* nextlayer: [L][J][hidden] router weights as f32 */
+	float *routers;		/* the same: [L][J][hidden] router weights as f32 */
 	float *spec;		/* [J] scratch: the speculative gate */
 
 	/* The source's stash between gate() and route() of one (request, token, layer). */
 	float *pend_logits;	/* [J] */
-	float *pend_probs;	/* [J] */
 	float *pend_x;		/* [hidden] */
 	uint32_t pend_req, pend_tok, pend_layer;
 	bool pend;
@@ -98,6 +98,8 @@ struct mp_prefetcher {
 
 	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
 	uint64_t *issued_pos;
+	uint32_t *live;		/* the keys whose issued_pos is set, nlive of them */
+	uint32_t nlive;
 	uint64_t expired;
 
 	/* Hints for the pager's eviction policy (nkeys each). */
@@ -187,8 +189,11 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 		atomic_fetch_add(&d->predicted, 1);
 		if (r > 0)
 			atomic_fetch_add(&d->issued, 1);
-		if (r >= 0 && (r > 0 || pos < d->issued_pos[key]))
+		if (r >= 0 && (r > 0 || pos < d->issued_pos[key])) {
+			if (d->issued_pos[key] == UINT64_MAX)
+				d->live[d->nlive++] = key;
 			d->issued_pos[key] = pos;
+		}
 	}
 }
 
@@ -213,15 +218,22 @@ static void expire(struct mp_prefetcher *d, uint64_t now)
 {
 	struct expiry x = { d, now };
 	bool any = false;
+	uint32_t n = 0;
 
-	for (uint32_t k = 0; k < d->nkeys && !any; k++)
-		any = d->issued_pos[k] < now;
+	for (uint32_t i = 0; i < d->nlive && !any; i++)
+		any = d->issued_pos[d->live[i]] < now;
 	if (!any)
 		return;
 	d->expired += mp_pager_drop_prefetches(d->pager, stale, &x);
-	for (uint32_t k = 0; k < d->nkeys; k++)
-		if (d->issued_pos[k] < now)
-			d->issued_pos[k] = UINT64_MAX;
+	for (uint32_t i = 0; i < d->nlive; i++) {
+		uint32_t key = d->live[i];
+
+		if (d->issued_pos[key] < now)
+			d->issued_pos[key] = UINT64_MAX;
+		else
+			d->live[n++] = key;
+	}
+	d->nlive = n;
 }
 
 /* The next (request, token) after the current one, for an early begin. */
@@ -246,30 +258,53 @@ static void guess_next(struct mp_prefetcher *d, uint64_t step, uint32_t req, uin
 	}
 }
 
+/* Router logits to their softmax, in place. */
+static void softmax(float *v, uint32_t n)
+{
+	float max = -INFINITY;
+	double sum = 0;
+
+	for (uint32_t j = 0; j < n; j++)
+		max = fmaxf(max, v[j]);
+	for (uint32_t j = 0; j < n; j++) {
+		v[j] = expf(v[j] - max);
+		sum += v[j];
+	}
+	for (uint32_t j = 0; j < n; j++)
+		v[j] = (float)(v[j] / sum);
+}
+
+/*
+ * w . x over n floats: eight running sums side by side (what a vector unit
+ * does; a logit to about 1e-6, plenty for a top-k), then their total.
+ */
+static float dot8(const float *restrict w, const float *restrict x, uint32_t n)
+{
+	float part[8] = { 0 };
+	double acc = 0;
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		for (uint32_t t = 0; t < 8; t++)
+			part[t] += w[i + t] * x[i + t];
+	for (; i < n; i++)
+		acc += (double)w[i] * x[i];
+	for (uint32_t t = 0; t < 8; t++)
+		acc += part[t];
+	return (float)acc;
+}
+
 /* Layer l + 1's router applied to layer l's input x, as a softmax (Mixtral-offloading). */
 static const float *speculate(struct mp_prefetcher *d, uint32_t layer, const float *x)
 {
 	const float *W;
-	float max = -INFINITY;
-	double sum = 0;
 
 	if (!d->routers || !x || layer + 1 >= d->L)
 		return NULL;
 	W = d->routers + (size_t)(layer + 1) * d->J * d->hidden;
-	for (uint32_t j = 0; j < d->J; j++) {
-		double acc = 0;
-
-		for (uint32_t i = 0; i < d->hidden; i++)
-			acc += (double)W[(size_t)j * d->hidden + i] * x[i];
-		d->spec[j] = (float)acc;
-		max = fmaxf(max, d->spec[j]);
-	}
-	for (uint32_t j = 0; j < d->J; j++) {
-		d->spec[j] = expf(d->spec[j] - max);
-		sum += d->spec[j];
-	}
 	for (uint32_t j = 0; j < d->J; j++)
-		d->spec[j] = (float)(d->spec[j] / sum);
+		d->spec[j] = dot8(W + (size_t)j * d->hidden, x, d->hidden);
+	softmax(d->spec, d->J);
 	return d->spec;
 }
 
@@ -324,13 +359,15 @@ static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_
 		d->pf.load_ratio = (float)(d->t_load / d->t_layer);
 }
 
-static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const float *probs,
+static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *probs,
 		   const float *x, const float *sem)
 {
 	struct mp_prefetch *pf = &d->pf;
-	uint64_t t0 = mp_now_ns();
+	uint64_t t0 = mp_prefetch_cpu_ns();
 	struct pf_req *rq;
 
+	if (ev->has_logits)
+		softmax(probs, d->J);
 	pthread_mutex_lock(&d->lock);
 	rq = &d->reqs[mp_prefetch_switch(pf, ev->request)];
 	if (ev->begin) {
@@ -350,7 +387,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 	rq->early = false;
 	d->cur_step = ev->step;
 	if (!mp_prefetch_gate(pf, ev->layer, ev->ids, ev->has_weights ? ev->weights : NULL, ev->k,
-			      ev->has_probs ? probs : NULL,
+			      ev->has_probs || ev->has_logits ? probs : NULL,
 			      ev->has_x ? speculate(d, ev->layer, x) : NULL))
 		issue(d, ev->step);
 	if (ev->layer + 1 == d->L) {
@@ -371,7 +408,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, const flo
 	}
 out:
 	pthread_mutex_unlock(&d->lock);
-	atomic_fetch_add(&d->policy_ns, mp_now_ns() - t0);
+	atomic_fetch_add(&d->policy_ns, mp_prefetch_cpu_ns() - t0);
 }
 
 static void *thread_main(void *arg)
@@ -472,10 +509,14 @@ int mp_prefetcher_begin(struct mp_prefetcher *d, uint32_t request, uint32_t toke
 	return 0;
 }
 
-/* t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio. */
+/*
+ * t_ns: when the gate ran (CLOCK_MONOTONIC), for the load ratio; logits: the
+ * J floats at probs are the router's logits, turned into probabilities on
+ * the prefetch thread rather than the engine's.
+ */
 static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, uint32_t layer,
 		   const uint32_t *ids, const float *weights, uint32_t k, const float *probs,
-		   const float *x, uint64_t t_ns)
+		   bool logits, const float *x, uint64_t t_ns)
 {
 	struct pf_event *ev;
 	uint64_t step, slot;
@@ -516,7 +557,8 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 	ev->has_weights = weights != NULL;
 	if (weights)
 		memcpy(ev->weights, weights, k * sizeof(*weights));
-	ev->has_probs = probs != NULL;
+	ev->has_probs = probs && !logits;
+	ev->has_logits = probs && logits;
 	if (probs)
 		memcpy(d->ring_probs + slot * d->J, probs, d->J * sizeof(float));
 	ev->has_x = x && d->ring_x;
@@ -530,7 +572,7 @@ int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token
 		       uint32_t layer, const uint32_t *ids, const float *weights, uint32_t k,
 		       const float *probs, const float *x)
 {
-	return gate_at(d, request, token, layer, ids, weights, k, probs, x, mp_now_ns());
+	return gate_at(d, request, token, layer, ids, weights, k, probs, false, x, mp_now_ns());
 }
 
 int mp_prefetcher_traj_fn(const struct mp_traj_rec *r, void *arg)
@@ -541,7 +583,7 @@ int mp_prefetcher_traj_fn(const struct mp_traj_rec *r, void *arg)
 		return 0;
 	/* Records arrive in batches: the probe's own time keeps the gaps between gates. */
 	gate_at(d, r->request, r->token, r->layer, r->ids,
-		(r->flags & MP_TRAJ_F_WEIGHTS) ? r->weights : NULL, r->k, NULL, NULL,
+		(r->flags & MP_TRAJ_F_WEIGHTS) ? r->weights : NULL, r->k, NULL, false, NULL,
 		r->ts_ns ? r->ts_ns : mp_now_ns());
 	return 0;
 }
@@ -742,11 +784,11 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->routers);
 	free(d->spec);
 	free(d->pend_logits);
-	free(d->pend_probs);
 	free(d->pend_x);
 	free(d->hints.p);
 	free(d->hints.next_use);
 	free(d->issued_pos);
+	free(d->live);
 	free(d->gaps);
 	free(d->reqs);
 	free(d->future);
@@ -755,8 +797,8 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d);
 }
 
-/* nextlayer: every layer's router as f32, read once from the store. */
-static int load_routers(struct mp_prefetcher *d)
+/* For speculation: every layer's router as f32, read once from the store. */
+static int load_routers(struct mp_prefetcher *d, const char *policy)
 {
 	struct mp_store *s = mp_pager_store(d->pager);
 	size_t per = (size_t)d->J * d->hidden;
@@ -776,7 +818,7 @@ static int load_routers(struct mp_prefetcher *d)
 		snprintf(name, sizeof(name), "blk.%u.router", l);
 		t = mp_store_tensor(s, name);
 		if (!t || t->bytes != per * mp_dtype_size(t->dtype)) {
-			err = mp_err(-EINVAL, "prefetch nextlayer: %s: no %u x %u router", name,
+			err = mp_err(-EINVAL, "prefetch %s: %s: no %u x %u router", policy, name,
 				     d->J, d->hidden);
 			break;
 		}
@@ -855,16 +897,17 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->ring_probs = calloc((size_t)q * d->J, sizeof(float));
 	d->hidden = geo->hidden;
 	d->pend_logits = calloc(d->J, sizeof(float));
-	d->pend_probs = calloc(d->J, sizeof(float));
 	d->pend_x = calloc(d->hidden, sizeof(float));
 	d->spec = calloc(d->J, sizeof(float));
 	d->hints.p = malloc(d->nkeys * sizeof(float));
 	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
 	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
+	d->live = malloc(d->nkeys * sizeof(uint32_t));
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
 	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
-	    !d->pend_logits || !d->pend_probs || !d->pend_x || !d->spec ||
+	    !d->live ||
+	    !d->pend_logits || !d->pend_x || !d->spec ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
 	if (d->cfg.sem.dim) {
@@ -878,11 +921,11 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 		if (!d->ring_sem || !d->train_sem)
 			goto close;
 	}
-	if (ops == &mp_prefetch_nextlayer) {
+	if (ops->layer_input) {
 		d->ring_x = calloc((size_t)q * d->hidden, sizeof(float));
 		if (!d->ring_x)
 			goto close;
-		err = load_routers(d);
+		err = load_routers(d, ops->name);
 		if (err)
 			goto close;
 	}
@@ -970,31 +1013,18 @@ static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 {
 	struct mp_prefetcher *d = ctx;
 	int err = mp_pager_source_ops()->route(d->pager, request, token, layer, ids, weights, k);
-	const float *probs = NULL, *x = NULL;
+	bool pend;
 
 	if (err)
 		return err;
 	if (token == MP_TOKEN_PROMPT)
 		return 0;	/* a batched prompt is no iteration of its own */
-	if (d->pend && d->pend_req == request && d->pend_tok == token &&
-	    d->pend_layer == layer) {
-		float max = -INFINITY;
-		double sum = 0;
-
-		for (uint32_t j = 0; j < d->J; j++)
-			max = fmaxf(max, d->pend_logits[j]);
-		for (uint32_t j = 0; j < d->J; j++) {
-			d->pend_probs[j] = expf(d->pend_logits[j] - max);
-			sum += d->pend_probs[j];
-		}
-		for (uint32_t j = 0; j < d->J; j++)
-			d->pend_probs[j] = (float)(d->pend_probs[j] / sum);
-		probs = d->pend_probs;
-		x = d->pend_x;
-	}
+	pend = d->pend && d->pend_req == request && d->pend_tok == token &&
+	       d->pend_layer == layer;
 	d->pend = false;
-	/* A dropped event only loses a prediction. */
-	mp_prefetcher_gate(d, request, token, layer, ids, weights, k, probs, x);
+	/* A dropped event only loses a prediction; the softmax is the prefetch thread's. */
+	gate_at(d, request, token, layer, ids, weights, k, pend ? d->pend_logits : NULL, true,
+		pend ? d->pend_x : NULL, mp_now_ns());
 	return 0;
 }
 

@@ -37,19 +37,69 @@ struct emap_header {
 
 _Static_assert(sizeof(struct emap_header) == 64, "expert-map header is 64 bytes");
 
+/*
+ * A record's map is kept as sparse rows: of each layer, the kept values by
+ * increasing expert id, padded with expert J (a slot of a spread-out query
+ * that is always 0). Each (layer, expert) also lists the records whose kept
+ * row holds it: a search folds a query row in through the lists of its
+ * kept experts only, so it touches the records that share an expert with
+ * it, kept x kept / J values per record on average rather than all kept,
+ * and adds each record's terms in expert order, as a dense row-by-row dot
+ * product adds the same non-zero terms.
+ */
+struct post {
+	uint32_t y;		/* the record */
+	uint32_t i;		/* which of its kept values */
+	float v;
+};
+
+struct list {
+	struct post *p;
+	uint32_t n, cap;
+};
+
+struct rows {
+	uint16_t *id;		/* [layers][cap][kept] */
+	float *val;		/* [layers][cap][kept] */
+	float *prefix_sq;	/* [layers][cap]: sum of squares of layers 0..l as kept */
+	struct list *lists;	/* [layers][experts] */
+	uint32_t *where;	/* [layers][cap][kept]: each kept value's place in its list */
+};
+
+/* A map's kept rows before they are written. */
+struct kept_map {
+	uint16_t *id;		/* [layers][kept] */
+	float *val;
+	float *prefix_sq;	/* [layers] */
+	double sq;
+};
+
 struct mp_emap {
 	struct mp_emap_config cfg;
 	uint32_t lj;		/* floats of one map */
+	uint32_t cap;
+	uint32_t kept;		/* values a row keeps */
 	uint32_t count;
-	float *maps;		/* [capacity][lj] */
-	float *sem;		/* [capacity][sem_dim] */
-	float *sem_norm;	/* [capacity] */
-	float *prefix_sq;	/* [capacity][layers]: sum of squares of layers 0..l */
-	float *scratch;		/* [capacity] RDY scores */
+	uint64_t id;		/* unique among stores: a query of another store starts over */
+	struct rows maps;
+	struct rows ctx;	/* sem_is_map: the records' semantic maps */
+	float *sem;		/* otherwise: [sem_dim][cap], by columns */
+	float *sem_norm;	/* [cap] */
+	uint16_t *top;		/* [layers][cap][topk]: each row's top-k, in vote order */
+	uint32_t *gen;		/* [cap]: changes with every write of the record */
+	uint32_t writes;
+	float *row;		/* [lj] scratch: a normalised map */
+	float *qrow;		/* [experts + 1] scratch: a kept row spread out; qrow[J] stays 0 */
+	struct kept_map kmap, kctx;	/* a record being written */
+	struct mp_emap_query tmp;	/* the searches of callers without a query */
 	uint64_t inserted;
 	uint64_t replaced;
 	uint64_t searches;
 };
+
+/* Marks the end of a row's top-k when fewer than k of its experts ran. */
+#define NO_EXPERT UINT16_MAX
+#define MAX_KEPT (MP_EMAP_ROW_KEEP * MP_MAX_TOPK)
 
 float mp_cosine(const float *a, const float *b, uint32_t n)
 {
@@ -73,8 +123,14 @@ static int check_config(const struct mp_emap_config *c)
 	if (!c->experts || c->experts > MP_MAX_EXPERTS)
 		return mp_err(-EINVAL, "expert map: experts %u out of range 1..%u", c->experts,
 			      MP_MAX_EXPERTS);
+	if (!c->topk || c->topk > MP_MAX_TOPK || c->topk > c->experts)
+		return mp_err(-EINVAL, "expert map: topk %u out of range 1..%u", c->topk,
+			      MP_MIN(MP_MAX_TOPK, c->experts));
 	if (c->sem_dim > MP_EMAP_MAX_SEM)
 		return mp_err(-EINVAL, "expert map: sem_dim %u above %u", c->sem_dim, MP_EMAP_MAX_SEM);
+	if (c->sem_is_map && c->sem_dim != c->layers * c->experts)
+		return mp_err(-EINVAL, "expert map: a semantic map of %u floats, not layers x "
+			      "experts (%u)", c->sem_dim, c->layers * c->experts);
 	if (c->capacity > EMAP_MAX_CAPACITY)
 		return mp_err(-EINVAL, "expert map: capacity %u above %u", c->capacity,
 			      EMAP_MAX_CAPACITY);
@@ -84,10 +140,44 @@ static int check_config(const struct mp_emap_config *c)
 	return 0;
 }
 
+static int rows_alloc(struct rows *r, size_t cap, uint32_t layers, uint32_t experts,
+		      uint32_t kept)
+{
+	r->id = calloc(cap * layers * kept, sizeof(*r->id));
+	r->val = calloc(cap * layers * kept, sizeof(*r->val));
+	r->prefix_sq = calloc(cap * layers, sizeof(*r->prefix_sq));
+	r->lists = calloc((size_t)layers * experts, sizeof(*r->lists));
+	r->where = calloc(cap * layers * kept, sizeof(*r->where));
+	return r->id && r->val && r->prefix_sq && r->lists && r->where ? 0 : -ENOMEM;
+}
+
+static void rows_free(struct rows *r, uint32_t nlists)
+{
+	for (uint32_t i = 0; r->lists && i < nlists; i++)
+		free(r->lists[i].p);
+	free(r->lists);
+	free(r->where);
+	free(r->id);
+	free(r->val);
+	free(r->prefix_sq);
+}
+
+static uint64_t rows_bytes(const struct mp_emap *m, const struct rows *r)
+{
+	uint64_t b = (uint64_t)m->cap * m->cfg.layers *
+		     (m->kept * (sizeof(uint16_t) + sizeof(float) + sizeof(uint32_t)) +
+		      sizeof(float)) + (uint64_t)m->lj * sizeof(struct list);
+
+	for (uint32_t i = 0; r->lists && i < m->lj; i++)
+		b += (uint64_t)r->lists[i].cap * sizeof(struct post);
+	return b;
+}
+
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 {
+	static _Atomic uint64_t stores;
 	struct mp_emap *m;
-	size_t cap;
+	size_t cap, sem;
 	int err;
 
 	if (!cfg || !out)
@@ -101,14 +191,32 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	m->cfg = *cfg;
 	if (!m->cfg.capacity)
 		m->cfg.capacity = EMAP_DEFAULT_CAPACITY;
-	cap = m->cfg.capacity;
+	m->cap = m->cfg.capacity;
+	m->kept = MP_MIN(cfg->experts, MP_EMAP_ROW_KEEP * cfg->topk);
+	m->id = ++stores;
+	cap = m->cap;
 	m->lj = cfg->layers * cfg->experts;
-	m->maps = calloc(cap * m->lj, sizeof(float));
-	m->sem = calloc(cap * (cfg->sem_dim ? cfg->sem_dim : 1), sizeof(float));
+	sem = cfg->sem_dim && !cfg->sem_is_map ? cfg->sem_dim : 0;
+	err = rows_alloc(&m->maps, cap, cfg->layers, cfg->experts, m->kept);
+	if (!err && cfg->sem_is_map)
+		err = rows_alloc(&m->ctx, cap, cfg->layers, cfg->experts, m->kept);
+	m->sem = sem ? calloc(cap * sem, sizeof(float)) : NULL;
 	m->sem_norm = calloc(cap, sizeof(float));
-	m->prefix_sq = calloc(cap * cfg->layers, sizeof(float));
-	m->scratch = calloc(cap, sizeof(float));
-	if (!m->maps || !m->sem || !m->sem_norm || !m->prefix_sq || !m->scratch) {
+	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
+	m->gen = calloc(cap, sizeof(uint32_t));
+	m->row = calloc(m->lj, sizeof(float));
+	m->qrow = calloc(cfg->experts + 1, sizeof(float));
+	for (uint32_t i = 0; i < 2; i++) {
+		struct kept_map *k = i ? &m->kctx : &m->kmap;
+
+		k->id = calloc((size_t)cfg->layers * m->kept, sizeof(*k->id));
+		k->val = calloc((size_t)cfg->layers * m->kept, sizeof(*k->val));
+		k->prefix_sq = calloc(cfg->layers, sizeof(*k->prefix_sq));
+		if (!k->id || !k->val || !k->prefix_sq)
+			err = -ENOMEM;
+	}
+	if (err || (sem && !m->sem) || !m->sem_norm || !m->top || !m->gen || !m->row ||
+	    !m->qrow) {
 		mp_emap_destroy(m);
 		return mp_err(-ENOMEM, "expert map: no memory for %zu records", cap);
 	}
@@ -120,11 +228,22 @@ void mp_emap_destroy(struct mp_emap *m)
 {
 	if (!m)
 		return;
-	free(m->maps);
+	rows_free(&m->maps, m->lj);
+	rows_free(&m->ctx, m->lj);
 	free(m->sem);
 	free(m->sem_norm);
-	free(m->prefix_sq);
-	free(m->scratch);
+	free(m->top);
+	free(m->gen);
+	free(m->row);
+	free(m->qrow);
+	for (uint32_t i = 0; i < 2; i++) {
+		struct kept_map *k = i ? &m->kctx : &m->kmap;
+
+		free(k->id);
+		free(k->val);
+		free(k->prefix_sq);
+	}
+	mp_emap_query_fini(&m->tmp);
 	free(m);
 }
 
@@ -135,35 +254,216 @@ const struct mp_emap_config *mp_emap_config(const struct mp_emap *m)
 
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 {
-	size_t cap = m->cfg.capacity;
+	uint64_t cap = m->cap;
 
 	out->count = m->count;
 	out->capacity = m->cfg.capacity;
 	out->inserted = m->inserted;
 	out->replaced = m->replaced;
 	out->searches = m->searches;
-	out->bytes = sizeof(*m) + cap * sizeof(float) *
-		     ((uint64_t)m->lj + (m->cfg.sem_dim ? m->cfg.sem_dim : 1) + 2 + m->cfg.layers);
+	/* Records, the scratch rows and the searches' products (a query's for the store's). */
+	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
+		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
+		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
+		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
+			    sizeof(uint16_t) + sizeof(uint32_t)) +
+		     (m->lj + m->cfg.experts + 1) * sizeof(float) +
+		     cap * 2 * (sizeof(double) + sizeof(uint32_t));
 }
 
-/* Recomputes the derived norms of record y after its data changed. */
-static void index_record(struct mp_emap *m, uint32_t y)
+/*
+ * Keeps row's `kept` largest positive values (ties: lower index), scaled to
+ * keep the row's sum when it has more non-zero ones, and writes them by
+ * increasing index to id/val, padded with (J, 0); adds their squares to *sq
+ * in that order. A NULL row is all zeros.
+ */
+static void keep_row(const float *row, uint32_t J, uint32_t kept, uint16_t *id, float *val,
+		     double *sq)
 {
-	const float *map = m->maps + (size_t)y * m->lj;
-	float *pre = m->prefix_sq + (size_t)y * m->cfg.layers;
-	double acc = 0, s = 0;
+	uint32_t best[MAX_KEPT], n = 0, nz = 0;
+	double total = 0, sum = 0, scale = 1;
 
-	for (uint32_t l = 0; l < m->cfg.layers; l++) {
-		for (uint32_t j = 0; j < m->cfg.experts; j++)
-			acc += (double)map[l * m->cfg.experts + j] * map[l * m->cfg.experts + j];
-		pre[l] = (float)acc;
+	/* By decreasing value: an equal value comes after the lower index already in. */
+	for (uint32_t j = 0; row && j < J; j++) {
+		float v = row[j];
+		uint32_t i;
+
+		if (!(v > 0))
+			continue;
+		nz++;
+		total += v;
+		if (n == kept && !(v > row[best[n - 1]]))
+			continue;
+		i = n < kept ? n++ : n - 1;
+		for (; i > 0 && row[best[i - 1]] < v; i--)
+			best[i] = best[i - 1];
+		best[i] = j;
 	}
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++) {
-		float v = m->sem[(size_t)y * m->cfg.sem_dim + i];
+	if (nz > n) {
+		for (uint32_t i = 0; i < n; i++)
+			sum += row[best[i]];
+		scale = total / sum;
+	}
+	/* By increasing index: insertion, n is small. */
+	for (uint32_t i = 1; i < n; i++)
+		for (uint32_t t = i; t > 0 && best[t - 1] > best[t]; t--) {
+			uint32_t x = best[t];
 
+			best[t] = best[t - 1];
+			best[t - 1] = x;
+		}
+	for (uint32_t i = 0; i < kept; i++) {
+		float v = i < n ? (nz > n ? (float)(row[best[i]] * scale) : row[best[i]]) : 0.0f;
+
+		id[i] = i < n ? (uint16_t)best[i] : (uint16_t)J;
+		val[i] = v;
+		*sq += (double)v * v;
+	}
+}
+
+/* Where record y's kept row of layer l starts in r. */
+static size_t at(const struct mp_emap *m, uint32_t l, uint32_t y)
+{
+	return ((size_t)l * m->cap + y) * m->kept;
+}
+
+/* Room for one more entry in each list row (a kept row of layer l) will join. */
+static int lists_reserve(struct mp_emap *m, struct rows *r, uint32_t l, const uint16_t *id)
+{
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		uint32_t cap = li->cap ? 2 * li->cap : 8;
+		struct post *p;
+
+		if (li->n < li->cap)
+			continue;
+		p = realloc(li->p, MP_MIN(cap, m->cap) * sizeof(*p));
+		if (!p)
+			return mp_err(-ENOMEM, "expert map: no memory for layer %u expert %u's "
+				      "records", l, id[i]);
+		li->p = p;
+		li->cap = MP_MIN(cap, m->cap);
+	}
+	return 0;
+}
+
+/* Takes record y's kept row of layer l out of its lists (the last entry fills each gap). */
+static void lists_remove(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
+{
+	const uint16_t *id = r->id + at(m, l, y);
+	const uint32_t *where = r->where + at(m, l, y);
+
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		struct post last = li->p[--li->n];
+
+		if (where[i] == li->n)
+			continue;
+		li->p[where[i]] = last;
+		r->where[at(m, l, last.y) + last.i] = where[i];
+	}
+}
+
+static void lists_add(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
+{
+	const uint16_t *id = r->id + at(m, l, y);
+	const float *val = r->val + at(m, l, y);
+
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+
+		r->where[at(m, l, y) + i] = li->n;
+		li->p[li->n++] = (struct post){ y, i, val[i] };
+	}
+}
+
+/*
+ * A map's kept rows (NULL: zeros) into k, with room made in r's lists for
+ * them. Returns 0, or -ENOMEM with the store unchanged.
+ */
+static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k)
+{
+	const uint32_t J = m->cfg.experts;
+	int err = 0;
+
+	k->sq = 0;
+	for (uint32_t l = 0; !err && l < m->cfg.layers; l++) {
+		keep_row(map ? map + (size_t)l * J : NULL, J, m->kept, k->id + l * m->kept,
+			 k->val + l * m->kept, &k->sq);
+		k->prefix_sq[l] = (float)k->sq;
+		err = lists_reserve(m, r, l, k->id + l * m->kept);
+	}
+	return err;
+}
+
+/* Writes k as record y's rows in r, and in r's lists instead of what it held. */
+static void put_rows(struct mp_emap *m, struct rows *r, uint32_t y, const struct kept_map *k)
+{
+	for (uint32_t l = 0; l < m->cfg.layers; l++) {
+		if (m->gen[y])
+			lists_remove(m, r, l, y);
+		memcpy(r->id + at(m, l, y), k->id + l * m->kept, m->kept * sizeof(*k->id));
+		memcpy(r->val + at(m, l, y), k->val + l * m->kept, m->kept * sizeof(*k->val));
+		r->prefix_sq[(size_t)l * m->cap + y] = k->prefix_sq[l];
+		lists_add(m, r, l, y);
+	}
+}
+
+/* The k largest positive values of row, largest first (ties: lower j), NO_EXPERT after. */
+static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
+{
+	for (uint32_t i = 0; i < k; i++) {
+		uint32_t best = J;
+
+		for (uint32_t j = 0; j < J; j++) {
+			bool used = false;
+
+			for (uint32_t t = 0; t < i; t++)
+				used |= ids[t] == j;
+			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
+				best = j;
+		}
+		ids[i] = best == J ? NO_EXPERT : (uint16_t)best;
+		if (best == J)
+			return;		/* fewer than k experts ran (an all-zero row) */
+	}
+}
+
+/*
+ * Writes record y from a normalised map and its semantic vector (NULL:
+ * zeros), with everything derived from them: kept rows and their lists,
+ * norms, top-k, a new generation. Returns 0, or -ENOMEM with the record as
+ * it was.
+ */
+static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
+{
+	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
+	double s = 0;
+	int err;
+
+	err = keep_map(m, &m->maps, map, &m->kmap);
+	if (!err && m->cfg.sem_is_map)
+		err = keep_map(m, &m->ctx, sem, &m->kctx);
+	if (err)
+		return err;
+	put_rows(m, &m->maps, y, &m->kmap);
+	for (uint32_t l = 0; l < L; l++)
+		row_topk(map + (size_t)l * J, J, K, m->top + ((size_t)l * m->cap + y) * K);
+	if (m->cfg.sem_is_map) {
+		put_rows(m, &m->ctx, y, &m->kctx);
+		s = m->kctx.sq;
+	}
+	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++) {
+		float v = sem ? sem[i] : 0.0f;
+
+		m->sem[(size_t)i * m->cap + y] = v;
 		s += (double)v * v;
 	}
 	m->sem_norm[y] = (float)sqrt(s);
+	if (!++m->writes)
+		m->writes = 1;		/* never 0: a query's "none" */
+	m->gen[y] = m->writes;
+	return 0;
 }
 
 /* Copies map into dst with every layer row scaled to sum to 1. */
@@ -186,33 +486,6 @@ static int normalise_map(const struct mp_emap *m, const float *map, float *dst)
 	return 0;
 }
 
-/* Dot products of vector v (n floats, stride) against every record's first n floats. */
-static float cos_prefix(const struct mp_emap *m, uint32_t y, const float *v, double vsq,
-			uint32_t layers)
-{
-	const float *map = m->maps + (size_t)y * m->lj;
-	uint32_t n = layers * m->cfg.experts;
-	double dot = 0, ysq = m->prefix_sq[(size_t)y * m->cfg.layers + layers - 1];
-
-	if (vsq <= 0 || ysq <= 0)
-		return 0.0f;
-	for (uint32_t i = 0; i < n; i++)
-		dot += (double)v[i] * map[i];
-	return (float)(dot / sqrt(vsq * ysq));
-}
-
-static float cos_sem(const struct mp_emap *m, uint32_t y, const float *v, double vnorm)
-{
-	const float *s = m->sem + (size_t)y * m->cfg.sem_dim;
-	double dot = 0;
-
-	if (vnorm <= 0 || m->sem_norm[y] <= 0)
-		return 0.0f;
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
-		dot += (double)v[i] * s[i];
-	return (float)(dot / (vnorm * m->sem_norm[y]));
-}
-
 static double sumsq(const float *v, uint32_t n)
 {
 	double s = 0;
@@ -222,76 +495,364 @@ static double sumsq(const float *v, uint32_t n)
 	return s;
 }
 
-int mp_emap_insert(struct mp_emap *m, const float *map, const float *sem)
+/*
+ * Kept rows
+ */
+
+/* Spreads a kept row over m->qrow (clear: sets those places back to 0). */
+static void spread(struct mp_emap *m, const uint16_t *id, const float *val, bool clear)
 {
-	float *tmp;
+	for (uint32_t i = 0; i < m->kept; i++)
+		m->qrow[id[i]] = clear ? 0.0f : val[i];
+	m->qrow[m->cfg.experts] = 0.0f;
+}
+
+/*
+ * acc[y] += (the kept row id/val of layer l) . (record y's), through the
+ * lists of the row's experts: only the records that share one, each one's
+ * terms in expert order.
+ */
+static void fold_rows(const struct mp_emap *m, const struct rows *r, uint32_t l,
+		      const uint16_t *id, const float *val, double *acc)
+{
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		const struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		double a = val[i];
+
+		for (uint32_t n = 0; n < li->n; n++)
+			acc[li->p[n].y] += a * li->p[n].v;
+	}
+}
+
+/* As fold_rows() into a fresh w[y] (every record's) and, term by term as well, into acc[y]. */
+static void fold_rows_both(const struct mp_emap *m, const struct rows *r, uint32_t l,
+			   const uint16_t *id, const float *val, double *w, double *acc)
+{
+	memset(w, 0, m->count * sizeof(*w));
+	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
+		const struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
+		double a = val[i];
+
+		for (uint32_t n = 0; n < li->n; n++) {
+			double t = a * li->p[n].v;
+
+			w[li->p[n].y] += t;
+			acc[li->p[n].y] += t;
+		}
+	}
+}
+
+/* Record y's dot product with map's first `layers` layers as kept, added as fold_rows() does. */
+static double record_rows_dot(struct mp_emap *m, const struct rows *r, uint32_t y,
+			      const float *map, uint32_t layers)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+	double dot = 0, sq = 0;
+
+	for (uint32_t l = 0; l < layers; l++) {
+		const uint16_t *rid = r->id + at(m, l, y);
+		const float *rval = r->val + at(m, l, y);
+
+		keep_row(map + (size_t)l * m->cfg.experts, m->cfg.experts, m->kept, id, val, &sq);
+		spread(m, id, val, false);
+		for (uint32_t i = 0; i < m->kept; i++)
+			dot += (double)m->qrow[rid[i]] * rval[i];
+		spread(m, id, val, true);
+	}
+	return dot;
+}
+
+/* Keeps row (a map's row l), adding its squares to *sq, and folds it into every record's acc. */
+static void fold_map_row(struct mp_emap *m, const struct rows *r, const float *row, uint32_t l,
+			 double *acc, double *sq)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+
+	keep_row(row, m->cfg.experts, m->kept, id, val, sq);
+	fold_rows(m, r, l, id, val, acc);
+}
+
+/*
+ * Dense semantic vectors, by columns
+ */
+
+/* acc[y] += a * col[y] for every record y < n: the next term of each record's dot product. */
+static void fold(double *restrict acc, double a, const float *restrict col, uint32_t n)
+{
+	for (uint32_t y = 0; y < n; y++)
+		acc[y] += a * col[y];
+}
+
+/*
+ * Every record's dot product with v (sem_dim floats), term by term in index
+ * order. A zero term is skipped: adding +-0 leaves a sum that is never -0
+ * unchanged, so the sums are those of a plain loop.
+ */
+static void sem_dots(const struct mp_emap *m, double *acc, const float *v)
+{
+	memset(acc, 0, m->count * sizeof(*acc));
+	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
+		if (v[i] != 0)
+			fold(acc, v[i], m->sem + (size_t)i * m->cap, m->count);
+}
+
+static double record_sem_dot(const struct mp_emap *m, uint32_t y, const float *v)
+{
+	double dot = 0;
+
+	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
+		dot += (double)v[i] * m->sem[(size_t)i * m->cap + y];
+	return dot;
+}
+
+/*
+ * Queries
+ */
+
+void mp_emap_query_reset(struct mp_emap_query *q)
+{
+	double *dot = q->sdot;
+	uint32_t *gen = q->sgen;
+
+	q->store = 0;
+	q->sem_store = 0;
+	/* The last iteration's rows, all of them and in order: the new semantic map's products. */
+	if (q->next_store && q->next_layers == q->next_full) {
+		q->sem_store = q->next_store;
+		q->snorm = sqrt(q->next_sq);
+		q->sdot = q->ndot;
+		q->sgen = q->ngen;
+		q->ndot = dot;
+		q->ngen = gen;
+	}
+	q->next_store = 0;
+}
+
+void mp_emap_query_fini(struct mp_emap_query *q)
+{
+	free(q->dot);
+	free(q->gen);
+	free(q->sdot);
+	free(q->sgen);
+	free(q->ndot);
+	free(q->ngen);
+	memset(q, 0, sizeof(*q));
+}
+
+/*
+ * Starts products afresh: zero for every record, each belonging to the
+ * record's current write; places past the records belong to no write (0),
+ * whatever another store or an earlier use left there.
+ */
+static void products_start(const struct mp_emap *m, const struct mp_emap_query *q, double *dot,
+			   uint32_t *gen)
+{
+	memset(dot, 0, m->count * sizeof(*dot));
+	memcpy(gen, m->gen, m->count * sizeof(*gen));
+	memset(gen + m->count, 0, (q->cap - m->count) * sizeof(*gen));
+}
+
+/* (Re)allocates one of a query's product arrays for cap records. */
+static bool grow(void **p, size_t cap, size_t size)
+{
+	void *n = realloc(*p, cap * size);
+
+	if (n)
+		*p = n;
+	return n != NULL;
+}
+
+static int query_fit(const struct mp_emap *m, struct mp_emap_query *q)
+{
+	if (q->cap >= m->cap)
+		return 0;
+	if (!grow((void **)&q->dot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->gen, m->cap, sizeof(uint32_t)) ||
+	    !grow((void **)&q->sdot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->sgen, m->cap, sizeof(uint32_t)) ||
+	    !grow((void **)&q->ndot, m->cap, sizeof(double)) ||
+	    !grow((void **)&q->ngen, m->cap, sizeof(uint32_t)))
+		return mp_err(-ENOMEM, "expert map: no memory for a query of %u records", m->cap);
+	q->cap = m->cap;
+	q->next_store = 0;
+	mp_emap_query_reset(q);
+	return 0;
+}
+
+/*
+ * Brings q's trajectory products up to map's first `prefix` layers: only
+ * the rows added since the last call, plus a whole product for each record
+ * written since. A prefix that did not grow means the rows were rewritten
+ * (a layer gated again): start over.
+ */
+static int query_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+		      uint32_t prefix)
+{
+	int err = query_fit(m, q);
+
+	if (err)
+		return err;
+	if (q->store != m->id || prefix <= q->layers) {
+		q->store = m->id;
+		q->layers = 0;
+		q->vsq = 0;
+		products_start(m, q, q->dot, q->gen);
+	}
+	for (uint32_t l = q->layers; l < prefix; l++)
+		fold_map_row(m, &m->maps, map + (size_t)l * m->cfg.experts, l, q->dot, &q->vsq);
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (q->gen[y] == m->gen[y])
+			continue;
+		q->dot[y] = record_rows_dot(m, &m->maps, y, map, prefix);
+		q->gen[y] = m->gen[y];
+	}
+	q->layers = prefix;
+	return 0;
+}
+
+/* Brings q's semantic products with sem (its iteration's vector) up to date. */
+static int query_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem)
+{
+	const bool map = m->cfg.sem_is_map;
+	int err = query_fit(m, q);
+
+	if (err)
+		return err;
+	if (q->sem_store != m->id) {
+		double sq = 0;
+
+		q->sem_store = m->id;
+		products_start(m, q, q->sdot, q->sgen);
+		if (map) {
+			for (uint32_t l = 0; l < m->cfg.layers; l++)
+				fold_map_row(m, &m->ctx, sem + (size_t)l * m->cfg.experts, l,
+					     q->sdot, &sq);
+		} else {
+			sq = sumsq(sem, m->cfg.sem_dim);
+			sem_dots(m, q->sdot, sem);
+		}
+		q->snorm = sqrt(sq);
+	}
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (q->sgen[y] == m->gen[y])
+			continue;
+		q->sdot[y] = map ? record_rows_dot(m, &m->ctx, y, sem, m->cfg.layers) :
+				   record_sem_dot(m, y, sem);
+		q->sgen[y] = m->gen[y];
+	}
+	return 0;
+}
+
+/* The query to use: the caller's, or the store's own started afresh. */
+static struct mp_emap_query *query_of(struct mp_emap *m, struct mp_emap_query *q)
+{
+	if (q)
+		return q;
+	mp_emap_query_reset(&m->tmp);
+	return &m->tmp;
+}
+
+/* Cosine of a trajectory prefix of squared norm vsq with record y's first `layers` layers. */
+static float cos_prefix(const struct mp_emap *m, uint32_t y, double dot, double vsq,
+			uint32_t layers)
+{
+	double ysq = m->maps.prefix_sq[(size_t)(layers - 1) * m->cap + y];
+
+	if (vsq <= 0 || ysq <= 0)
+		return 0.0f;
+	return (float)(dot / sqrt(vsq * ysq));
+}
+
+static float cos_sem(const struct mp_emap *m, uint32_t y, double dot, double vnorm)
+{
+	if (vnorm <= 0 || m->sem_norm[y] <= 0)
+		return 0.0f;
+	return (float)(dot / (vnorm * m->sem_norm[y]));
+}
+
+/*
+ * The record whose RDY against the new map norm (and sem) is highest:
+ * FineMoE's victim. q's semantic products are reused when it has them.
+ */
+static int most_redundant(struct mp_emap *m, struct mp_emap_query *q, const float *norm,
+			  const float *sem, uint32_t *victim)
+{
+	const uint32_t L = m->cfg.layers, d = m->cfg.distance;
+	struct mp_emap_query *t = &m->tmp;
+	float best = -INFINITY;
+	int err;
+
+	mp_emap_query_reset(t);
+	err = query_traj(m, t, norm, L);
+	if (!err && m->cfg.sem_dim && sem) {
+		if (!q || q->sem_store != m->id)
+			q = t;
+		err = query_sem(m, q, sem);
+	}
+	if (err)
+		return err;
+	*victim = 0;
+	for (uint32_t i = 0; i < m->count; i++) {
+		float traj = cos_prefix(m, i, t->dot[i], t->vsq, L);
+		float s = !m->cfg.sem_dim ? traj : sem ? cos_sem(m, i, q->sdot[i], q->snorm) : 0;
+		/* Without semantic vectors both terms are the trajectory's. */
+		float rdy = ((float)d / L) * s + ((float)(L - d) / L) * traj;
+
+		if (rdy > best) {
+			best = rdy;
+			*victim = i;
+		}
+	}
+	return 0;
+}
+
+int mp_emap_insert(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+		   const float *sem)
+{
 	uint32_t y;
 	int err;
 
 	if (!m || !map)
 		return mp_err(-EINVAL, "expert map: insert without a map");
-	tmp = m->maps + (size_t)(m->count < m->cfg.capacity ? m->count : 0) * m->lj;
-	/* Normalise into a scratch copy first when full: the victim is not known yet. */
-	if (m->count == m->cfg.capacity) {
-		const uint32_t L = m->cfg.layers, d = m->cfg.distance;
-		float *norm = malloc(m->lj * sizeof(float));
-		double nsq, snorm;
-		float best = -INFINITY;
-
-		if (!norm)
-			return -ENOMEM;
-		err = normalise_map(m, map, norm);
-		if (err) {
-			free(norm);
-			return err;
-		}
-		nsq = sumsq(norm, m->lj);
-		snorm = sem ? sqrt(sumsq(sem, m->cfg.sem_dim)) : 0;
-		y = 0;
-		for (uint32_t i = 0; i < m->count; i++) {
-			float traj = cos_prefix(m, i, norm, nsq, L);
-			float s = m->cfg.sem_dim ? cos_sem(m, i, sem ? sem : norm, snorm) : traj;
-			/* Without semantic vectors both terms are the trajectory's. */
-			float rdy = ((float)d / L) * s + ((float)(L - d) / L) * traj;
-
-			if (rdy > best) {
-				best = rdy;
-				y = i;
-			}
-		}
-		memcpy(m->maps + (size_t)y * m->lj, norm, m->lj * sizeof(float));
-		free(norm);
-		m->replaced++;
-	} else {
-		err = normalise_map(m, map, tmp);
+	for (uint32_t i = 0; sem && i < m->cfg.sem_dim; i++)
+		if (!isfinite(sem[i]) || (m->cfg.sem_is_map && sem[i] < 0))
+			return mp_err(-EINVAL, "expert map: semantic value %u is %g", i, sem[i]);
+	err = normalise_map(m, map, m->row);
+	if (err)
+		return err;
+	if (m->count == m->cap) {
+		err = most_redundant(m, q, m->row, sem, &y);
+		if (!err)
+			err = put_record(m, y, m->row, sem);
 		if (err)
 			return err;
-		y = m->count++;
+		m->replaced++;
+	} else {
+		y = m->count;
+		err = put_record(m, y, m->row, sem);
+		if (err)
+			return err;
+		m->count++;
 	}
-	if (m->cfg.sem_dim) {
-		float *dst = m->sem + (size_t)y * m->cfg.sem_dim;
-
-		if (sem)
-			memcpy(dst, sem, m->cfg.sem_dim * sizeof(float));
-		else
-			memset(dst, 0, m->cfg.sem_dim * sizeof(float));
-	}
-	index_record(m, y);
 	m->inserted++;
 	return (int)y;
 }
 
-int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
+int mp_emap_search_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
+		       float *score)
 {
 	float best = -INFINITY;
-	double vnorm;
 	int arg = -ENOENT;
 
 	if (!m->count || !m->cfg.sem_dim || !sem)
 		return -ENOENT;
-	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
+	q = query_of(m, q);
+	if (query_sem(m, q, sem))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_sem(m, y, sem, vnorm);
+		float c = cos_sem(m, y, q->sdot[y], q->snorm);
 
 		if (c > best) {
 			best = c;
@@ -307,17 +868,18 @@ int mp_emap_search_sem(struct mp_emap *m, const float *sem, float *score)
 int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
 			float *score)
 {
+	struct mp_emap_query *q = query_of(m, NULL);
 	float best = -INFINITY;
-	double vsq;
 	int arg = -ENOENT;
 
 	if (!m->count || !map || !prefix_layers)
 		return -ENOENT;
 	if (prefix_layers > m->cfg.layers)
 		prefix_layers = m->cfg.layers;
-	vsq = sumsq(map, prefix_layers * m->cfg.experts);
+	if (query_traj(m, q, map, prefix_layers))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++) {
-		float c = cos_prefix(m, y, map, vsq, prefix_layers);
+		float c = cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers);
 
 		if (c > best) {
 			best = c;
@@ -330,27 +892,13 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
 	return arg;
 }
 
-/* Adds w to acc[j] for each of the k largest values of row (ties: lower j first). */
-static void add_topk(const float *row, uint32_t J, uint32_t k, double w, double *acc)
+/* Adds w to acc[j] for each of the top-k experts of record y's row of layer. */
+static void vote(const struct mp_emap *m, uint32_t y, uint32_t layer, double w, double *acc)
 {
-	uint32_t taken[MP_MAX_TOPK];
+	const uint16_t *ids = m->top + ((size_t)layer * m->cap + y) * m->cfg.topk;
 
-	for (uint32_t i = 0; i < k; i++) {
-		uint32_t best = J;
-
-		for (uint32_t j = 0; j < J; j++) {
-			bool used = false;
-
-			for (uint32_t t = 0; t < i; t++)
-				used |= taken[t] == j;
-			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
-				best = j;
-		}
-		if (best == J)
-			return;		/* fewer than k experts ran (an all-zero row) */
-		taken[i] = best;
-		acc[best] += w;
-	}
+	for (uint32_t i = 0; i < m->cfg.topk && ids[i] != NO_EXPERT; i++)
+		acc[ids[i]] += w;
 }
 
 /*
@@ -358,33 +906,72 @@ static void add_topk(const float *row, uint32_t J, uint32_t k, double w, double 
  * pseudo-record keeps every probability above zero and is all there is for
  * an empty store or a context no record shares.
  */
-static void finish_use(const double *acc, double wsum, uint32_t J, uint32_t k, float *out)
+static void finish_use(const struct mp_emap *m, const double *acc, double wsum, float *out)
 {
+	const uint32_t J = m->cfg.experts, k = m->cfg.topk;
+
 	for (uint32_t j = 0; j < J; j++)
 		out[j] = (float)(((double)k / J + acc[j]) / (1.0 + wsum));
 }
 
-int mp_emap_predict_layer(struct mp_emap *m, uint32_t layer, const float *ctx, uint32_t offset,
-			  uint32_t k, float *out)
+/*
+ * Folds ctx, row `layer` of q's iteration's map, into every record's product
+ * with the semantic map of q's next iteration, writing the row's own product
+ * with each record's row to w. Layers must come in order from 0; otherwise
+ * the products are dropped (and computed afresh when needed).
+ */
+static void fold_next(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer,
+		      const float *ctx, double *w)
+{
+	uint16_t id[MAX_KEPT];
+	float val[MAX_KEPT];
+	double sq = 0;
+
+	if (layer == 0) {
+		q->next_store = m->id;
+		q->next_layers = 0;
+		q->next_sq = 0;
+		q->next_full = m->cfg.layers;
+		products_start(m, q, q->ndot, q->ngen);
+	}
+	if (q->next_store != m->id || q->next_layers != layer) {
+		q->next_store = 0;
+		memset(w, 0, m->count * sizeof(*w));
+		fold_map_row(m, &m->ctx, ctx, layer, w, &sq);
+		return;
+	}
+	keep_row(ctx, m->cfg.experts, m->kept, id, val, &q->next_sq);
+	fold_rows_both(m, &m->ctx, layer, id, val, w, q->ndot);
+	q->next_layers++;
+}
+
+int mp_emap_predict_layer(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer,
+			  const float *ctx, float *out)
 {
 	const uint32_t J = m->cfg.experts;
-	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
+	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0, sq = 0;
+	double *w;
 
-	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK ||
-	    k > J || J > MP_MAX_PREDICT_EXPERTS || (uint64_t)offset + J > m->cfg.sem_dim)
+	if (!ctx || layer >= m->cfg.layers || !m->cfg.sem_is_map || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	for (uint32_t y = 0; y < m->count; y++) {
-		const float *c = m->sem + (size_t)y * m->cfg.sem_dim + offset;
-		double w = 0;
-
-		for (uint32_t j = 0; j < J; j++)
-			w += (double)ctx[j] * c[j];
-		if (!(w > 0))
-			continue;
-		wsum += w;
-		add_topk(m->maps + (size_t)y * m->lj + (size_t)layer * J, J, k, w, acc);
+	if (query_fit(m, &m->tmp) || (q && query_fit(m, q)))
+		return -ENOMEM;
+	/* The store's own trajectory products make room for the row's. */
+	mp_emap_query_reset(&m->tmp);
+	w = m->tmp.dot;
+	if (q) {
+		fold_next(m, q, layer, ctx, w);
+	} else {
+		memset(w, 0, m->count * sizeof(*w));
+		fold_map_row(m, &m->ctx, ctx, layer, w, &sq);
 	}
-	finish_use(acc, wsum, J, k, out);
+	for (uint32_t y = 0; y < m->count; y++) {
+		if (!(w[y] > 0))
+			continue;
+		wsum += w[y];
+		vote(m, y, layer, w[y], acc);
+	}
+	finish_use(m, acc, wsum, out);
 	m->searches++;
 	return 0;
 }
@@ -414,94 +1001,96 @@ static void neighbour_add(struct neighbours *nb, uint32_t y, float c)
 
 /* The neighbours' vote, weighted by their cosine, for layer `target`: finish_use() into out. */
 static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb, uint32_t target,
-			   uint32_t k, float *out)
+			   float *out)
 {
-	const uint32_t J = m->cfg.experts;
 	double acc[MP_MAX_PREDICT_EXPERTS] = { 0 }, wsum = 0;
 
 	for (uint32_t i = 0; i < nb->n; i++) {
 		wsum += nb->c[i];
-		add_topk(m->maps + (size_t)nb->y[i] * m->lj + (size_t)target * J, J, k, nb->c[i],
-			 acc);
+		vote(m, nb->y[i], target, nb->c[i], acc);
 	}
-	finish_use(acc, wsum, J, k, out);
+	finish_use(m, acc, wsum, out);
 }
 
-int mp_emap_predict_traj(struct mp_emap *m, const float *map, uint32_t prefix_layers,
-			 uint32_t target, uint32_t k, float *out, float *score)
+int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
 {
-	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
-	double vsq;
 
 	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
-	    !k || k > MP_MAX_TOPK || k > J || J > MP_MAX_PREDICT_EXPERTS)
+	    m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	vsq = sumsq(map, prefix_layers * J);
+	q = query_of(m, q);
+	if (query_traj(m, q, map, prefix_layers))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_prefix(m, y, map, vsq, prefix_layers));
-	neighbour_vote(m, &nb, target, k, out);
+		neighbour_add(&nb, y, cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers));
+	neighbour_vote(m, &nb, target, out);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
 }
 
-int mp_emap_predict_sem(struct mp_emap *m, const float *sem, uint32_t k, float *out,
-			float *score)
+int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
+			float *out, float *score)
 {
 	const uint32_t J = m->cfg.experts;
 	struct neighbours nb = { 0 };
-	double vnorm;
 
-	if (!sem || !out || !m->cfg.sem_dim || !k || k > MP_MAX_TOPK || k > J ||
-	    J > MP_MAX_PREDICT_EXPERTS)
+	if (!sem || !out || !m->cfg.sem_dim || J > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
-	vnorm = sqrt(sumsq(sem, m->cfg.sem_dim));
+	q = query_of(m, q);
+	if (query_sem(m, q, sem))
+		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_sem(m, y, sem, vnorm));
+		neighbour_add(&nb, y, cos_sem(m, y, q->sdot[y], q->snorm));
 	for (uint32_t l = 0; l < m->cfg.layers; l++)
-		neighbour_vote(m, &nb, l, k, out + (size_t)l * J);
+		neighbour_vote(m, &nb, l, out + (size_t)l * J);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
 }
 
-const float *mp_emap_layer(const struct mp_emap *m, uint32_t idx, uint32_t layer)
+/* Record y's kept rows of r, spread out into dense (layers x experts floats). */
+static void get_rows(const struct mp_emap *m, const struct rows *r, uint32_t y, float *dense)
 {
-	if (idx >= m->count || layer >= m->cfg.layers)
-		return NULL;
-	return m->maps + (size_t)idx * m->lj + (size_t)layer * m->cfg.experts;
+	memset(dense, 0, m->lj * sizeof(float));
+	for (uint32_t l = 0; l < m->cfg.layers; l++) {
+		const uint16_t *id = r->id + at(m, l, y);
+		const float *val = r->val + at(m, l, y);
+
+		for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++)
+			dense[(size_t)l * m->cfg.experts + id[i]] = val[i];
+	}
 }
 
-const float *mp_emap_sem(const struct mp_emap *m, uint32_t idx)
+int mp_emap_record(const struct mp_emap *m, uint32_t idx, float *map, float *sem)
 {
-	if (idx >= m->count || !m->cfg.sem_dim)
-		return NULL;
-	return m->sem + (size_t)idx * m->cfg.sem_dim;
+	if (idx >= m->count)
+		return -ENOENT;
+	if (map)
+		get_rows(m, &m->maps, idx, map);
+	if (sem && m->cfg.sem_is_map)
+		get_rows(m, &m->ctx, idx, sem);
+	for (uint32_t i = 0; sem && m->sem && i < m->cfg.sem_dim; i++)
+		sem[i] = m->sem[(size_t)i * m->cap + idx];
+	return 0;
 }
 
-/*
- * File
- */
-
-static int payload_sum(const struct mp_emap *m, uint32_t count, uint64_t *sum)
+/* The records as the file holds them: each one's map, then its semantic vector. */
+static float *gather_records(const struct mp_emap *m, size_t *bytes)
 {
-	/* Records are hashed as written: the map, then the semantic vector, record by record. */
-	size_t rec = ((size_t)m->lj + m->cfg.sem_dim) * sizeof(float);
-	float *buf = malloc(rec * (count ? count : 1));
+	size_t rec = (size_t)m->lj + m->cfg.sem_dim;
+	float *buf = malloc(rec * sizeof(float) * (m->count ? m->count : 1));
 
 	if (!buf)
-		return mp_err(-ENOMEM, "expert map: no memory to checksum %u records", count);
-	for (uint32_t y = 0; y < count; y++) {
-		memcpy((char *)buf + y * rec, m->maps + (size_t)y * m->lj, m->lj * sizeof(float));
-		memcpy((char *)buf + y * rec + m->lj * sizeof(float),
-		       m->sem + (size_t)y * m->cfg.sem_dim, m->cfg.sem_dim * sizeof(float));
-	}
-	*sum = mp_checksum(buf, rec * count);
-	free(buf);
-	return 0;
+		return NULL;
+	for (uint32_t y = 0; y < m->count; y++)
+		mp_emap_record(m, y, buf + y * rec, buf + y * rec + m->lj);
+	*bytes = rec * sizeof(float) * m->count;
+	return buf;
 }
 
 static int write_all(int fd, const void *buf, size_t len, const char *path)
@@ -525,6 +1114,8 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 {
 	struct emap_header h = { 0 };
 	char tmp[4096];
+	float *recs;
+	size_t bytes;
 	int fd, err = 0;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
@@ -538,21 +1129,21 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 	h.count = m->count;
 	h.inserted = m->inserted;
 	h.replaced = m->replaced;
-	err = payload_sum(m, m->count, &h.payload_sum);
-	if (err)
-		return err;
+	recs = gather_records(m, &bytes);
+	if (!recs)
+		return mp_err(-ENOMEM, "expert map %s: no memory to write %u records", path,
+			      m->count);
+	h.payload_sum = mp_checksum(recs, bytes);
 	h.header_sum = mp_checksum(&h, offsetof(struct emap_header, header_sum));
 
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return mp_err(-errno, "expert map %s: create: %s", tmp, strerror(errno));
-	err = write_all(fd, &h, sizeof(h), tmp);
-	for (uint32_t y = 0; !err && y < m->count; y++) {
-		err = write_all(fd, m->maps + (size_t)y * m->lj, m->lj * sizeof(float), tmp);
-		if (!err && m->cfg.sem_dim)
-			err = write_all(fd, m->sem + (size_t)y * m->cfg.sem_dim,
-					m->cfg.sem_dim * sizeof(float), tmp);
+	if (fd < 0) {
+		err = mp_err(-errno, "expert map %s: create: %s", tmp, strerror(errno));
+		goto free_recs;
 	}
+	err = write_all(fd, &h, sizeof(h), tmp);
+	if (!err)
+		err = write_all(fd, recs, bytes, tmp);
 	if (!err && fsync(fd))
 		err = mp_err(-errno, "expert map %s: fsync: %s", tmp, strerror(errno));
 	close(fd);
@@ -560,6 +1151,8 @@ int mp_emap_save(const struct mp_emap *m, const char *path)
 		err = mp_err(-errno, "expert map %s: rename: %s", path, strerror(errno));
 	if (err)
 		unlink(tmp);
+free_recs:
+	free(recs);
 	return err;
 }
 
@@ -652,24 +1245,21 @@ int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_e
 		goto free_payload;
 	}
 	for (uint32_t y = 0; y < keep; y++) {
-		memcpy(m->maps + (size_t)y * m->lj, payload + y * rec, m->lj * sizeof(float));
-		memcpy(m->sem + (size_t)y * cfg->sem_dim, payload + y * rec + m->lj * sizeof(float),
-		       cfg->sem_dim * sizeof(float));
-	}
-	m->count = keep;
-	for (uint32_t y = 0; y < keep; y++) {
-		for (uint32_t i = 0; i < m->lj; i++) {
-			float v = m->maps[(size_t)y * m->lj + i];
+		const float *map = (const float *)(payload + y * rec);
 
-			if (!(v >= 0 && v <= 1.0001f)) {
+		for (uint32_t i = 0; i < m->lj; i++) {
+			if (!(map[i] >= 0 && map[i] <= 1.0001f)) {
 				err = mp_err(-EBADMSG, "expert map %s: offset %llu: gate value %g "
 					     "out of [0, 1]", path,
-					     (unsigned long long)(sizeof(h) + y * rec + i * 4), v);
+					     (unsigned long long)(sizeof(h) + y * rec + i * 4), map[i]);
 				goto free_payload;
 			}
 		}
-		index_record(m, y);
+		err = put_record(m, y, map, map + m->lj);
+		if (err)
+			goto free_payload;
 	}
+	m->count = keep;
 	m->inserted = h.inserted;
 	m->replaced = h.replaced;
 	free(payload);

@@ -21,4 +21,5 @@ const struct mp_prefetch_ops mp_prefetch_nextlayer = {
 	.name = "nextlayer",
 	.description = "top-k of layer l+1's router applied to layer l's hidden state (d = 1)",
 	.gate = nextlayer_gate,
+	.layer_input = true,
 };

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <moepager/prefetch.h>
 
@@ -18,6 +19,7 @@ static const struct mp_prefetch_ops *const policies[] = {
 	&mp_prefetch_nextlayer,
 	&mp_prefetch_eam,
 	&mp_prefetch_finemoe,
+	&mp_prefetch_finemoe_nextlayer,
 	&mp_prefetch_dependency,
 	&mp_prefetch_oracle,
 };
@@ -32,7 +34,7 @@ const struct mp_prefetch_ops *mp_prefetch_find(const char *name)
 
 const char *mp_prefetch_names(void)
 {
-	return "none, nextlayer, eam, finemoe, dependency, oracle";
+	return "none, nextlayer, eam, finemoe, finemoe+nextlayer, dependency, oracle";
 }
 
 const char *mp_prefetch_policy_names(void)
@@ -54,6 +56,14 @@ int mp_prefetch_check_names(const char *prefetch, const char *eviction)
 		return mp_err(-EINVAL, "unknown eviction policy '%s' (%s)", eviction,
 			      mp_evict_names());
 	return 0;
+}
+
+uint64_t mp_prefetch_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
@@ -202,22 +212,69 @@ void mp_prefetch_emit(struct mp_prefetch *pf, uint32_t layer, uint32_t expert, f
 	pf->emitted++;
 }
 
+/* A probability as selection ranks it: NaN and negative values count as 0 (never as mass). */
+static float rank_p(const float *p, uint32_t x)
+{
+	return p[x] > 0 ? p[x] : 0;
+}
+
 static int by_p_desc(const void *a, const void *b, void *arg)
 {
 	const float *p = arg;
 	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	float px = p[x] > 0 ? p[x] : 0, py = p[y] > 0 ? p[y] : 0;	/* NaN -> 0 */
+	float px = rank_p(p, x), py = rank_p(p, y);
 
 	if (px != py)
 		return px > py ? -1 : 1;
 	return x < y ? -1 : x > y;
 }
 
+/* The `want` first of p's indices in by_p_desc() order, into out: insertion, want is small. */
+static void first_by_p(const float *p, uint32_t n, uint32_t want, uint32_t *out)
+{
+	uint32_t cnt = 0;
+
+	/* Indices come in increasing order: an equal value never goes before one already in. */
+	for (uint32_t j = 0; j < n; j++) {
+		float pj = rank_p(p, j);
+		uint32_t i;
+
+		if (cnt == want && !(pj > rank_p(p, out[cnt - 1])))
+			continue;
+		i = cnt < want ? cnt++ : cnt - 1;
+		for (; i > 0 && pj > rank_p(p, out[i - 1]); i--)
+			out[i] = out[i - 1];
+		out[i] = j;
+	}
+}
+
+/*
+ * How many of the ranked out[0..avail) the selection takes: the smallest
+ * prefix with mass >= delta and at least k members, never adding a zero
+ * beyond k. UINT32_MAX when it needs to look past avail (< n).
+ */
+static uint32_t take(const float *p, const uint32_t *out, uint32_t avail, uint32_t n, uint32_t k,
+		     float delta)
+{
+	double sum = 0;
+	uint32_t m = 0;
+
+	while (m < avail) {
+		float pj = rank_p(p, out[m]);
+
+		/* Enough mass and enough members; a zero-probability expert only fills up to k. */
+		if (m >= k && (sum >= (double)delta - 1e-6 || !(pj > 0)))
+			return m;
+		sum += pj;
+		m++;
+	}
+	return avail < n ? UINT32_MAX : m;
+}
+
 uint32_t mp_prefetch_select(const float *p, uint32_t n, uint32_t k, float score, uint32_t *out)
 {
 	float delta = 1.0f - score;
-	double sum = 0;
-	uint32_t m = 0;
+	uint32_t want, m;
 
 	if (!(delta > 0))
 		delta = 0;	/* also catches NaN scores: trust the map, take top-k */
@@ -225,20 +282,16 @@ uint32_t mp_prefetch_select(const float *p, uint32_t n, uint32_t k, float score,
 		delta = 1;
 	if (k > n)
 		k = n;
+	/* A set rarely goes far past k: rank that many first, and all only when it does. */
+	want = MP_MIN(n, 2 * k + 2);
+	first_by_p(p, n, want, out);
+	m = take(p, out, want, n, k, delta);
+	if (m != UINT32_MAX)
+		return m;
 	for (uint32_t j = 0; j < n; j++)
 		out[j] = j;
-	/* NaN and negative p count as 0 (never as mass). */
 	qsort_r(out, n, sizeof(*out), by_p_desc, (void *)p);
-	while (m < n) {
-		float pj = p[out[m]] > 0 ? p[out[m]] : 0;
-
-		/* Enough mass and enough members; a zero-probability expert only fills up to k. */
-		if (m >= k && (sum >= (double)delta - 1e-6 || !(pj > 0)))
-			break;
-		sum += pj;
-		m++;
-	}
-	return m;
+	return take(p, out, n, n, k, delta);
 }
 
 void mp_prefetch_hint(struct mp_prefetch *pf, uint32_t layer, const float *P)

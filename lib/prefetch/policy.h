@@ -88,6 +88,11 @@ struct mp_prefetch_ops {
 	 */
 	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
 		     const float *spec);
+	/*
+	 * gate() uses spec: the driver reads the routers and speculates, the
+	 * simulator asks its mp_spec_source.
+	 */
+	bool layer_input;
 	/* The iteration is over: pf->it->traj is its complete map. */
 	void (*end)(struct mp_prefetch *pf);
 	void (*fini)(struct mp_prefetch *pf);
@@ -128,12 +133,22 @@ extern const struct mp_prefetch_ops mp_prefetch_none;
 extern const struct mp_prefetch_ops mp_prefetch_nextlayer;
 extern const struct mp_prefetch_ops mp_prefetch_eam;
 extern const struct mp_prefetch_ops mp_prefetch_finemoe;
+extern const struct mp_prefetch_ops mp_prefetch_finemoe_nextlayer;
 extern const struct mp_prefetch_ops mp_prefetch_dependency;
 extern const struct mp_prefetch_ops mp_prefetch_oracle;
 
-/* finemoe's expert-map store (NULL for another policy), and replacing it (taken over). */
+/*
+ * finemoe's (or finemoe+nextlayer's) expert-map store (NULL for another
+ * policy), and replacing it (taken over).
+ */
 struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf);
 void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m);
+
+/*
+ * The calling thread's CPU time in ns: what a policy's work costs, however
+ * busy the machine is with other work.
+ */
+uint64_t mp_prefetch_cpu_ns(void);
 
 /* The policy called name, or NULL. */
 const struct mp_prefetch_ops *mp_prefetch_find(const char *name);

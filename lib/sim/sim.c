@@ -46,7 +46,8 @@ struct sim {
 	struct mp_evict_hints hints;
 	bool truth;		/* next_use comes from the trace (oracle/belady) */
 	float *sem;		/* [cfg->sem.dim]: the iteration's semantic vector */
-	int err;		/* the first semantic source error */
+	float *spec;		/* [J]: a position's speculative gate */
+	int err;		/* the first semantic or speculation source error */
 };
 
 int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_replay_seg *train,
@@ -215,6 +216,7 @@ static int route(const struct sim *s, const struct mp_replay_seg *seg, uint32_t 
 static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 {
 	const struct mp_sem_source *src = &s->cfg->sem;
+	uint64_t t0;
 	int err = 0;
 
 	if (src->dim && !s->err) {
@@ -223,7 +225,26 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 			s->err = mp_err(err, "simulate: semantic vector of request %u token %u: %s",
 					request, tok, strerror(-err));
 	}
+	t0 = mp_prefetch_cpu_ns();
 	mp_prefetch_begin(&s->pf, request, tok, src->dim && !err ? s->sem : NULL);
+	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
+}
+
+/* The speculative gate for layer + 1 at this position, when the policy takes one. */
+static const float *speculate(struct sim *s, uint32_t request, uint32_t tok, uint32_t layer)
+{
+	const struct mp_spec_source *src = &s->cfg->spec;
+	int err;
+
+	if (!src->fn || !s->pf.ops->layer_input || layer + 1 >= s->L || s->err)
+		return NULL;
+	err = src->fn(src->arg, request, tok, layer, s->spec);
+	if (err) {
+		s->err = mp_err(err, "simulate: speculative gate of request %u token %u layer %u: "
+				"%s", request, tok, layer, strerror(-err));
+		return NULL;
+	}
+	return s->spec;
 }
 
 static void learn(struct sim *s, const struct mp_replay_seg *segs, uint32_t n)
@@ -292,6 +313,8 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 	const uint32_t *ids;
 	const float *w, *probs;
 	uint32_t keys[MP_MAX_TOPK];
+	const float *spec;
+	uint64_t t0;
 	double ready;
 
 	s->hints.now = it * s->L + l;
@@ -306,7 +329,10 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 
 		s->pol.ops->on_route(&s->pol, &r);
 	}
-	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, NULL);
+	spec = speculate(s, seg->request, tok, l);
+	t0 = mp_prefetch_cpu_ns();
+	mp_prefetch_gate(&s->pf, l, ids, w, s->K, probs, spec);
+	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 	take_items(s, it);
 	if (l + 1 == s->L) {
 		/*
@@ -314,7 +340,9 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 		 * iteration's context, known now; a token's embedding only when
 		 * its step starts.
 		 */
+		t0 = mp_prefetch_cpu_ns();
 		mp_prefetch_end(&s->pf);
+		s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 		if (it + 1 < nsteps && !s->cfg->sem.dim) {
 			sim_begin(s, segs[steps[it + 1].seg].request, steps[it + 1].tok);
 			take_items(s, it + 1);
@@ -386,6 +414,7 @@ static void sim_free(struct sim *s)
 	free(s->qidx);
 	free(s->hints.next_use);
 	free(s->sem);
+	free(s->spec);
 }
 
 int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *out)
@@ -442,9 +471,11 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.qidx = malloc(s.nkeys * sizeof(*s.qidx));
 	s.hints.next_use = malloc(s.nkeys * sizeof(uint64_t));
 	s.sem = cfg.sem.dim ? malloc(cfg.sem.dim * sizeof(float)) : NULL;
+	s.spec = malloc(s.J * sizeof(float));
 	err = -ENOMEM;
 	if (!train || !eval || !s.state || !s.prefetched || !s.pinned || !s.done ||
-	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem))
+	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem) ||
+	    !s.spec)
 		goto out;
 	for (uint32_t k = 0; k < s.nkeys; k++)
 		s.qidx[k] = -1;
@@ -476,6 +507,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.pol_ok = true;
 
 	learn(&s, train, ntrain);
+	out->policy_ns = 0;	/* the evaluation's only */
 	err = s.err;
 	if (err)
 		goto out;

@@ -42,14 +42,16 @@ static const char doc[] =
 	"O_DIRECT and the mmap baseline says its cache was not dropped).\n"
 	"\n"
 	"--policies takes prefetch policies (none, nextlayer, eam, finemoe,\n"
-	"dependency, oracle), optionally with an eviction policy as PREFETCH:EVICT\n"
+	"finemoe+nextlayer, dependency, oracle), optionally with an eviction policy\n"
+	"as PREFETCH:EVICT\n"
 	"(lru, lfu, fifo, finemoe, coserve, belady), and the baselines mmap (the\n"
 	"model mmapped, the kernel's page cache limited by a memory cgroup (v1\n"
 	"memory controller where mounted, else v2) to the budget plus what the\n"
 	"process holds besides expert pages) and pread-lru (O_DIRECT reads of\n"
 	"whole experts into an LRU cache of the budget, no prefetch). Without\n"
 	"PREFETCH:EVICT or --evict each prefetch policy uses its paper's eviction:\n"
-	"finemoe:finemoe, eam:lfu, dependency:coserve, oracle:belady, others lru.\n"
+	"finemoe:finemoe (and finemoe+nextlayer), eam:lfu, dependency:coserve,\n"
+	"oracle:belady, others lru.\n"
 	"\n"
 	"--simulate replays the traces through a cache model instead (no model\n"
 	"file needed, budgets as percentages): hit rates within seconds, times in\n"
@@ -59,6 +61,9 @@ static const char doc[] =
 	"model's) is decoded with those tokens, and with --model the prefetcher\n"
 	"gets each token's embedding as its semantic vector (finemoe's search for\n"
 	"the first d layers; --no-semantic: the previous iteration's map instead).\n"
+	"Simulated with --model, such a trace also gives nextlayer its speculative\n"
+	"gates: the model runs the trace's tokens (every expert in memory) and the\n"
+	"next layer's router reads each layer's input, as in a real run.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench --simulate --trace gsm8k.csv,humaneval.csv --budget 25%,50% \\\n"
@@ -224,7 +229,7 @@ static const struct argp argp = { opts, parse_opt, NULL, doc, children, NULL, NU
 /* The eviction each prefetch policy's paper pairs it with. */
 static const char *default_evict(const char *prefetch)
 {
-	if (!strcmp(prefetch, "finemoe"))
+	if (!strcmp(prefetch, "finemoe") || !strcmp(prefetch, "finemoe+nextlayer"))
 		return "finemoe";
 	if (!strcmp(prefetch, "eam"))
 		return "lfu";
@@ -335,8 +340,8 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 }
 
 static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
-		   const struct bench_sem *sem, uint32_t capacity, uint64_t expert_bytes,
-		   struct bench_result *r)
+		   const struct bench_sem *sem, struct bench_look *look, uint32_t capacity,
+		   uint64_t expert_bytes, struct bench_result *r)
 {
 	struct mp_sim_config c = {
 		.trace = t, .train_fraction = env.train_fraction, .capacity = capacity,
@@ -351,6 +356,8 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 
 	if (semantic)
 		c.sem = (struct mp_sem_source){ bench_sem_dim(sem), bench_sem_fn, (void *)sem };
+	if (look)
+		c.spec = (struct mp_spec_source){ bench_look_fn, look };
 
 	if (spec->baseline == BENCH_MMAP) {
 		fprintf(stderr, "moepager bench: --simulate has no model of the page cache: "
@@ -378,6 +385,7 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 	r->prefetch_used = s.prefetch_used;
 	r->prefetch_wasted = s.prefetch_wasted;
 	r->bytes_read = (s.demand_loads + s.prefetch_loads) * (expert_bytes ? expert_bytes : 1);
+	r->policy_ns = s.policy_ns;
 	return 0;
 }
 
@@ -433,11 +441,18 @@ static json_t *result_json(const struct bench_row *row)
 			json_array_append_new(runs, json_real(row->tps[i]));
 		json_object_set_new(o, "decode_tokens_per_s_runs", runs);
 	}
+	if (row->spec.baseline == BENCH_POLICY) {
+		/* The simulator times only the policy's calls; its decode time is model units. */
+		json_object_set_new(o, "prefetch_policy_ms", json_real(r->policy_ns / 1e6));
+		json_object_set_new(o, "prefetch_policy_ms_per_token",
+				    json_real(r->tokens ? r->policy_ns / 1e6 / r->tokens : 0));
+	}
 	if (!env.simulate && row->spec.baseline == BENCH_POLICY) {
+		json_object_set_new(o, "prefetch_policy_share",
+				    json_real(r->seconds > 0 ? r->policy_ns / 1e9 / r->seconds : 0));
 		json_object_set_new(o, "prefetch_events_dropped",
 				    json_integer((json_int_t)r->events_dropped));
 		json_object_set_new(o, "prefetch_expired", json_integer((json_int_t)r->expired));
-		json_object_set_new(o, "prefetch_policy_ms", json_real(r->policy_ns / 1e6));
 		json_object_set_new(o, "emap_records", json_integer(r->emap_records));
 		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
 		json_object_set_new(o, "load_ratio", json_real(r->load_ratio));
@@ -502,6 +517,7 @@ int cmd_bench(int argc, char **argv)
 	static char default_policies[] = "none,finemoe,oracle";
 	struct mp_trace *traces[MAX_LIST] = { 0 };
 	struct bench_sem *sems[MAX_LIST] = { 0 };
+	struct bench_look *looks[MAX_LIST] = { 0 };
 	struct bench_spec specs[MAX_LIST];
 	struct bench_row *rows = NULL;
 	struct mp_store *store = NULL;
@@ -559,6 +575,10 @@ int cmd_bench(int argc, char **argv)
 				goto out;
 			err = 0;
 		}
+		/* The model runs the trace's tokens only if a simulated policy asks for gates. */
+		if (env.simulate && sems[i] &&
+		    (err = bench_look_open(store, traces[i], sems[i], &env.eng, &looks[i])))
+			goto out;
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
 	if (!rows) {
@@ -590,7 +610,7 @@ int cmd_bench(int argc, char **argv)
 
 					if (env.simulate)
 						err = run_sim(&specs[p], traces[t], sems[t],
-							      cap, expert_bytes, &r);
+							      looks[t], cap, expert_bytes, &r);
 					else
 						err = bench_run_real(&env, &specs[p], store,
 								     traces[t], env.traces[t],
@@ -634,6 +654,7 @@ int cmd_bench(int argc, char **argv)
 out:
 	free(rows);
 	for (uint32_t i = 0; i < env.ntraces; i++) {
+		bench_look_close(looks[i]);
 		bench_sem_close(sems[i]);
 		mp_trace_close(traces[i]);
 	}

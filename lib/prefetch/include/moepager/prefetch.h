@@ -183,7 +183,7 @@ struct mp_prefetcher_stats {
 	uint64_t predicted;		/* experts the policy asked for */
 	uint64_t issued;		/* of which queued by the pager (not resident or queued) */
 	uint64_t expired;		/* queued prefetches dropped: their layer ran before */
-	uint64_t policy_ns;		/* time spent in the policy (searches), on the thread */
+	uint64_t policy_ns;		/* CPU time the thread spent in the policy and issuing */
 	uint32_t emap_records;		/* finemoe: records in the map store */
 	uint64_t emap_bytes;		/* finemoe: memory of the map store */
 	/*

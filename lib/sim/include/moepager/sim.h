@@ -26,6 +26,19 @@ MP_API int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_
 			   uint32_t *ntrain, struct mp_replay_seg *eval, uint32_t *neval);
 
 /*
+ * The speculative gate of a trace position, for policies that use the
+ * router's lookahead (nextlayer): layer + 1's router applied to layer's FFN
+ * input as the model computed it at that position, a softmax over the
+ * experts (what the runner hands a prefetcher through the source's gate op).
+ * fn writes `experts` floats to out and returns 0, or -errno (the
+ * simulation fails with it).
+ */
+struct mp_spec_source {
+	int (*fn)(void *arg, uint32_t request, uint32_t token, uint32_t layer, float *out);
+	void *arg;
+};
+
+/*
  * The simulator: a trace replayed against a cache of `capacity` experts on
  * a time model (loads on I/O channels, one unit of compute per expert FFN),
  * with a prefetch and an eviction policy. The first train_fraction of the
@@ -45,7 +58,9 @@ struct mp_sim_config {
 	uint32_t max_tokens;		/* tokens evaluated per request at most; 0: all */
 	bool no_admit;
 	struct mp_sem_source sem;	/* semantic vectors of the trace's tokens; dim 0: none */
-	MP_RESERVED(8);
+	/* Speculative gates of the evaluated positions; fn NULL: none (nextlayer does nothing). */
+	struct mp_spec_source spec;
+	MP_RESERVED(6);
 };
 
 struct mp_sim_result {
@@ -61,7 +76,8 @@ struct mp_sim_result {
 	uint64_t prefetch_refused;	/* not issued: the victim was needed sooner */
 	double time;			/* model time */
 	double stall;			/* of which waiting for loads */
-	MP_RESERVED(8);
+	uint64_t policy_ns;		/* CPU time in the prefetch policy while evaluating */
+	MP_RESERVED(7);
 };
 
 /* Returns 0, or -EINVAL (unknown policy, bad capacity or split) or -ENOMEM. */

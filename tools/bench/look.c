@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: MIT
+/*
+ * moepager bench --simulate: the speculative gates of a trace's positions,
+ * layer l + 1's router applied to layer l's FFN input as the model computes
+ * it running the trace's own tokens (routing forced to the trace's): what
+ * nextlayer reads in a real run. A request's gates are computed the first
+ * time the simulator asks for one of them, with every expert in memory, so
+ * only policies that use them pay for running the model.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+struct bench_look {
+	struct mp_store *store;
+	const struct mp_trace *t;
+	const struct bench_sem *sem;
+	const struct cli_engine_opts *eng;
+	struct mp_engine *e;
+	struct mp_resident *res;
+	uint32_t L, J, hidden, nreq;
+	float *routers;		/* [L][J][hidden] */
+	float **spec;		/* [request]: [tokens][L][J], NULL until computed */
+	float *cur;		/* the request being computed */
+};
+
+void bench_look_close(struct bench_look *b)
+{
+	if (!b)
+		return;
+	for (uint32_t r = 0; b->spec && r < b->nreq; r++)
+		free(b->spec[r]);
+	free(b->spec);
+	free(b->routers);
+	mp_resident_close(b->res);
+	mp_engine_close(b->e);
+	free(b);
+}
+
+int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
+		    const struct cli_engine_opts *eng, struct bench_look **out)
+{
+	const struct mp_geometry *g = mp_store_geometry(s);
+	struct bench_look *b = calloc(1, sizeof(*b));
+
+	*out = NULL;
+	if (!b)
+		return -ENOMEM;
+	b->store = s;
+	b->t = t;
+	b->sem = sem;
+	b->eng = eng;
+	b->L = g->layers;
+	b->J = g->experts;
+	b->hidden = g->hidden;
+	b->nreq = mp_trace_requests(t);
+	b->spec = calloc(b->nreq, sizeof(*b->spec));
+	if (!b->spec) {
+		bench_look_close(b);
+		return -ENOMEM;
+	}
+	*out = b;
+	return 0;
+}
+
+/* The engine, every expert in memory and the routers as f32, the first time they are needed. */
+static int prepare(struct bench_look *b)
+{
+	struct mp_engine_config ec = { .threads = b->eng->threads };
+	size_t per = (size_t)b->J * b->hidden;
+	void *buf;
+	int err;
+
+	if (b->routers)
+		return 0;
+	err = mp_engine_open(b->eng->engine, &ec, &b->e);
+	if (!err)
+		err = mp_resident_open(b->store, NULL, NULL, &b->res);
+	if (err) {
+		fprintf(stderr, "moepager bench: speculative gates: %s\n", mp_last_error());
+		return err;
+	}
+	b->routers = malloc((size_t)b->L * per * sizeof(float));
+	buf = malloc(per * sizeof(float));
+	err = b->routers && buf ? 0 : -ENOMEM;
+	for (uint32_t l = 0; !err && l < b->L; l++) {
+		char name[MP_TENSOR_NAME_MAX];
+		const struct mp_tensor_info *ti;
+
+		snprintf(name, sizeof(name), "blk.%u.router", l);
+		ti = mp_store_tensor(b->store, name);
+		if (!ti || ti->bytes != per * mp_dtype_size(ti->dtype)) {
+			fprintf(stderr, "moepager bench: %s: no %u x %u %s\n",
+				mp_store_path(b->store), b->J, b->hidden, name);
+			err = -EINVAL;
+			break;
+		}
+		err = mp_store_read_tensor(b->store, ti, buf);
+		if (!err)
+			mp_dtype_to_f32(ti->dtype, buf, b->routers + l * per, per);
+	}
+	free(buf);
+	if (err) {
+		free(b->routers);
+		b->routers = NULL;
+	}
+	return err;
+}
+
+static const void *look_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	struct bench_look *b = ctx;
+
+	return mp_resident_source_ops()->expert(b->res, layer, expert);
+}
+
+/* Layer + 1's router on x, as a softmax, into the request's row of (token, layer). */
+static void look_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
+		      const float *logits, uint32_t experts, const float *x, uint32_t hidden)
+{
+	struct bench_look *b = ctx;
+	float *out, max = -INFINITY;
+	const float *W;
+	double sum = 0;
+
+	(void)request;
+	(void)logits;
+	if (layer + 1 >= b->L || experts != b->J || hidden != b->hidden ||
+	    token >= mp_trace_tokens(b->t, request))
+		return;
+	out = b->cur + ((size_t)token * b->L + layer) * b->J;
+	W = b->routers + (size_t)(layer + 1) * b->J * b->hidden;
+	for (uint32_t j = 0; j < b->J; j++) {
+		double acc = 0;
+
+		for (uint32_t i = 0; i < b->hidden; i++)
+			acc += (double)W[(size_t)j * b->hidden + i] * x[i];
+		out[j] = (float)acc;
+		max = fmaxf(max, out[j]);
+	}
+	for (uint32_t j = 0; j < b->J; j++) {
+		out[j] = expf(out[j] - max);
+		sum += out[j];
+	}
+	for (uint32_t j = 0; j < b->J; j++)
+		out[j] = (float)(out[j] / sum);
+}
+
+static const struct mp_expert_source_ops look_ops = {
+	.expert = look_expert,
+	.gate = look_gate,
+};
+
+/* Runs request r's tokens from position 0, as a real run decodes them, keeping every gate. */
+static int compute(struct bench_look *b, uint32_t r)
+{
+	uint32_t n = mp_trace_tokens(b->t, r), max = mp_store_geometry(b->store)->max_seq;
+	struct mp_runner_config rc = { .source = &look_ops, .source_ctx = b, .trace = b->t,
+				       .request = r, .max_seq = n + 2 < max ? n + 2 : max };
+	struct mp_runner *run;
+	int err = prepare(b);
+
+	if (err)
+		return err;
+	b->cur = calloc((size_t)n * b->L * b->J, sizeof(float));
+	if (!b->cur)
+		return -ENOMEM;
+	rc.engine = b->e;
+	err = mp_runner_open(b->store, &rc, &run);
+	if (!err) {
+		for (uint32_t tok = 0; !err && tok < n; tok++)
+			err = mp_runner_step(run, bench_sem_token(b->sem, r, tok));
+		mp_runner_close(run);
+	}
+	if (err) {
+		fprintf(stderr, "moepager bench: speculative gates of request %u: %s\n", r,
+			mp_last_error());
+		free(b->cur);
+		b->cur = NULL;
+		return err;
+	}
+	b->spec[r] = b->cur;
+	b->cur = NULL;
+	return 0;
+}
+
+int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, float *out)
+{
+	struct bench_look *b = arg;
+	int err;
+
+	if (request >= b->nreq || token >= mp_trace_tokens(b->t, request) || layer + 1 >= b->L)
+		return -ERANGE;
+	if (!b->spec[request] && (err = compute(b, request)))
+		return err;
+	memcpy(out, b->spec[request] + ((size_t)token * b->L + layer) * b->J,
+	       b->J * sizeof(float));
+	return 0;
+}
