@@ -54,4 +54,10 @@ struct mp_io_read {
  */
 int mp_io_read(struct mp_io *io, const struct mp_io_read *rd);
 
+/*
+ * For tests, from a ready callback: the read's requests in flight (issued,
+ * completion not yet accounted) and those not issued yet.
+ */
+void mp_io_queue_state(const struct mp_io *io, uint32_t *inflight, uint32_t *unissued);
+
 #endif /* MP_IO_H */
