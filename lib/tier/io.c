@@ -17,6 +17,7 @@ struct run {
 	uint32_t inflight;
 	uint32_t prefix;	/* requests handed over in order */
 	uint32_t nresubmit;
+	bool told;		/* rd->issued was called */
 	int err;		/* the first failure: drain, issue nothing more */
 };
 
@@ -282,6 +283,12 @@ int mp_io_read(struct mp_io *io, const struct mp_io_read *rd)
 		struct req *q;
 
 		issue(io, rd);
+		if (rd->issued && !run->told && run->inflight) {
+			run->told = true;
+			ret = rd->issued(rd->issued_arg);
+			if (ret && !run->err)
+				run->err = ret;
+		}
 		/*
 		 * Hand the next in-order request over (the caller hashes it)
 		 * while the rest are in flight, one request at a time: between

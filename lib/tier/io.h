@@ -42,6 +42,14 @@ struct mp_io_read {
 	 */
 	bool (*yield)(void *arg);
 	void *yield_arg;
+	/*
+	 * May be NULL. Called once, on the reading thread, as soon as the first
+	 * requests are in flight (before any byte is handed to ready): the
+	 * caller's work that can overlap the device goes there. A nonzero
+	 * return aborts the read with that value.
+	 */
+	int (*issued)(void *arg);
+	void *issued_arg;
 };
 
 /*
