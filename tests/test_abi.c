@@ -186,8 +186,9 @@ static void stats_calls_zero_their_reserved_words(void **state)
 	mp_prefetcher_stats(pf, &fs);
 	mp_runner_stats(r, &rs);
 	assert_int_equal(mp_traj_stats(t, &ts), 0);
-	for (size_t i = 0; i < 8; i++) {
+	for (size_t i = 0; i < LEN(ps.reserved); i++)
 		assert_int_equal(ps.reserved[i], 0);
+	for (size_t i = 0; i < 8; i++) {
 		assert_int_equal(fs.reserved[i], 0);
 		assert_int_equal(rs.reserved[i], 0);
 		assert_int_equal(ts.reserved[i], 0);

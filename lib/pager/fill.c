@@ -186,8 +186,7 @@ static void repair(struct mp_pager *p, uint32_t slot)
 		mp_pager_release_waiters(p, s, -EFAULT);
 }
 
-/* EMPTY -> FILLING -> MAPPED (or POISONED). Called locked; drops it for the slow parts. */
-static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
+void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 {
 	struct mp_pager *p = w->p;
 	struct slot *s = &p->slots[slot];
@@ -299,7 +298,7 @@ static void run_job(struct worker *w, uint32_t slot, enum queue_class cls)
 	}
 	switch (s->state) {
 	case ST_EMPTY:
-		fill(w, slot, cls);
+		mp_pager_fill(w, slot, cls);
 		break;
 	case ST_HOST:
 		/* A host-tier expert to map: routed, prefetched, or deferred by the handler. */
@@ -344,11 +343,35 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* A ring, destination segments and a hash state: what reading an expert takes. */
+static int worker_init(struct mp_pager *p, struct worker *w, uint32_t id)
+{
+	w->p = p;
+	w->id = id;
+	w->iov = calloc(mp_region_chunks(p->region), sizeof(*w->iov));
+	w->hash = XXH3_createState();
+	if (!w->iov || !w->hash)
+		return -ENOMEM;
+	return mp_io_open(p->io_depth, &w->io);
+}
+
+static void worker_fini(struct worker *w)
+{
+	mp_io_close(w->io);
+	free(w->iov);
+	if (w->hash)
+		XXH3_freeState(w->hash);
+}
+
 int mp_pager_workers_start(struct mp_pager *p)
 {
-	uint32_t chunks = mp_region_chunks(p->region);
 	int err;
 
+	if (p->caller_resolves) {
+		err = worker_init(p, &p->caller, p->nworkers);
+		if (err)
+			return err;
+	}
 	p->workers = calloc(p->nworkers, sizeof(*p->workers));
 	if (!p->workers)
 		return -ENOMEM;
@@ -356,13 +379,7 @@ int mp_pager_workers_start(struct mp_pager *p)
 		struct worker *w = &p->workers[i];
 		char name[16];
 
-		w->p = p;
-		w->id = i;
-		w->iov = calloc(chunks, sizeof(*w->iov));
-		w->hash = XXH3_createState();
-		if (!w->iov || !w->hash)
-			return -ENOMEM;
-		err = mp_io_open(p->io_depth, &w->io);
+		err = worker_init(p, w, i);
 		if (err)
 			return err;
 		err = pthread_create(&w->thread, NULL, worker_main, w);
@@ -377,22 +394,21 @@ int mp_pager_workers_start(struct mp_pager *p)
 
 void mp_pager_workers_stop(struct mp_pager *p)
 {
-	if (!p->workers)
-		return;
-	pthread_mutex_lock(&p->lock);
-	pthread_cond_broadcast(&p->work_cv);
-	pthread_cond_broadcast(&p->state_cv);
-	pthread_mutex_unlock(&p->lock);
-	for (uint32_t i = 0; i < p->nworkers; i++) {
-		struct worker *w = &p->workers[i];
+	if (p->workers) {
+		pthread_mutex_lock(&p->lock);
+		pthread_cond_broadcast(&p->work_cv);
+		pthread_cond_broadcast(&p->state_cv);
+		pthread_mutex_unlock(&p->lock);
+		for (uint32_t i = 0; i < p->nworkers; i++) {
+			struct worker *w = &p->workers[i];
 
-		if (w->started)
-			pthread_join(w->thread, NULL);
-		mp_io_close(w->io);
-		free(w->iov);
-		if (w->hash)
-			XXH3_freeState(w->hash);
+			if (w->started)
+				pthread_join(w->thread, NULL);
+			worker_fini(w);
+		}
+		free(p->workers);
+		p->workers = NULL;
 	}
-	free(p->workers);
-	p->workers = NULL;
+	worker_fini(&p->caller);
+	memset(&p->caller, 0, sizeof(p->caller));
 }
