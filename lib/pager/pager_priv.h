@@ -45,6 +45,7 @@ struct pager_mem {
 	uint64_t budget;
 	uint64_t resident;		/* expert bytes in memory or reserved for a fill */
 	uint64_t resident_peak;
+	uint64_t dropping;		/* of it, bytes of experts being evicted now */
 	uint32_t resident_n;
 	uint32_t mapped_n;
 	uint64_t min_resident_ns;
@@ -159,8 +160,9 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls);
 /*
  * The engine asks for the expert in slot (its source's expert op): a
  * routed expert not yet in memory is read or mapped on this thread, or
- * waited for while a fill thread reads it. Returns true when this thread's
- * own attempt poisoned it (the touch that follows gets the error). Not locked.
+ * waited for while a fill thread reads it. Returns true when the read it
+ * did or waited for failed (the touch that follows gets the error, rather
+ * than reading again). Not locked.
  */
 bool mp_pager_serve(struct mp_pager *p, uint32_t slot);
 
