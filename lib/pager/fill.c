@@ -72,12 +72,23 @@ static int fill_issued(void *arg)
 	return make_room(arg);
 }
 
+/* True when one more expert's chunks keep the memory held within budget + spare_bytes. */
+static bool slack_for_one(struct mp_pager *p)
+{
+	struct mp_region_mem m;
+
+	mp_region_mem(p->region, &m);
+	return m.populated_bytes + p->data_bytes <= p->mem.budget + p->mem.spare_bytes;
+}
+
 /*
- * Chunks to read into. A demand fill takes spare chunks (memory the pager
- * holds already) and makes room in the budget while its read is in flight,
- * so the eviction is off the faulting thread's critical path; a prefetch,
- * or a demand fill when the spare chunks do not suffice, makes room first,
- * then takes chunks, new ones if need be. Returns the segments or -errno.
+ * Chunks to read into. A demand fill reads before it makes room in the
+ * budget, and makes it while its read is in flight, so the eviction is off
+ * the waiting thread's critical path: it reads into spare chunks, or new
+ * ones while the memory held stays within the budget plus spare_bytes (the
+ * victim's chunks then become the next fill's spare ones). A prefetch, or
+ * a demand fill without that slack, makes room first, then takes chunks.
+ * Returns the segments or -errno.
  */
 static int take_chunks(struct worker *w, struct fill_ctx *fh, bool demand)
 {
@@ -89,7 +100,7 @@ static int take_chunks(struct worker *w, struct fill_ctx *fh, bool demand)
 	if (nseg)
 		return nseg;
 	if (demand) {
-		nseg = mp_region_slot_alloc(p->region, fh->slot, w->iov, true);
+		nseg = mp_region_slot_alloc(p->region, fh->slot, w->iov, !slack_for_one(p));
 		if (nseg != -ENOSPC)
 			return nseg;
 	}

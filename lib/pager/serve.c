@@ -83,7 +83,7 @@ bool mp_pager_serve(struct mp_pager *p, uint32_t slot)
 			}
 			continue;
 		}
-		if (s->state == ST_FILLING && !joined) {
+		if (s->state == ST_FILLING && !joined && !tried) {
 			/* Every fill ends by releasing its waiters (mapped or poisoned). */
 			join(p, slot, false);
 			joined = true;
@@ -92,7 +92,8 @@ bool mp_pager_serve(struct mp_pager *p, uint32_t slot)
 		}
 		pthread_cond_wait(&p->state_cv, &p->lock);
 	}
-	failed = tried && s->state == ST_POISONED;
+	/* The episode it read or waited for failed: the touch reports it, not a second round. */
+	failed = (tried || joined) && s->state == ST_POISONED;
 	pthread_mutex_unlock(&p->lock);
 	return failed;
 }
