@@ -979,6 +979,13 @@ static void resolution_follows_the_expert_size_unless_configured(void **state)
 		assert_int_equal(mp_pager_open(s, &cfg, &p), 0);
 		assert_int_equal(p->caller_resolves, cases[i].caller);
 		mp_pager_close(p);
+		/* The environment chooses when the config leaves it to auto. */
+		setenv("MOEPAGER_RESOLVE", cases[i].caller ? "fault" : "caller", 1);
+		assert_int_equal(mp_pager_open(s, &cfg, &p), 0);
+		assert_int_equal(p->caller_resolves,
+				 cases[i].resolve ? cases[i].caller : !cases[i].caller);
+		mp_pager_close(p);
+		unsetenv("MOEPAGER_RESOLVE");
 		mp_store_close(s);
 	}
 }
@@ -1015,6 +1022,11 @@ static void bad_config_is_refused_with_a_message(void **state)
 	cfg.reserved0 = 1;
 	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
 	assert_true(t_log_contains("reserved0 is not zero"));
+	mp_pager_config_init(&cfg);
+	setenv("MOEPAGER_RESOLVE", "sideways", 1);
+	assert_int_equal(mp_pager_open(store, &cfg, &p), -EINVAL);
+	assert_true(t_log_contains("MOEPAGER_RESOLVE 'sideways' is not auto, fault or caller"));
+	unsetenv("MOEPAGER_RESOLVE");
 }
 
 static void budget_env_accepts_percent_of_the_model(void **state)

@@ -86,9 +86,37 @@ int mp_pager_open(struct mp_store *store, const struct mp_pager_config *cfg,
 	return mp_pager_open_hooked(store, cfg, NULL, out);
 }
 
+/*
+ * Who resolves the engine's requests (enum mp_pager_resolve): the config,
+ * else $MOEPAGER_RESOLVE (auto, fault, caller), else by the expert size:
+ * below a 2 MiB chunk the fault path's hand-offs cost as much as the read
+ * (serve.c).
+ */
+static int resolve_path(struct mp_pager *p, uint32_t resolve)
+{
+	static const char *const names[] = { "auto", "fault", "caller" };
+	const char *env = getenv("MOEPAGER_RESOLVE");
+
+	if (resolve > MP_RESOLVE_CALLER)
+		return plog_err(p, -EINVAL, "resolve %u is not one of auto (0), fault (1), caller "
+				"(2)", resolve);
+	if (!resolve && env && *env) {
+		while (resolve < MP_ARRAY_SIZE(names) && strcmp(env, names[resolve]))
+			resolve++;
+		if (resolve == MP_ARRAY_SIZE(names))
+			return plog_err(p, -EINVAL, "MOEPAGER_RESOLVE '%s' is not auto, fault or "
+					"caller", env);
+	}
+	p->caller_resolves = resolve == MP_RESOLVE_CALLER ||
+			     (resolve == MP_RESOLVE_AUTO && p->expert_bytes < MP_REGION_CHUNK);
+	return 0;
+}
+
 /* The config's numbers, with their defaults, and the derived sizes. */
 static int apply_config(struct mp_pager *p, const struct mp_pager_config *cfg)
 {
+	int err;
+
 	p->geo = *mp_store_geometry(p->store);
 	p->layers = p->geo.layers;
 	p->experts = p->geo.experts;
@@ -105,12 +133,9 @@ static int apply_config(struct mp_pager *p, const struct mp_pager_config *cfg)
 					    DEFAULT_MIN_RESIDENT_US) * 1000;
 	p->mem.spare_bytes = cfg->spare_bytes ? cfg->spare_bytes : 2 * p->data_bytes;
 	p->q.max_prefetch_fills = p->nworkers > 1 ? p->nworkers - 1 : 1;
-	if (cfg->resolve > MP_RESOLVE_CALLER)
-		return plog_err(p, -EINVAL, "resolve %u is not one of auto (0), fault (1), caller "
-				"(2)", cfg->resolve);
-	/* Below a 2 MiB chunk the fault path's hand-offs cost as much as the read (serve.c). */
-	p->caller_resolves = cfg->resolve == MP_RESOLVE_CALLER ||
-			     (cfg->resolve == MP_RESOLVE_AUTO && p->expert_bytes < MP_REGION_CHUNK);
+	err = resolve_path(p, cfg->resolve);
+	if (err)
+		return err;
 	if (p->slots_per_layer < p->experts || p->slots_per_layer > MP_MAX_EXPERTS * 16)
 		return plog_err(p, -EINVAL, "slots_per_layer %u must be in [%u (experts), %u]",
 				p->slots_per_layer, p->experts, MP_MAX_EXPERTS * 16);

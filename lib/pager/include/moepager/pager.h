@@ -104,7 +104,10 @@ struct mp_pager_config {
 	const char *fault;
 	/* Seed of the rules' random draws. 0: $MOEPAGER_FAULT_SEED, else 1. */
 	uint64_t fault_seed;
-	/* enum mp_pager_resolve; anything else is refused with -EINVAL. */
+	/*
+	 * enum mp_pager_resolve; anything else is refused with -EINVAL. 0:
+	 * $MOEPAGER_RESOLVE ("auto", "fault", "caller"), else auto.
+	 */
 	uint32_t resolve;
 	uint32_t reserved0;		/* must be zero */
 	MP_RESERVED(7);
