@@ -39,7 +39,7 @@ static void presets_are_valid_geometries(void **state)
 		assert_int_equal(mp_gen_preset(names[n], &g), 0);
 		assert_int_equal(mp_geometry_check(&g), 0);
 	}
-	assert_int_equal(n, 3);
+	assert_int_equal(n, 6);
 
 	assert_int_equal(mp_gen_preset("mixtral-mini", &g), 0);
 	assert_int_equal(g.layers, 32);
@@ -62,6 +62,64 @@ static void presets_are_valid_geometries(void **state)
 	t_log_reset();
 	assert_int_equal(mp_gen_preset("huge", &g), -ENOENT);
 	assert_true(t_log_contains("unknown preset 'huge'"));
+}
+
+/*
+ * The fine-grained presets: their models' routing (layers x experts, top-k),
+ * experts narrowed so each model's experts total a few GB.
+ */
+static const struct {
+	const char *name;
+	uint32_t layers, experts, topk;
+	uint64_t expert_bytes;
+} fine[] = {
+	{ "deepseek-v2-lite-mini", 26, 64, 6, 2433024 },	/* 2.3 MiB, 4.0 GB in all */
+	{ "qwen3-moe-mini", 48, 128, 8, 589824 },		/* 0.56 MiB, 3.6 GB */
+	{ "olmoe-mini", 16, 64, 8, 3145728 },			/* 3 MiB, 3.2 GB */
+};
+
+static void fine_grained_presets_have_their_models_routing(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+		struct mp_geometry g;
+		uint64_t total;
+
+		assert_int_equal(mp_gen_preset(fine[i].name, &g), 0);
+		assert_int_equal(mp_geometry_check(&g), 0);
+		assert_int_equal(g.layers, fine[i].layers);
+		assert_int_equal(g.experts, fine[i].experts);
+		assert_int_equal(g.topk, fine[i].topk);
+		assert_int_equal(g.dtype, MP_DTYPE_BF16);
+		assert_int_equal(mp_geometry_expert_bytes(&g), fine[i].expert_bytes);
+		total = mp_geometry_expert_bytes(&g) * g.layers * g.experts;
+		assert_true(total > (2ull << 30) && total < (5ull << 30));
+		assert_true(g.ffn < g.hidden);	/* fine-grained: narrower than the model */
+	}
+}
+
+/* One layer of each, its top-k experts: the files open and every checksum holds. */
+static void fine_grained_presets_write_valid_files(void **state)
+{
+	const char *path = t_path("fine.mpk");
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+		struct mp_geometry g;
+		struct mp_store *s;
+
+		assert_int_equal(mp_gen_preset(fine[i].name, &g), 0);
+		g.layers = 1;
+		g.experts = g.topk;
+		g.vocab = 512;
+		assert_int_equal(mp_gen_model(path, &g, 5, fine[i].name, NULL, NULL), 0);
+		assert_int_equal(mp_store_open(path, &s), 0);
+		assert_int_equal(mp_store_geometry(s)->hidden, g.hidden);
+		assert_int_equal(mp_store_geometry(s)->ffn, g.ffn);
+		assert_int_equal(mp_store_expert_bytes(s), fine[i].expert_bytes);
+		assert_int_equal(mp_store_verify(s, NULL, 0, NULL, NULL), 0);
+		mp_store_close(s);
+	}
 }
 
 static void same_seed_gives_same_bytes(void **state)
@@ -302,6 +360,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(presets_are_valid_geometries),
+		cmocka_unit_test(fine_grained_presets_have_their_models_routing),
+		cmocka_unit_test(fine_grained_presets_write_valid_files),
 		cmocka_unit_test(same_seed_gives_same_bytes),
 		cmocka_unit_test(different_seed_gives_different_weights),
 		cmocka_unit_test(generation_order_does_not_matter),

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -151,6 +152,54 @@ static void yielding_read_delivers_every_byte_in_order(void **state)
 	munmap(buf, len);
 }
 
+struct slow_hash {
+	struct delivery d;
+	int calls_short;	/* calls that found the ring below depth with requests waiting */
+};
+
+/* A hash slower than the device: the ring must stay full meanwhile. */
+static int slow_ready(void *arg, const void *buf, size_t len)
+{
+	struct slow_hash *h = arg;
+	struct timespec ts = { 0, 300 * 1000 };
+	uint32_t inflight, unissued;
+
+	mp_io_queue_state(io, &inflight, &unissued);
+	if (unissued && inflight < mp_io_depth(io))
+		h->calls_short++;
+	nanosleep(&ts, NULL);
+	return ready(&h->d, buf, len);
+}
+
+/*
+ * While the caller hashes one request's bytes, the requests that completed
+ * meanwhile are issued again: the device never waits for the hash.
+ */
+static void ring_stays_full_while_the_caller_hashes(void **state)
+{
+	uint64_t len = 3u << 20;
+	uint8_t *buf = dest(len);
+	struct iovec iov = { buf, len };
+	struct slow_hash h = { .d = { .dst = buf } };
+	int fd = open(t_path("data"), O_RDONLY | O_DIRECT);
+	struct mp_io_read rd = {
+		.fd = fd, .offset = 0, .len = len, .iov = &iov, .iovcnt = 1,
+		.request_bytes = 32u << 10, .align = 4096, .ready = slow_ready, .arg = &h,
+		.what = "test", .path = "data",
+	};
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(mp_io_read(io, &rd), 0);
+	assert_int_equal(h.d.got, len);
+	assert_int_equal(h.d.out_of_order, 0);
+	assert_int_equal(h.d.calls, 96);
+	assert_int_equal(h.calls_short, 0);
+	assert_memory_equal(buf, content, len);
+	close(fd);
+	munmap(buf, len);
+}
+
 static void buffered_read_of_odd_length_is_exact(void **state)
 {
 	uint64_t len = 12345;
@@ -258,6 +307,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(direct_read_delivers_every_byte_in_order),
 		cmocka_unit_test(yielding_read_delivers_every_byte_in_order),
+		cmocka_unit_test(ring_stays_full_while_the_caller_hashes),
 		cmocka_unit_test(buffered_read_of_odd_length_is_exact),
 		cmocka_unit_test(file_ending_inside_the_data_is_enodata),
 		cmocka_unit_test(ready_abort_stops_the_read_with_its_value),

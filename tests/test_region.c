@@ -85,7 +85,7 @@ static void prepare(struct owner *o, uint32_t slot)
 {
 	struct iovec iov[4];
 	uint64_t off = 0;
-	int n = mp_region_slot_alloc(o->r, slot, iov);
+	int n = mp_region_slot_alloc(o->r, slot, iov, false);
 
 	assert_int_equal(n, 2);
 	assert_int_equal(iov[0].iov_len, 2u << 20);
@@ -214,10 +214,10 @@ static void recycled_chunks_come_in_ascending_order(void **state)
 	c.data_bytes = (6u << 20) + (1u << 20);	/* three full chunks and a tail */
 	c.nslots = 2;
 	assert_int_equal(mp_region_create(&c, &own_ops, NULL, &r), 0);
-	assert_int_equal(mp_region_slot_alloc(r, 0, iov), 4);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, false), 4);
 	assert_int_equal(mp_region_slot_free(r, 0), 0);
 	/* The spare stack is last in, first out: taken naively they would come descending. */
-	n = mp_region_slot_alloc(r, 1, iov);
+	n = mp_region_slot_alloc(r, 1, iov, false);
 	assert_int_equal(n, 4);
 	for (int i = 1; i < 3; i++)
 		assert_ptr_equal(iov[i].iov_base, (uint8_t *)iov[i - 1].iov_base + (2u << 20));
@@ -371,7 +371,7 @@ static void slot_operations_check_their_state(void **state)
 	assert_int_equal(mp_region_slot_map(o->r, 0), -EINVAL);
 	assert_true(t_log_contains("map: slot 0 is empty"));
 	assert_int_equal(mp_region_slot_free(o->r, 0), -EINVAL);
-	assert_int_equal(mp_region_slot_alloc(o->r, NSLOTS, iov), -EINVAL);
+	assert_int_equal(mp_region_slot_alloc(o->r, NSLOTS, iov, false), -EINVAL);
 	assert_true(t_log_contains("out of range"));
 }
 

@@ -31,12 +31,14 @@ enum {
 static const char doc[] =
 	"Write an .mpk model with random weights (uniform, variance 1/fan_in; norms 1).\n"
 	"The bytes depend only on the geometry and the seed. Geometry flags override\n"
-	"the preset's values. Presets: tiny, mixtral-mini, deepseek-lite-mini.\n"
+	"the preset's values. Presets: tiny, mixtral-mini, deepseek-lite-mini,\n"
+	"deepseek-v2-lite-mini, qwen3-moe-mini, olmoe-mini (README lists them).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager gen --preset tiny --out /tmp/tiny.mpk\n"
 	"  moepager gen --preset mixtral-mini --out mixtral-mini.mpk --seed 7\n"
-	"  moepager gen --preset tiny --dtype bf16 --layers 2 --out /tmp/t2.mpk\n";
+	"  moepager gen --preset tiny --dtype bf16 --layers 2 --out /tmp/t2.mpk\n"
+	"  moepager gen --preset qwen3-moe-mini --out qwen3-moe-mini.mpk\n";
 
 static const struct argp_option opts[] = {
 	{ "preset", 'p', "NAME", 0, "Preset geometry (default: tiny)", 0 },

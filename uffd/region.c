@@ -268,7 +268,14 @@ static void sort_spots(struct mp_region *r, uint32_t slot)
 	}
 }
 
-int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov)
+/* True when the spare stacks hold every chunk a slot needs. Called locked. */
+static bool spares_suffice(const struct mp_region *r)
+{
+	return r->cls[CLS_FULL].nspare >= r->nfull &&
+	       (!r->tail_bytes || r->cls[CLS_TAIL].nspare >= 1);
+}
+
+int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, bool spare_only)
 {
 	uint32_t j;
 	int err;
@@ -277,6 +284,10 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov)
 	if (err)
 		return err;
 	pthread_mutex_lock(&r->lock);
+	if (spare_only && !spares_suffice(r)) {
+		pthread_mutex_unlock(&r->lock);
+		return -ENOSPC;
+	}
 	for (j = 0; j < r->nchunks; j++) {
 		err = spot_take(r, chunk_cls(r, j), slot_spot(r, slot, j));
 		if (err)

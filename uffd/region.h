@@ -109,10 +109,11 @@ void mp_region_mem(struct mp_region *r, struct mp_region_mem *out);
 /*
  * empty -> held: takes chunks for the slot (spare ones first, new ones
  * otherwise) and returns their addresses in iov[mp_region_chunks()]; a
- * fill writes the slot's data there. Returns the number of segments,
- * -ENOMEM, or -EINVAL.
+ * fill writes the slot's data there. With spare_only, only memory already
+ * held: -ENOSPC (nothing taken) when the spare chunks do not suffice.
+ * Returns the number of segments, -ENOMEM, -ENOSPC, or -EINVAL.
  */
-int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov);
+int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, bool spare_only);
 /* held: the chunk segments mp_region_slot_alloc() gave. Returns their number or -EINVAL. */
 int mp_region_slot_iov(struct mp_region *r, uint32_t slot, struct iovec *iov);
 /*

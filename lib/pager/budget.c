@@ -178,6 +178,11 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 			return -ESHUTDOWN;
 		if (p->broken)
 			return -EPIPE;
+		/* Another thread's eviction in flight makes the room: wait for it, evict no more. */
+		if (p->mem.resident - p->mem.dropping + p->expert_bytes <= p->mem.budget) {
+			mp_pager_wait_ns(p, &p->state_cv, BUDGET_WAIT_NS);
+			continue;
+		}
 		v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
 		/*
 		 * A prefetch never evicts an expert predicted to be needed before
@@ -212,10 +217,14 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 	return 0;
 }
 
-/* Evicts until the budget holds (after it shrank). Called locked, off the handler. */
+/*
+ * Evicts until the budget holds (after it shrank). Called locked, off the
+ * handler. Evictions other threads have in flight count as done, so two
+ * threads enforcing at once do not both evict for the same excess.
+ */
 void mp_pager_enforce_budget(struct mp_pager *p)
 {
-	while (p->mem.resident > p->mem.budget && !p->broken) {
+	while (p->mem.resident - p->mem.dropping > p->mem.budget && !p->broken) {
 		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
 		int64_t v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
 

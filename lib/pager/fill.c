@@ -19,18 +19,22 @@
 /* Pause between read attempts: long enough for a transient fault to pass, short for a reader. */
 #define ATTEMPT_PAUSE_NS	(2ull * 1000 * 1000)
 
-struct fill_hash {
+/* What the tier's callbacks share during one fill. */
+struct fill_ctx {
 	XXH3_state_t *h;
 	uint64_t got;
 	const atomic_bool *cancel;
 	struct mp_pager *p;
 	struct slot *s;
+	uint32_t slot;
+	bool reserved;		/* the fill's bytes are counted against the budget */
+	int room_err;		/* why make_room() failed: not a read error, no retry */
 };
 
 /* A prefetch nobody waits for yet makes way while demand reads are running. */
 static bool fill_yield(void *arg)
 {
-	struct fill_hash *fh = arg;
+	struct fill_ctx *fh = arg;
 
 	return !atomic_load(&fh->s->wanted) && atomic_load(&fh->p->demand_reads) > 0;
 }
@@ -38,7 +42,7 @@ static bool fill_yield(void *arg)
 /* The tier hands bytes over in order while later requests are in flight: hash them now. */
 static int fill_ready(void *arg, const void *buf, size_t len)
 {
-	struct fill_hash *fh = arg;
+	struct fill_ctx *fh = arg;
 
 	if (atomic_load(fh->cancel))
 		return -ECANCELED;
@@ -47,16 +51,75 @@ static int fill_ready(void *arg, const void *buf, size_t len)
 	return 0;
 }
 
+/* Counts the fill against the budget, evicting what it must first. Called unlocked. */
+static int make_room(struct fill_ctx *fh)
+{
+	int err;
+
+	if (fh->reserved)
+		return 0;
+	pthread_mutex_lock(&fh->p->lock);
+	err = mp_pager_reserve(fh->p, fh->slot);
+	pthread_mutex_unlock(&fh->p->lock);
+	fh->reserved = !err;
+	fh->room_err = err;
+	return err;
+}
+
+/* The read is in flight: evictions for its room overlap the device (tier.h issued). */
+static int fill_issued(void *arg)
+{
+	return make_room(arg);
+}
+
+/* True when one more expert's chunks keep the memory held within budget + spare_bytes. */
+static bool slack_for_one(struct mp_pager *p)
+{
+	struct mp_region_mem m;
+
+	mp_region_mem(p->region, &m);
+	return m.populated_bytes + p->data_bytes <= p->mem.budget + p->mem.spare_bytes;
+}
+
+/*
+ * Chunks to read into. A demand fill reads before it makes room in the
+ * budget, and makes it while its read is in flight, so the eviction is off
+ * the waiting thread's critical path: it reads into spare chunks, or new
+ * ones while the memory held stays within the budget plus spare_bytes (the
+ * victim's chunks then become the next fill's spare ones). A prefetch, or
+ * a demand fill without that slack, makes room first, then takes chunks.
+ * Returns the segments or -errno.
+ */
+static int take_chunks(struct worker *w, struct fill_ctx *fh, bool demand)
+{
+	struct mp_pager *p = w->p;
+	int nseg, err;
+
+	/* Fault injection's alloc:enomem rules refuse the memory here (0 otherwise). */
+	nseg = mp_tier_inject_alloc(p->tier, fh->s->layer, fh->s->expert);
+	if (nseg)
+		return nseg;
+	if (demand) {
+		nseg = mp_region_slot_alloc(p->region, fh->slot, w->iov, !slack_for_one(p));
+		if (nseg != -ENOSPC)
+			return nseg;
+	}
+	err = make_room(fh);
+	if (err)
+		return err;
+	return mp_region_slot_alloc(p->region, fh->slot, w->iov, false);
+}
+
 /*
  * Reads the slot's expert into its chunks with up to read_attempts tries.
  * Every attempt is checked against the store's checksum, whatever the tier.
  * Returns 0 or the last attempt's error. Called unlocked.
  */
-static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch)
+static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool prefetch)
 {
 	struct mp_pager *p = w->p;
+	struct slot *s = fh->s;
 	const struct mp_expert_info *x = mp_store_expert(p->store, s->layer, s->expert);
-	struct fill_hash fh = { .h = w->hash, .cancel = &p->closing, .p = p, .s = s };
 	struct mp_tier_read rd = {
 		.layer = s->layer,
 		.expert = s->expert,
@@ -67,10 +130,12 @@ static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch
 		.iovcnt = (unsigned)nseg,
 		.io = w->io,
 		.ready = fill_ready,
-		.arg = &fh,
+		.arg = fh,
 		.cancel = &p->closing,
 		.yield = prefetch ? fill_yield : NULL,
-		.yield_arg = &fh,
+		.yield_arg = fh,
+		.issued = fh->reserved ? NULL : fill_issued,
+		.issued_arg = fh,
 	};
 	int err = 0;
 
@@ -78,12 +143,12 @@ static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch
 		uint64_t sum;
 
 		XXH3_64bits_reset(w->hash);
-		fh.got = 0;
+		fh->got = 0;
 		err = mp_tier_read(p->tier, &rd);
-		if (!err && fh.got != x->bytes)
+		if (!err && fh->got != x->bytes)
 			err = mp_err(-ENODATA, "layer %u expert %u: tier %s delivered %llu of %llu "
 				     "bytes", s->layer, s->expert, p->tier->name,
-				     (unsigned long long)fh.got, (unsigned long long)x->bytes);
+				     (unsigned long long)fh->got, (unsigned long long)x->bytes);
 		if (!err) {
 			sum = XXH3_64bits_digest(w->hash);
 			if (sum != x->checksum)
@@ -94,7 +159,7 @@ static int read_expert(struct worker *w, struct slot *s, int nseg, bool prefetch
 					     (unsigned long long)x->checksum,
 					     (unsigned long long)sum);
 		}
-		if (!err || err == -ECANCELED || atomic_load(&p->closing))
+		if (!err || err == -ECANCELED || fh->room_err || atomic_load(&p->closing))
 			break;
 		pthread_mutex_lock(&p->lock);
 		p->st.read_errors++;
@@ -132,45 +197,42 @@ static void repair(struct mp_pager *p, uint32_t slot)
 		mp_pager_release_waiters(p, s, -EFAULT);
 }
 
-/* EMPTY -> FILLING -> MAPPED (or POISONED). Called locked; drops it for the slow parts. */
-static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
+void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 {
 	struct mp_pager *p = w->p;
 	struct slot *s = &p->slots[slot];
-	uint64_t begin = mp_now_ns(), t_alloc, t_read, t_map;
+	struct fill_ctx fh = { .h = w->hash, .cancel = &p->closing, .p = p, .s = s,
+				.slot = slot };
+	uint64_t begin = mp_now_ns(), t_read, t_map;
 	bool prefetch = cls == Q_PREFETCH;
-	int nseg = 0, err;
+	int nseg, err;
 
 	s->state = ST_FILLING;
 	s->prefetched = prefetch && !s->waiters;
 	atomic_store(&s->wanted, !s->prefetched);
 	p->q.fills++;
-	err = mp_pager_reserve(p, slot);
-	if (err)
-		goto no_memory;
 	pthread_mutex_unlock(&p->lock);
 
-	t_alloc = mp_now_ns();
-	/* Fault injection's alloc:enomem rules refuse the memory here (0 otherwise). */
-	nseg = mp_tier_inject_alloc(p->tier, s->layer, s->expert);
-	if (!nseg)
-		nseg = mp_region_slot_alloc(p->region, slot, w->iov);
-	t_read = mp_now_ns();
 	if (!prefetch)
 		atomic_fetch_add(&p->demand_reads, 1);
-	err = nseg < 0 ? nseg : read_expert(w, s, nseg, prefetch);
+	nseg = take_chunks(w, &fh, !prefetch);
+	t_read = mp_now_ns();
+	err = nseg < 0 ? nseg : read_expert(w, &fh, nseg, prefetch);
 	if (!prefetch)
 		atomic_fetch_sub(&p->demand_reads, 1);
 	t_map = mp_now_ns();
+	/* A tier that never said its read was in flight: make room now. */
+	if (!err)
+		err = make_room(&fh);
 	if (!err && atomic_load(&p->closing))
 		err = -ESHUTDOWN;
 	if (!err)
 		err = mp_region_slot_map(p->region, slot);
 	if (!err)
-		plog_debug(p, "layer %u expert %u: %s fill: queued+budget %.0f us, chunks %.0f us, "
-			   "read+verify %.0f us (%.2f GB/s), map %.0f us", s->layer, s->expert,
-			   prefetch ? "prefetch" : "demand", (double)(t_alloc - begin) / 1e3,
-			   (double)(t_read - t_alloc) / 1e3, (double)(t_map - t_read) / 1e3,
+		plog_debug(p, "layer %u expert %u: %s fill: chunks (and budget) %.0f us, "
+			   "read+verify (and budget) %.0f us (%.2f GB/s), map %.0f us", s->layer,
+			   s->expert, prefetch ? "prefetch" : "demand",
+			   (double)(t_read - begin) / 1e3, (double)(t_map - t_read) / 1e3,
 			   (double)p->expert_bytes / (double)(t_map - t_read),
 			   (double)(mp_now_ns() - t_map) / 1e3);
 
@@ -180,7 +242,8 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 			mp_region_slot_free(p->region, slot);
 		else if (err == -EFAULT)
 			mp_region_slot_discard(p->region, slot);
-		mp_pager_unreserve(p, slot);
+		if (fh.reserved)
+			mp_pager_unreserve(p, slot);
 		goto failed;
 	}
 	s->state = ST_MAPPED;
@@ -209,7 +272,6 @@ static void fill(struct worker *w, uint32_t slot, enum queue_class cls)
 		mp_pager_enforce_budget(p);
 	return;
 
-no_memory:
 failed:
 	p->q.fills--;
 	if (err == -ECANCELED)
@@ -247,7 +309,7 @@ static void run_job(struct worker *w, uint32_t slot, enum queue_class cls)
 	}
 	switch (s->state) {
 	case ST_EMPTY:
-		fill(w, slot, cls);
+		mp_pager_fill(w, slot, cls);
 		break;
 	case ST_HOST:
 		/* A host-tier expert to map: routed, prefetched, or deferred by the handler. */
@@ -292,11 +354,35 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* A ring, destination segments and a hash state: what reading an expert takes. */
+static int worker_init(struct mp_pager *p, struct worker *w, uint32_t id)
+{
+	w->p = p;
+	w->id = id;
+	w->iov = calloc(mp_region_chunks(p->region), sizeof(*w->iov));
+	w->hash = XXH3_createState();
+	if (!w->iov || !w->hash)
+		return -ENOMEM;
+	return mp_io_open(p->io_depth, &w->io);
+}
+
+static void worker_fini(struct worker *w)
+{
+	mp_io_close(w->io);
+	free(w->iov);
+	if (w->hash)
+		XXH3_freeState(w->hash);
+}
+
 int mp_pager_workers_start(struct mp_pager *p)
 {
-	uint32_t chunks = mp_region_chunks(p->region);
 	int err;
 
+	if (p->caller_resolves) {
+		err = worker_init(p, &p->caller, p->nworkers);
+		if (err)
+			return err;
+	}
 	p->workers = calloc(p->nworkers, sizeof(*p->workers));
 	if (!p->workers)
 		return -ENOMEM;
@@ -304,13 +390,7 @@ int mp_pager_workers_start(struct mp_pager *p)
 		struct worker *w = &p->workers[i];
 		char name[16];
 
-		w->p = p;
-		w->id = i;
-		w->iov = calloc(chunks, sizeof(*w->iov));
-		w->hash = XXH3_createState();
-		if (!w->iov || !w->hash)
-			return -ENOMEM;
-		err = mp_io_open(p->io_depth, &w->io);
+		err = worker_init(p, w, i);
 		if (err)
 			return err;
 		err = pthread_create(&w->thread, NULL, worker_main, w);
@@ -325,22 +405,21 @@ int mp_pager_workers_start(struct mp_pager *p)
 
 void mp_pager_workers_stop(struct mp_pager *p)
 {
-	if (!p->workers)
-		return;
-	pthread_mutex_lock(&p->lock);
-	pthread_cond_broadcast(&p->work_cv);
-	pthread_cond_broadcast(&p->state_cv);
-	pthread_mutex_unlock(&p->lock);
-	for (uint32_t i = 0; i < p->nworkers; i++) {
-		struct worker *w = &p->workers[i];
+	if (p->workers) {
+		pthread_mutex_lock(&p->lock);
+		pthread_cond_broadcast(&p->work_cv);
+		pthread_cond_broadcast(&p->state_cv);
+		pthread_mutex_unlock(&p->lock);
+		for (uint32_t i = 0; i < p->nworkers; i++) {
+			struct worker *w = &p->workers[i];
 
-		if (w->started)
-			pthread_join(w->thread, NULL);
-		mp_io_close(w->io);
-		free(w->iov);
-		if (w->hash)
-			XXH3_freeState(w->hash);
+			if (w->started)
+				pthread_join(w->thread, NULL);
+			worker_fini(w);
+		}
+		free(p->workers);
+		p->workers = NULL;
 	}
-	free(p->workers);
-	p->workers = NULL;
+	worker_fini(&p->caller);
+	memset(&p->caller, 0, sizeof(p->caller));
 }

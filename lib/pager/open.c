@@ -86,9 +86,37 @@ int mp_pager_open(struct mp_store *store, const struct mp_pager_config *cfg,
 	return mp_pager_open_hooked(store, cfg, NULL, out);
 }
 
+/*
+ * Who resolves the engine's requests (enum mp_pager_resolve): the config,
+ * else $MOEPAGER_RESOLVE (auto, fault, caller), else by the expert size:
+ * below a 2 MiB chunk the fault path's hand-offs cost as much as the read
+ * (serve.c).
+ */
+static int resolve_path(struct mp_pager *p, uint32_t resolve)
+{
+	static const char *const names[] = { "auto", "fault", "caller" };
+	const char *env = getenv("MOEPAGER_RESOLVE");
+
+	if (resolve > MP_RESOLVE_CALLER)
+		return plog_err(p, -EINVAL, "resolve %u is not one of auto (0), fault (1), caller "
+				"(2)", resolve);
+	if (!resolve && env && *env) {
+		while (resolve < MP_ARRAY_SIZE(names) && strcmp(env, names[resolve]))
+			resolve++;
+		if (resolve == MP_ARRAY_SIZE(names))
+			return plog_err(p, -EINVAL, "MOEPAGER_RESOLVE '%s' is not auto, fault or "
+					"caller", env);
+	}
+	p->caller_resolves = resolve == MP_RESOLVE_CALLER ||
+			     (resolve == MP_RESOLVE_AUTO && p->expert_bytes < MP_REGION_CHUNK);
+	return 0;
+}
+
 /* The config's numbers, with their defaults, and the derived sizes. */
 static int apply_config(struct mp_pager *p, const struct mp_pager_config *cfg)
 {
+	int err;
+
 	p->geo = *mp_store_geometry(p->store);
 	p->layers = p->geo.layers;
 	p->experts = p->geo.experts;
@@ -105,6 +133,9 @@ static int apply_config(struct mp_pager *p, const struct mp_pager_config *cfg)
 					    DEFAULT_MIN_RESIDENT_US) * 1000;
 	p->mem.spare_bytes = cfg->spare_bytes ? cfg->spare_bytes : 2 * p->data_bytes;
 	p->q.max_prefetch_fills = p->nworkers > 1 ? p->nworkers - 1 : 1;
+	err = resolve_path(p, cfg->resolve);
+	if (err)
+		return err;
 	if (p->slots_per_layer < p->experts || p->slots_per_layer > MP_MAX_EXPERTS * 16)
 		return plog_err(p, -EINVAL, "slots_per_layer %u must be in [%u (experts), %u]",
 				p->slots_per_layer, p->experts, MP_MAX_EXPERTS * 16);
@@ -191,6 +222,9 @@ int mp_pager_open_hooked(struct mp_store *store, const struct mp_pager_config *u
 	else
 		mp_pager_config_init(&cfg);
 	err = mp_check_reserved(cfg.reserved, MP_ARRAY_SIZE(cfg.reserved), "pager config");
+	if (!err && cfg.reserved0)
+		err = mp_err(-EINVAL, "pager config: reserved0 is not zero (a field this "
+			     "library does not know?)");
 	if (err)
 		return err;
 	p = calloc(1, sizeof(*p));
@@ -245,6 +279,9 @@ void mp_pager_close(struct mp_pager *p)
 		if (s->waiters && (s->state == ST_EMPTY || s->state == ST_HOST))
 			mp_pager_poison_locked(p, slot, -ESHUTDOWN);
 	}
+	/* A thread resolving its own request finishes (its read is cancelled) before the ring goes. */
+	while (p->caller_busy)
+		pthread_cond_wait(&p->state_cv, &p->lock);
 	pthread_mutex_unlock(&p->lock);
 	mp_pager_workers_stop(p);
 

@@ -20,23 +20,27 @@ static int check_id(struct mp_pager *p, uint32_t layer, uint32_t expert, const c
 	return 0;
 }
 
-const void *mp_pager_expert(struct mp_pager *p, uint32_t layer, uint32_t expert)
+/* The slot's address; a use for the policy, or, when poisoned and retry is set, a retry. */
+static const void *expert_at(struct mp_pager *p, uint32_t slot, bool retry)
 {
 	bool poisoned;
-	uint32_t slot;
 
-	if (check_id(p, layer, expert, "expert"))
-		return NULL;
-	slot = mp_pager_slot(p, layer, expert);
 	pthread_mutex_lock(&p->lock);
 	poisoned = p->slots[slot].state == ST_POISONED;
 	if (!poisoned && p->evict.ops->on_access)
 		p->evict.ops->on_access(&p->evict, slot);
 	pthread_mutex_unlock(&p->lock);
 	/* A poisoned expert is asked for again: let the next touch read it again. */
-	if (poisoned)
+	if (poisoned && retry)
 		mp_pager_clear(p, slot);
 	return mp_region_slot_addr(p->region, slot);
+}
+
+const void *mp_pager_expert(struct mp_pager *p, uint32_t layer, uint32_t expert)
+{
+	if (check_id(p, layer, expert, "expert"))
+		return NULL;
+	return expert_at(p, mp_pager_slot(p, layer, expert), true);
 }
 
 const void *mp_pager_expert_proj(struct mp_pager *p, uint32_t layer, uint32_t expert,
@@ -294,7 +298,14 @@ uint64_t mp_pager_stats_quantile(const struct mp_pager_stats *s, double q)
 
 static const void *source_expert(void *ctx, uint32_t layer, uint32_t expert)
 {
-	return mp_pager_expert(ctx, layer, expert);
+	struct mp_pager *p = ctx;
+	uint32_t slot;
+
+	if (!p->caller_resolves || check_id(p, layer, expert, "expert"))
+		return mp_pager_expert(p, layer, expert);
+	slot = mp_pager_slot(p, layer, expert);
+	/* Poisoned by this very request: its touch reports the error rather than reading again. */
+	return expert_at(p, slot, !mp_pager_serve(p, slot));
 }
 
 static int source_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,

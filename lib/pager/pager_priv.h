@@ -45,6 +45,7 @@ struct pager_mem {
 	uint64_t budget;
 	uint64_t resident;		/* expert bytes in memory or reserved for a fill */
 	uint64_t resident_peak;
+	uint64_t dropping;		/* of it, bytes of experts being evicted now */
 	uint32_t resident_n;
 	uint32_t mapped_n;
 	uint64_t min_resident_ns;
@@ -65,12 +66,14 @@ struct mp_pager {
 	uint64_t slot_bytes;	/* 2 MiB-rounded: the range stride */
 	uint32_t read_attempts;
 	bool route_fill;
+	bool caller_resolves;	/* engine requests are resolved on the asking thread */
 	uint32_t nworkers;
 	uint32_t io_depth;
 
 	struct mp_region *region;
 	struct mp_tier *tier;
 	struct worker *workers;
+	struct worker caller;	/* what a thread resolving its own request reads with */
 
 	/* Under lock. */
 	pthread_mutex_t lock;
@@ -82,6 +85,7 @@ struct mp_pager {
 	struct pager_mem mem;
 	struct mp_pager_stats st;	/* counters (resident figures are filled on read) */
 	bool broken;			/* the handler died: nothing is served any more */
+	bool caller_busy;		/* a thread reads with p->caller */
 	int guards;			/* threads inside mp_pager_guard() on this pager */
 	pthread_cond_t guard_cv;
 
@@ -145,6 +149,22 @@ extern const struct mp_region_ops mp_pager_region_ops;
 /* fill.c */
 int mp_pager_workers_start(struct mp_pager *p);
 void mp_pager_workers_stop(struct mp_pager *p);
+/*
+ * EMPTY -> FILLING -> MAPPED (or POISONED, or EMPTY for an unwanted
+ * prefetch): reads the slot's expert with w's ring. Called locked; drops
+ * the lock for the read and the map.
+ */
+void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls);
+
+/* serve.c */
+/*
+ * The engine asks for the expert in slot (its source's expert op): a
+ * routed expert not yet in memory is read or mapped on this thread, or
+ * waited for while a fill thread reads it. Returns true when the read it
+ * did or waited for failed (the touch that follows gets the error, rather
+ * than reading again). Not locked.
+ */
+bool mp_pager_serve(struct mp_pager *p, uint32_t slot);
 
 /* guard.c */
 int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len);

@@ -221,6 +221,8 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 		   keep_host ? "unmapping (kept in host memory)" : "evicting");
 	s->state = ST_BUSY;
 	s->busy_op = keep_host ? BUSY_UNMAP : BUSY_DROP;
+	if (!keep_host)
+		p->mem.dropping += p->expert_bytes;
 	pthread_mutex_unlock(&p->lock);
 	if (prev == ST_MAPPED)
 		err = mp_region_slot_unmap(p->region, slot);
@@ -231,6 +233,8 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 		mp_region_slot_discard(p->region, slot);
 	}
 	pthread_mutex_lock(&p->lock);
+	if (!keep_host)
+		p->mem.dropping -= p->expert_bytes;
 	if (err && !lost) {
 		/* Pinned pages (EBUSY) or a transient failure: still mapped and whole. */
 		s->state = prev;

@@ -30,9 +30,33 @@ static const struct {
 		.layers = 12, .experts = 64, .topk = 6, .hidden = 1024, .ffn = 1024,
 		.heads = 16, .kv_heads = 4, .head_dim = 64, .vocab = 32000, .max_seq = 4096,
 		.dtype = MP_DTYPE_BF16, .rope_theta = 10000.0f, .norm_eps = 1e-5f } },
+	/*
+	 * Fine-grained models with their routing (layers x experts, top-k) and
+	 * their expert-to-hidden ratio, narrowed so the experts total a few GB
+	 * (a 50% budget pages on a 24 GiB machine). DeepSeek-V2-Lite: 26 MoE
+	 * layers x 64 routed experts, top-6, FFN 1408 / hidden 2048 (no shared
+	 * experts here): 2.3 MiB experts, ~4.0 GB.
+	 */
+	{ "deepseek-v2-lite-mini", {
+		.layers = 26, .experts = 64, .topk = 6, .hidden = 768, .ffn = 528,
+		.heads = 12, .kv_heads = 4, .head_dim = 64, .vocab = 32000, .max_seq = 4096,
+		.dtype = MP_DTYPE_BF16, .rope_theta = 10000.0f, .norm_eps = 1e-6f } },
+	/* Qwen3-MoE (30B-A3B): 48 x 128, top-8, FFN 768 / hidden 2048: 0.56 MiB experts, ~3.6 GB. */
+	{ "qwen3-moe-mini", {
+		.layers = 48, .experts = 128, .topk = 8, .hidden = 512, .ffn = 192,
+		.heads = 8, .kv_heads = 2, .head_dim = 64, .vocab = 32000, .max_seq = 4096,
+		.dtype = MP_DTYPE_BF16, .rope_theta = 1e6f, .norm_eps = 1e-6f } },
+	/* OLMoE (1B-7B): 16 x 64, top-8, FFN 1024 / hidden 2048: 3 MiB experts, ~3.2 GB. */
+	{ "olmoe-mini", {
+		.layers = 16, .experts = 64, .topk = 8, .hidden = 1024, .ffn = 512,
+		.heads = 16, .kv_heads = 16, .head_dim = 64, .vocab = 32000, .max_seq = 4096,
+		.dtype = MP_DTYPE_BF16, .rope_theta = 10000.0f, .norm_eps = 1e-5f } },
 };
 
-static const char *const preset_names[] = { "tiny", "mixtral-mini", "deepseek-lite-mini", NULL };
+static const char *const preset_names[] = {
+	"tiny", "mixtral-mini", "deepseek-lite-mini", "deepseek-v2-lite-mini", "qwen3-moe-mini",
+	"olmoe-mini", NULL,
+};
 
 _Static_assert(MP_ARRAY_SIZE(preset_names) == MP_ARRAY_SIZE(presets) + 1, "preset names");
 
@@ -49,8 +73,8 @@ int mp_gen_preset(const char *name, struct mp_geometry *out)
 			return 0;
 		}
 	}
-	return mp_err(-ENOENT, "unknown preset '%s' (tiny, mixtral-mini, deepseek-lite-mini)",
-		      name ? name : "(null)");
+	return mp_err(-ENOENT, "unknown preset '%s' (tiny, mixtral-mini, deepseek-lite-mini, "
+		      "deepseek-v2-lite-mini, qwen3-moe-mini, olmoe-mini)", name ? name : "(null)");
 }
 
 /*

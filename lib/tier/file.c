@@ -60,6 +60,8 @@ static int file_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		.path = f->path,
 		.yield = rd->yield,
 		.yield_arg = rd->yield_arg,
+		.issued = rd->issued,
+		.issued_arg = rd->issued_arg,
 	};
 	int err;
 

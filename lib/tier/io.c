@@ -10,12 +10,24 @@
 #include "base/base.h"
 #include "tier/io.h"
 
+/* Where one mp_io_read() stands. */
+struct run {
+	uint32_t nreq;		/* requests planned */
+	uint32_t next;		/* first request never issued */
+	uint32_t inflight;
+	uint32_t prefix;	/* requests handed over in order */
+	uint32_t nresubmit;
+	bool told;		/* rd->issued was called */
+	int err;		/* the first failure: drain, issue nothing more */
+};
+
 struct mp_io {
 	struct io_uring ring;
 	uint32_t depth;
 	struct req *reqs;	/* reused across reads */
 	uint32_t cap;
 	uint32_t *resubmit;	/* stack of requests to issue again */
+	struct run run;		/* the read in progress */
 };
 
 enum req_state { REQ_NEW, REQ_INFLIGHT, REQ_DONE };
@@ -42,8 +54,11 @@ int mp_io_open(uint32_t depth, struct mp_io **out)
 	if (!io)
 		return -ENOMEM;
 	memset(&p, 0, sizeof(p));
-	/* Completions are reaped by the submitting thread only: no IPI needed to run them. */
-	p.flags = IORING_SETUP_COOP_TASKRUN;
+	/*
+	 * Completions are reaped by the submitting thread only: no IPI needed
+	 * to run them; the flag tells it when they wait for it (while it hashes).
+	 */
+	p.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
 	err = io_uring_queue_init_params(depth, &io->ring, &p);
 	if (err == -EINVAL) {
 		memset(&p, 0, sizeof(p));
@@ -184,82 +199,122 @@ static int complete(struct mp_io *io, const struct mp_io_read *rd, struct req *q
 	return 0;
 }
 
+/* Keeps the ring's depth of requests in flight (one while the read yields). */
+static void issue(struct mp_io *io, const struct mp_io_read *rd)
+{
+	struct run *run = &io->run;
+	uint32_t depth = rd->yield && rd->yield(rd->yield_arg) ? 1 : io->depth;
+	int ret;
+
+	while (!run->err && run->inflight < depth && (run->nresubmit || run->next < run->nreq) &&
+	       io_uring_sq_space_left(&io->ring)) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+		uint32_t i = run->nresubmit ? io->resubmit[--run->nresubmit] : run->next++;
+		struct req *q = &io->reqs[i];
+
+		io_uring_prep_read(sqe, rd->fd, q->buf + q->done, q->len - q->done,
+				   q->off + q->done);
+		io_uring_sqe_set_data64(sqe, i);
+		q->state = REQ_INFLIGHT;
+		run->inflight++;
+	}
+	ret = io_uring_submit(&io->ring);
+	if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY && !run->err)
+		run->err = mp_err(ret, "io: %s: io_uring_submit: %s", rd->what, strerror(-ret));
+}
+
+/*
+ * Accounts the completions the kernel has posted; with wait, blocks for
+ * one first. Without wait, completions that wait for this thread to enter
+ * the kernel (IORING_SQ_TASKRUN) are fetched first, so the requests they
+ * free are issued again while the caller hashes.
+ */
+static void collect(struct mp_io *io, const struct mp_io_read *rd, bool wait)
+{
+	struct run *run = &io->run;
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+	int ret;
+
+	if (wait) {
+		/* The wait's return and each cqe->res are separate answers. */
+		ret = io_uring_wait_cqe(&io->ring, &cqe);
+		if (ret < 0) {
+			/* The ring itself failed: requests may still write our buffers. */
+			if (ret != -EINTR && ret != -EAGAIN && !run->err)
+				run->err = mp_err(ret, "io: %s: io_uring_wait_cqe: %s", rd->what,
+						  strerror(-ret));
+			return;
+		}
+	} else if (IO_URING_READ_ONCE(*io->ring.sq.kflags) & IORING_SQ_TASKRUN) {
+		io_uring_get_events(&io->ring);
+	}
+	io_uring_for_each_cqe(&io->ring, head, cqe) {
+		uint32_t i = (uint32_t)io_uring_cqe_get_data64(cqe);
+		int r;
+
+		seen++;
+		run->inflight--;
+		if (i >= run->nreq)
+			continue;
+		r = complete(io, rd, &io->reqs[i], cqe->res, &run->nresubmit);
+		if (r && !run->err)
+			run->err = r;
+	}
+	io_uring_cq_advance(&io->ring, seen);
+}
+
 int mp_io_read(struct mp_io *io, const struct mp_io_read *rd)
 {
-	uint32_t nreq = 0, next = 0, inflight = 0, prefix = 0, nresubmit = 0;
-	int err = 0, ret;
+	struct run *run = &io->run;
+	int ret;
 
 	if (!rd->len)
 		return 0;
 	if (!rd->align || (rd->align & (rd->align - 1)))
 		return mp_err(-EINVAL, "io: %s: alignment %u is not a power of two", rd->what,
 			      rd->align);
-	ret = plan(io, rd, &nreq);
+	*run = (struct run){ 0 };
+	ret = plan(io, rd, &run->nreq);
 	if (ret)
 		return ret;
 
-	while (prefix < nreq || inflight) {
-		struct io_uring_cqe *cqe;
-		unsigned head, seen = 0;
-		/* A yielding read trickles: one request, asked again each round. */
-		uint32_t depth = rd->yield && rd->yield(rd->yield_arg) ? 1 : io->depth;
+	while (run->prefix < run->nreq || run->inflight) {
+		struct req *q;
 
-		/* Keep the queue full, unless a failure is being drained. */
-		while (!err && inflight < depth && (nresubmit || next < nreq) &&
-		       io_uring_sq_space_left(&io->ring)) {
-			struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-			uint32_t i = nresubmit ? io->resubmit[--nresubmit] : next++;
-			struct req *q = &io->reqs[i];
-
-			io_uring_prep_read(sqe, rd->fd, q->buf + q->done, q->len - q->done,
-					   q->off + q->done);
-			io_uring_sqe_set_data64(sqe, i);
-			q->state = REQ_INFLIGHT;
-			inflight++;
+		issue(io, rd);
+		if (rd->issued && !run->told && run->inflight) {
+			run->told = true;
+			ret = rd->issued(rd->issued_arg);
+			if (ret && !run->err)
+				run->err = ret;
 		}
-		ret = io_uring_submit(&io->ring);
-		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY && !err)
-			err = mp_err(ret, "io: %s: io_uring_submit: %s", rd->what, strerror(-ret));
-		if (!inflight)
-			break;
-
-		/* The wait's return and each cqe->res are separate answers. */
-		ret = io_uring_wait_cqe(&io->ring, &cqe);
-		if (ret < 0) {
-			if (ret == -EINTR || ret == -EAGAIN)
-				continue;
-			/* The ring itself failed: requests may still write our buffers. */
-			if (!err)
-				err = mp_err(ret, "io: %s: io_uring_wait_cqe: %s", rd->what,
-					     strerror(-ret));
-			continue;
-		}
-		io_uring_for_each_cqe(&io->ring, head, cqe) {
-			uint32_t i = (uint32_t)io_uring_cqe_get_data64(cqe);
-			int r;
-
-			seen++;
-			inflight--;
-			if (i >= nreq)
-				continue;
-			r = complete(io, rd, &io->reqs[i], cqe->res, &nresubmit);
-			if (r && !err)
-				err = r;
-		}
-		io_uring_cq_advance(&io->ring, seen);
-
-		/* Hand the newly contiguous bytes over while the rest is in flight. */
-		while (!err && prefix < nreq && io->reqs[prefix].state == REQ_DONE) {
-			struct req *q = &io->reqs[prefix++];
-
+		/*
+		 * Hand the next in-order request over (the caller hashes it)
+		 * while the rest are in flight, one request at a time: between
+		 * two, freed requests are issued again, so the device never
+		 * waits for the hash.
+		 */
+		q = run->prefix < run->nreq ? &io->reqs[run->prefix] : NULL;
+		if (!run->err && q && q->state == REQ_DONE) {
+			run->prefix++;
 			if (rd->ready && q->want) {
 				ret = rd->ready(rd->arg, q->buf, q->want);
 				if (ret)
-					err = ret;
+					run->err = ret;
 			}
+			collect(io, rd, false);
+			continue;
 		}
-		if (err && !inflight)
+		if (!run->inflight)
 			break;
+		collect(io, rd, true);
 	}
-	return err;
+	return run->err;
+}
+
+void mp_io_queue_state(const struct mp_io *io, uint32_t *inflight, uint32_t *unissued)
+{
+	*inflight = io->run.inflight;
+	*unissued = io->run.nreq - io->run.next + io->run.nresubmit;
 }

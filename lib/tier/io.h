@@ -42,6 +42,14 @@ struct mp_io_read {
 	 */
 	bool (*yield)(void *arg);
 	void *yield_arg;
+	/*
+	 * May be NULL. Called once, on the reading thread, as soon as the first
+	 * requests are in flight (before any byte is handed to ready): the
+	 * caller's work that can overlap the device goes there. A nonzero
+	 * return aborts the read with that value.
+	 */
+	int (*issued)(void *arg);
+	void *issued_arg;
 };
 
 /*
@@ -53,5 +61,11 @@ struct mp_io_read {
  * returned. Never returns with a request in flight.
  */
 int mp_io_read(struct mp_io *io, const struct mp_io_read *rd);
+
+/*
+ * For tests, from a ready callback: the read's requests in flight (issued,
+ * completion not yet accounted) and those not issued yet.
+ */
+void mp_io_queue_state(const struct mp_io *io, uint32_t *inflight, uint32_t *unissued);
 
 #endif /* MP_IO_H */

@@ -44,6 +44,13 @@ struct mp_tier_read {
 	/* May be NULL: see struct mp_io_read (a tier without a queue ignores it). */
 	bool (*yield)(void *arg);
 	void *yield_arg;
+	/*
+	 * May be NULL: see struct mp_io_read. A tier that does not read through
+	 * a queue (or fails before reading) may never call it; the caller then
+	 * does that work after the read.
+	 */
+	int (*issued)(void *arg);
+	void *issued_arg;
 };
 
 struct mp_tier_ops {

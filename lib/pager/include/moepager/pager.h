@@ -23,6 +23,27 @@ struct mp_pager;
 /* Read attempts per expert when mp_pager_config.read_attempts is 0. */
 #define MP_PAGER_DEFAULT_READ_ATTEMPTS 8u
 
+/*
+ * Who resolves an expert the engine asks for through mp_pager_source_ops()
+ * while it is routed but not yet in memory (docs/region.md, "Small experts"):
+ */
+enum mp_pager_resolve {
+	/* The asking thread for experts below 2 MiB, the fault path above. */
+	MP_RESOLVE_AUTO = 0,
+	/*
+	 * The fault path: the engine touches the expert, the fault handler
+	 * records the waiting thread, a fill thread reads and maps it.
+	 */
+	MP_RESOLVE_FAULT = 1,
+	/*
+	 * The asking thread: it reads (or maps from host memory) an expert no
+	 * fill thread has started, and waits for one a fill thread is reading;
+	 * no fault, no hand-off to other threads. Faults on experts asked for
+	 * otherwise still take the fault path.
+	 */
+	MP_RESOLVE_CALLER = 2,
+};
+
 struct mp_pager_config {
 	/*
 	 * Bytes of expert data held in memory, mapped or not. 0: the budget
@@ -83,7 +104,13 @@ struct mp_pager_config {
 	const char *fault;
 	/* Seed of the rules' random draws. 0: $MOEPAGER_FAULT_SEED, else 1. */
 	uint64_t fault_seed;
-	MP_RESERVED(8);
+	/*
+	 * enum mp_pager_resolve; anything else is refused with -EINVAL. 0:
+	 * $MOEPAGER_RESOLVE ("auto", "fault", "caller"), else auto.
+	 */
+	uint32_t resolve;
+	uint32_t reserved0;		/* must be zero */
+	MP_RESERVED(7);
 };
 
 /* Fills cfg with the defaults: all zero (a zeroed struct means the same). */
@@ -227,10 +254,16 @@ MP_API int mp_pager_guard(struct mp_pager *p, int (*fn)(void *arg), void *arg);
 struct mp_pager_stats {
 	uint64_t hits;			/* routed experts that were mapped when reported */
 	uint64_t misses;		/* routed experts that were not */
-	uint64_t faults_file;		/* demand faults served from the file tier */
-	uint64_t faults_host;		/* demand faults served from host memory */
-	uint64_t fault_waits;		/* blocked threads, counted per fault message */
-	uint64_t stall_ns;		/* time threads spent blocked in faults, summed */
+	/*
+	 * Demand faults served from the file tier and from host memory; an
+	 * engine request resolved on the asking thread (MP_RESOLVE_CALLER)
+	 * counts as one.
+	 */
+	uint64_t faults_file;
+	uint64_t faults_host;
+	/* Blocked threads, counted per fault message and per engine request that waited. */
+	uint64_t fault_waits;
+	uint64_t stall_ns;		/* time threads spent blocked in them, summed */
 	/* Fault service latency (first fault to mapped): bucket i counts [2^i, 2^(i+1)) ns. */
 	uint64_t fault_latency_hist[MP_PAGER_HIST_BUCKETS];
 	uint64_t prefetch_issued;	/* prefetches queued */
@@ -256,7 +289,9 @@ struct mp_pager_stats {
 	 */
 	uint64_t file_reads;
 	uint64_t file_read_ns;
-	MP_RESERVED(8);
+	/* Of the demand reads, those done by the asking engine thread (MP_RESOLVE_CALLER). */
+	uint64_t caller_reads;
+	MP_RESERVED(7);
 };
 
 /* A snapshot of the counters. */
