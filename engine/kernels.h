@@ -34,15 +34,19 @@ struct mp_kernels {
 /*
  * Defines an ISA's table from the static functions every kern_*.c file
  * names alike (gemv_f32, widen_bf16, tile4x4, dot, axpy, read_sum), so the
- * three tables cannot drift apart.
+ * three tables cannot drift apart. The block types' gemv and widen take
+ * rows (and n) in whole blocks of MP_QBLOCK: the engine's entry points
+ * refuse other shapes.
  */
 #define MP_KERNELS_DEFINE(sym, isa_name)						\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
 		.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,		\
-			  [MP_DTYPE_BF16] = gemv_bf16 },				\
+			  [MP_DTYPE_BF16] = gemv_bf16, [MP_DTYPE_Q8_0] = gemv_q8_0,	\
+			  [MP_DTYPE_Q4_0] = gemv_q4_0 },				\
 		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
-			   [MP_DTYPE_BF16] = widen_bf16 },				\
+			   [MP_DTYPE_BF16] = widen_bf16, [MP_DTYPE_Q8_0] = widen_q8_0,	\
+			   [MP_DTYPE_Q4_0] = widen_q4_0 },				\
 		.tile4x4 = tile4x4,							\
 		.dot = dot,								\
 		.axpy = axpy,								\
