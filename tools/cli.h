@@ -28,6 +28,8 @@ int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);

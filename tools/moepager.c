@@ -14,6 +14,8 @@ static const struct cli_command commands[] = {
 	{ "run", "greedy decoding of a model, resident or paged; throughput as JSON", cmd_run },
 	{ "verify", "check every tensor and expert checksum of an .mpk file", cmd_verify },
 	{ "adapter", "pack, merge, make and inspect expert adapters (.mpa)", cmd_adapter },
+	{ "import", "convert a GGUF model file (llama.cpp) into an .mpk", cmd_import },
+	{ "export", "write an .mpk model as a GGUF file llama.cpp loads", cmd_export },
 	{ "trace", "record a process's expert trajectory through BPF; export moe-trace", cmd_trace },
 	{ "eval", "held-out perplexity of a trained model, computed by the runner", cmd_eval },
 	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },
