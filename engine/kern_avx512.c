@@ -79,15 +79,14 @@ static inline TARGET __m512 ldm_q8_0(const void *p, size_t i, __mmask16 m)
 static inline TARGET __m512 ld_q4_0(const void *p, size_t i)
 {
 	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q4_0_BYTES;
+	/* q - 8 for each nibble value q: vpermps looks them up by an index's low 4 bits */
+	const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 	/* elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones */
-	__m128i q = _mm_loadu_si128((const __m128i *)(b + 2));
+	__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
 
 	if (i % MP_QBLOCK >= MP_QBLOCK / 2)
-		q = _mm_srli_epi16(q, 4);
-	q = _mm_and_si128(q, _mm_set1_epi8(15));
-	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q),
-								 _mm512_set1_epi32(8))),
-			     block_scale(b));
+		q = _mm512_srli_epi32(q, 4);
+	return _mm512_mul_ps(_mm512_permutexvar_ps(q, values), block_scale(b));
 }
 
 static inline TARGET __m512 ldm_q4_0(const void *p, size_t i, __mmask16 m)
