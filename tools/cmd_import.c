@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
-/* moepager import: converts a GGUF model file into an .mpk. */
+/* moepager import: converts a GGUF model file, or a directory of safetensors, into an .mpk. */
 #include <argp.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <moepager.h>
 
@@ -21,15 +22,18 @@ static struct import_env {
 enum { OPT_DTYPE = 0x100, OPT_MAX_SEQ, OPT_NAME };
 
 static const char doc[] =
-	"Convert a GGUF file (llama.cpp) into an .mpk. Architectures: llama (Mixtral-style\n"
-	"MoE; Q and K rows are permuted from adjacent-pair to rotate-half RoPE) and\n"
-	"qwen3moe where its tensors fit the runner; models the runner cannot compute\n"
-	"(shared experts, latent attention, Q/K norms, biases, dense layers) are refused\n"
-	"naming the tensor or key, never dropped. The experts keep their type unless\n"
-	"--dtype converts them; every other weight matrix takes the experts' type.\n"
+	"Convert a GGUF file (llama.cpp), or a directory of Hugging Face safetensors\n"
+	"(config.json and *.safetensors), into an .mpk. GGUF architectures: llama\n"
+	"(Mixtral-style MoE; Q and K rows are permuted from adjacent-pair to rotate-half\n"
+	"RoPE) and qwen3moe where its tensors fit the runner; safetensors model types:\n"
+	"mixtral, and qwen3_moe where it fits. Models the runner cannot compute (shared\n"
+	"experts, latent attention, Q/K norms, biases, dense layers) are refused naming\n"
+	"the tensor or key, never dropped. The experts keep their type unless --dtype\n"
+	"converts them; every other weight matrix takes the experts' type.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager import mixtral-8x7b-q8_0.gguf --out mixtral.mpk\n"
+	"  moepager import Mixtral-8x7B-v0.1/ --out mixtral.mpk --dtype q8_0\n"
 	"  moepager import tiny-real.gguf --out /tmp/tiny-real-q8.mpk --dtype q8_0\n";
 
 static const struct argp_option opts[] = {
@@ -99,8 +103,10 @@ static void summary(uint64_t ns)
 int cmd_import(int argc, char **argv)
 {
 	static char prog[] = "moepager import";
-	static const struct argp argp = { opts, parse_arg, "FILE.gguf", doc, NULL, NULL, NULL };
+	static const struct argp argp = { opts, parse_arg, "FILE.gguf|DIR", doc, NULL, NULL,
+					  NULL };
 	struct mp_import_config cfg = { 0 };
+	struct stat st;
 	uint64_t t0;
 	int err;
 
@@ -115,7 +121,10 @@ int cmd_import(int argc, char **argv)
 	cfg.name = env.name;
 	cfg.progress = cli_progress_enabled() ? on_progress : NULL;
 	t0 = cli_now_ns();
-	err = mp_gguf_import(env.src, env.out, &cfg);
+	if (!stat(env.src, &st) && S_ISDIR(st.st_mode))
+		err = mp_safetensors_import(env.src, env.out, &cfg);
+	else
+		err = mp_gguf_import(env.src, env.out, &cfg);
 	cli_progress_end();
 	if (err) {
 		fprintf(stderr, "moepager import: %s\n", mp_last_error());

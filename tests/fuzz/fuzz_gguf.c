@@ -121,7 +121,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (fd < 0) {
 		fd = memfd_create("fuzz.gguf", MFD_CLOEXEC);
-		snprintf(dir, sizeof(dir), "%s", "/tmp/fuzz_gguf.XXXXXX");
+		/* tmpfs where there is one: each accepted input writes and syncs an .mpk */
+		snprintf(dir, sizeof(dir), "%s/fuzz_gguf.XXXXXX",
+			 access("/dev/shm", W_OK) ? "/tmp" : "/dev/shm");
 		if (fd < 0 || !mkdtemp(dir)) {
 			perror("fuzz_gguf setup");
 			abort();

@@ -183,7 +183,7 @@ MP_API int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t 
 /*
  * Other tools' model files (docs/gguf.md)
  *
- * GGUF (llama.cpp) in both directions. An import writes an .mpk with the experts in the runner's layout; it refuses,
+ * GGUF (llama.cpp) in both directions, Hugging Face safetensors in. An import writes an .mpk with the experts in the runner's layout; it refuses,
  * naming the tensor or key and its file offset, a damaged file and a model
  * the runner cannot compute (shared experts, latent attention, Q/K norms,
  * biases, ...): nothing is dropped silently.
@@ -214,6 +214,16 @@ struct mp_import_config {
  */
 MP_API int mp_gguf_import(const char *gguf_path, const char *mpk_path,
 			  const struct mp_import_config *cfg);
+
+/*
+ * Converts a directory of Hugging Face safetensors (config.json and every
+ * *.safetensors shard; model_type mixtral, and qwen3_moe / qwen2_moe where
+ * they fit the runner) into an .mpk, as mp_gguf_import() does; F32, F16 and
+ * BF16 tensors are read. Returns the same errors, naming the shard, the
+ * tensor and its offset, or the config.json key.
+ */
+MP_API int mp_safetensors_import(const char *dir, const char *mpk_path,
+				 const struct mp_import_config *cfg);
 
 /* One token of a vocabulary to export (SentencePiece / llama.cpp terms). */
 struct mp_gguf_token {
