@@ -28,9 +28,6 @@ static inline TARGET __m256 ld_f16(const void *p, size_t i)
  * The block types: 8 elements at i (a multiple of 8, so inside one block),
  * each (float)q * d as mp_dtype_to_f32() computes it. A row is whole blocks.
  */
-#define Q8_0_BYTES	(2 + MP_QBLOCK)
-#define Q4_0_BYTES	(2 + MP_QBLOCK / 2)
-
 static inline TARGET __m256 block_scale(const uint8_t *b)
 {
 	uint16_t h;
@@ -41,7 +38,7 @@ static inline TARGET __m256 block_scale(const uint8_t *b)
 
 static inline TARGET __m256 ld_q8_0(const void *p, size_t i)
 {
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q8_0_BYTES;
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q8_0_BYTES;
 	__m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + i % MP_QBLOCK));
 
 	return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), block_scale(b));
@@ -49,7 +46,7 @@ static inline TARGET __m256 ld_q8_0(const void *p, size_t i)
 
 static inline TARGET __m256 ld_q4_0(const void *p, size_t i)
 {
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q4_0_BYTES;
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q4_0_BYTES;
 	const uint32_t j = i % MP_QBLOCK;
 	/* elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones */
 	__m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + j % (MP_QBLOCK / 2)));
@@ -82,40 +79,11 @@ static inline TARGET float sc_f16(const void *p, size_t i)
 	return _cvtsh_ss(((const uint16_t *)p)[i]);
 }
 
-static inline TARGET float sc_scale(const uint8_t *b)
-{
-	uint16_t h;
+/* Tails never meet the block types (rows are whole blocks), but the macros name them. */
+#define sc_q8_0 mp_q8_0_at
+#define sc_q4_0 mp_q4_0_at
 
-	memcpy(&h, b, sizeof(h));
-	return _cvtsh_ss(h);
-}
-
-static inline TARGET float sc_q8_0(const void *p, size_t i)
-{
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q8_0_BYTES;
-
-	return (float)(int8_t)b[2 + i % MP_QBLOCK] * sc_scale(b);
-}
-
-static inline TARGET float sc_q4_0(const void *p, size_t i)
-{
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q4_0_BYTES;
-	const uint32_t j = i % MP_QBLOCK;
-	const int q = j < MP_QBLOCK / 2 ? b[2 + j] & 15 : b[2 + j - MP_QBLOCK / 2] >> 4;
-
-	return (float)(q - 8) * sc_scale(b);
-}
-
-/*
- * Bytes of a row of cols elements; the offset of column c in a block of 4
- * rows and the cache lines 16 such columns span, for the prefetches.
- */
-#define ROW_f32(cols)	((size_t)(cols) * 4)
-#define ROW_f16(cols)	((size_t)(cols) * 2)
-#define ROW_bf16(cols)	((size_t)(cols) * 2)
-#define ROW_q8_0(cols)	((size_t)(cols) / MP_QBLOCK * Q8_0_BYTES)
-#define ROW_q4_0(cols)	((size_t)(cols) / MP_QBLOCK * Q4_0_BYTES)
-#define PF_OFF(type, c)	((size_t)(c) * 4 * ROW_##type(MP_QBLOCK) / MP_QBLOCK)
+/* Cache lines that 16 columns of 4 rows span, for the prefetches. */
 #define PF_LINES_f32	4
 #define PF_LINES_f16	2
 #define PF_LINES_bf16	2
@@ -141,7 +109,7 @@ static inline TARGET float hsum(__m256 v)
 static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, float *y)			\
 {										\
-	const size_t rs = ROW_##type(cols);					\
+	const size_t rs = MP_ROW_##type(cols);					\
 	const uint32_t vcols = cols & ~7u, pcols = cols & ~15u;			\
 	uint32_t r = 0;								\
 										\
@@ -158,7 +126,7 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 										\
 			/* The next 4-row block, as in kern_avx512.c. */	\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + PF_OFF(type, c) + 64 * l,		\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
 					     _MM_HINT_T0);				\
 										\
 			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\

@@ -52,9 +52,6 @@ static inline TARGET __m512 ldm_f16(const void *p, size_t i, __mmask16 m)
  * whole blocks, so the masked loads below only ever see full masks (they
  * read all 16 elements and zero the lanes outside the mask).
  */
-#define Q8_0_BYTES	(2 + MP_QBLOCK)
-#define Q4_0_BYTES	(2 + MP_QBLOCK / 2)
-
 static inline TARGET __m512 block_scale(const uint8_t *b)
 {
 	uint16_t h;
@@ -65,7 +62,7 @@ static inline TARGET __m512 block_scale(const uint8_t *b)
 
 static inline TARGET __m512 ld_q8_0(const void *p, size_t i)
 {
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q8_0_BYTES;
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q8_0_BYTES;
 	__m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + i % MP_QBLOCK));
 
 	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), block_scale(b));
@@ -78,7 +75,7 @@ static inline TARGET __m512 ldm_q8_0(const void *p, size_t i, __mmask16 m)
 
 static inline TARGET __m512 ld_q4_0(const void *p, size_t i)
 {
-	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * Q4_0_BYTES;
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q4_0_BYTES;
 	/* q - 8 for each nibble value q: vpermps looks them up by an index's low 4 bits */
 	const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 	/* elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones */
@@ -94,16 +91,7 @@ static inline TARGET __m512 ldm_q4_0(const void *p, size_t i, __mmask16 m)
 	return _mm512_maskz_mov_ps(m, ld_q4_0(p, i));
 }
 
-/*
- * Bytes of a row of cols elements; the offset of column c in a block of 4
- * rows and the cache lines 32 such columns span, for the prefetches.
- */
-#define ROW_f32(cols)	((size_t)(cols) * 4)
-#define ROW_f16(cols)	((size_t)(cols) * 2)
-#define ROW_bf16(cols)	((size_t)(cols) * 2)
-#define ROW_q8_0(cols)	((size_t)(cols) / MP_QBLOCK * Q8_0_BYTES)
-#define ROW_q4_0(cols)	((size_t)(cols) / MP_QBLOCK * Q4_0_BYTES)
-#define PF_OFF(type, c)	((size_t)(c) * 4 * ROW_##type(MP_QBLOCK) / MP_QBLOCK)
+/* Cache lines that 32 columns of 4 rows span, for the prefetches. */
 #define PF_LINES_f32	8
 #define PF_LINES_f16	4
 #define PF_LINES_bf16	4
@@ -131,7 +119,7 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
 static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, float *y)			\
 {										\
-	const size_t rs = ROW_##type(cols);					\
+	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
 	for (; r + 4 <= rows; r += 4) {						\
@@ -146,7 +134,7 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			__m512 x1 = _mm512_loadu_ps(x + c + 16);		\
 										\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + PF_OFF(type, c) + 64 * l,		\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
 					     _MM_HINT_T0);				\
 										\
 			a0 = _mm512_fmadd_ps(ld_##type(w0, c), x0, a0);		\

@@ -26,45 +26,15 @@ static inline float load_bf16(const void *w, size_t i)
 	return f;
 }
 
-/*
- * The block types: element i of a row is (float)q * d of its block, the
- * floats mp_dtype_to_f32() gives (a row is whole blocks, so i indexes
- * blocks from the row's start).
- */
-static inline float block_scale(const uint8_t *b)
-{
-	return mp_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-}
-
-static inline float load_q8_0(const void *w, size_t i)
-{
-	const uint8_t *b = (const uint8_t *)w + i / MP_QBLOCK * (2 + MP_QBLOCK);
-
-	return (float)(int8_t)b[2 + i % MP_QBLOCK] * block_scale(b);
-}
-
-static inline float load_q4_0(const void *w, size_t i)
-{
-	const uint8_t *b = (const uint8_t *)w + i / MP_QBLOCK * (2 + MP_QBLOCK / 2);
-	const uint32_t j = i % MP_QBLOCK;
-	const int q = j < MP_QBLOCK / 2 ? b[2 + j] & 15 : b[2 + j - MP_QBLOCK / 2] >> 4;
-
-	return (float)(q - 8) * block_scale(b);
-}
-
-/* Bytes of a row of cols elements. */
-#define ROW_f32(cols)	((size_t)(cols) * 4)
-#define ROW_f16(cols)	((size_t)(cols) * 2)
-#define ROW_bf16(cols)	((size_t)(cols) * 2)
-#define ROW_q8_0(cols)	((size_t)(cols) / MP_QBLOCK * (2 + MP_QBLOCK))
-#define ROW_q4_0(cols)	((size_t)(cols) / MP_QBLOCK * (2 + MP_QBLOCK / 2))
+#define load_q8_0 mp_q8_0_at
+#define load_q4_0 mp_q4_0_at
 
 #define DEFINE_GEMV(type)							\
 static void gemv_##type(const void *w, uint32_t rows, uint32_t cols, const float *x,	\
 			float *y)						\
 {										\
 	for (uint32_t r = 0; r < rows; r++) {					\
-		const char *row = (const char *)w + r * ROW_##type(cols);	\
+		const char *row = (const char *)w + r * MP_ROW_##type(cols);	\
 		float acc[LANES] = { 0 };					\
 		float sum = 0.0f;						\
 		uint32_t c = 0;							\

@@ -41,6 +41,15 @@ int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed);
 int t_write_adapter(const char *path, struct mp_store *base, struct mp_store *from,
 		    const uint32_t (*picks)[2], size_t n, const char *name);
 
+/*
+ * Writes (replacing) a smaller model: 2 layers x 4 experts, hidden 64, ffn 96,
+ * 4 heads (2 KV) of 16, 300 tokens; rows are whole blocks of every type.
+ */
+int t_gen_small(const char *path, enum mp_dtype dtype, uint64_t seed);
+
+/* Fails the test unless the two .mpk files have one geometry and every tensor and expert alike. */
+void t_assert_same_model(const char *a, const char *b);
+
 /* Flips one byte of a file at off (xor 0xff). */
 int t_flip_byte(const char *path, uint64_t off);
 

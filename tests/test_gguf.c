@@ -33,17 +33,10 @@ static const char *path_of(const char *name)
 	return paths[n++];
 }
 
-/* A small model: 2 layers x 4 experts, rows of 64 (whole blocks), 300 tokens. */
+/* The small model of the helpers, which every test exports. */
 static void gen_small(const char *path, enum mp_dtype dtype, uint64_t seed)
 {
-	struct mp_geometry g = {
-		.layers = 2, .experts = 4, .topk = 2, .hidden = 64, .ffn = 96, .heads = 4,
-		.kv_heads = 2, .head_dim = 16, .vocab = 300, .max_seq = 128, .dtype = dtype,
-		.rope_theta = 10000.0f, .norm_eps = 1e-5f,
-	};
-
-	unlink(path);
-	assert_int_equal(mp_gen_model(path, &g, seed, "small", NULL, NULL), 0);
+	assert_int_equal(t_gen_small(path, dtype, seed), 0);
 }
 
 static void export_to(const char *mpk, const char *gguf, const struct mp_export_config *cfg)
@@ -62,30 +55,6 @@ static void import_ok(const char *gguf, const char *mpk, const struct mp_import_
 		fail_msg("import of %s: %s", gguf, mp_last_error());
 }
 
-/* Same geometry, and every tensor and expert the same bytes (their checksums). */
-static void assert_same_model(const char *a, const char *b)
-{
-	struct mp_store *x, *y;
-	const struct mp_geometry *g;
-
-	assert_int_equal(mp_store_open(a, &x), 0);
-	assert_int_equal(mp_store_open(b, &y), 0);
-	g = mp_store_geometry(x);
-	assert_memory_equal(g, mp_store_geometry(y), sizeof(*g));
-	for (uint32_t i = 0; i < mp_store_tensor_count(x); i++) {
-		const struct mp_tensor_info *t = mp_store_tensor_at(x, i);
-
-		if (t->checksum != mp_store_tensor(y, t->name)->checksum)
-			fail_msg("tensor %s differs", t->name);
-	}
-	for (uint32_t l = 0; l < g->layers; l++)
-		for (uint32_t e = 0; e < g->experts; e++)
-			if (mp_store_expert(x, l, e)->checksum != mp_store_expert(y, l, e)->checksum)
-				fail_msg("layer %u expert %u differs", l, e);
-	mp_store_close(x);
-	mp_store_close(y);
-}
-
 static void export_then_import_gives_back_every_byte(void **state)
 {
 	const char *mpk = path_of("a.mpk"), *gguf = path_of("a.gguf"), *back = path_of("b.mpk");
@@ -99,7 +68,7 @@ static void export_then_import_gives_back_every_byte(void **state)
 			gen_small(mpk, all_types[i], 5);
 			export_to(mpk, gguf, &cfg);
 			import_ok(gguf, back, NULL);
-			assert_same_model(mpk, back);
+			t_assert_same_model(mpk, back);
 		}
 	}
 }
@@ -118,7 +87,7 @@ static void export_converts_as_gen_does(void **state)
 		export_to(f32, gguf, &cfg);
 		import_ok(gguf, back, NULL);
 		gen_small(want, all_types[i], 9);
-		assert_same_model(want, back);
+		t_assert_same_model(want, back);
 	}
 	/* and back: import converts to the type asked for */
 	{
@@ -128,7 +97,7 @@ static void export_converts_as_gen_does(void **state)
 		export_to(f32, gguf, &cfg);
 		import_ok(gguf, back, &icfg);
 		gen_small(want, MP_DTYPE_BF16, 9);
-		assert_same_model(want, back);
+		t_assert_same_model(want, back);
 	}
 }
 

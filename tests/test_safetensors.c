@@ -19,42 +19,13 @@ static char dir[512], mpk[512], out[512];
 /* A small model (2 layers x 4 experts) written as a fresh Hugging Face directory. */
 static void make_dir(enum mp_dtype dtype, const struct st_write_opts *o)
 {
-	struct mp_geometry g = {
-		.layers = 2, .experts = 4, .topk = 2, .hidden = 64, .ffn = 96, .heads = 4,
-		.kv_heads = 2, .head_dim = 16, .vocab = 300, .max_seq = 128, .dtype = dtype,
-		.rope_theta = 10000.0f, .norm_eps = 1e-5f,
-	};
 	char cmd[1100];
 
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir '%s'", dir, dir);
 	assert_int_equal(system(cmd), 0);
-	unlink(mpk);
 	unlink(out);
-	assert_int_equal(mp_gen_model(mpk, &g, 6, "small", NULL, NULL), 0);
+	assert_int_equal(t_gen_small(mpk, dtype, 6), 0);
 	assert_int_equal(st_write_dir(mpk, dir, o), 0);
-}
-
-static void assert_same_model(const char *a, const char *b)
-{
-	struct mp_store *x, *y;
-	const struct mp_geometry *g;
-
-	assert_int_equal(mp_store_open(a, &x), 0);
-	assert_int_equal(mp_store_open(b, &y), 0);
-	g = mp_store_geometry(x);
-	assert_memory_equal(g, mp_store_geometry(y), sizeof(*g));
-	for (uint32_t i = 0; i < mp_store_tensor_count(x); i++) {
-		const struct mp_tensor_info *t = mp_store_tensor_at(x, i);
-
-		if (t->checksum != mp_store_tensor(y, t->name)->checksum)
-			fail_msg("tensor %s differs", t->name);
-	}
-	for (uint32_t l = 0; l < g->layers; l++)
-		for (uint32_t e = 0; e < g->experts; e++)
-			assert_int_equal(mp_store_expert(x, l, e)->checksum,
-					 mp_store_expert(y, l, e)->checksum);
-	mp_store_close(x);
-	mp_store_close(y);
 }
 
 /* Hugging Face ropes halves and stores [out, in]: the .mpk comes back byte for byte. */
@@ -76,7 +47,7 @@ static void mixtral_and_qwen3_moe_directories_import_byte_for_byte(void **state)
 		make_dir(cases[i].dtype, &cases[i].o);
 		if (mp_safetensors_import(dir, out, &cfg))
 			fail_msg("case %zu: %s", i, mp_last_error());
-		assert_same_model(mpk, out);
+		t_assert_same_model(mpk, out);
 	}
 }
 

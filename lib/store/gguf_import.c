@@ -366,7 +366,6 @@ static int plan(struct gimp *m, const struct mp_import_config *cfg)
 	struct mp_geometry *g = &m->src.g;
 	const struct gguf_tensor *emb, *exps;
 	const char *arch = NULL, *name = NULL;
-	char why[512];
 	int err;
 
 	err = gguf_get_str(m->g, "general.architecture", &arch);
@@ -392,11 +391,9 @@ static int plan(struct gimp *m, const struct mp_import_config *cfg)
 		g->dtype = (enum mp_dtype)cfg->dtype;
 	else
 		ggml_to_dtype(exps->type, &g->dtype);
-	err = mp_geometry_check(g);
-	if (err) {
-		snprintf(why, sizeof(why), "%s", mp_last_error());
-		return mp_err(err, "%s: the model does not fit the runner: %s", m->g->path, why);
-	}
+	err = mpk_import_geometry(&m->src);
+	if (err)
+		return err;
 	m->src.rope_pairs = m->arch->rope_pairs;
 	if (cfg && cfg->name)
 		name = cfg->name;
@@ -411,14 +408,9 @@ int mp_gguf_import(const char *gguf_path, const char *mpk_path, const struct mp_
 	struct gimp m = { 0 };
 	int err;
 
-	if (!gguf_path || !mpk_path)
-		return mp_err(-EINVAL, "mp_gguf_import: NULL path");
-	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
-					    "import config")))
-		return err;
-	if (cfg && cfg->dtype >= (int)MP_DTYPE_COUNT)
-		return mp_err(-EINVAL, "%s: unknown weight type %d", gguf_path, cfg->dtype);
-	err = gguf_open(gguf_path, &m.g);
+	err = mpk_import_args("mp_gguf_import", gguf_path, mpk_path, cfg);
+	if (!err)
+		err = gguf_open(gguf_path, &m.g);
 	if (err)
 		return err;
 	m.src.path = gguf_path;

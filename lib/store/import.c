@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* The common step of every import: a source's tensors and experts streamed into an .mpk. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,32 @@ static int put_experts(struct mp_store_writer *w, const struct import_src *src,
 	}
 	free(buf);
 	return err;
+}
+
+int mpk_import_args(const char *fn, const char *src, const char *out,
+		    const struct mp_import_config *cfg)
+{
+	int err;
+
+	if (!src || !out)
+		return mp_err(-EINVAL, "%s: NULL path", fn);
+	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
+					    "import config")))
+		return err;
+	if (cfg && cfg->dtype >= (int)MP_DTYPE_COUNT)
+		return mp_err(-EINVAL, "%s: unknown weight type %d", src, cfg->dtype);
+	return 0;
+}
+
+int mpk_import_geometry(const struct import_src *src)
+{
+	char why[512];
+	int err = mp_geometry_check(&src->g);
+
+	if (!err)
+		return 0;
+	snprintf(why, sizeof(why), "%s", mp_last_error());
+	return mp_err(err, "%s: the model does not fit the runner: %s", src->path, why);
 }
 
 int mpk_import_write(const char *path, const struct import_src *src,

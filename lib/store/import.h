@@ -24,6 +24,16 @@ struct import_src {
 	int (*expert)(void *ctx, uint32_t layer, uint32_t expert, void *dst);
 };
 
+/*
+ * The checks every mp_*_import() makes of its arguments before reading:
+ * paths, the config's reserved words and type. Returns 0 or -EINVAL (logged).
+ */
+int mpk_import_args(const char *fn, const char *src, const char *out,
+		    const struct mp_import_config *cfg);
+
+/* mp_geometry_check() of src->g, its message prefixed with the source: 0 or -EINVAL. */
+int mpk_import_geometry(const struct import_src *src);
+
 /* Writes the .mpk at path from src. Returns 0 or -errno; no partial file stays at path. */
 int mpk_import_write(const char *path, const struct import_src *src,
 		     const struct mp_import_config *cfg);

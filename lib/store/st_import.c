@@ -355,7 +355,6 @@ static int plan(struct simp *m, const struct mp_import_config *cfg)
 {
 	struct mp_geometry *g = &m->src.g;
 	const struct st_tensor *emb, *gate;
-	char why[512];
 	int err = read_config(m);
 
 	if (err || (err = check_names(m)))
@@ -371,12 +370,9 @@ static int plan(struct simp *m, const struct mp_import_config *cfg)
 	if (err)
 		return err;
 	g->dtype = cfg && cfg->dtype >= 0 ? (enum mp_dtype)cfg->dtype : gate->type;
-	err = mp_geometry_check(g);
-	if (err) {
-		snprintf(why, sizeof(why), "%s", mp_last_error());
-		return mp_err(err, "%s: the model does not fit the runner: %s", m->d->path, why);
-	}
-	err = check_tensors(m);
+	err = mpk_import_geometry(&m->src);
+	if (!err)
+		err = check_tensors(m);
 	if (err)
 		return err;
 	/* Hugging Face ropes halves, as the runner does: no row moves */
@@ -394,14 +390,9 @@ int mp_safetensors_import(const char *dir, const char *mpk_path,
 	struct simp m = { 0 };
 	int err;
 
-	if (!dir || !mpk_path)
-		return mp_err(-EINVAL, "mp_safetensors_import: NULL path");
-	if (cfg && (err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
-					    "import config")))
-		return err;
-	if (cfg && cfg->dtype >= (int)MP_DTYPE_COUNT)
-		return mp_err(-EINVAL, "%s: unknown weight type %d", dir, cfg->dtype);
-	err = st_open(dir, &m.d);
+	err = mpk_import_args("mp_safetensors_import", dir, mpk_path, cfg);
+	if (!err)
+		err = st_open(dir, &m.d);
 	if (err)
 		return err;
 	m.src.path = dir;
