@@ -126,9 +126,8 @@ int gguf_writer_tensor(struct gguf_writer *w, const char *name, uint32_t type, u
 int gguf_writer_begin_data(struct gguf_writer *w);
 /* Writes len bytes of tensor i's data at offset off within it. */
 int gguf_writer_data(struct gguf_writer *w, int i, uint64_t off, const void *buf, uint64_t len);
-/* Bytes of tensor i, and where its data starts in the file (after begin_data). */
+/* Bytes of tensor i. */
 uint64_t gguf_writer_tensor_bytes(const struct gguf_writer *w, int i);
-uint64_t gguf_writer_tensor_off(const struct gguf_writer *w, int i);
 /* Checks every tensor was filled, syncs, renames into place, frees w. */
 int gguf_writer_finish(struct gguf_writer *w);
 void gguf_writer_abort(struct gguf_writer *w);

@@ -249,11 +249,6 @@ uint64_t gguf_writer_tensor_bytes(const struct gguf_writer *w, int i)
 	return w->t[i].bytes;
 }
 
-uint64_t gguf_writer_tensor_off(const struct gguf_writer *w, int i)
-{
-	return w->data_off + w->t[i].rel;
-}
-
 int gguf_writer_create(const char *path, uint32_t alignment, struct gguf_writer **out)
 {
 	struct gguf_writer *w;
