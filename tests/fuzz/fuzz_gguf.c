@@ -115,6 +115,12 @@ static void run(const uint8_t *d, size_t n)
 	}
 }
 
+static void remove_dir(void)
+{
+	unlink(out);
+	rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -130,6 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 		snprintf(out, sizeof(out), "%s/out.mpk", dir);
+		atexit(remove_dir);
 	}
 	run(data, size);
 	return 0;

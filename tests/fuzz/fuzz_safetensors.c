@@ -25,6 +25,16 @@ static char dir[64], shard[128], out[128];
 	}									\
 } while (0)
 
+static char config[128];
+
+static void remove_dir(void)
+{
+	unlink(out);
+	unlink(shard);
+	unlink(config);
+	rmdir(dir);
+}
+
 static void setup(void)
 {
 	const struct mp_geometry g = ST_FUZZ_GEOMETRY;
@@ -38,6 +48,8 @@ static void setup(void)
 	}
 	snprintf(shard, sizeof(shard), "%s/model.safetensors", dir);
 	snprintf(out, sizeof(out), "%s/out.mpk", dir);
+	snprintf(config, sizeof(config), "%s/config.json", dir);
+	atexit(remove_dir);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
