@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "store/fileio.h"
 #include "store/gguf.h"
 
 /* Reads go through a window of this many bytes (metadata is many small fields). */
@@ -102,13 +103,12 @@ static int cur_read(struct cur *c, void *dst, uint64_t n)
 		uint64_t in, take;
 
 		if (c->pos < c->win_off || c->pos >= c->win_off + c->win_len) {
-			ssize_t r;
+			ssize_t r = mpk_pread_full(c->fd, c->win,
+						   (size_t)MP_MIN((uint64_t)WINDOW, c->size - c->pos),
+						   c->pos);
 
-			do
-				r = pread(c->fd, c->win, WINDOW, (off_t)c->pos);
-			while (r < 0 && errno == EINTR);
 			if (r < 0)
-				return -errno;
+				return (int)r;
 			if (r == 0)
 				return -ENODATA;
 			c->win_off = c->pos;
@@ -618,23 +618,16 @@ int gguf_get_str(const struct gguf_file *g, const char *key, const char **out)
 int gguf_read(struct gguf_file *g, const struct gguf_tensor *t, uint64_t off, void *buf,
 	      uint64_t len)
 {
-	uint64_t done = 0;
+	ssize_t n;
 
 	if (off > t->bytes || len > t->bytes - off)
 		return mp_err(-EINVAL, "%s: tensor '%s': read of [%llu, +%llu) outside its %llu bytes",
 			      g->path, t->name, (unsigned long long)off, (unsigned long long)len,
 			      (unsigned long long)t->bytes);
-	while (done < len) {
-		ssize_t n = pread(g->fd, (char *)buf + done, len - done,
-				  (off_t)(t->off + off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return mp_err(n ? -errno : -ENODATA, "%s: tensor '%s': read at offset %llu: %s",
-				      g->path, t->name, (unsigned long long)(t->off + off + done),
-				      n ? strerror(errno) : "the file shrank");
-		done += (uint64_t)n;
-	}
+	n = mpk_pread_full(g->fd, buf, len, t->off + off);
+	if (n < 0 || (uint64_t)n != len)
+		return mp_err(n < 0 ? (int)n : -ENODATA, "%s: tensor '%s': read at offset %llu: %s",
+			      g->path, t->name, (unsigned long long)(t->off + off),
+			      n < 0 ? strerror((int)-n) : "the file shrank");
 	return 0;
 }

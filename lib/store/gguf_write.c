@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: MIT
 /* GGUF v3 writer: metadata and tensor infos declared, then data at their offsets, renamed into place. */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "store/fileio.h"
 #include "store/gguf.h"
 
 struct wtensor {
@@ -21,9 +20,8 @@ struct wtensor {
 };
 
 struct gguf_writer {
-	char *path;
-	char *tmp_path;
-	int fd;
+	struct mpk_tmpfile f;		/* renamed into place by finish */
+	const char *path;		/* f.path */
 	uint32_t alignment;
 	/* The metadata, encoded as it is declared. */
 	uint8_t *meta;
@@ -172,20 +170,6 @@ int gguf_writer_tensor(struct gguf_writer *w, const char *name, uint32_t type, u
 	return (int)w->n_tensors++;
 }
 
-static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
-{
-	for (uint64_t done = 0; done < len;) {
-		ssize_t n = pwrite(fd, (const char *)buf + done, len - done, (off_t)(off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n ? -errno : -EIO;
-		done += (uint64_t)n;
-	}
-	return 0;
-}
-
 int gguf_writer_begin_data(struct gguf_writer *w)
 {
 	uint64_t head[3];
@@ -209,14 +193,14 @@ int gguf_writer_begin_data(struct gguf_writer *w)
 	head[2] = w->n_kv;
 	w->data_off = MP_ALIGN_UP(sizeof(head) + w->meta_len, w->alignment);
 	/* the padding between tensors stays a hole: zeros */
-	err = ftruncate(w->fd, (off_t)(w->data_off + w->data_size)) ? -errno : 0;
+	err = ftruncate(w->f.fd, (off_t)(w->data_off + w->data_size)) ? -errno : 0;
 	if (!err)
-		err = pwrite_all(w->fd, head, sizeof(head), 0);
+		err = mpk_pwrite_full(w->f.fd, head, sizeof(head), 0);
 	if (!err)
-		err = pwrite_all(w->fd, w->meta, w->meta_len, sizeof(head));
+		err = mpk_pwrite_full(w->f.fd, w->meta, w->meta_len, sizeof(head));
 	if (err)
-		return w->err = mp_err(err, "%s: writing the header and metadata: %s", w->tmp_path,
-				       strerror(-err));
+		return w->err = mp_err(err, "%s: writing the header and metadata: %s",
+				       w->f.tmp_path, strerror(-err));
 	return 0;
 }
 
@@ -235,10 +219,10 @@ int gguf_writer_data(struct gguf_writer *w, int i, uint64_t off, const void *buf
 		return w->err = mp_err(-EINVAL, "%s: tensor '%s': write of [%llu, +%llu) outside "
 				       "its %llu bytes", w->path, t->name, (unsigned long long)off,
 				       (unsigned long long)len, (unsigned long long)t->bytes);
-	err = pwrite_all(w->fd, buf, len, w->data_off + t->rel + off);
+	err = mpk_pwrite_full(w->f.fd, buf, len, w->data_off + t->rel + off);
 	if (err)
 		return w->err = mp_err(err, "%s: writing tensor '%s' at offset %llu: %s",
-				       w->tmp_path, t->name,
+				       w->f.tmp_path, t->name,
 				       (unsigned long long)(w->data_off + t->rel + off), strerror(-err));
 	t->written += len;
 	return 0;
@@ -260,27 +244,27 @@ int gguf_writer_create(const char *path, uint32_t alignment, struct gguf_writer 
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return mp_err(-ENOMEM, "%s: out of memory", path);
-	w->fd = -1;
+	err = mpk_tmpfile_create(&w->f, path);
+	if (err) {
+		free(w);
+		return err;
+	}
+	w->path = w->f.path;
 	w->alignment = alignment;
-	w->path = strdup(path);
-	if (!w->path || asprintf(&w->tmp_path, "%s.tmp.XXXXXX", path) < 0) {
-		w->tmp_path = NULL;
-		err = mp_err(-ENOMEM, "%s: out of memory", path);
-		goto free_writer;
+	if (alignment != GGUF_DEFAULT_ALIGN &&
+	    (err = gguf_writer_u32(w, GGUF_KEY_ALIGNMENT, alignment))) {
+		gguf_writer_abort(w);
+		return err;
 	}
-	w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
-	if (w->fd < 0 || fchmod(w->fd, 0644)) {
-		err = mp_err(-errno, "%s: cannot create %s: %s", path, w->tmp_path, strerror(errno));
-		goto free_writer;
-	}
-	if (alignment != GGUF_DEFAULT_ALIGN && (err = gguf_writer_u32(w, GGUF_KEY_ALIGNMENT,
-								     alignment)))
-		goto free_writer;
 	*out = w;
 	return 0;
-free_writer:
-	gguf_writer_abort(w);
-	return err;
+}
+
+static void writer_free(struct gguf_writer *w)
+{
+	free(w->meta);
+	free(w->t);
+	free(w);
 }
 
 int gguf_writer_finish(struct gguf_writer *w)
@@ -294,32 +278,19 @@ int gguf_writer_finish(struct gguf_writer *w)
 				     (unsigned long long)w->t[i].bytes);
 	if (!err && !w->started)
 		err = mp_err(-EINVAL, "%s: finished before the data began", w->path);
-	if (!err && fsync(w->fd))
-		err = mp_err(-errno, "%s: fsync: %s", w->tmp_path, strerror(errno));
-	if (!err && rename(w->tmp_path, w->path))
-		err = mp_err(-errno, "%s: renaming %s into place: %s", w->path, w->tmp_path,
-			     strerror(errno));
 	if (err) {
 		gguf_writer_abort(w);
 		return err;
 	}
-	close(w->fd);
-	w->fd = -1;
-	gguf_writer_abort(w);	/* frees; the file is no longer at tmp_path */
-	return 0;
+	err = mpk_tmpfile_commit(&w->f);	/* aborts the file itself on failure */
+	writer_free(w);
+	return err;
 }
 
 void gguf_writer_abort(struct gguf_writer *w)
 {
 	if (!w)
 		return;
-	if (w->fd >= 0) {
-		close(w->fd);
-		unlink(w->tmp_path);
-	}
-	free(w->meta);
-	free(w->t);
-	free(w->tmp_path);
-	free(w->path);
-	free(w);
+	mpk_tmpfile_abort(&w->f);
+	writer_free(w);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "store/fileio.h"
 #include "store/safetensors.h"
 
 /* Bytes per element of the safetensors dtypes (the size check needs it), and the readable ones. */
@@ -23,18 +24,12 @@ static const struct {
 	{ "U8", 1, -1 }, { "BOOL", 1, -1 }, { "F8_E4M3", 1, -1 }, { "F8_E5M2", 1, -1 },
 };
 
+/* All len bytes at off: 0, -ENODATA when the file ends before, or -errno. */
 static int pread_all(int fd, void *buf, uint64_t len, uint64_t off)
 {
-	for (uint64_t done = 0; done < len;) {
-		ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+	ssize_t n = mpk_pread_full(fd, buf, len, off);
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n ? -errno : -ENODATA;
-		done += (uint64_t)n;
-	}
-	return 0;
+	return n < 0 ? (int)n : (uint64_t)n == len ? 0 : -ENODATA;
 }
 
 static bool get_u64(const json_t *v, uint64_t *out)
