@@ -11,6 +11,7 @@
 #include <moepager.h>
 
 #include "cli.h"
+#include "text.h"
 
 static struct export_env {
 	const char *model;
@@ -87,28 +88,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	return 0;
 }
 
-/* MODEL.tok for MODEL.mpk: the name the training recipe gives it. */
-static char *tokenizer_beside(const char *model)
-{
-	size_t len = strlen(model);
-	char *p = malloc(len + 5);
-
-	if (!p)
-		return NULL;
-	memcpy(p, model, len + 1);
-	if (len > 4 && !strcmp(p + len - 4, ".mpk"))
-		p[len - 4] = '\0';
-	strcat(p, ".tok");
-	return p;
-}
-
 /*
  * The tokenizer's pieces as GGUF tokens (NUL-terminated copies in *text).
  * Returns 0, 1 when there is no tokenizer to use (placeholders), or -errno.
  */
 static int load_vocab(const struct mp_geometry *g, struct mp_export_config *cfg, char **text)
 {
-	char *guess = env.tokenizer ? NULL : tokenizer_beside(env.model);
+	char *guess = env.tokenizer ? NULL : text_tokenizer_beside(env.model);
 	const char *path = env.tokenizer ? env.tokenizer : guess;
 	struct mp_gguf_token *v = NULL;
 	struct mp_tokenizer *tok = NULL;
