@@ -262,11 +262,14 @@ static int check_weights(const char *op, struct mp_engine *e, const struct mp_gu
 	if (!e || !w || !x || !y)
 		return mp_err(-EINVAL, "engine %s: NULL %s", op,
 			      !e ? "engine" : !w ? "weights" : !x ? "input" : "output");
-	if (!mp_dtype_size(dt))
+	if (!mp_dtype_block(dt))
 		return mp_err(-EINVAL, "engine %s: unknown weight type %d", op, (int)dt);
 	if (!rows || !cols || !n)
 		return mp_err(-EINVAL, "engine %s: empty product (%u x %u, %u vectors)", op, rows,
 			      cols, n);
+	if (cols % mp_dtype_block(dt))
+		return mp_err(-EINVAL, "engine %s: %s rows of %u elements are not whole blocks "
+			      "of %u", op, mp_dtype_name(dt), cols, mp_dtype_block(dt));
 	if (g && !g->wrap)
 		return mp_err(-EINVAL, "engine %s: guard without a wrap function", op);
 	return 0;
@@ -293,8 +296,11 @@ int mp_engine_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_
 			 const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
 			 float *out)
 {
+	/* gate and up rows are hidden long, down rows ffn long */
 	int err = check_weights("expert_ffn", e, g, dt, w, ffn, hidden, x, n, out);
 
+	if (!err)
+		err = check_weights("expert_ffn", e, g, dt, w, hidden, ffn, x, n, out);
 	return err ? err : OP(e, expert_ffn)(e, g, dt, w, hidden, ffn, x, n, out);
 }
 

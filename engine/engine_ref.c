@@ -64,13 +64,12 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 			 uint32_t r1, uint32_t worker)
 {
 	const struct mp_kernels *k = j->k;
-	const size_t esize = mp_dtype_size(j->dt);
+	const size_t rowb = mp_dtype_bytes(j->dt, j->cols);
 	const uint32_t cols = j->cols;
 	float tmp[16];
 
 	if (j->n == 1) {
-		k->gemv[j->dt]((const char *)w + (size_t)r0 * cols * esize, r1 - r0, cols, j->x,
-			       y + r0);
+		k->gemv[j->dt]((const char *)w + r0 * rowb, r1 - r0, cols, j->x, y + r0);
 		return;
 	}
 	if (j->n <= FEW_VECTORS) {
@@ -80,12 +79,12 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 		 * gemv runs over it there. Each row's sum does not depend on
 		 * the rows beside it, so this gives gemv's bits for each.
 		 */
-		uint32_t block = MP_MAX(MP_KERN_ROWS, (uint32_t)(L1_BLOCK_BYTES / (cols * esize)) &
+		uint32_t block = MP_MAX(MP_KERN_ROWS, (uint32_t)(L1_BLOCK_BYTES / rowb) &
 						  ~(MP_KERN_ROWS - 1));
 
 		for (uint32_t r = r0; r < r1; r += block) {
 			uint32_t rr = MP_MIN(block, r1 - r);
-			const char *src = (const char *)w + (size_t)r * cols * esize;
+			const char *src = (const char *)w + r * rowb;
 
 			for (uint32_t t = 0; t < j->n; t++)
 				k->gemv[j->dt](src, rr, cols, j->x + (size_t)t * cols,
@@ -95,7 +94,7 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 	}
 	for (uint32_t r = r0; r < r1; r += MP_KERN_ROWS) {
 		uint32_t rr = MP_MIN(MP_KERN_ROWS, r1 - r);
-		const void *src = (const char *)w + (size_t)r * cols * esize;
+		const void *src = (const char *)w + r * rowb;
 		const float *wf = src;
 		uint32_t t = 0;
 
@@ -133,7 +132,7 @@ static int rows_chunk(void *arg, uint32_t chunk, uint32_t worker)
 static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *j,
 		    mp_chunk_fn fn)
 {
-	uint64_t bytes = (uint64_t)j->rows * j->cols * mp_dtype_size(j->dt) * (j->w_up ? 2 : 1);
+	uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
 	int err;
 
 	j->k = ei->kern;
@@ -196,7 +195,7 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 			  float *out)
 {
 	struct engine_impl *ei = engine_impl(e);
-	size_t mat = (size_t)ffn * hidden * mp_dtype_size(dt);
+	size_t mat = ffn * mp_dtype_bytes(dt, hidden);
 	size_t act = (size_t)n * ffn;
 	float *buf = engine_scratch(ei, 3 * act);
 	struct rows_job up, down;

@@ -91,7 +91,7 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 static void embed(struct mp_runner *r, const struct step_item *it)
 {
 	const struct dense_set *d = &r->models[it->seq->model];
-	const size_t row = (size_t)r->g.hidden * mp_dtype_size(d->embd_dtype);
+	const size_t row = mp_dtype_bytes(d->embd_dtype, r->g.hidden);
 
 	for (uint32_t t = 0; t < it->n; t++)
 		mp_dtype_to_f32(d->embd_dtype, (const char *)d->tok_embd + it->tokens[t] * row,
@@ -470,9 +470,9 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 		const struct dense_set *d = r->runs[i].d;
 
 		r->st.dense_bytes += g->layers * d->layer_bytes +
-				     (uint64_t)g->vocab * g->hidden * mp_dtype_size(d->output_dtype) +
-				     (uint64_t)r->runs[i].rows * g->hidden *
-				     mp_dtype_size(d->embd_dtype) + g->hidden * sizeof(float);
+				     mp_dtype_bytes(d->output_dtype, (uint64_t)g->vocab * g->hidden) +
+				     r->runs[i].rows * mp_dtype_bytes(d->embd_dtype, g->hidden) +
+				     g->hidden * sizeof(float);
 	}
 	return 0;
 }

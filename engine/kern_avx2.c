@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* AVX2+FMA+F16C kernels: 8-lane f32 FMAs, bf16/f16 widened in registers, scalar tails. */
+/* AVX2+FMA+F16C kernels: 8-lane f32 FMAs, bf16/f16/q8_0/q4_0 widened in registers, scalar tails. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -24,6 +24,41 @@ static inline TARGET __m256 ld_f16(const void *p, size_t i)
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
 }
 
+/*
+ * The block types: 8 elements at i (a multiple of 8, so inside one block),
+ * each (float)q * d as mp_dtype_to_f32() computes it. A row is whole blocks.
+ */
+static inline TARGET __m256 block_scale(const uint8_t *b)
+{
+	uint16_t h;
+
+	memcpy(&h, b, sizeof(h));
+	return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+static inline TARGET __m256 ld_q8_0(const void *p, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q8_0_BYTES;
+	__m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + i % MP_QBLOCK));
+
+	return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), block_scale(b));
+}
+
+static inline TARGET __m256 ld_q4_0(const void *p, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q4_0_BYTES;
+	const uint32_t j = i % MP_QBLOCK;
+	/* elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones */
+	__m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + j % (MP_QBLOCK / 2)));
+
+	if (j >= MP_QBLOCK / 2)
+		q = _mm_srli_epi16(q, 4);
+	q = _mm_and_si128(q, _mm_set1_epi8(15));
+	return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(q),
+								 _mm256_set1_epi32(8))),
+			     block_scale(b));
+}
+
 /* Scalar loads for the tails (AVX2 has no masked 16-bit loads). */
 static inline float sc_f32(const void *p, size_t i)
 {
@@ -44,6 +79,17 @@ static inline TARGET float sc_f16(const void *p, size_t i)
 	return _cvtsh_ss(((const uint16_t *)p)[i]);
 }
 
+/* Tails never meet the block types (rows are whole blocks), but the macros name them. */
+#define sc_q8_0 mp_q8_0_at
+#define sc_q4_0 mp_q4_0_at
+
+/* Cache lines that 16 columns of 4 rows span, for the prefetches. */
+#define PF_LINES_f32	4
+#define PF_LINES_f16	2
+#define PF_LINES_bf16	2
+#define PF_LINES_q8_0	2
+#define PF_LINES_q4_0	2
+
 static inline TARGET float hsum(__m256 v)
 {
 	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -59,11 +105,11 @@ static inline TARGET float hsum(__m256 v)
  * gives the same bits whether its vector comes alone (gemv) or in a batch
  * (tile4x4 over the widened rows), which batched decoding relies on.
  */
-#define DEFINE_GEMV(type, esize)						\
+#define DEFINE_GEMV(type)							\
 static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, float *y)			\
 {										\
-	const size_t rs = (size_t)cols * (esize);				\
+	const size_t rs = MP_ROW_##type(cols);					\
 	const uint32_t vcols = cols & ~7u, pcols = cols & ~15u;			\
 	uint32_t r = 0;								\
 										\
@@ -79,8 +125,8 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			__m256 x1 = _mm256_loadu_ps(x + c + 8);			\
 										\
 			/* The next 4-row block, as in kern_avx512.c. */	\
-			for (int l = 0; l < (esize); l++)			\
-				_mm_prefetch(next + (size_t)c * 4 * (esize) + 64 * l,	\
+			for (int l = 0; l < PF_LINES_##type; l++)		\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
 					     _MM_HINT_T0);				\
 										\
 			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\
@@ -137,9 +183,11 @@ static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 		dst[i] = sc_##type(src, i);					\
 }
 
-DEFINE_GEMV(f32, 4)
-DEFINE_GEMV(f16, 2)
-DEFINE_GEMV(bf16, 2)
+DEFINE_GEMV(f32)
+DEFINE_GEMV(f16)
+DEFINE_GEMV(bf16)
+DEFINE_GEMV(q8_0)
+DEFINE_GEMV(q4_0)
 
 static TARGET float dot(const float *a, const float *b, uint32_t n)
 {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-/* AVX-512 kernels (F+BW+VL): 16-lane f32 FMAs, bf16/f16 widened in registers, masked tails. */
+/* AVX-512 kernels (F+BW+VL): 16-lane f32 FMAs, bf16/f16/q8_0/q4_0 widened in registers, masked tails. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "engine/kernels.h"
 
@@ -45,6 +46,58 @@ static inline TARGET __m512 ldm_f16(const void *p, size_t i, __mmask16 m)
 	return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
 }
 
+/*
+ * The block types: 16 elements at i (a multiple of 16, so inside one
+ * block), each (float)q * d as mp_dtype_to_f32() computes it. Rows are
+ * whole blocks, so the masked loads below only ever see full masks (they
+ * read all 16 elements and zero the lanes outside the mask).
+ */
+static inline TARGET __m512 block_scale(const uint8_t *b)
+{
+	uint16_t h;
+
+	memcpy(&h, b, sizeof(h));
+	return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+static inline TARGET __m512 ld_q8_0(const void *p, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q8_0_BYTES;
+	__m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + i % MP_QBLOCK));
+
+	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), block_scale(b));
+}
+
+static inline TARGET __m512 ldm_q8_0(const void *p, size_t i, __mmask16 m)
+{
+	return _mm512_maskz_mov_ps(m, ld_q8_0(p, i));
+}
+
+static inline TARGET __m512 ld_q4_0(const void *p, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)p + i / MP_QBLOCK * MP_Q4_0_BYTES;
+	/* q - 8 for each nibble value q: vpermps looks them up by an index's low 4 bits */
+	const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+	/* elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones */
+	__m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+
+	if (i % MP_QBLOCK >= MP_QBLOCK / 2)
+		q = _mm512_srli_epi32(q, 4);
+	return _mm512_mul_ps(_mm512_permutexvar_ps(q, values), block_scale(b));
+}
+
+static inline TARGET __m512 ldm_q4_0(const void *p, size_t i, __mmask16 m)
+{
+	return _mm512_maskz_mov_ps(m, ld_q4_0(p, i));
+}
+
+/* Cache lines that 32 columns of 4 rows span, for the prefetches. */
+#define PF_LINES_f32	8
+#define PF_LINES_f16	4
+#define PF_LINES_bf16	4
+#define PF_LINES_q8_0	3
+#define PF_LINES_q4_0	2
+
 static inline TARGET __mmask16 tail_mask(uint32_t left)
 {
 	return (__mmask16)((1u << left) - 1);
@@ -62,11 +115,11 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * here: ~0.6 of a read-sum's bandwidth without, ~1.0 with). Prefetches
  * past the last row do not fault, so they need no bound.
  */
-#define DEFINE_GEMV(type, esize)						\
+#define DEFINE_GEMV(type)							\
 static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, float *y)			\
 {										\
-	const size_t rs = (size_t)cols * (esize);				\
+	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
 	for (; r + 4 <= rows; r += 4) {						\
@@ -80,8 +133,8 @@ static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			__m512 x0 = _mm512_loadu_ps(x + c);			\
 			__m512 x1 = _mm512_loadu_ps(x + c + 16);		\
 										\
-			for (int l = 0; l < 2 * (esize); l++)			\
-				_mm_prefetch(next + (size_t)c * 4 * (esize) + 64 * l,	\
+			for (int l = 0; l < PF_LINES_##type; l++)		\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
 					     _MM_HINT_T0);				\
 										\
 			a0 = _mm512_fmadd_ps(ld_##type(w0, c), x0, a0);		\
@@ -135,9 +188,11 @@ static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 	}									\
 }
 
-DEFINE_GEMV(f32, 4)
-DEFINE_GEMV(f16, 2)
-DEFINE_GEMV(bf16, 2)
+DEFINE_GEMV(f32)
+DEFINE_GEMV(f16)
+DEFINE_GEMV(bf16)
+DEFINE_GEMV(q8_0)
+DEFINE_GEMV(q4_0)
 
 static TARGET void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
 			   uint32_t cols, float *y, size_t ystride)

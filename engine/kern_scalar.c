@@ -26,12 +26,15 @@ static inline float load_bf16(const void *w, size_t i)
 	return f;
 }
 
-#define DEFINE_GEMV(type, esize)						\
+#define load_q8_0 mp_q8_0_at
+#define load_q4_0 mp_q4_0_at
+
+#define DEFINE_GEMV(type)							\
 static void gemv_##type(const void *w, uint32_t rows, uint32_t cols, const float *x,	\
 			float *y)						\
 {										\
 	for (uint32_t r = 0; r < rows; r++) {					\
-		const char *row = (const char *)w + (size_t)r * cols * (esize);	\
+		const char *row = (const char *)w + r * MP_ROW_##type(cols);	\
 		float acc[LANES] = { 0 };					\
 		float sum = 0.0f;						\
 		uint32_t c = 0;							\
@@ -53,9 +56,11 @@ static void widen_##type(const void *src, float *dst, size_t n)		\
 		dst[i] = load_##type(src, i);					\
 }
 
-DEFINE_GEMV(f32, 4)
-DEFINE_GEMV(f16, 2)
-DEFINE_GEMV(bf16, 2)
+DEFINE_GEMV(f32)
+DEFINE_GEMV(f16)
+DEFINE_GEMV(bf16)
+DEFINE_GEMV(q8_0)
+DEFINE_GEMV(q4_0)
 
 static float dot(const float *a, const float *b, uint32_t n)
 {

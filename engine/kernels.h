@@ -11,6 +11,45 @@
 /* Weight rows the kernels process together (the dot kernels' register blocking). */
 #define MP_KERN_ROWS	4u
 
+/* Bytes of a block of the block types. */
+#define MP_Q8_0_BYTES	(2 + MP_QBLOCK)
+#define MP_Q4_0_BYTES	(2 + MP_QBLOCK / 2)
+
+/* Bytes of a row of cols elements of each type (cols whole blocks for q8_0, q4_0). */
+#define MP_ROW_f32(cols)	((size_t)(cols) * 4)
+#define MP_ROW_f16(cols)	((size_t)(cols) * 2)
+#define MP_ROW_bf16(cols)	((size_t)(cols) * 2)
+#define MP_ROW_q8_0(cols)	((size_t)(cols) / MP_QBLOCK * MP_Q8_0_BYTES)
+#define MP_ROW_q4_0(cols)	((size_t)(cols) / MP_QBLOCK * MP_Q4_0_BYTES)
+/* The offset of column c in a block of 4 rows, for the vector GEMVs' prefetches. */
+#define MP_PF_OFF(type, c)	((size_t)(c) * 4 * MP_ROW_##type(MP_QBLOCK) / MP_QBLOCK)
+
+/*
+ * Element i of a block-type row as f32: (float)q * d, the value
+ * mp_dtype_to_f32() gives (a row is whole blocks, so i counts blocks from
+ * the row's start). The scalar kernels' loads and the vector ones' tails.
+ */
+static inline float mp_block_scale(const uint8_t *b)
+{
+	return mp_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+}
+
+static inline float mp_q8_0_at(const void *w, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)w + i / MP_QBLOCK * MP_Q8_0_BYTES;
+
+	return (float)(int8_t)b[2 + i % MP_QBLOCK] * mp_block_scale(b);
+}
+
+static inline float mp_q4_0_at(const void *w, size_t i)
+{
+	const uint8_t *b = (const uint8_t *)w + i / MP_QBLOCK * MP_Q4_0_BYTES;
+	const uint32_t j = i % MP_QBLOCK;
+	const int q = j < MP_QBLOCK / 2 ? b[2 + j] & 15 : b[2 + j - MP_QBLOCK / 2] >> 4;
+
+	return (float)(q - 8) * mp_block_scale(b);
+}
+
 struct mp_kernels {
 	const char *isa;
 	/* y[r] = <w row r, x> for r < rows; w holds rows x cols elements of one type. */
@@ -34,15 +73,19 @@ struct mp_kernels {
 /*
  * Defines an ISA's table from the static functions every kern_*.c file
  * names alike (gemv_f32, widen_bf16, tile4x4, dot, axpy, read_sum), so the
- * three tables cannot drift apart.
+ * three tables cannot drift apart. The block types' gemv and widen take
+ * rows (and n) in whole blocks of MP_QBLOCK: the engine's entry points
+ * refuse other shapes.
  */
 #define MP_KERNELS_DEFINE(sym, isa_name)						\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
 		.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,		\
-			  [MP_DTYPE_BF16] = gemv_bf16 },				\
+			  [MP_DTYPE_BF16] = gemv_bf16, [MP_DTYPE_Q8_0] = gemv_q8_0,	\
+			  [MP_DTYPE_Q4_0] = gemv_q4_0 },				\
 		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
-			   [MP_DTYPE_BF16] = widen_bf16 },				\
+			   [MP_DTYPE_BF16] = widen_bf16, [MP_DTYPE_Q8_0] = widen_q8_0,	\
+			   [MP_DTYPE_Q4_0] = widen_q4_0 },				\
 		.tile4x4 = tile4x4,							\
 		.dot = dot,								\
 		.axpy = axpy,								\

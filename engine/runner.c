@@ -59,7 +59,7 @@ static int load_tensor(struct dense_set *d, const char *name, uint64_t rows, uin
 			*dtype = t->dtype;
 	} else {
 		void *raw = malloc(t->bytes);
-		size_t n = t->bytes / mp_dtype_size(t->dtype);
+		size_t n = mp_dtype_elems(t->dtype, t->bytes);
 
 		if (!raw)
 			return mp_err(-ENOMEM, "runner: out of memory reading %s", name);
@@ -85,7 +85,7 @@ static size_t weights_size(const struct mp_store *s)
 	for (uint32_t i = 0; i < mp_store_tensor_count(s); i++) {
 		const struct mp_tensor_info *t = mp_store_tensor_at(s, i);
 
-		uint64_t elems = t->bytes / mp_dtype_size(t->dtype);
+		uint64_t elems = mp_dtype_elems(t->dtype, t->bytes);
 
 		len += MP_ALIGN_UP(elems * sizeof(float), TENSOR_ALIGN);
 	}
@@ -143,10 +143,9 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 		LOAD("router", g->experts, g->hidden, false, lw->router, &lw->router_dtype, false);
 #undef LOAD
 	}
-	d->layer_bytes = (2ull * r->qdim * g->hidden + 2ull * r->kvdim * g->hidden) *
-			 mp_dtype_size(g->dtype) +
-			 (uint64_t)g->experts * g->hidden *
-			 mp_dtype_size(d->layers[0].router_dtype) +
+	d->layer_bytes = mp_dtype_bytes(g->dtype, (2ull * r->qdim + 2ull * r->kvdim) * g->hidden) +
+			 mp_dtype_bytes(d->layers[0].router_dtype,
+					(uint64_t)g->experts * g->hidden) +
 			 2ull * g->hidden * sizeof(float);
 	return 0;
 

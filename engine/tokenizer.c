@@ -29,6 +29,9 @@ enum piece_type {
 	PIECE_BYTE,
 };
 
+_Static_assert(PIECE_NORMAL + 1 == MP_PIECE_NORMAL && PIECE_USER + 1 == MP_PIECE_USER &&
+	       PIECE_BYTE + 1 == MP_PIECE_BYTE, "the public piece types are these plus one");
+
 static const char *const piece_type_names[] = {
 	[PIECE_NORMAL] = "normal", [PIECE_UNKNOWN] = "unknown", [PIECE_CONTROL] = "control",
 	[PIECE_USER] = "user", [PIECE_UNUSED] = "unused", [PIECE_BYTE] = "byte",
@@ -365,6 +368,22 @@ void mp_tokenizer_close(struct mp_tokenizer *t)
 uint32_t mp_tokenizer_vocab(const struct mp_tokenizer *t)
 {
 	return t->n;
+}
+
+int mp_tokenizer_piece(const struct mp_tokenizer *t, uint32_t id, struct mp_piece *out)
+{
+	const struct piece *p;
+
+	if (!t || !out || id >= t->n)
+		return mp_err(-EINVAL, "tokenizer: piece %u is outside a vocabulary of %u", id,
+			      t ? t->n : 0);
+	p = &t->pieces[id];
+	*out = (struct mp_piece){
+		.text = t->bytes + p->off, .len = p->len, .score = p->score,
+		/* the file's order of types is SentencePiece's, from 1 */
+		.type = (enum mp_piece_type)(p->type + 1),
+	};
+	return 0;
 }
 
 uint32_t mp_tokenizer_bos(const struct mp_tokenizer *t)

@@ -125,6 +125,39 @@ void t_write_at(const char *path, const void *buf, size_t len, uint64_t off)
 	assert_true(fd >= 0);
 	assert_int_equal(pwrite(fd, buf, len, (off_t)off), (ssize_t)len);
 	close(fd);
+int t_gen_small(const char *path, enum mp_dtype dtype, uint64_t seed)
+{
+	struct mp_geometry g = {
+		.layers = 2, .experts = 4, .topk = 2, .hidden = 64, .ffn = 96, .heads = 4,
+		.kv_heads = 2, .head_dim = 16, .vocab = 300, .max_seq = 128, .dtype = dtype,
+		.rope_theta = 10000.0f, .norm_eps = 1e-5f,
+	};
+
+	unlink(path);
+	return mp_gen_model(path, &g, seed, "small", NULL, NULL);
+}
+
+void t_assert_same_model(const char *a, const char *b)
+{
+	struct mp_store *x, *y;
+	const struct mp_geometry *g;
+
+	assert_int_equal(mp_store_open(a, &x), 0);
+	assert_int_equal(mp_store_open(b, &y), 0);
+	g = mp_store_geometry(x);
+	assert_memory_equal(g, mp_store_geometry(y), sizeof(*g));
+	for (uint32_t i = 0; i < mp_store_tensor_count(x); i++) {
+		const struct mp_tensor_info *t = mp_store_tensor_at(x, i);
+
+		if (t->checksum != mp_store_tensor(y, t->name)->checksum)
+			fail_msg("%s and %s: tensor %s differs", a, b, t->name);
+	}
+	for (uint32_t l = 0; l < g->layers; l++)
+		for (uint32_t e = 0; e < g->experts; e++)
+			if (mp_store_expert(x, l, e)->checksum != mp_store_expert(y, l, e)->checksum)
+				fail_msg("%s and %s: layer %u expert %u differs", a, b, l, e);
+	mp_store_close(x);
+	mp_store_close(y);
 }
 
 int t_flip_byte(const char *path, uint64_t off)

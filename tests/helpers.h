@@ -44,6 +44,14 @@ int t_write_adapter(const char *path, struct mp_store *base, struct mp_store *fr
 /* Reads / writes exactly len bytes of a file at off, failing the test otherwise. */
 void t_read_at(const char *path, void *buf, size_t len, uint64_t off);
 void t_write_at(const char *path, const void *buf, size_t len, uint64_t off);
+/*
+ * Writes (replacing) a smaller model: 2 layers x 4 experts, hidden 64, ffn 96,
+ * 4 heads (2 KV) of 16, 300 tokens; rows are whole blocks of every type.
+ */
+int t_gen_small(const char *path, enum mp_dtype dtype, uint64_t seed);
+
+/* Fails the test unless the two .mpk files have one geometry and every tensor and expert alike. */
+void t_assert_same_model(const char *a, const char *b);
 
 /* Flips one byte of a file at off (xor 0xff). */
 int t_flip_byte(const char *path, uint64_t off);

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <moepager/sim.h>
 
@@ -36,6 +37,8 @@ static void structs_end_in_reserved_words(void **state)
 	assert_true(ENDS_IN_RESERVED(mp_traj_stats));
 	assert_true(ENDS_IN_RESERVED(mp_sim_config));
 	assert_true(ENDS_IN_RESERVED(mp_sim_result));
+	assert_true(ENDS_IN_RESERVED(mp_import_config));
+	assert_true(ENDS_IN_RESERVED(mp_export_config));
 }
 
 /*
@@ -59,6 +62,8 @@ static void struct_sizes_are_those_released(void **state)
 	assert_int_equal(sizeof(struct mp_traj_stats), 96);
 	assert_int_equal(sizeof(struct mp_sim_config), 168);
 	assert_int_equal(sizeof(struct mp_sim_result), 160);
+	assert_int_equal(sizeof(struct mp_import_config), 64);
+	assert_int_equal(sizeof(struct mp_export_config), 88);
 }
 
 struct fixture {
@@ -136,6 +141,24 @@ static void nonzero_reserved_config_words_are_refused(void **state)
 	to.reserved[5] = 1;
 	expect_refused(mp_traj_open(&to, &t), "trajectory options");
 	assert_null(t);
+}
+
+static void nonzero_reserved_words_of_import_and_export_are_refused(void **state)
+{
+	struct fixture *f = *state;
+	struct mp_import_config ic = { .dtype = -1 };
+	struct mp_export_config xc = { .dtype = -1, .dense_dtype = -1 };
+
+	ic.reserved[3] = 1;
+	assert_int_equal(mp_gguf_import(t_path("x.gguf"), t_path("x.mpk"), &ic), -EINVAL);
+	assert_true(t_log_contains("import config: reserved word 3 is not zero"));
+	assert_int_equal(mp_safetensors_import(t_tmpdir(), t_path("x.mpk"), &ic), -EINVAL);
+	t_log_reset();
+	xc.reserved[3] = 1;
+	assert_int_equal(mp_gguf_export(f->store, t_path("x.gguf"), &xc), -EINVAL);
+	assert_true(t_log_contains("export config: reserved word 3 is not zero"));
+	t_log_reset();
+	assert_int_equal(access(t_path("x.gguf"), F_OK), -1);
 }
 
 static void nonzero_reserved_words_of_prefetcher_and_simulator_are_refused(void **state)
@@ -229,6 +252,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			nonzero_reserved_words_of_prefetcher_and_simulator_are_refused, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(nonzero_reserved_words_of_import_and_export_are_refused,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(stats_calls_zero_their_reserved_words, setup,
 						teardown),
 	};

@@ -9,6 +9,7 @@
 
 #include <moepager/membw.h>
 
+#include "engine/kernels.h"
 #include "helpers.h"
 
 #define MAX_THREADS 4u
@@ -28,7 +29,17 @@ static const struct engine_case engines[] = {
 	{ "openblas", true },
 };
 
-static const enum mp_dtype dtypes[] = { MP_DTYPE_F32, MP_DTYPE_F16, MP_DTYPE_BF16 };
+static const enum mp_dtype dtypes[] = {
+	MP_DTYPE_F32, MP_DTYPE_F16, MP_DTYPE_BF16, MP_DTYPE_Q8_0, MP_DTYPE_Q4_0,
+};
+
+/* A row length the type can hold: block types' rows are whole blocks, so odd sizes round up. */
+static uint32_t fit(enum mp_dtype dt, uint32_t cols)
+{
+	uint32_t b = mp_dtype_block(dt);
+
+	return (cols + b - 1) / b * b;
+}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -46,14 +57,14 @@ static void fill(float *v, size_t n)
 		v[i] = frand();
 }
 
-/* Random weights in type dt (wq), and the same values as f32 (wf). */
+/* Random weights in type dt (wq), and the same values as f32 (wf): dequantised for block types. */
 static void make_weights(enum mp_dtype dt, size_t n, void **wq, float **wf)
 {
 	float *src = malloc(n * sizeof(float));
 
 	assert_non_null(src);
 	fill(src, n);
-	*wq = malloc(n * mp_dtype_size(dt));
+	*wq = malloc(mp_dtype_bytes(dt, n));
 	*wf = malloc(n * sizeof(float));
 	assert_non_null(*wq);
 	assert_non_null(*wf);
@@ -145,7 +156,8 @@ static void matvec_matches_f64_for_odd_sizes(void **state)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
 			for (size_t i = 0; i < N_ELEMS(rows); i++)
 				for (size_t j = 0; j < N_ELEMS(cols); j++)
-					check_matmul(e, dtypes[d], rows[i], cols[j], 1);
+					check_matmul(e, dtypes[d], rows[i],
+						     fit(dtypes[d], cols[j]), 1);
 }
 
 static void matvec_large_enough_to_split_over_threads(void **state)
@@ -155,7 +167,7 @@ static void matvec_large_enough_to_split_over_threads(void **state)
 	/* 4099 rows x 1031 cols: every thread gets chunks, the last one a ragged tail. */
 	FOR_EACH_THREADS(c, e, t)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
-			check_matmul(e, dtypes[d], 4099, 1031, 1);
+			check_matmul(e, dtypes[d], 4099, fit(dtypes[d], 1031), 1);
 }
 
 static void matmul_matches_f64_for_batches(void **state)
@@ -166,8 +178,8 @@ static void matmul_matches_f64_for_batches(void **state)
 	FOR_EACH_THREADS(c, e, t)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
 			for (size_t i = 0; i < N_ELEMS(ns); i++) {
-				check_matmul(e, dtypes[d], 7, 45, ns[i]);
-				check_matmul(e, dtypes[d], 301, 129, ns[i]);
+				check_matmul(e, dtypes[d], 7, fit(dtypes[d], 45), ns[i]);
+				check_matmul(e, dtypes[d], 301, fit(dtypes[d], 129), ns[i]);
 			}
 }
 
@@ -233,10 +245,12 @@ static void expert_ffn_matches_f64(void **state)
 
 	FOR_EACH_THREADS(c, e, t)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
-			check_expert(e, dtypes[d], 37, 45, 1);
-			check_expert(e, dtypes[d], 37, 45, 3);
-			check_expert(e, dtypes[d], 129, 515, 1);
-			check_expert(e, dtypes[d], 129, 515, 6);
+			const enum mp_dtype dt = dtypes[d];
+
+			check_expert(e, dt, fit(dt, 37), fit(dt, 45), 1);
+			check_expert(e, dt, fit(dt, 37), fit(dt, 45), 3);
+			check_expert(e, dt, fit(dt, 129), fit(dt, 515), 1);
+			check_expert(e, dt, fit(dt, 129), fit(dt, 515), 6);
 		}
 }
 
@@ -296,9 +310,11 @@ static void products_are_the_same_bits_alone_and_batched(void **state)
 	FOR_EACH_THREADS(c, e, t)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
 			for (size_t i = 0; i < N_ELEMS(ns); i++) {
-				check_batch_invariance(e, dtypes[d], 301, 129, ns[i], false);
-				check_batch_invariance(e, dtypes[d], 515, 129, ns[i], false);
-				check_batch_invariance(e, dtypes[d], 45, 37, ns[i], true);
+				const enum mp_dtype dt = dtypes[d];
+
+				check_batch_invariance(e, dt, 301, fit(dt, 129), ns[i], false);
+				check_batch_invariance(e, dt, 515, fit(dt, 129), ns[i], false);
+				check_batch_invariance(e, dt, fit(dt, 45), fit(dt, 37), ns[i], true);
 			}
 }
 
@@ -551,6 +567,14 @@ static void bad_arguments_are_refused(void **state)
 				 -EINVAL);
 		assert_true(t_log_contains("unknown weight type 9"));
 		assert_int_equal(mp_engine_rope(e, y, 1, 1, 3, 0, 10000.0f), -EINVAL);
+		/* block types' rows are whole blocks of 32, an expert's ffn rows too */
+		t_log_reset();
+		assert_int_equal(mp_engine_matvec(e, NULL, MP_DTYPE_Q8_0, x, 1, 48, x, y), -EINVAL);
+		assert_true(t_log_contains("q8_0 rows of 48 elements are not whole blocks of 32"));
+		t_log_reset();
+		assert_int_equal(mp_engine_expert_ffn(e, NULL, MP_DTYPE_Q4_0, x, 64, 40, x, 1, y),
+				 -EINVAL);
+		assert_true(t_log_contains("q4_0 rows of 40 elements"));
 	}
 }
 
@@ -608,6 +632,46 @@ static void builtin_names_open_or_say_why_not(void **state)
 		assert_string_equal(mp_engine_name(e), names[i]);
 		mp_engine_close(e);
 	}
+}
+
+/*
+ * Every ISA's kernels widen each type to exactly the floats mp_dtype_to_f32()
+ * gives (a block type's dequantised values): the batched path (widen, then
+ * f32 tiles) and the single-vector path (gemv, which dequantises in
+ * registers) see the same weights.
+ */
+static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
+{
+	const size_t n = 32 * 37;
+	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512 };
+	float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+	void *wq;
+	float *wf;
+
+	(void)state;
+	assert_non_null(want);
+	assert_non_null(got);
+	for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
+		make_weights(dtypes[d], n, &wq, &wf);
+		mp_dtype_to_f32(dtypes[d], wq, want, n);
+		for (size_t i = 0; i < N_ELEMS(isas); i++) {
+			const struct mp_kernels *k = mp_kernels_for(isas[i]);
+
+			if (!k)
+				continue;
+			memset(got, 0xff, n * sizeof(float));
+			k->widen[dtypes[d]](wq, got, n);
+			if (memcmp(got, want, n * sizeof(float))) {
+				print_error("%s widen of %s differs from mp_dtype_to_f32\n", k->isa,
+					    mp_dtype_name(dtypes[d]));
+				fail();
+			}
+		}
+		free(wq);
+		free(wf);
+	}
+	free(want);
+	free(got);
 }
 
 static int group_setup(void **state)
@@ -678,6 +742,7 @@ int main(void)
 		cmocka_unit_test(unknown_engine_is_enoent_naming_it),
 		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
+		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
 				N_ELEMS(global)];

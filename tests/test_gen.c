@@ -247,6 +247,43 @@ static void narrow_types_round_the_f32_values(void **state)
 	free(narrow);
 }
 
+/* A block type's model holds the f32 model's values quantized: the same stream, block by block. */
+static void block_types_quantize_the_f32_values(void **state)
+{
+	const char *a = t_path("f32.mpk"), *b = t_path("q.mpk");
+	const enum mp_dtype types[] = { MP_DTYPE_Q8_0, MP_DTYPE_Q4_0 };
+	struct mp_store *s32, *sq;
+	size_t n;
+	float *wide;
+	uint8_t *got, *want;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(a, MP_DTYPE_F32, 7), 0);
+	assert_int_equal(mp_store_open(a, &s32), 0);
+	n = mp_store_expert_bytes(s32) / 4;
+	wide = malloc(n * 4);
+	got = malloc(n * 2);	/* q8_0 holds 34 bytes per 32 values */
+	want = malloc(n * 2);
+	assert_int_equal(mp_store_read_expert(s32, 2, 5, wide), 0);
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		assert_int_equal(t_gen_tiny(b, types[i], 7), 0);
+		assert_int_equal(mp_store_open(b, &sq), 0);
+		assert_int_equal(mp_store_expert_bytes(sq), mp_dtype_bytes(types[i], n));
+		assert_int_equal(mp_store_read_expert(sq, 2, 5, got), 0);
+		mp_dtype_from_f32(types[i], wide, want, n);
+		assert_memory_equal(got, want, mp_store_expert_bytes(sq));
+		/* norms stay f32, matrices take the type */
+		assert_int_equal(mp_store_tensor(sq, "blk.0.attn_norm")->dtype, MP_DTYPE_F32);
+		assert_int_equal(mp_store_tensor(sq, "blk.0.router")->dtype, MP_DTYPE_F32);
+		assert_int_equal(mp_store_tensor(sq, "tok_embd")->dtype, types[i]);
+		mp_store_close(sq);
+	}
+	mp_store_close(s32);
+	free(wide);
+	free(got);
+	free(want);
+}
+
 static void check_uniform(const float *v, size_t n, uint64_t fan_in)
 {
 	double a = sqrt(3.0 / (double)fan_in), sum = 0, sq = 0, var;
@@ -340,6 +377,16 @@ static void gen_rejects_bad_geometry(void **state)
 	assert_int_equal(mp_gen_model(path, &g, 1, NULL, NULL, NULL), -EINVAL);
 	assert_true(t_log_contains("heads (3) is not a multiple of kv_heads (2)"));
 	assert_int_equal(access(path, F_OK), -1);
+
+	/* block types: every matrix row must be whole blocks of 32 */
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.dtype = MP_DTYPE_Q8_0;
+	g.ffn = 100;
+	t_log_reset();
+	assert_int_equal(mp_gen_model(path, &g, 1, NULL, NULL, NULL), -EINVAL);
+	assert_true(t_log_contains("q8_0 rows are blocks of 32"));
+	assert_true(t_log_contains("ffn (100)"));
+	assert_int_equal(access(path, F_OK), -1);
 }
 
 static int setup(void **state)
@@ -366,6 +413,7 @@ int main(void)
 		cmocka_unit_test(different_seed_gives_different_weights),
 		cmocka_unit_test(generation_order_does_not_matter),
 		cmocka_unit_test(narrow_types_round_the_f32_values),
+		cmocka_unit_test(block_types_quantize_the_f32_values),
 		cmocka_unit_test(weights_have_variance_one_over_fan_in),
 		cmocka_unit_test(progress_reaches_total),
 		cmocka_unit_test(gen_rejects_bad_geometry),

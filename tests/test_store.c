@@ -258,6 +258,18 @@ static void round_trip_bf16(void **state)
 	round_trip(MP_DTYPE_BF16);
 }
 
+static void round_trip_q8_0(void **state)
+{
+	(void)state;
+	round_trip(MP_DTYPE_Q8_0);
+}
+
+static void round_trip_q4_0(void **state)
+{
+	(void)state;
+	round_trip(MP_DTYPE_Q4_0);
+}
+
 static void expert_padding_is_a_hole(void **state)
 {
 	const char *path = fresh_tiny();
@@ -1071,6 +1083,8 @@ int main(void)
 		cmocka_unit_test(round_trip_f32),
 		cmocka_unit_test(round_trip_f16),
 		cmocka_unit_test(round_trip_bf16),
+		cmocka_unit_test(round_trip_q8_0),
+		cmocka_unit_test(round_trip_q4_0),
 		cmocka_unit_test(expert_padding_is_a_hole),
 		cmocka_unit_test(close_accepts_null),
 		cmocka_unit_test(missing_file_is_enoent),

@@ -11,7 +11,8 @@
 #   tools/bootstrap.sh deps    install missing packages only
 #
 # Environment: MOEPAGER_BUILD_DIR (default: build), MOEPAGER_ASAN_BUILD_DIR (default:
-# build-asan), both relative to the source tree unless absolute; CI=true and
+# build-asan), both relative to the source tree unless absolute; MOEPAGER_LLAMA_DIR
+# (default: .cache/llama, where npm installs llama.cpp for tests/llama); CI=true and
 # MOEPAGER_REQUIRE_BPF=1 (set by .ci/run) make tests fail instead of skipping when they
 # lack userfaultfd, io_uring or BPF.
 set -euo pipefail
@@ -22,8 +23,16 @@ PACKAGES=(
 	liburing-dev libnuma-dev libbpf-dev bpftool libcmocka-dev libxxhash-dev
 	libjansson-dev systemtap-sdt-dev libelf-dev zlib1g-dev
 	python3-numpy gnuplot-nox bpftrace libopenblas-dev libclang-rt-14-dev xz-utils
-	libmicrohttpd-dev libcurl4-openssl-dev curl python3-prometheus-client
+	libmicrohttpd-dev libcurl4-openssl-dev curl python3-prometheus-client git
 )
+
+# llama.cpp, to check that exported GGUF files decode as the runner does (tests/llama/):
+# the prebuilt CPU libraries of the npm package node-llama-cpp, and the headers of the
+# same llama.cpp from the git bundle that package ships. npm, not Debian: no Debian
+# package carries a llama.cpp that loads these models. Pinned: the headers must match
+# the libraries (structs are passed by value).
+LLAMA_NPM_VERSION=3.22.1
+LLAMA_COMMIT=de3ff815ea7d559ee917f063901b8986f038abc6	# llama.cpp v0.5.0 inside that package
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -38,6 +47,7 @@ BUILD=$(abs_dir "${MOEPAGER_BUILD_DIR:-build}")
 ASAN_BUILD=$(abs_dir "${MOEPAGER_ASAN_BUILD_DIR:-build-asan}")
 TSAN_BUILD=$(abs_dir "${MOEPAGER_TSAN_BUILD_DIR:-build-tsan}")
 FUZZ_BUILD=$(abs_dir "${MOEPAGER_FUZZ_BUILD_DIR:-build-fuzz}")
+LLAMA_DIR=$(abs_dir "${MOEPAGER_LLAMA_DIR:-.cache/llama}")
 MOEPAGER=$BUILD/tools/moepager
 
 say() { printf '\n==> %s\n' "$*"; }
@@ -87,6 +97,37 @@ install_deps() {
 	((${#missing[@]} == 0)) || die "still missing after apt-get install: ${missing[*]}"
 }
 
+# npm install of the pinned node-llama-cpp into LLAMA_DIR: --omit=optional skips the CUDA,
+# Vulkan and other-OS builds (the CPU one is named), --ignore-scripts and
+# NODE_LLAMA_CPP_SKIP_DOWNLOAD keep its postinstall from fetching or building llama.cpp.
+# Without npm or network the llama tests cannot run (they fail in CI, skip elsewhere).
+install_llama() {
+	local bins=$LLAMA_DIR/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+	local bundle=$LLAMA_DIR/node_modules/node-llama-cpp/llama/gitRelease.bundle
+
+	if [[ -f $LLAMA_DIR/src/include/llama.h && -f $bins/libllama.v0.5.0.so ]]; then
+		say "llama.cpp (node-llama-cpp $LLAMA_NPM_VERSION) is in $LLAMA_DIR"
+		return 0
+	fi
+	say "installing llama.cpp (npm node-llama-cpp $LLAMA_NPM_VERSION) into $LLAMA_DIR"
+	if ! command -v npm >/dev/null; then
+		note "warning: npm not found: the llama.cpp tests cannot run (install Node.js and npm)"
+		return 0
+	fi
+	mkdir -p "$LLAMA_DIR"
+	[[ -f $LLAMA_DIR/package.json ]] ||
+		printf '{"name": "moepager-llama", "private": true}\n' >"$LLAMA_DIR/package.json"
+	if ! (cd "$LLAMA_DIR" && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true run nice -n 10 npm install \
+		--save-exact --omit=optional --ignore-scripts --no-audit --no-fund \
+		"node-llama-cpp@$LLAMA_NPM_VERSION" "@node-llama-cpp/linux-x64@$LLAMA_NPM_VERSION"); then
+		note "warning: npm install failed: the llama.cpp tests cannot run"
+		return 0
+	fi
+	rm -rf "$LLAMA_DIR/src"
+	run git clone -q --no-checkout "$bundle" "$LLAMA_DIR/src"
+	run git -C "$LLAMA_DIR/src" checkout -q "$LLAMA_COMMIT" -- include ggml/include
+}
+
 #
 # Build
 #
@@ -105,7 +146,7 @@ configure() {
 
 build() {
 	say "configuring and building in $BUILD"
-	configure "$BUILD" --werror
+	configure "$BUILD" --werror -Dllama_dir="$LLAMA_DIR"
 	run meson compile -C "$BUILD"
 }
 
@@ -361,19 +402,23 @@ cmd=${1:-}
 case $cmd in
 deps)
 	install_deps
+	install_llama
 	;;
 build)
 	install_deps
+	install_llama
 	build
 	;;
 demo)
 	install_deps
+	install_llama
 	build
 	step "demo: finemoe prefetching against mmap, pread-lru and the oracle" demo_prefetch
 	summary
 	;;
 test)
 	install_deps
+	install_llama
 	build
 	note "CI=${CI:-} MOEPAGER_REQUIRE_BPF=${MOEPAGER_REQUIRE_BPF:-} (set: skips are failures)"
 	step "test suite ($BUILD)" unit_tests
@@ -386,6 +431,7 @@ test)
 	;;
 example)
 	install_deps
+	install_llama
 	build
 	step "pkg-config example against a staged install" pkgconfig_example
 	summary

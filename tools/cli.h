@@ -33,6 +33,8 @@ int cmd_coe_gen(int argc, char **argv);
 int cmd_coe_profile(int argc, char **argv);
 int cmd_coe_window(int argc, char **argv);
 int cmd_bench_coe(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 /* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
 void cli_install_log_handler(void);

@@ -39,6 +39,7 @@ static const char doc[] =
 	"  moepager gen --preset mixtral-mini --out mixtral-mini.mpk --seed 7\n"
 	"  moepager gen --preset tiny --dtype bf16 --layers 2 --out /tmp/t2.mpk\n"
 	"  moepager gen --preset qwen3-moe-mini --out qwen3-moe-mini.mpk\n";
+	"  moepager gen --preset mixtral-mini --dtype q8_0 --out mixtral-q8.mpk\n";
 
 static const struct argp_option opts[] = {
 	{ "preset", 'p', "NAME", 0, "Preset geometry (default: tiny)", 0 },
@@ -57,7 +58,8 @@ static const struct argp_option opts[] = {
 	{ "head-dim", OPT_HEAD_DIM, "N", 0, "Width of one head", 1 },
 	{ "vocab", OPT_VOCAB, "N", 0, "Vocabulary size", 1 },
 	{ "max-seq", OPT_MAX_SEQ, "N", 0, "Longest sequence", 1 },
-	{ "dtype", OPT_DTYPE, "TYPE", 0, "Weight type: f32, f16 or bf16", 1 },
+	{ "dtype", OPT_DTYPE, "TYPE", 0,
+	  "Weight type: f32, f16, bf16, q8_0 or q4_0 (rows of 32-value blocks)", 1 },
 	{ 0 },
 };
 

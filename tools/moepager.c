@@ -16,6 +16,8 @@ static const struct cli_command commands[] = {
 	{ "adapter", "pack, merge, make and inspect expert adapters (.mpa)", cmd_adapter },
 	{ "consolidate", "map which variant's expert serves all at each position (Multi-MoE)",
 	  cmd_consolidate },
+	{ "import", "convert a GGUF model file (llama.cpp) into an .mpk", cmd_import },
+	{ "export", "write an .mpk model as a GGUF file llama.cpp loads", cmd_export },
 	{ "trace", "record a process's expert trajectory through BPF; export moe-trace", cmd_trace },
 	{ "eval", "held-out perplexity of a trained model, computed by the runner", cmd_eval },
 	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },

@@ -8,22 +8,30 @@
 #include "cli.h"
 #include "text.h"
 
+char *text_tokenizer_beside(const char *model_path)
+{
+	size_t len = strlen(model_path);
+	char *p = malloc(len + 5);
+
+	if (!p)
+		return NULL;
+	memcpy(p, model_path, len + 1);
+	if (len > 4 && !strcmp(p + len - 4, ".mpk"))
+		p[len - 4] = '\0';
+	strcat(p, ".tok");
+	return p;
+}
+
 int text_tokenizer_open(const char *path, const char *model_path, uint32_t model_vocab,
 			struct mp_tokenizer **out)
 {
 	char *guess = NULL;
-	size_t len;
 	int err;
 
 	if (!path) {
-		len = strlen(model_path);
-		guess = malloc(len + 5);
+		guess = text_tokenizer_beside(model_path);
 		if (!guess)
 			return -ENOMEM;
-		memcpy(guess, model_path, len + 1);
-		if (len > 4 && !strcmp(guess + len - 4, ".mpk"))
-			guess[len - 4] = '\0';
-		strcat(guess, ".tok");
 		path = guess;
 	}
 	err = mp_tokenizer_open(path, out);

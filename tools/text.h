@@ -8,6 +8,9 @@
 
 #include <moepager.h>
 
+/* MODEL.tok for MODEL.mpk, where the training recipe puts it (malloc()ed, NULL: no memory). */
+char *text_tokenizer_beside(const char *model_path);
+
 /*
  * Opens the tokenizer at path, or when path is NULL the one beside the
  * model: MODEL with its ".mpk" suffix replaced by ".tok" (the training

@@ -36,21 +36,36 @@ struct product {
 	size_t ldy;
 };
 
-static size_t dtype_size(enum mp_dtype dt)
+/*
+ * Bytes of a row of cols elements. The plug-in does not link libmoepager
+ * (mp_dtype_bytes()); the engine checked that block types' rows are whole
+ * blocks of MP_QBLOCK. Block types are widened by host->to_f32 like f16 and
+ * bf16: the widened floats are exactly the reference engine's.
+ */
+static size_t row_bytes(enum mp_dtype dt, uint32_t cols)
 {
-	return dt == MP_DTYPE_F32 ? 4 : 2;
+	switch (dt) {
+	case MP_DTYPE_F32:
+		return (size_t)cols * 4;
+	case MP_DTYPE_Q8_0:
+		return (size_t)cols / MP_QBLOCK * (2 + MP_QBLOCK);
+	case MP_DTYPE_Q4_0:
+		return (size_t)cols / MP_QBLOCK * (2 + MP_QBLOCK / 2);
+	default:
+		return (size_t)cols * 2;
+	}
 }
 
 static int product_chunk(void *arg, uint32_t chunk, uint32_t worker)
 {
 	const struct product *p = arg;
-	const size_t es = dtype_size(p->dt);
+	const size_t rowb = row_bytes(p->dt, p->cols);
 	uint32_t r0 = (uint32_t)((uint64_t)p->rows * chunk / p->nchunks);
 	uint32_t r1 = (uint32_t)((uint64_t)p->rows * (chunk + 1) / p->nchunks);
 
 	for (uint32_t r = r0; r < r1; r += p->block_rows) {
 		uint32_t br = r1 - r < p->block_rows ? r1 - r : p->block_rows;
-		const void *src = (const char *)p->w + (size_t)r * p->cols * es;
+		const void *src = (const char *)p->w + r * rowb;
 		const float *wf = src;
 
 		if (p->dt != MP_DTYPE_F32) {
@@ -95,7 +110,7 @@ static int product(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype 
 		.e = e, .bs = bs, .dt = dt, .w = w, .rows = rows, .cols = cols, .n = n, .x = x,
 		.y = y, .ldy = ldy,
 	};
-	uint64_t bytes = (uint64_t)rows * cols * dtype_size(dt);
+	uint64_t bytes = (uint64_t)rows * row_bytes(dt, cols);
 
 	p.block_rows = cols >= BLOCK_FLOATS ? 1 : BLOCK_FLOATS / cols;
 	p.nchunks = bytes < INLINE_BYTES ? 1 : bs->threads * CHUNKS_PER_THREAD;
@@ -134,7 +149,7 @@ static int blas_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum m
 			   uint32_t n, float *out)
 {
 	struct blas_state *bs = e->priv;
-	const size_t mat = (size_t)ffn * hidden * dtype_size(dt), act = (size_t)n * ffn;
+	const size_t mat = ffn * row_bytes(dt, hidden), act = (size_t)n * ffn;
 	float *gate, *up;
 	int err;
 

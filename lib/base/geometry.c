@@ -9,6 +9,20 @@ static int check_range(const char *field, uint32_t v, uint32_t lo, uint32_t hi)
 	return 0;
 }
 
+/* Every matrix row (hidden, ffn or heads x head_dim long) must be whole blocks of the weight type. */
+static int check_blocks(const struct mp_geometry *g)
+{
+	const uint32_t b = mp_dtype_block(g->dtype);
+	const uint64_t qdim = (uint64_t)g->heads * g->head_dim;
+
+	if (g->hidden % b || g->ffn % b || qdim % b)
+		return mp_err(-EINVAL, "geometry: %s rows are blocks of %u: hidden (%u), ffn (%u) and "
+			      "heads x head_dim (%llu) must be multiples of %u",
+			      mp_dtype_name(g->dtype), b, g->hidden, g->ffn,
+			      (unsigned long long)qdim, b);
+	return 0;
+}
+
 int mp_geometry_check(const struct mp_geometry *g)
 {
 	int err;
@@ -26,7 +40,7 @@ int mp_geometry_check(const struct mp_geometry *g)
 	    (err = check_range("vocab", g->vocab, 1, MP_MAX_VOCAB)) ||
 	    (err = check_range("max_seq", g->max_seq, 1, MP_MAX_SEQ)))
 		return err;
-	if (!mp_dtype_size(g->dtype))
+	if (!mp_dtype_block(g->dtype))
 		return mp_err(-EINVAL, "geometry: unknown weight type %d", (int)g->dtype);
 	if (g->heads % g->kv_heads)
 		return mp_err(-EINVAL, "geometry: heads (%u) is not a multiple of kv_heads (%u)",
@@ -36,6 +50,9 @@ int mp_geometry_check(const struct mp_geometry *g)
 	if ((uint64_t)g->heads * g->head_dim > MP_MAX_DIM)
 		return mp_err(-EINVAL, "geometry: heads x head_dim (%u x %u) is too large",
 			      g->heads, g->head_dim);
+	err = check_blocks(g);
+	if (err)
+		return err;
 	if (!(g->rope_theta > 0.0f) || !(g->norm_eps > 0.0f) || g->norm_eps > 1.0f)
 		return mp_err(-EINVAL, "geometry: rope_theta (%g) and norm_eps (%g) must be positive",
 			      (double)g->rope_theta, (double)g->norm_eps);
@@ -44,5 +61,5 @@ int mp_geometry_check(const struct mp_geometry *g)
 
 uint64_t mp_geometry_expert_bytes(const struct mp_geometry *g)
 {
-	return 3ull * g->hidden * g->ffn * mp_dtype_size(g->dtype);
+	return mp_dtype_bytes(g->dtype, 3ull * g->hidden * g->ffn);
 }

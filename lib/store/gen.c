@@ -184,6 +184,17 @@ static void fill_uniform(struct rng *r, enum mp_dtype t, float scale, void *dst,
 		}
 		break;
 	}
+	case MP_DTYPE_Q8_0:
+	case MP_DTYPE_Q4_0:
+		/* the same values as f32, quantized a block at a time (n is whole blocks) */
+		for (; i + MP_QBLOCK <= n; i += MP_QBLOCK) {
+			float q[MP_QBLOCK];
+
+			for (uint32_t j = 0; j < MP_QBLOCK; j += BLOCK)
+				rng_block(r, scale, q + j);
+			mp_dtype_from_f32(t, q, (char *)dst + mp_dtype_bytes(t, i), MP_QBLOCK);
+		}
+		break;
 	default: {
 		uint16_t *d = dst;
 
@@ -197,7 +208,7 @@ static void fill_uniform(struct rng *r, enum mp_dtype t, float scale, void *dst,
 	}
 	if (i < n) {
 		rng_block(r, scale, blk);
-		mp_dtype_from_f32(t, blk, (char *)dst + i * mp_dtype_size(t), (size_t)(n - i));
+		mp_dtype_from_f32(t, blk, (char *)dst + mp_dtype_bytes(t, i), (size_t)(n - i));
 	}
 }
 
@@ -226,7 +237,7 @@ static float uniform_scale(uint64_t fan_in)
 /* A tensor's bytes: norms (1-D) are ones, matrices uniform with variance 1/fan_in. */
 void mpk_gen_tensor(const struct mp_tensor_info *t, uint32_t index, uint64_t seed, void *buf)
 {
-	uint64_t n = t->bytes / mp_dtype_size(t->dtype);
+	uint64_t n = mp_dtype_elems(t->dtype, t->bytes);
 	struct rng r;
 
 	if (t->ndim == 1) {
@@ -242,13 +253,12 @@ void mpk_gen_expert(const struct mp_geometry *g, uint32_t layer, uint32_t expert
 		       uint64_t seed, void *buf)
 {
 	uint64_t n = (uint64_t)g->ffn * g->hidden;
-	size_t sz = mp_dtype_size(g->dtype);
 	struct rng r;
 
 	for (uint32_t p = 0; p < 3; p++) {
 		rng_seed(&r, seed, expert_stream(layer, expert, p));
 		fill_uniform(&r, g->dtype, uniform_scale(p < 2 ? g->hidden : g->ffn),
-			     (char *)buf + p * n * sz, n);
+			     (char *)buf + mp_dtype_bytes(g->dtype, p * n), n);
 	}
 }
 

@@ -16,16 +16,13 @@
 
 uint64_t mpk_shape_bytes(enum mp_dtype t, uint32_t ndim, const uint64_t *dims, bool *overflow)
 {
-	uint64_t n = mp_dtype_size(t);
+	/* rows of the last dimension, in whole blocks for the block types */
+	uint64_t n = ndim ? mp_dtype_bytes(t, dims[ndim - 1]) : 0;
 
-	*overflow = false;
-	for (uint32_t i = 0; i < ndim; i++) {
-		if (__builtin_mul_overflow(n, dims[i], &n)) {
-			*overflow = true;
-			return 0;
-		}
-	}
-	return n;
+	*overflow = !n && ndim && dims[ndim - 1];
+	for (uint32_t i = 0; i + 1 < ndim && !*overflow; i++)
+		*overflow = __builtin_mul_overflow(n, dims[i], &n);
+	return *overflow ? 0 : n;
 }
 
 static void set_tensor(struct mp_tensor_info *t, const char *name, enum mp_dtype dtype,

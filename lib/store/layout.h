@@ -46,7 +46,10 @@ static inline uint64_t mpk_layout_expert_offset(const struct mpk_layout *l, uint
 	return l->expert_base + (uint64_t)index * l->expert_stride;
 }
 
-/* Bytes of a shape, or 0 (with *overflow set) when it does not fit 64 bits. */
+/*
+ * Bytes of a shape, or 0 (with *overflow set) when it does not fit 64 bits or
+ * its rows (the last dimension) are not whole blocks of a block type.
+ */
 uint64_t mpk_shape_bytes(enum mp_dtype t, uint32_t ndim, const uint64_t *dims, bool *overflow);
 
 #endif /* MP_STORE_LAYOUT_H */

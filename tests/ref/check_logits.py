@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: MIT
 """Compares `moepager run --dump-logits` with the numpy reference (forward.py).
 
-For tiny models in f32, f16 and bf16, several engines and trace-forced routing,
+For tiny models in f32, f16, bf16, q8_0 and q4_0, several engines and trace-forced routing,
 the logits of every generated token must match the float64 reference, which is
 fed the same prompt and generated ids (teacher forcing, so a greedy choice can
 never make the two diverge). The norm is the relative max-abs error per token:
-max_i |c_i - r_i| / max_i |r_i| <= 1e-4 for f32, <= 1e-2 for f16 and bf16.
+max_i |c_i - r_i| / max_i |r_i| <= 1e-4 for f32, q8_0 and q4_0 (the reference
+dequantises the blocks to exactly the engine's floats), <= 1e-2 for f16 and bf16.
 
     check_logits.py MOEPAGER_BINARY WORKDIR
 """
@@ -20,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import forward  # noqa: E402
 
-TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 1e-2}
+TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 1e-2, "q8_0": 1e-4, "q4_0": 1e-4}
 PROMPT, WARMUP, TOKENS = 12, 1, 5
 
 
@@ -107,7 +108,7 @@ def main(argv):
     engines = [("ref", 2), ("ref-scalar", 1), ("ref-avx2", 3)]
     if "openblas" in os.environ.get("MOEPAGER_TEST_PLUGINS", ""):
         engines.append(("openblas", 2))
-    models = {dtype: c.gen(dtype) for dtype in ("f32", "f16", "bf16")}
+    models = {dtype: c.gen(dtype) for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0")}
     for dtype, model in models.items():
         for engine, threads in engines:
             c.compare(f"{dtype} logits match numpy ({engine}, {threads} threads)", model,

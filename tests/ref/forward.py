@@ -20,8 +20,7 @@ MAGIC = b"MOEPAGER"
 HEADER = struct.Struct("<8sIIQ10IIIffQIIQIIQQQ64s")
 TENSOR = struct.Struct("<64sII4QQQQ")
 EXPERT = struct.Struct("<IIQQQI28x")
-F32, F16, BF16 = 0, 1, 2
-DTYPE_SIZE = {F32: 4, F16: 2, BF16: 2}
+F32, F16, BF16, Q8_0, Q4_0 = 0, 1, 2, 3, 4
 
 
 def to_f64(raw, dtype):
@@ -33,6 +32,16 @@ def to_f64(raw, dtype):
     if dtype == BF16:
         bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
         return bits.view(np.float32).astype(np.float64)
+    if dtype in (Q8_0, Q4_0):
+        # blocks of 32: an f16 scale d, then the quants; value = q * d rounded to f32
+        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 34 if dtype == Q8_0 else 18)
+        d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+        if dtype == Q8_0:
+            q = blocks[:, 2:].view(np.int8).astype(np.float32)
+        else:
+            nib = blocks[:, 2:]
+            q = np.concatenate([nib & 15, nib >> 4], axis=1).astype(np.float32) - 8
+        return (q * d).astype(np.float64).reshape(-1)
     raise ValueError(f"unknown dtype {dtype}")
 
 

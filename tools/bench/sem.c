@@ -70,7 +70,7 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	/* A trace without token ids has no semantic vectors: not an error, nothing to say. */
 	if (!mp_trace_meta(t, "tokens.0"))
 		return -ENOENT;
-	if (!emb || emb->bytes != (uint64_t)g->vocab * g->hidden * mp_dtype_size(emb->dtype)) {
+	if (!emb || emb->bytes != mp_dtype_bytes(emb->dtype, (uint64_t)g->vocab * g->hidden)) {
 		fprintf(stderr, "moepager bench: %s: no %u x %u tok_embd tensor\n",
 			mp_store_path(s), g->vocab, g->hidden);
 		return -EINVAL;
@@ -82,7 +82,7 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	b->hidden = g->hidden;
 	b->vocab = g->vocab;
 	b->dtype = emb->dtype;
-	b->row_bytes = (size_t)g->hidden * mp_dtype_size(emb->dtype);
+	b->row_bytes = mp_dtype_bytes(emb->dtype, g->hidden);
 	b->nreq = mp_trace_requests(t);
 	b->ids = calloc(b->nreq, sizeof(*b->ids));
 	err = -ENOMEM;

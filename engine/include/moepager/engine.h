@@ -80,7 +80,9 @@ MP_API const char *const *mp_engine_builtin_names(void);
  * Ops
  *
  * Weights are row-major with dims[0] = rows, of type dt; activations are
- * f32, rows of a batch contiguous. Every call returns 0 or a negative errno
+ * f32, rows of a batch contiguous. A row of a block type (q8_0, q4_0) is
+ * whole blocks of MP_QBLOCK elements, so cols (and an expert's hidden and
+ * ffn) must be multiples of it: -EINVAL otherwise. Every call returns 0 or a negative errno
  * (-EINVAL for bad arguments, -ENOMEM, or the guard's error). Weights are
  * read only inside guarded chunks when g is not NULL.
  */
@@ -200,7 +202,10 @@ struct mp_engine_host {
 			mp_chunk_fn fn, void *ctx);
 	/* Logs an error line and returns err (a negative errno). */
 	int (*err)(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-	/* Widens n elements of type dt to f32 with the reference engine's fastest kernel. */
+	/*
+	 * Widens n elements of type dt to f32 with the reference engine's fastest
+	 * kernel; for a block type (q8_0, q4_0) n is whole blocks, as every row is.
+	 */
 	void (*to_f32)(struct mp_engine *e, enum mp_dtype dt, const void *src, float *dst,
 		       size_t n);
 };

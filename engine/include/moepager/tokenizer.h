@@ -32,6 +32,26 @@ MP_API uint32_t mp_tokenizer_vocab(const struct mp_tokenizer *t);
 MP_API uint32_t mp_tokenizer_bos(const struct mp_tokenizer *t);
 MP_API uint32_t mp_tokenizer_eos(const struct mp_tokenizer *t);
 
+/* Piece types, numbered as SentencePiece (and GGUF's tokenizer.ggml.token_type) number them. */
+enum mp_piece_type {
+	MP_PIECE_NORMAL = 1,
+	MP_PIECE_UNKNOWN = 2,
+	MP_PIECE_CONTROL = 3,
+	MP_PIECE_USER = 4,
+	MP_PIECE_UNUSED = 5,
+	MP_PIECE_BYTE = 6,		/* "<0xAB>": the byte 0xAB, for byte fallback */
+};
+
+struct mp_piece {
+	const char *text;		/* the piece's bytes, len long (not NUL-terminated) */
+	uint32_t len;
+	float score;
+	enum mp_piece_type type;
+};
+
+/* Piece id of the vocabulary (valid while t is open). Returns 0, or -EINVAL for an id beyond it. */
+MP_API int mp_tokenizer_piece(const struct mp_tokenizer *t, uint32_t id, struct mp_piece *out);
+
 /*
  * Encodes len bytes of text (no BOS/EOS added) into at most cap ids.
  * Returns the number of ids the text needs, which may exceed cap (then

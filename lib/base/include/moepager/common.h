@@ -70,12 +70,37 @@ enum mp_dtype {
 	MP_DTYPE_F32 = 0,
 	MP_DTYPE_F16 = 1,
 	MP_DTYPE_BF16 = 2,
+	/*
+	 * Block types (llama.cpp's): a row is blocks of MP_QBLOCK elements,
+	 * each an f16 scale d then the quants. Q8_0: 32 int8 q, value d * q
+	 * (34 bytes). Q4_0: 16 bytes of nibbles, element j < 16 the low nibble
+	 * of byte j, element 16 + j its high nibble, value d * (q - 8) (18
+	 * bytes). A row's length must be a multiple of MP_QBLOCK.
+	 */
+	MP_DTYPE_Q8_0 = 3,
+	MP_DTYPE_Q4_0 = 4,
 	MP_DTYPE_COUNT
 };
 
-/* Bytes per element, or 0 for an unknown type. */
+/* Elements per block of the block types. */
+#define MP_QBLOCK	32u
+
+/*
+ * Bytes per element of a type whose elements have a whole size (f32, f16,
+ * bf16); 0 for the block types, whose elements do not (use mp_dtype_bytes()),
+ * and for an unknown type.
+ */
 MP_API size_t mp_dtype_size(enum mp_dtype t);
-/* "f32", "f16", "bf16", or NULL for an unknown type. */
+/* Elements per block: 1 for f32/f16/bf16, MP_QBLOCK for q8_0/q4_0, 0 for an unknown type. */
+MP_API uint32_t mp_dtype_block(enum mp_dtype t);
+/*
+ * Bytes of n elements of type t, n a multiple of mp_dtype_block(t); 0 for an
+ * unknown type, an n that is not whole blocks, or a size that overflows.
+ */
+MP_API uint64_t mp_dtype_bytes(enum mp_dtype t, uint64_t n);
+/* Elements held by bytes bytes of type t (whole blocks only); 0 for an unknown type. */
+MP_API uint64_t mp_dtype_elems(enum mp_dtype t, uint64_t bytes);
+/* "f32", "f16", "bf16", "q8_0", "q4_0", or NULL for an unknown type. */
 MP_API const char *mp_dtype_name(enum mp_dtype t);
 /* Parses a name as printed by mp_dtype_name(); returns 0 or -EINVAL. */
 MP_API int mp_dtype_parse(const char *name, enum mp_dtype *out);
@@ -85,9 +110,17 @@ MP_API float mp_f16_to_f32(uint16_t h);
 MP_API uint16_t mp_f32_to_f16(float f);
 MP_API float mp_bf16_to_f32(uint16_t b);
 MP_API uint16_t mp_f32_to_bf16(float f);
-/* Converts n elements of type t at src to f32. */
+/*
+ * Converts n elements of type t at src to f32. For a block type n is a
+ * multiple of MP_QBLOCK (the elements of a partial last block are left alone).
+ */
 MP_API void mp_dtype_to_f32(enum mp_dtype t, const void *src, float *dst, size_t n);
-/* Converts n f32 values to type t at dst. */
+/*
+ * Converts n f32 values to type t at dst. Block types are quantized as
+ * llama.cpp's reference quantizers do (quantize_row_q8_0_ref and _q4_0_ref:
+ * round to nearest, scale from the block's largest magnitude); n is a
+ * multiple of MP_QBLOCK (a partial last block is not written).
+ */
 MP_API void mp_dtype_from_f32(enum mp_dtype t, const float *src, void *dst, size_t n);
 
 /*

@@ -180,6 +180,86 @@ MP_API int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t 
 			const char *name,
 			void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
 
+/*
+ * Other tools' model files (docs/gguf.md)
+ *
+ * GGUF (llama.cpp) in both directions, Hugging Face safetensors in. An import writes an .mpk with the experts in the runner's layout; it refuses,
+ * naming the tensor or key and its file offset, a damaged file and a model
+ * the runner cannot compute (shared experts, latent attention, Q/K norms,
+ * biases, ...): nothing is dropped silently.
+ */
+
+struct mp_import_config {
+	/* Weight type of the .mpk (enum mp_dtype), or -1: the experts' own type. */
+	int dtype;
+	/* Longest sequence the model records; 0: the file's context length (at most MP_MAX_SEQ). */
+	uint32_t max_seq;
+	/* Model name for the header; NULL: the file's own (general.name). */
+	const char *name;
+	/* Called (may be NULL) with bytes written so far and the total. */
+	void (*progress)(uint64_t done, uint64_t total, void *arg);
+	void *arg;
+	MP_RESERVED(4);
+};
+
+/*
+ * Converts the GGUF file at gguf_path (architectures llama/Mixtral, and
+ * qwen2moe, qwen3moe, olmoe, deepseek2 where they fit the runner) into an
+ * .mpk at mpk_path. cfg may be NULL (defaults). Tensors of another type than
+ * the .mpk's are converted through f32 (f32, f16, bf16, q8_0 and q4_0 are
+ * read). Returns 0, or -EPROTO/-EPROTONOSUPPORT/-ENODATA/-EINVAL for a file
+ * that is not a valid GGUF, -EOPNOTSUPP for a model the runner cannot run
+ * or a tensor type it cannot read, or the I/O error; no partial file is
+ * left at mpk_path.
+ */
+MP_API int mp_gguf_import(const char *gguf_path, const char *mpk_path,
+			  const struct mp_import_config *cfg);
+
+/*
+ * Converts a directory of Hugging Face safetensors (config.json and every
+ * *.safetensors shard; model_type mixtral, and qwen3_moe / qwen2_moe where
+ * they fit the runner) into an .mpk, as mp_gguf_import() does; F32, F16 and
+ * BF16 tensors are read. Returns the same errors, naming the shard, the
+ * tensor and its offset, or the config.json key.
+ */
+MP_API int mp_safetensors_import(const char *dir, const char *mpk_path,
+				 const struct mp_import_config *cfg);
+
+/* One token of a vocabulary to export (SentencePiece / llama.cpp terms). */
+struct mp_gguf_token {
+	const char *text;		/* NUL-terminated UTF-8 piece, e.g. "\xe2\x96\x81the", "<0x0A>" */
+	float score;
+	/* llama.cpp token type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte */
+	int32_t type;
+};
+
+struct mp_export_config {
+	/* Type of the expert tensors (enum mp_dtype), or -1: the model's. */
+	int dtype;
+	/* Type of the token embedding, attention and LM head; -1: dtype when set, else the model's. */
+	int dense_dtype;
+	/* general.alignment, a power of two; 0: 4096. */
+	uint32_t alignment;
+	/* The vocabulary (tokenizer.ggml.model "llama"), vocab_n == the model's; NULL: placeholders. */
+	const struct mp_gguf_token *vocab;
+	uint32_t vocab_n;
+	uint32_t bos, eos, unk;		/* token ids (with vocab only) */
+	void (*progress)(uint64_t done, uint64_t total, void *arg);
+	void *arg;
+	MP_RESERVED(4);
+};
+
+/*
+ * Writes the model of s as a GGUF file llama.cpp loads (architecture llama:
+ * Q and K rows permuted back to adjacent-pair RoPE, experts as
+ * blk.N.ffn_{gate,up,down}_exps, norms and routers f32). cfg may be NULL.
+ * Returns 0, -EINVAL for a bad option (a type whose blocks the rows do not
+ * fill, a vocabulary of the wrong size), the read error of a damaged piece
+ * (-EBADMSG), or the I/O error; no partial file is left at gguf_path.
+ */
+MP_API int mp_gguf_export(struct mp_store *s, const char *gguf_path,
+			  const struct mp_export_config *cfg);
+
 #ifdef __cplusplus
 }
 #endif
