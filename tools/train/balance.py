@@ -3,6 +3,7 @@
 
   /usr/bin/python3 tools/train/balance.py --ckpt RUN/final.pt --corpus CORPUS \\
       --model data/models/tiny-fine.mpk [--windows 48]
+  /usr/bin/python3 tools/train/balance.py --trace data/traces/tiny-real/heldout-windows.csv
 
 Routes the first N 256-token windows of the held-out stream through the model as
 exported (export.engine_model: the .mpk's weights, so the C runner's routing) and
@@ -10,6 +11,7 @@ counts, per layer, the share of routed slots (token x top-k) each expert gets.
 Per layer: the normalised entropy of those shares (1 = perfectly even, 0 = one
 expert takes everything), the largest share and the smallest, as multiples of the
 even share 1/E, and how many experts get under a tenth of the even share.
+With --trace, the same from a recorded moe-trace's expert columns instead.
 """
 import argparse
 import json
@@ -64,12 +66,27 @@ def summary(counts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--corpus", required=True)
-    ap.add_argument("--model", required=True, help="the exported .mpk (its .json gives dtype)")
+    ap.add_argument("--ckpt")
+    ap.add_argument("--corpus")
+    ap.add_argument("--model", help="the exported .mpk (its .json gives dtype)")
     ap.add_argument("--windows", type=int, default=48)
+    ap.add_argument("--trace", help="count a moe-trace's routing instead of running the model")
     args = ap.parse_args()
 
+    if args.trace:
+        from routecheck import read_trace
+        meta, toks, data, k, E = read_trace(args.trace)
+        L = int(meta["layers"])
+        counts = np.zeros((L, E), dtype=np.int64)
+        for l in range(L):
+            counts[l] = np.bincount(data[data[:, 2] == l, 3:3 + k].astype(np.int64).ravel(),
+                                    minlength=E)
+        res = {"trace": args.trace, "geometry": [L, E, k], "requests": len(toks),
+               "tokens": sum(len(v) for v in toks.values()), **summary(counts)}
+        print(json.dumps(res, indent=1))
+        return
+    if not (args.ckpt and args.corpus and args.model):
+        ap.error("--ckpt, --corpus and --model, or --trace")
     torch.set_num_threads(2)
     side = json.load(open(args.model[:-4] + ".json"))
     model, _ = load_model(args.ckpt)
