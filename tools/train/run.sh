@@ -68,6 +68,11 @@ $py "$here/balance.py" --ckpt "$run/final.pt" --corpus "$work/corpus" \
 	--model "$model" | tee "${out}balance.json"
 $py "$here/traces.py" --ckpt "$run/final.pt" --corpus "$work/corpus" \
 	--model "$model" --out "$root/data/traces/$name" --dispatch "$dispatch"
+$py "$here/routecheck.py" --model "$model" "$root/data/traces/$name/heldout-fortunes.csv" \
+	"$root/data/traces/$name/heldout-windows.csv" | tee "${out}routecheck.json"
+if [ "$name" != tiny-real ]; then	# 64 probability columns: ~650 bytes a row
+	xz -f -T1 -6 "$root/data/traces/$name/heldout-fortunes.csv" "$root/data/traces/$name/heldout-windows.csv"
+fi
 if [ "$name" = tiny-real ]; then	# tests/test_tiny_real.c's fixtures
 	$py "$here/fixtures.py" --ckpt "$run/final.pt" --corpus "$work/corpus" \
 		--model "$model" --out "$root/tests/data/$name"
