@@ -26,8 +26,8 @@ case $name in
 tiny-real)	# the committed tiny-real run (steps 650, decay from 525)
 	p_layers=6 p_experts=16 p_topk=2 p_ffn=256 p_steps=650 p_decay=525 p_dispatch=loop
 	run=$work/run ;;
-tiny-fine)	# the committed tiny-fine run (README.md: ran as steps 0-125 at constant LR, resumed with the decay)
-	p_layers=26 p_experts=64 p_topk=6 p_ffn=64 p_steps=300 p_decay=240 p_dispatch=blocks
+tiny-fine)	# the committed tiny-fine model: constant LR to step 150, no decay (README.md)
+	p_layers=26 p_experts=64 p_topk=6 p_ffn=64 p_steps=150 p_decay=150 p_dispatch=blocks
 	run=$work/$name/run ;;
 tiny-olmoe)	# not trained yet: a starting point
 	p_layers=16 p_experts=64 p_topk=8 p_ffn=32 p_steps=650 p_decay=525 p_dispatch=blocks
