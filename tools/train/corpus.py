@@ -9,6 +9,13 @@ Writes OUT/train.txt and OUT/heldout.txt (fortunes separated by lines holding
 only "%", the fortune(6) file format), OUT/tok.model (the SentencePiece model),
 OUT/tok.vocab.txt (the vocabulary in the text form engine/tokenizer.c reads) and
 OUT/{train,heldout}.ids (uint16 token stream: BOS fortune EOS BOS fortune EOS ...).
+
+Every model of the recipe shares one tokenizer (tiny-real's): --tokenizer FILE loads
+that tok.model instead of training one (the split is made the same way, so the
+corpus is identical), and --expect-vocab data/models/tiny-real.tok fails unless the
+exported vocabulary is byte for byte the committed one. Training it anew with the
+same seed gives the same model too (same tokenizer_sha256), but reusing is cheaper
+and does not depend on sentencepiece's trainer staying the same.
 """
 import argparse
 import hashlib
@@ -133,6 +140,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--fortunes", default=FORTUNE_DIR)
+    ap.add_argument("--tokenizer", default=None,
+                    help="an existing tok.model to reuse instead of training one")
+    ap.add_argument("--expect-vocab", default=None,
+                    help="a .tok file the exported vocabulary must equal (e.g. data/models/tiny-real.tok)")
     args = ap.parse_args()
 
     import sentencepiece as spm
@@ -147,20 +158,20 @@ def main():
     write_fortunes(os.path.join(args.out, "train.txt"), train)
     write_fortunes(os.path.join(args.out, "heldout.txt"), heldout)
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(train), model_writer=model, vocab_size=VOCAB_SIZE,
-        model_type="unigram", normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, byte_fallback=True,
-        user_defined_symbols=USER_SYMBOLS, character_coverage=0.9999,
-        unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=-1,
-        max_sentence_length=16384, seed_sentencepiece_size=1000000,
-        num_threads=1, minloglevel=2)
-    model_bytes = model.getvalue()
+    if args.tokenizer:
+        with open(args.tokenizer, "rb") as f:
+            model_bytes = f.read()
+    else:
+        model_bytes = train_tokenizer(spm, train)
     with open(os.path.join(args.out, "tok.model"), "wb") as f:
         f.write(model_bytes)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
-    export_vocab(sp, os.path.join(args.out, "tok.vocab.txt"))
+    vocab_path = os.path.join(args.out, "tok.vocab.txt")
+    export_vocab(sp, vocab_path)
+    if args.expect_vocab:
+        with open(vocab_path, "rb") as a, open(args.expect_vocab, "rb") as b:
+            if a.read() != b.read():
+                sys.exit("corpus.py: the tokenizer's vocabulary differs from %s" % args.expect_vocab)
     tr = encode_stream(sp, train)
     he = encode_stream(sp, heldout)
     tr.tofile(os.path.join(args.out, "train.ids"))
@@ -177,6 +188,20 @@ def main():
         json.dump(info, f, indent=1)
     json.dump(info, sys.stdout, indent=1)
     print()
+
+
+def train_tokenizer(spm, train):
+    """The SentencePiece model (serialized) trained on the training split."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(train), model_writer=model, vocab_size=VOCAB_SIZE,
+        model_type="unigram", normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, byte_fallback=True,
+        user_defined_symbols=USER_SYMBOLS, character_coverage=0.9999,
+        unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=-1,
+        max_sentence_length=16384, seed_sentencepiece_size=1000000,
+        num_threads=1, minloglevel=2)
+    return model.getvalue()
 
 
 if __name__ == "__main__":

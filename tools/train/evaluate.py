@@ -47,11 +47,14 @@ def main():
     ap.add_argument("--max-windows", type=int, default=0)
     ap.add_argument("--moepager", default=os.path.join(ROOT, "build-train", "tools", "moepager"))
     ap.add_argument("--no-c", action="store_true", help="PyTorch figures only")
+    ap.add_argument("--dispatch", default="loop", choices=("loop", "bmm", "blocks"),
+                    help="how PyTorch runs the experts (model.py; same function, bmm or blocks faster for many experts)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
     lib = mpk.Lib()
     model, _ = load_model(args.ckpt)
+    model.set_dispatch(args.dispatch)
     dtype = args.dtype
     if dtype is None:
         side = args.model[:-4] + ".json"
@@ -61,7 +64,7 @@ def main():
     stream = load_ids(ids_path)
     with torch.no_grad():
         nll_train, n = heldout_nll(model, stream, window, args.max_windows or None)
-        exported = engine_model(model, lib, dtype)
+        exported = engine_model(model, lib, dtype).set_dispatch(args.dispatch)
         nll_export, _ = heldout_nll(exported, stream, window, args.max_windows or None)
     res = {"ids": ids_path, "window": window, "predicted": n,
            "torch_trained_ppl": math.exp(nll_train),

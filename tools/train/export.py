@@ -138,6 +138,9 @@ def main():
     ap.add_argument("--name", default="tiny-real")
     ap.add_argument("--lib", default=None, help="libmoepager.so (default: build-train/)")
     ap.add_argument("--run", default=None, help="training run directory (meta.json, log.jsonl)")
+    ap.add_argument("--shared-tokenizer", default=None, metavar="FILE.tok",
+                    help="the committed .tok this model shares (recorded in the .json as "
+                         "\"tokenizer\"; the build copies it to NAME.tok)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -162,6 +165,11 @@ def main():
         if os.path.exists(log):
             last = [json.loads(l) for l in open(log) if "heldout_ppl" in l][-1]
             info["final_train_log"] = last
+    if args.shared_tokenizer:
+        with open(base + ".tok", "rb") as mine, open(args.shared_tokenizer, "rb") as shared:
+            if mine.read() != shared.read():
+                sys.exit("export.py: the corpus's tokenizer is not " + args.shared_tokenizer)
+        info["tokenizer"] = os.path.basename(args.shared_tokenizer)
     with open(base + ".json", "w") as f:
         json.dump(info, f, indent=1)
     print(json.dumps({"out": args.out, "apparent_bytes": os.path.getsize(args.out),

@@ -73,12 +73,14 @@ def main():
     ap.add_argument("--windows", type=int, default=40, help="256-token held-out windows used")
     ap.add_argument("--capacity", type=int, default=1024, help="FineMoE store capacity C")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--dispatch", default="loop", choices=("loop", "bmm", "blocks"),
+                    help="how PyTorch runs the experts (model.py; same function, bmm or blocks faster for many experts)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
     torch.set_grad_enabled(False)
     side = json.load(open(args.model[:-4] + ".json"))
-    model = exported_model(args.ckpt, side["dtype"])
+    model = exported_model(args.ckpt, side["dtype"], args.dispatch)
     cfg = model.cfg
     L, E, K = cfg.layers, cfg.experts, cfg.topk
     stream = load_ids(os.path.join(args.corpus, "heldout.ids"))

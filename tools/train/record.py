@@ -15,9 +15,9 @@ import mpk  # noqa: E402
 from export import engine_model, load_model  # noqa: E402
 
 
-def exported_model(ckpt, dtype):
+def exported_model(ckpt, dtype, dispatch="loop"):
     model, _ = load_model(ckpt)
-    return engine_model(model, mpk.Lib(), dtype)
+    return engine_model(model, mpk.Lib(), dtype).set_dispatch(dispatch)
 
 
 @torch.no_grad()

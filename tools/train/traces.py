@@ -58,11 +58,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--fortunes", type=int, default=64)
     ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--dispatch", default="loop", choices=("loop", "bmm", "blocks"),
+                    help="how PyTorch runs the experts (model.py; same function, bmm or blocks faster for many experts)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
     side = json.load(open(args.model[:-4] + ".json"))
-    model = exported_model(args.ckpt, side["dtype"])
+    model = exported_model(args.ckpt, side["dtype"], args.dispatch)
     cfg = model.cfg
     os.makedirs(args.out, exist_ok=True)
     import sentencepiece as spm

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Config, MoEModel  # noqa: E402
+from model import DISPATCH, Config, MoEModel  # noqa: E402
 
 
 def load_ids(path):
@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--ffn", type=int, default=256)
+    ap.add_argument("--dispatch", default="loop", choices=DISPATCH,
+                    help="how the experts run (model.py): loop (tiny-real), bmm or blocks (many small experts)")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args()
 
@@ -110,7 +112,7 @@ def main():
     cfg = Config(vocab=info["vocab"], hidden=args.hidden, layers=args.layers, heads=args.heads,
                  kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
                  experts=args.experts, topk=args.topk, ffn=args.ffn, max_seq=args.seq)
-    model = MoEModel(cfg)
+    model = MoEModel(cfg, args.dispatch)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
