@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -32,6 +33,9 @@ from export import export, rope_perm  # noqa: E402
 from model import Config, MoEModel  # noqa: E402
 from train import batches, heldout_nll, load_ids, lr_at  # noqa: E402
 
+# On the shared 2-core machine (load 8-17) two threads ran an ESFT step in 18.6 s, one
+# thread in 1.6 s: OpenMP threads spin while they wait for a core.
+THREADS_HELP = "torch threads (default 1: two ran 10x slower on the loaded 2-core machine)"
 DTYPE_NAME = {v: k for k, v in mpk.MP_DTYPE.items()}
 
 
@@ -66,6 +70,13 @@ def load_mpk(lib, path):
     return m, dtype, name
 
 
+def copy_tokenizer(base, path):
+    """The base's tokenizer (BASE.tok) beside an exported model, as moepager looks for it."""
+    tok = base[:-4] + ".tok"
+    if os.path.exists(tok):
+        shutil.copyfile(tok, path[:-4] + ".tok")
+
+
 def expert_masks(cfg, experts):
     """{layer: [E, 1, 1] float mask} with 1 for the experts to train."""
     masks = {}
@@ -77,7 +88,7 @@ def expert_masks(cfg, experts):
 
 
 def finetune(model, train_ids, steps, lr, seed, batch=8, seq=256, warmup=10, experts=None,
-             weight_decay=0.1, aux_weight=0.01, log=None, threads=2):
+             weight_decay=0.1, aux_weight=0.01, log=None, threads=1):
     """Trains in place. experts (a list per layer of expert ids) restricts training to those
     experts' gate/up/down rows: every other weight is frozen (no gradient, no weight decay,
     so it keeps its exact value). Returns the log records."""
@@ -151,9 +162,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--eval-windows", type=int, default=32,
                     help="held-out windows for the PyTorch check before and after")
+    ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
 
+    torch.set_num_threads(args.threads)
     lib = mpk.Lib(args.lib)
     model, dtype, base_name = load_mpk(lib, args.base)
     dom = json.load(open(os.path.join(args.domain, "domain.json")))
@@ -165,10 +178,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "log.jsonl"), "w") as log:
         records = finetune(model, train_ids, args.steps, args.lr, args.seed, batch=args.batch,
-                           seq=seq, warmup=args.warmup, log=log)
+                           seq=seq, warmup=args.warmup, log=log, threads=args.threads)
     after, n = torch_ppl(model, held, seq, args.eval_windows)
     path = os.path.join(args.out, name + ".mpk")
     export(model, lib, path, dtype, name)
+    copy_tokenizer(args.base, path)
     info = {"name": name, "kind": "full fine-tune", "base": os.path.basename(args.base),
             "domain": dom["name"], "steps": args.steps, "lr": args.lr, "batch": args.batch,
             "seq": seq, "warmup": args.warmup, "seed": args.seed, "weight_decay": 0.1,
