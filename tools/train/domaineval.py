@@ -21,9 +21,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import load_fortunes  # noqa: E402
 from domains import DOMAINS, write_fortunes  # noqa: E402
+from esft import select  # noqa: E402
 
 ORDER = list(DOMAINS)
 SLICE_BYTES = 4096
@@ -77,7 +80,10 @@ def adapters(ev, args, fortunes):
         held = os.path.join(args.work, "corpus", d, "heldout.ids")
         o = other_domain(d)
         oheld = os.path.join(args.work, "corpus", o, "heldout.ids")
+        by_gate = select(np.array(meta["scores"]["gate"]), meta["p"])
         r = {"domain": d, "experts": meta["experts"], "experts_per_layer": meta["experts_per_layer"],
+             "experts_by_gate_score": by_gate,
+             "layers_same_by_gate_score": sum(a == b for a, b in zip(by_gate, meta["experts"])),
              "experts_total": meta["experts_total"], "p": meta["p"], "score": meta["score"],
              "steps": meta["steps"], "lr": meta["lr"],
              "train_tokens": meta["train_tokens"], "heldout_tokens": meta["heldout_tokens"],

@@ -45,14 +45,14 @@ if has esft; then
 		[ -e "$work/adapters/tiny-real-esft-$d.json" ] && continue
 		train $py "$here/esft.py" --base "$base" --domain "$work/corpus/$d" \
 			--out "$work/adapters" --lib "$lib" --score token --p 0.2 \
-			--steps 80 --lr 1.5e-3
+			--steps 40 --lr 2e-3 --score-windows 64 --eval-windows 16
 	done
 fi
 if has variants; then
 	for d in $variants; do
 		[ -e "$work/variants/tiny-real-$d.json" ] && continue
 		train $py "$here/finetune.py" --base "$base" --domain "$work/corpus/$d" \
-			--out "$work/variants" --lib "$lib" --steps 100 --lr 3e-4
+			--out "$work/variants" --lib "$lib" --steps 40 --lr 1.5e-4 --eval-windows 16
 	done
 fi
 if has eval; then
@@ -70,7 +70,7 @@ if has pack; then
 		for d in $domains; do
 			"$build/tools/moepager" adapter pack "$base" \
 				"$work/adapters/tiny-real-esft-$d.mpk" \
-				--out "$work/adapters/tiny-real-esft-$d.mpa"
+				--out "$work/adapters/$d.mpa"
 		done
 	else
 		echo "domains.sh: this moepager has no 'adapter pack': the .mpa files are not made" >&2
@@ -81,4 +81,9 @@ if has ci; then
 	$py "$here/domaineval.py" --work "$work" --base "$base" --moepager "$build/tools/moepager" \
 		--lib "$lib" --out "$here/results/domains-eval.json" --slices 2 \
 		--slice-dir "$root/tests/data/domains"
+	for d in $($py -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["slices"]))' \
+			"$root/tests/data/domains/slices.json"); do
+		xz -T1 -6 -c "$work/adapters/$d.mpa" > "$root/data/adapters/$d.mpa.xz"
+		cp "$work/adapters/tiny-real-esft-$d.json" "$root/data/adapters/$d.json"
+	done
 fi

@@ -3,7 +3,7 @@
 
   nice -n 10 /usr/bin/python3 tools/train/esft.py --base build/data/models/tiny-real.mpk \\
       --domain /work/data/domains/corpus/python --out /work/data/domains/adapters \\
-      [--score token|gate] [--p 0.2] [--steps 80] [--lr 1.5e-3]
+      [--score token|gate] [--p 0.2] [--steps 40] [--lr 2e-3]
 
 Expert-Specialized Fine-Tuning (Wang et al., 2024). The frozen base runs over
 --score-windows windows of the domain's training text; each layer's experts are
@@ -21,7 +21,9 @@ embeddings and every other expert stay frozen (bit for bit: checked before expor
 token is the default: it is the share of the domain's expert computations (and,
 when serving, of its expert reads) that the selected experts take, so p says
 directly how much of the domain's routed work the adapter covers. The two
-scores pick nearly the same experts here (both are printed).
+scores pick mostly the same experts (both are printed and recorded): over the ten
+domains at p = 0.2, the gate score picks 88 experts, the token ratio 94, 67 of
+them the same.
 
 Writes OUT/NAME.mpk (the merged model: the base with the selected experts
 replaced) and OUT/NAME.json (domain, experts per layer, p, score method, both
@@ -113,13 +115,13 @@ def main():
     ap.add_argument("--name", default=None, help="default: BASE's name + '-esft-' + the domain's")
     ap.add_argument("--score", default="token", choices=("token", "gate"))
     ap.add_argument("--p", type=float, default=0.2)
-    ap.add_argument("--score-windows", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--score-windows", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--eval-windows", type=int, default=32)
+    ap.add_argument("--eval-windows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     ap.add_argument("--score-only", action="store_true", help="print the scores and selections")
     ap.add_argument("--lib", default=None)

@@ -3,7 +3,7 @@
 
   nice -n 10 /usr/bin/python3 tools/train/finetune.py --base build/data/models/tiny-real.mpk \\
       --domain /work/data/domains/corpus/python --out /work/data/domains/variants/python \\
-      --steps 60 --lr 3e-4
+      --steps 40 --lr 1.5e-4
 
 Without --experts every weight is trained (a full fine-tune: Multi-MoE's variants);
 esft.py calls finetune() with the experts it selected and everything else frozen.
@@ -155,12 +155,12 @@ def main():
     ap.add_argument("--domain", required=True, help="a domain directory of domains.py")
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default=None, help="default: BASE's name + '-' + the domain's")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=1.5e-4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--eval-windows", type=int, default=32,
+    ap.add_argument("--eval-windows", type=int, default=16,
                     help="held-out windows for the PyTorch check before and after")
     ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     ap.add_argument("--lib", default=None)
