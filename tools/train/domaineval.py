@@ -24,8 +24,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import load_fortunes  # noqa: E402
-from domains import DOMAINS, write_fortunes  # noqa: E402
+from corpus import load_fortunes, write_fortunes  # noqa: E402
+from domains import DOMAINS  # noqa: E402
 from esft import select  # noqa: E402
 
 ORDER = list(DOMAINS)

@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpk  # noqa: E402
+from corpus import write_fortunes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PIECE_CHARS = 6000		# ~2,000 tokens: a piece is seen through 256-token windows anyway
@@ -172,14 +173,6 @@ DOMAINS = {
 def package_version(pkg):
     return subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg], check=True,
                           capture_output=True, text=True).stdout
-
-
-def write_fortunes(path, texts):
-    with open(path, "w", encoding="utf-8") as f:
-        for i, body in enumerate(texts):
-            if i:
-                f.write("%\n")
-            f.write(body + "\n")
 
 
 def build(name, spec, tok, tok_sha, out, seed):
