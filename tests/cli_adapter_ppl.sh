@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The committed ESFT adapters of tiny-real (data/adapters, tools/train/domains.sh) really
+# help: each one, merged into the base (`moepager adapter merge`), lowers the C runner's
+# perplexity on a held-out slice of its own domain (tests/data/domains), and gives the
+# perplexity the training side recorded for it (slices.json).
+set -u
+moepager=$1
+base=$2
+adapters=$3
+slices=$4
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail=0
+tok=${base%.mpk}.tok
+ppl() {
+	"$moepager" eval --model "$1" --text "$2" --tokenizer "$tok" --json |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["perplexity"])'
+}
+field() {
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["slices"][sys.argv[2]][sys.argv[3]])' \
+		"$slices/slices.json" "$1" "$2"
+}
+near() {	# $1 within 1 % of $2
+	python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a / b - 1) >= 0.01)' "$1" "$2"
+}
+domains=$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["slices"]))' \
+	"$slices/slices.json") || exit 1
+[[ -n $domains ]] || { echo "FAILED: slices.json names no domain"; exit 1; }
+for d in $domains; do
+	text=$slices/$(field "$d" file)
+	"$moepager" adapter info "$adapters/$d.mpa" --base "$base" --verify >/dev/null ||
+		{ echo "FAILED: $d.mpa is not a sound adapter of $base"; fail=1; continue; }
+	"$moepager" adapter merge "$base" "$adapters/$d.mpa" --out "$T/$d.mpk" >/dev/null ||
+		{ echo "FAILED: merging $d.mpa"; fail=1; continue; }
+	b=$(ppl "$base" "$text") && m=$(ppl "$T/$d.mpk" "$text") ||
+		{ echo "FAILED: moepager eval on $text"; fail=1; continue; }
+	echo "$d: base $b, with its adapter $m"
+	python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < 0.9 * float(sys.argv[2]))' "$m" "$b" ||
+		{ echo "FAILED: $d's adapter does not lower its perplexity by 10 %"; fail=1; }
+	near "$b" "$(field "$d" base_ppl)" && near "$m" "$(field "$d" merged_ppl)" ||
+		{ echo "FAILED: $d: not the recorded perplexities"; fail=1; }
+	rm -f "$T/$d.mpk"
+done
+exit $fail
