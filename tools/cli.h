@@ -89,6 +89,17 @@ static inline uint64_t cli_now_ns(void)
 double cli_quantile(const double *v, size_t n, double q);
 double cli_median(const double *v, size_t n);
 
+/* splitmix64: advances *state and returns a uniform double in (0, 1]. */
+double cli_rand_unit(uint64_t *state);
+
+/*
+ * Power-law shares over n choices (choice i gets a share proportional to
+ * (i + 1)^-alpha; alpha 0 is uniform), as a cumulative distribution in
+ * cdf[n], and the choice a uniform u in (0, 1] falls on.
+ */
+void cli_power_cdf(double *cdf, uint32_t n, double alpha);
+uint32_t cli_power_pick(const double *cdf, uint32_t n, double u);
+
 /*
  * Reads the whole file at path into a new NUL-terminated buffer (free() it).
  * Returns 0 or a negative errno, after printing what failed.
