@@ -56,6 +56,21 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 	return err;
 }
 
+int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+		fprintf(stderr, "moepager: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
+		return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
 int cli_parse_size(const char *opt, const char *s, uint64_t *out)
 {
 	char *end;

@@ -26,6 +26,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
+int cmd_adapterbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
 
@@ -38,6 +39,7 @@ void cli_install_log_handler(void);
  */
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
+int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 
 /*
  * Parses a size: "8G", "512M", "64K", "4096" (bytes, powers of 1024).
