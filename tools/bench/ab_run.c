@@ -99,23 +99,63 @@ static double tpot_ms(const struct out *o)
 	return o->tokens > 1 ? (double)(o->t_last - o->t_first) / 1e6 / (o->tokens - 1) : 0;
 }
 
-/* Phase 1: requests one at a time, each waited for: median TTFT and TPOT. */
-static int run_alone(struct ab_setup *s, struct out *outs, struct track *t, double *fig)
+/* Request i on setup s, waited for: its TTFT and TPOT. */
+static int run_one(struct ab_setup *s, uint32_t i, struct track *t, double *ttft, double *tpot)
 {
-	uint32_t n = s->b->o->alone < s->b->o->requests ? s->b->o->alone : s->b->o->requests;
-	double ttft[n], tpot[n];
-	int err = 0;
+	struct out o = { .t = t };
+	int err = submit(s, i, &o);
 
-	for (uint32_t i = 0; i < n && !err; i++) {
-		outs[i] = (struct out){ .t = t };
-		err = submit(s, i, &outs[i]);
-		wait_all(t);
-		err = err ? err : outs[i].failed ? -EIO : 0;
-		ttft[i] = ttft_ms(&outs[i]);
-		tpot[i] = tpot_ms(&outs[i]);
+	wait_all(t);
+	*ttft = ttft_ms(&o);
+	*tpot = tpot_ms(&o);
+	return err ? err : o.failed ? -EIO : 0;
+}
+
+/* The median over requests of setup k's figure over base's for the same request. */
+static double paired(const double *v, uint32_t n, uint32_t k, uint32_t base, uint32_t count)
+{
+	double r[count];
+
+	for (uint32_t i = 0; i < count; i++)
+		r[i] = v[(size_t)i * n + base] > 0 ? v[(size_t)i * n + k] / v[(size_t)i * n + base] : 0;
+	return cli_median(r, count);
+}
+
+int ab_run_alone(struct ab_setup **s, uint32_t n, int base, double (*fig)[F_COUNT])
+{
+	const struct ab_opts *o = s[0]->b->o;
+	const uint32_t count = o->alone < o->requests ? o->alone : o->requests;
+	struct track t = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	double *ttft = calloc((size_t)count * n, sizeof(*ttft));
+	double *tpot = calloc((size_t)count * n, sizeof(*tpot));
+	int err = ttft && tpot ? 0 : -ENOMEM;
+
+	/* Request i on every setup in turn, starting with a different one each time. */
+	for (uint32_t i = 0; i < count && !err; i++)
+		for (uint32_t j = 0; j < n && !err; j++) {
+			uint32_t k = (i + j) % n;
+
+			err = run_one(s[k], i, &t, &ttft[(size_t)i * n + k], &tpot[(size_t)i * n + k]);
+		}
+	for (uint32_t k = 0; k < n && !err; k++) {
+		double v[count];
+
+		for (uint32_t i = 0; i < count; i++)
+			v[i] = ttft[(size_t)i * n + k];
+		fig[k][F_ALONE_TTFT] = cli_median(v, count);
+		for (uint32_t i = 0; i < count; i++)
+			v[i] = tpot[(size_t)i * n + k];
+		fig[k][F_ALONE_TPOT] = cli_median(v, count);
+		if (base >= 0) {
+			fig[k][F_ALONE_TTFT_X] = paired(ttft, n, k, (uint32_t)base, count);
+			fig[k][F_ALONE_TPOT_X] = paired(tpot, n, k, (uint32_t)base, count);
+		}
 	}
-	fig[F_ALONE_TTFT] = cli_median(ttft, n);
-	fig[F_ALONE_TPOT] = cli_median(tpot, n);
+	if (err)
+		fprintf(stderr, "moepager bench-adapters: requests alone: %s\n",
+			err == -EIO ? "a request failed" : strerror(-err));
+	free(ttft);
+	free(tpot);
 	return err;
 }
 
@@ -180,70 +220,34 @@ static void mixed_figures(struct ab_setup *s, const struct out *outs, uint64_t t
 	fig[F_ERRORS] = failed;
 }
 
-/* Phase 2: every request at its arrival time, batched by the schedulers. */
-static int run_mixed(struct ab_setup *s, struct out *outs, struct track *t, double *fig)
+int ab_run_mixed(struct ab_setup *s, double *fig)
 {
 	const struct ab_bench *b = s->b;
+	struct track t = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct out *outs = calloc(b->o->requests, sizeof(*outs));
 	struct counters c0, c1;
 	double bw[2];
 	uint64_t t0;
-	int err;
+	int err = outs ? mp_membw_sample(b->membw, &bw[0]) : -ENOMEM;
 
-	err = mp_membw_sample(b->membw, &bw[0]);
 	count(s, &c0);
 	t0 = cli_now_ns();
 	for (uint32_t i = 0; i < b->o->requests && !err; i++) {
-		outs[i] = (struct out){ .t = t };
+		outs[i] = (struct out){ .t = &t };
 		sleep_until(t0 + (uint64_t)(b->reqs[i].t_arrive * 1e9));
 		err = submit(s, i, &outs[i]);
 	}
-	wait_all(t);
+	wait_all(&t);
 	count(s, &c1);
 	if (!err)
 		err = mp_membw_sample(b->membw, &bw[1]);
-	if (err)
-		return err;
-	fig[F_MEMBW] = (bw[0] + bw[1]) / 2;
-	mixed_figures(s, outs, t0, &c0, &c1, fig);
-	return 0;
-}
-
-static int scheds_open(struct ab_setup *s)
-{
-	int err = 0;
-
-	for (uint32_t i = 0; i < s->n_inst && !err; i++) {
-		struct mp_sched_config sc = { .runner = s->inst[i].runner,
-					      .max_batch = s->b->o->max_batch,
-					      .max_queue = s->b->o->requests + 1 };
-
-		err = mp_sched_open(&sc, &s->inst[i].sched);
+	if (!err) {
+		fig[F_MEMBW] = (bw[0] + bw[1]) / 2;
+		mixed_figures(s, outs, t0, &c0, &c1, fig);
+	} else {
+		fprintf(stderr, "moepager bench-adapters: %s setup, mixed load: %s\n",
+			ab_kind_names[s->kind], strerror(-err));
 	}
-	return err;
-}
-
-static void scheds_close(struct ab_setup *s)
-{
-	for (uint32_t i = 0; i < s->n_inst; i++) {
-		mp_sched_close(s->inst[i].sched);
-		s->inst[i].sched = NULL;
-	}
-}
-
-int ab_run_serving(struct ab_setup *s, double *fig)
-{
-	struct track t = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
-	struct out *outs = calloc(s->b->o->requests, sizeof(*outs));
-	int err = outs ? scheds_open(s) : -ENOMEM;
-
-	if (!err)
-		err = run_alone(s, outs, &t, fig);
-	if (!err)
-		err = run_mixed(s, outs, &t, fig);
-	if (err)
-		fprintf(stderr, "moepager bench-adapters: %s setup: %s\n", ab_kind_names[s->kind],
-			err == -EIO ? "a request failed" : strerror(-err));
-	scheds_close(s);
 	free(outs);
 	return err;
 }

@@ -174,6 +174,7 @@ void ab_bench_close(struct ab_bench *b)
 		rmdir(b->tmpdir);
 	free(b->files);
 	free(b->adapters);
+	mp_resident_close(b->resident);
 	mp_membw_close(b->membw);
 	mp_engine_close(b->engine);
 	mp_store_close(b->base);
@@ -204,12 +205,20 @@ static int check_memory(enum ab_kind kind, uint64_t need)
 	return -ENOMEM;
 }
 
-/* The instance's experts: resident, or paged under budget bytes (from the file, O_DIRECT). */
-static int inst_source(struct ab_inst *in, uint64_t budget)
+/*
+ * The instance's experts: resident (the base's shared by the setups over
+ * it), or paged under budget bytes (from the file, O_DIRECT).
+ */
+static int inst_source(struct ab_bench *b, struct ab_inst *in, uint64_t budget)
 {
-	int err;
+	int err = 0;
 
-	if (!budget) {
+	if (!budget && in->store == b->base) {
+		if (!b->resident)
+			err = mp_resident_open(b->base, NULL, NULL, &b->resident);
+		in->source = mp_resident_source_ops();
+		in->source_ctx = b->resident;
+	} else if (!budget) {
 		err = mp_resident_open(in->store, NULL, NULL, &in->resident);
 		in->source = mp_resident_source_ops();
 		in->source_ctx = in->resident;
@@ -282,13 +291,13 @@ static int open_weave(struct ab_setup *s)
 	uint64_t base_bytes = mp_store_total_expert_bytes(b->base);
 	struct mp_adapters_config ac = { .base = b->base, .slots = b->n_adapters,
 					 .e_max = b->e_max, .padded = s->kind == AB_PADDED };
-	int err = check_memory(s->kind, b->budget ? b->budget :
-						    base_bytes + adapters_need(b, ac.padded));
+	int err = check_memory(s->kind, b->budget ? b->budget : adapters_need(b, ac.padded) +
+					(b->resident ? 0 : base_bytes));
 
 	if (!err)
 		err = one_inst(s);
 	if (!err)
-		err = inst_source(s->inst, b->budget);
+		err = inst_source(b, s->inst, b->budget);
 	if (err)
 		return err;
 	ac.source = s->inst->source;
@@ -319,11 +328,11 @@ static int open_base(struct ab_setup *s)
 	int err;
 
 	s->memory = b->budget ? b->budget : mp_store_total_expert_bytes(b->base);
-	err = check_memory(s->kind, s->memory);
+	err = check_memory(s->kind, b->resident ? 0 : s->memory);
 	if (!err)
 		err = one_inst(s);
 	if (!err)
-		err = inst_source(s->inst, b->budget);
+		err = inst_source(b, s->inst, b->budget);
 	return err ? err : inst_runner(b, s->inst, 0);
 }
 
@@ -400,7 +409,7 @@ static int open_merged(struct ab_setup *s)
 			err = mp_engine_open(b->o->eng.engine ? b->o->eng.engine : "ref", &ec,
 					     &in->engine);
 		if (!err)
-			err = inst_source(in, share);
+			err = inst_source(b, in, share);
 		if (!err)
 			err = inst_runner(b, in, 0);
 	}
@@ -422,6 +431,13 @@ int ab_setup_open(struct ab_bench *b, enum ab_kind kind, struct ab_setup *s)
 		err = open_base(s);
 	else
 		err = open_weave(s);
+	for (uint32_t i = 0; i < s->n_inst && !err; i++) {
+		struct mp_sched_config sc = { .runner = s->inst[i].runner,
+					      .max_batch = b->o->max_batch,
+					      .max_queue = b->o->requests + 1 };
+
+		err = mp_sched_open(&sc, &s->inst[i].sched);
+	}
 	if (err)
 		fprintf(stderr, "moepager bench-adapters: %s setup: %s\n", ab_kind_names[kind],
 			strerror(-err));

@@ -63,6 +63,8 @@ struct ab_bench {
 	struct mp_store *base;
 	struct mp_engine *engine;	/* the membw probe's, and the one-instance setups' */
 	struct mp_membw *membw;
+	/* The base's experts in memory, shared by base, weave and padded when resident. */
+	struct mp_resident *resident;
 	uint64_t budget;		/* expert bytes every setup lives in; 0: resident */
 	uint32_t e_max;
 	struct ab_file *files;
@@ -81,10 +83,10 @@ void ab_bench_close(struct ab_bench *b);
 struct ab_inst {
 	struct mp_store *store;		/* a merged model (owned), or the bench's base */
 	struct mp_engine *engine;	/* owned by merged instances but the first */
-	struct mp_resident *resident;
+	struct mp_resident *resident;	/* a merged model's */
 	struct mp_pager *pager;
 	struct mp_runner *runner;
-	struct mp_sched *sched;		/* open during a run of the phases */
+	struct mp_sched *sched;
 	const struct mp_expert_source_ops *source;	/* what the runner reads through */
 	void *source_ctx;
 };
@@ -101,24 +103,38 @@ struct ab_setup {
 	struct mp_adapters_stats stats;
 };
 
-/* Deploys a setup: 0 or -errno (message printed). Close it whatever happened. */
+/*
+ * Deploys a setup, its schedulers started: 0 or -errno (message printed).
+ * Close it whatever happened. Setups may be open together: their steps
+ * never overlap (the phases run one setup at a time).
+ */
 int ab_setup_open(struct ab_bench *b, enum ab_kind kind, struct ab_setup *s);
 void ab_setup_close(struct ab_setup *s);
 /* The instance that serves adapter a's requests, and its maps (NULL: the base's experts). */
 struct ab_inst *ab_setup_inst(struct ab_setup *s, uint32_t a);
 const uint32_t *const *ab_setup_map(const struct ab_setup *s, uint32_t a);
 
-/* What one repeat of a setup measured; times in ms, rates per second. */
+/*
+ * What one round of a setup measured; times in ms, rates per second. The
+ * _X figures are the median over the alone requests of the ratio to the
+ * same request's on base, served just before or after it.
+ */
 enum ab_fig {
-	F_ALONE_TTFT, F_ALONE_TPOT,
+	F_ALONE_TTFT, F_ALONE_TPOT, F_ALONE_TTFT_X, F_ALONE_TPOT_X,
 	F_TTFT50, F_TTFT90, F_TPOT50, F_TPOT90,
 	F_TOK_S, F_MEAN_BATCH, F_STEP_MS, F_BYTES_STEP, F_MEMBW, F_BOUND_MS,
 	F_PROBE_STEP_MS, F_PROBE_BYTES, F_REROUTE_NS, F_LOOKUP_NS, F_ERRORS,
 	F_COUNT
 };
 
-/* Phase 1 and 2: the schedulers opened, requests alone, then the open-loop mix. */
-int ab_run_serving(struct ab_setup *s, double *fig);
+/*
+ * Phase 1 over n open setups: each of the stream's first --alone requests
+ * on every setup in turn, each waited for. fig[i] is setup i's; base is the
+ * index of the base setup, or -1.
+ */
+int ab_run_alone(struct ab_setup **s, uint32_t n, int base, double (*fig)[F_COUNT]);
+/* Phase 2: the whole stream at its arrival times, batched by the setup's schedulers. */
+int ab_run_mixed(struct ab_setup *s, double *fig);
 /* Phase 3: rerouting and slot lookups against a step (one-instance setups). */
 int ab_run_probe(struct ab_setup *s, double *fig);
 

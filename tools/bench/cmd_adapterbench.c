@@ -159,55 +159,88 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 
-/* A setup's figures: medians over the repeats, and what it holds. */
+/* A setup's figures: each round's, their medians and paired ratios, what it holds. */
 struct ab_row {
-	bool ran;
+	bool ran, probed, has_stats;
 	double runs[AB_MAX_REPEAT][F_COUNT];
 	double fig[F_COUNT];
+	double vs[F_COUNT];		/* median over rounds of the round's ratio to base */
 	uint64_t memory;
 	struct mp_adapters_stats stats;
-	bool has_stats, probed;
 };
 
-/* One run of a setup: deployed, the phases, taken down. */
-static int run_setup(struct ab_bench *b, enum ab_kind kind, uint32_t r, struct ab_row *row)
-{
-	struct ab_setup s;
-	int err = ab_setup_open(b, kind, &s);
+/* Base first: the others are compared with it. */
+static const enum ab_kind order[AB_KINDS] = { AB_BASE, AB_WEAVE, AB_PADDED, AB_MERGED };
 
-	row->probed = s.n_inst == 1;
-	if (!err)
-		err = ab_run_serving(&s, row->runs[r]);
-	if (!err && row->probed)
-		err = ab_run_probe(&s, row->runs[r]);
-	row->ran = !err;
-	row->memory = s.memory;
-	row->stats = s.stats;
-	row->has_stats = s.set != NULL;
-	ab_setup_close(&s);
+/* One round: the alone requests over every setup in turn, then each setup's mix and probe. */
+static int run_round(struct ab_setup **open, uint32_t n, struct ab_row *rows, uint32_t r)
+{
+	double figs[AB_KINDS][F_COUNT] = { { 0 } };
+	int base = -1, err;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (open[i]->kind == AB_BASE)
+			base = (int)i;
+	err = ab_run_alone(open, n, base, figs);
+	for (uint32_t i = 0; i < n && !err; i++) {
+		struct ab_row *row = &rows[open[i]->kind];
+
+		err = ab_run_mixed(open[i], figs[i]);
+		if (!err && row->probed)
+			err = ab_run_probe(open[i], figs[i]);
+		memcpy(row->runs[r], figs[i], sizeof(figs[i]));
+	}
 	return err;
 }
 
-/*
- * Every setup in turn, --repeat times (a drifting machine then drifts over
- * all of them alike), base first: the others are compared with it.
- */
-static int run_all(struct ab_bench *b, struct ab_row *rows)
+static void medians(struct ab_row *rows)
 {
-	static const enum ab_kind order[AB_KINDS] = { AB_BASE, AB_WEAVE, AB_PADDED, AB_MERGED };
+	const struct ab_row *base = &rows[AB_BASE];
 	double col[AB_MAX_REPEAT];
-	int err = 0;
 
-	for (uint32_t r = 0; r < env.repeat && !err; r++)
-		for (int i = 0; i < AB_KINDS && !err; i++)
-			if (env.setups & (1u << order[i]))
-				err = run_setup(b, order[i], r, &rows[order[i]]);
-	for (int k = 0; k < AB_KINDS && !err; k++)
-		for (int f = 0; f < F_COUNT; f++) {
+	for (int k = 0; k < AB_KINDS; k++)
+		for (int f = 0; rows[k].ran && f < F_COUNT; f++) {
 			for (uint32_t r = 0; r < env.repeat; r++)
 				col[r] = rows[k].runs[r][f];
 			rows[k].fig[f] = cli_median(col, env.repeat);
+			for (uint32_t r = 0; base->ran && r < env.repeat; r++)
+				col[r] = base->runs[r][f] > 0 ? rows[k].runs[r][f] / base->runs[r][f] : 0;
+			rows[k].vs[f] = base->ran ? cli_median(col, env.repeat) : 0;
 		}
+}
+
+/*
+ * Deploys every setup at once (base, weave and padded share the resident
+ * base), runs --repeat rounds, and takes them down: each round compares the
+ * setups close together in time, so a machine whose load drifts drifts over
+ * all of them alike.
+ */
+static int run_all(struct ab_bench *b, struct ab_row *rows)
+{
+	struct ab_setup setups[AB_KINDS], *open[AB_KINDS];
+	uint32_t n = 0;
+	int err = 0;
+
+	for (int i = 0; i < AB_KINDS && !err; i++) {
+		enum ab_kind k = order[i];
+
+		if (!(env.setups & (1u << k)))
+			continue;
+		open[n] = &setups[n];
+		err = ab_setup_open(b, k, open[n++]);
+		rows[k].probed = open[n - 1]->n_inst == 1;
+		rows[k].has_stats = open[n - 1]->set != NULL;
+		rows[k].memory = open[n - 1]->memory;
+		rows[k].stats = open[n - 1]->stats;
+	}
+	for (uint32_t r = 0; r < env.repeat && !err; r++)
+		err = run_round(open, n, rows, r);
+	for (uint32_t i = 0; i < n; i++) {
+		rows[open[i]->kind].ran = !err;
+		ab_setup_close(open[i]);
+	}
+	if (!err)
+		medians(rows);
 	return err;
 }
 
@@ -234,7 +267,7 @@ static json_t *p50_p90(double p50, double p90)
 
 static json_t *row_json(const struct ab_row *row, const struct ab_row *base)
 {
-	const double *f = row->fig, *g = base->ran ? base->fig : NULL;
+	const double *f = row->fig, *v = row->vs;
 	json_t *o = json_pack(
 		"{s:{s:f, s:f}, s:o, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:i}",
 		"alone", "ttft_ms", f[F_ALONE_TTFT], "tpot_ms", f[F_ALONE_TPOT],
@@ -258,15 +291,16 @@ static json_t *row_json(const struct ab_row *row, const struct ab_row *base)
 			"step_bound_ratio", ratio(f[F_PROBE_STEP_MS], probe_bound_ms(f)),
 			"reroute_ns_per_step", f[F_REROUTE_NS], "lookup_ns_per_step", f[F_LOOKUP_NS],
 			"reroute_share", reroute_share(f)));
-	if (g)
-		json_object_set_new(o, "vs_base", json_pack(
-			"{s:f, s:f, s:f, s:f, s:f, s:f}",
-			"alone_ttft", ratio(f[F_ALONE_TTFT], g[F_ALONE_TTFT]),
-			"alone_tpot", ratio(f[F_ALONE_TPOT], g[F_ALONE_TPOT]),
-			"ttft_p50", ratio(f[F_TTFT50], g[F_TTFT50]),
-			"tpot_p50", ratio(f[F_TPOT50], g[F_TPOT50]),
-			"throughput", ratio(f[F_TOK_S], g[F_TOK_S]),
-			"bytes_per_step", ratio(f[F_BYTES_STEP], g[F_BYTES_STEP])));
+	if (base->ran) {
+		json_t *vs = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}",
+			"alone_ttft", f[F_ALONE_TTFT_X], "alone_tpot", f[F_ALONE_TPOT_X],
+			"ttft_p50", v[F_TTFT50], "tpot_p50", v[F_TPOT50], "throughput", v[F_TOK_S],
+			"bytes_per_step", v[F_BYTES_STEP]);
+
+		if (row->probed)
+			json_object_set_new(vs, "probe_step", json_real(v[F_PROBE_STEP_MS]));
+		json_object_set_new(o, "vs_base", vs);
+	}
 	return o;
 }
 
@@ -313,24 +347,31 @@ static void print_json(const struct ab_bench *b, const struct ab_row *rows, cons
 
 static void print_text(const struct ab_bench *b, const struct ab_row *rows)
 {
-	printf("%u adapters from %u file(s)%s, %u requests at %g/s, %s\n", b->n_adapters,
-	       b->n_files, b->n_adapters > b->n_files ? " (replicas are copies)" : "",
-	       env.requests, env.rate, b->budget ? "paged" : "resident");
-	printf("setup   alone ttft/tpot ms  ttft p50/p90 ms   tpot p50/p90 ms   tok/s  batch  "
-	       "MB/step /bound | full batch: ms /bound reroute | memory MB f_mem\n");
+	printf("%u adapters from %u file(s)%s, %u requests at %g/s, %s; x: against base\n",
+	       b->n_adapters, b->n_files, b->n_adapters > b->n_files ? " (replicas are copies)" :
+	       "", env.requests, env.rate, b->budget ? "paged" : "resident");
 	for (int k = 0; k < AB_KINDS; k++) {
 		const struct ab_row *r = &rows[k];
-		const double *f = r->fig;
+		const double *f = r->fig, *v = r->vs;
 
 		if (!r->ran)
 			continue;
-		printf("%-7s %7.2f %7.2f  %7.1f %8.1f  %7.2f %8.2f %7.1f %6.2f %8.1f %6.2f | "
-		       "%12.2f %6.2f %6.3f%% | %9.1f %5.2f\n", ab_kind_names[k], f[F_ALONE_TTFT],
-		       f[F_ALONE_TPOT], f[F_TTFT50], f[F_TTFT90], f[F_TPOT50], f[F_TPOT90],
-		       f[F_TOK_S], f[F_MEAN_BATCH], f[F_BYTES_STEP] / 1e6,
-		       ratio(f[F_TPOT50], f[F_BOUND_MS]), f[F_PROBE_STEP_MS],
-		       ratio(f[F_PROBE_STEP_MS], probe_bound_ms(f)), 100 * reroute_share(f),
-		       r->memory / 1e6, r->has_stats ? r->stats.f_mem : 0);
+		printf("%-7s alone: ttft %.2f ms (x%.3f), tpot %.2f ms (x%.3f) | mixed: ttft "
+		       "%.1f/%.1f ms, tpot %.2f/%.2f ms (x%.3f), %.1f tok/s (x%.3f), batch %.1f, "
+		       "%.1f MB/step (x%.3f), tpot/bound %.2f\n", ab_kind_names[k],
+		       f[F_ALONE_TTFT], f[F_ALONE_TTFT_X], f[F_ALONE_TPOT], f[F_ALONE_TPOT_X],
+		       f[F_TTFT50], f[F_TTFT90], f[F_TPOT50], f[F_TPOT90], v[F_TPOT50], f[F_TOK_S],
+		       v[F_TOK_S], f[F_MEAN_BATCH], f[F_BYTES_STEP] / 1e6, v[F_BYTES_STEP],
+		       ratio(f[F_TPOT50], f[F_BOUND_MS]));
+		printf("        memory %.1f MB", r->memory / 1e6);
+		if (r->has_stats)
+			printf(", adapters %.1f MB held of %.1f padded, F_mem %.2f",
+			       r->stats.held_bytes / 1e6, r->stats.padded_bytes / 1e6, r->stats.f_mem);
+		if (r->probed)
+			printf(" | full batch: step %.2f ms (x%.3f), %.2f x its bound, rerouting and "
+			       "lookups %.4f%% of it", f[F_PROBE_STEP_MS], v[F_PROBE_STEP_MS],
+			       ratio(f[F_PROBE_STEP_MS], probe_bound_ms(f)), 100 * reroute_share(f));
+		putchar('\n');
 	}
 }
 
