@@ -57,6 +57,21 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 	return err;
 }
 
+int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+		fprintf(stderr, "moepager: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
+		return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
 int cli_parse_size(const char *opt, const char *s, uint64_t *out)
 {
 	char *end;
@@ -196,6 +211,39 @@ double cli_quantile(const double *v, size_t n, double q)
 double cli_median(const double *v, size_t n)
 {
 	return cli_quantile(v, n, 0.5);
+}
+
+double cli_rand_unit(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return ((double)(z >> 11) + 1.0) * 0x1.0p-53;
+}
+
+void cli_power_cdf(double *cdf, uint32_t n, double alpha)
+{
+	double sum = 0, acc = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		sum += pow(i + 1.0, -alpha);
+	for (uint32_t i = 0; i < n; i++) {
+		acc += pow(i + 1.0, -alpha) / sum;
+		cdf[i] = acc;
+	}
+	if (n)
+		cdf[n - 1] = 1.0;
+}
+
+uint32_t cli_power_pick(const double *cdf, uint32_t n, double u)
+{
+	uint32_t i = 0;
+
+	while (i + 1 < n && u > cdf[i])
+		i++;
+	return i;
 }
 
 int cli_read_file(const char *path, char **buf, size_t *len)

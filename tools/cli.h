@@ -27,6 +27,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
+int cmd_adapterbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
 int cmd_coe_gen(int argc, char **argv);
@@ -45,6 +46,7 @@ void cli_install_log_handler(void);
  */
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
+int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 
 /* Parses a finite number (strtod+errno, the whole string). Returns 0 or -EINVAL (printed). */
 int cli_parse_double(const char *opt, const char *s, double *out);
@@ -98,6 +100,17 @@ static inline uint64_t cli_now_ns(void)
  */
 double cli_quantile(const double *v, size_t n, double q);
 double cli_median(const double *v, size_t n);
+
+/* splitmix64: advances *state and returns a uniform double in (0, 1]. */
+double cli_rand_unit(uint64_t *state);
+
+/*
+ * Power-law shares over n choices (choice i gets a share proportional to
+ * (i + 1)^-alpha; alpha 0 is uniform), as a cumulative distribution in
+ * cdf[n], and the choice a uniform u in (0, 1] falls on.
+ */
+void cli_power_cdf(double *cdf, uint32_t n, double alpha);
+uint32_t cli_power_pick(const double *cdf, uint32_t n, double u);
 
 /*
  * Reads the whole file at path into a new NUL-terminated buffer (free() it).

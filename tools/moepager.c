@@ -24,6 +24,8 @@ static const struct cli_command commands[] = {
 	{ "bench", "compare prefetch/eviction policies and baselines on traces at budgets", cmd_bench },
 	{ "faultbench", "expert fault service vs raw io_uring and mmap, as JSON", cmd_faultbench },
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
+	{ "bench-adapters", "many expert adapters over one base vs base, padded and merged",
+	  cmd_adapterbench },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },
 	{ "loadgen", "open-loop Poisson load on a completions server; latency as JSON", cmd_loadgen },
 	{ "coe-gen", "write a Collaboration-of-Experts model: many whole models, one container",
@@ -41,7 +43,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moepager COMMAND [ARGS...]   (moepager COMMAND --help for details)\n\n"
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+		fprintf(f, "  %-15s %s\n", commands[i].name, commands[i].summary);
 }
 
 int main(int argc, char **argv)

@@ -3,7 +3,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,7 +153,6 @@ static int server_models(const char *url, struct lg_models *out)
 
 int lg_models(const char *url, const char *mix, double alpha, struct lg_models *out)
 {
-	double sum = 0, acc = 0;
 	int err = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -172,13 +170,7 @@ int lg_models(const char *url, const char *mix, double alpha, struct lg_models *
 	}
 	if (err)
 		return err;
-	for (uint32_t i = 0; i < out->n; i++)
-		sum += pow(i + 1.0, -alpha);
-	for (uint32_t i = 0; i < out->n; i++) {
-		acc += pow(i + 1.0, -alpha) / sum;
-		out->cdf[i] = acc;
-	}
-	out->cdf[out->n - 1] = 1.0;
+	cli_power_cdf(out->cdf, out->n, alpha);
 	return 0;
 }
 

@@ -86,14 +86,8 @@ static const struct argp_option opts[] = {
 static int parse_double(struct argp_state *state, const char *opt, const char *arg, double lo,
 			double hi, double *out)
 {
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(arg, &end);
-	if (errno || end == arg || *end || !(v >= lo && v <= hi))
-		argp_error(state, "%s: '%s' is not a number in [%g, %g]", opt, arg, lo, hi);
-	*out = v;
+	if (cli_parse_double(opt, arg, lo, hi, out))
+		argp_usage(state);
 	return 0;
 }
 

@@ -33,17 +33,6 @@ static double now_s(void)
 	return (double)cli_now_ns() / 1e9;
 }
 
-/* splitmix64 and a uniform in (0, 1]. */
-static double unit(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return ((double)(z >> 11) + 1.0) * 0x1.0p-53;
-}
-
 /* One event's JSON: its first token time, and the usage of the last chunk. */
 static void on_event(struct flight *f, const char *data, size_t len)
 {
@@ -111,18 +100,17 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
 static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint64_t *rng,
 			    double t0)
 {
-	const char *prompt = run->prompts->text[(uint32_t)(unit(rng) * run->prompts->n) %
+	const char *prompt = run->prompts->text[(uint32_t)(cli_rand_unit(rng) * run->prompts->n) %
 						 run->prompts->n];
 	struct flight *f = calloc(1, sizeof(*f));
-	double u = unit(rng);
+	double u = cli_rand_unit(rng);
 	char url[2048];
 	json_t *j;
 
 	if (!f)
 		return NULL;
 	r->flight = f;
-	while (r->model + 1 < run->models->n && u > run->models->cdf[r->model])
-		r->model++;
+	r->model = cli_power_pick(run->models->cdf, run->models->n, u);
 	j = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", run->models->name[r->model],
 		      "prompt", prompt, "max_tokens", (int)run->max_tokens, "temperature",
 		      run->temperature, "stream", 1);
@@ -197,7 +185,7 @@ static int plan(struct lg_run *r, uint64_t *rng)
 	if (!r->reqs)
 		return -ENOMEM;
 	for (;;) {
-		t += -log(unit(rng)) / r->rate;
+		t += -log(cli_rand_unit(rng)) / r->rate;
 		if (t >= r->duration)
 			break;
 		if (r->n == cap) {
