@@ -125,6 +125,8 @@ void t_write_at(const char *path, const void *buf, size_t len, uint64_t off)
 	assert_true(fd >= 0);
 	assert_int_equal(pwrite(fd, buf, len, (off_t)off), (ssize_t)len);
 	close(fd);
+}
+
 int t_gen_small(const char *path, enum mp_dtype dtype, uint64_t seed)
 {
 	struct mp_geometry g = {

@@ -304,16 +304,3 @@ const char *cli_drop_caches(int fd)
 	}
 	return "fadvise";
 }
-
-int cli_parse_double(const char *opt, const char *s, double *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(*out)) {
-		fprintf(stderr, "moepager: %s: '%s' is not a number\n", opt, s);
-		return -EINVAL;
-	}
-	return 0;
-}

@@ -48,9 +48,6 @@ int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 
-/* Parses a finite number (strtod+errno, the whole string). Returns 0 or -EINVAL (printed). */
-int cli_parse_double(const char *opt, const char *s, double *out);
-
 /*
  * Parses a size: "8G", "512M", "64K", "4096" (bytes, powers of 1024).
  * Returns 0 or -EINVAL.

@@ -38,7 +38,7 @@ static const char doc[] =
 	"  moepager gen --preset tiny --out /tmp/tiny.mpk\n"
 	"  moepager gen --preset mixtral-mini --out mixtral-mini.mpk --seed 7\n"
 	"  moepager gen --preset tiny --dtype bf16 --layers 2 --out /tmp/t2.mpk\n"
-	"  moepager gen --preset qwen3-moe-mini --out qwen3-moe-mini.mpk\n";
+	"  moepager gen --preset qwen3-moe-mini --out qwen3-moe-mini.mpk\n"
 	"  moepager gen --preset mixtral-mini --dtype q8_0 --out mixtral-q8.mpk\n";
 
 static const struct argp_option opts[] = {

@@ -66,15 +66,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_ZIPF:
-		if (cli_parse_double("--zipf", arg, &env.zipf))
+		if (cli_parse_double("--zipf", arg, 0, 100, &env.zipf))
 			argp_usage(state);
 		break;
 	case OPT_DET:
-		if (cli_parse_double("--detector-share", arg, &env.detector_share))
+		if (cli_parse_double("--detector-share", arg, 0, 1, &env.detector_share))
 			argp_usage(state);
 		break;
 	case OPT_CLEAN:
-		if (cli_parse_double("--clean", arg, &env.clean))
+		if (cli_parse_double("--clean", arg, 0, 1, &env.clean))
 			argp_usage(state);
 		break;
 	case ARGP_KEY_ARG:

@@ -63,8 +63,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case 'j': env.json = true; break;
 	case OPT_PROFILE: env.profile = arg; break;
 	case OPT_MEMORY: err = cli_parse_size("--memory", arg, &env.memory); break;
-	case OPT_W0: err = cli_parse_double("--w0", arg, &env.w0); break;
-	case OPT_MARGIN: err = cli_parse_double("--margin", arg, &env.margin); break;
+	case OPT_W0: err = cli_parse_double("--w0", arg, 0, 1e9, &env.w0); break;
+	case OPT_MARGIN: err = cli_parse_double("--margin", arg, 0, 1, &env.margin); break;
 	case OPT_REQUESTS: err = cli_parse_u32("--requests", arg, 1, 1u << 24, &env.requests); break;
 	case OPT_INTERVAL: err = cli_parse_u64("--interval-us", arg, 0, 10000000, &env.interval_us);
 		break;
