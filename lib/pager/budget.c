@@ -240,7 +240,8 @@ int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
 		return plog_err(p, -EINVAL, "budget %llu bytes is below one expert (%llu bytes)",
 				(unsigned long long)bytes, (unsigned long long)p->expert_bytes);
 	pthread_mutex_lock(&p->lock);
-	p->mem.budget = bytes;
+	/* Stored atomically: a fill reads it unlocked (fill.c: slack_for_one). */
+	__atomic_store_n(&p->mem.budget, bytes, __ATOMIC_RELAXED);
 	mp_pager_enforce_budget(p);
 	pthread_cond_broadcast(&p->state_cv);
 	pthread_mutex_unlock(&p->lock);
@@ -249,5 +250,5 @@ int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
 
 uint64_t mp_pager_budget(const struct mp_pager *p)
 {
-	return p->mem.budget;
+	return __atomic_load_n(&p->mem.budget, __ATOMIC_RELAXED);
 }

@@ -77,8 +77,10 @@ static bool slack_for_one(struct mp_pager *p)
 {
 	struct mp_region_mem m;
 
+	/* Unlocked: a budget changing meanwhile only moves when the eviction happens. */
 	mp_region_mem(p->region, &m);
-	return m.populated_bytes + p->data_bytes <= p->mem.budget + p->mem.spare_bytes;
+	return m.populated_bytes + p->data_bytes <=
+	       __atomic_load_n(&p->mem.budget, __ATOMIC_RELAXED) + p->mem.spare_bytes;
 }
 
 /*
