@@ -527,7 +527,10 @@ static void serve_fault(struct mp_image *img, uint64_t addr)
 
 		if (img->pol.ops->on_fault)
 			img->pol.ops->on_fault(&img->pol, key);
-		err = make_resident(img, key, false);
+		if (img->resident[key])		/* the page was zapped behind our back */
+			err = fill_pages(img, page, 1);
+		else
+			err = make_resident(img, key, false);
 		if (!err && img->prefetch)
 			learn_and_predict(img, key);
 	}
@@ -821,13 +824,37 @@ static void stop_threads(struct mp_image *img)
 	}
 }
 
+/* Unmaps the range but what the application unmapped (something else may live there now). */
+static void unmap_range(struct mp_image *img)
+{
+	uint64_t p = 0;
+
+	if (!img->base)
+		return;
+	if (!img->pages) {
+		munmap(img->base, img->npages * PG);
+		return;
+	}
+	while (p < img->npages) {
+		uint64_t q = p;
+
+		if (img->pages[p] == PAGE_GONE) {
+			p++;
+			continue;
+		}
+		while (q < img->npages && img->pages[q] != PAGE_GONE)
+			q++;
+		munmap(img->base + p * PG, (q - p) * PG);
+		p = q;
+	}
+}
+
 void mp_image_close(struct mp_image *img)
 {
 	if (!img)
 		return;
 	stop_threads(img);
-	if (img->base)
-		munmap(img->base, img->npages * PG);
+	unmap_range(img);
 	if (img->uffd >= 0)
 		close(img->uffd);
 	if (img->stop_fd >= 0)

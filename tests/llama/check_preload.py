@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: MIT
+"""Description: llama.cpp under libmoepager-preload.so decodes as it does on its own mmap.
+
+    check_preload.py MOEPAGER LLAMA_RUN BACKEND_DIR MODEL.mpk PRELOAD.so WORKDIR
+    check_preload.py --missing WHY
+
+The trained model is exported to GGUF (f32 and q8_0 experts, tensors aligned to
+32 bytes as llama.cpp's own files are, so expert slices share boundary pages);
+llama.cpp (tests/llama/llama_run.c) decodes each prompt greedily on its plain
+mmap of the file, then with LD_PRELOAD=PRELOAD.so at budgets of one expert, 50 %
+and 100 % of the expert pages. Tokens and every step's logits must be identical,
+the preload's statistics line must show the image was used, its resident peak
+within the budget, and experts evicted below 100 %.
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_llama import PROMPTS, THREADS, TOKENS, required, run, runner  # noqa: E402
+
+TYPES = ["f32", "q8_0"]
+
+
+def llama(llama_run, bins, gguf, ids, dump, env=None):
+    out = subprocess.run([llama_run, "-m", gguf, "-B", bins, "-p", ",".join(map(str, ids)),
+                          "-n", str(TOKENS), "-l", dump, "-t", THREADS], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    line = [l for l in out.splitlines() if l.startswith("tokens:")][0]
+    with open(dump, "rb") as f:
+        return line, f.read()
+
+
+def preloaded(preload, budget, stats):
+    env = dict(os.environ, LD_PRELOAD=preload, MOEPAGER_BUDGET=budget,
+               MOEPAGER_PRELOAD_STATS=stats)
+    if os.path.exists(stats):
+        os.unlink(stats)
+    return env
+
+
+def read_stats(stats):
+    with open(stats) as f:
+        lines = [json.loads(l) for l in f if l.strip()]
+    if len(lines) != 1:
+        raise SystemExit(f"FAIL: {len(lines)} image statistics lines in {stats}, want 1")
+    return lines[0]
+
+
+def check_type(moepager, llama_run, bins, model, preload, work, dtype):
+    tok = model[:-4] + ".tok"
+    gguf = os.path.join(work, f"tiny-real-{dtype}.gguf")
+    stats = os.path.join(work, "stats.json")
+    dump = os.path.join(work, "logits.bin")
+    run(moepager, "export", model, "--gguf", gguf, "--dtype", dtype, "--alignment", "32",
+        "--quiet")
+    failed = 0
+    one = None
+    for i, prompt in enumerate(PROMPTS):
+        ids, _ = runner(moepager, model, tok, prompt, dump)
+        plain = llama(llama_run, bins, gguf, ids, dump)
+        for name in ["100%", "1 expert", "50%"]:
+            budget = str(one) if name == "1 expert" else name
+            got = llama(llama_run, bins, gguf, ids, dump, preloaded(preload, budget, stats))
+            s = read_stats(stats)
+            one = s["expert_max_bytes"]
+            ok = (got == plain and s["resident_peak"] <= s["budget_bytes"] and
+                  s["fills"] > 0 and (name == "100%" or s["evictions"] > 0))
+            failed += not ok
+            print(f"{'ok' if ok else 'FAIL'}: {dtype} prompt {i} budget {name} "
+                  f"({s['budget_bytes']} B): tokens {'identical' if got[0] == plain[0] else 'differ'}, "
+                  f"logits {'identical' if got[1] == plain[1] else 'differ'}; "
+                  f"peak {s['resident_peak']} B, {s['faults']} faults, {s['fills']} fills, "
+                  f"{s['evictions']} evictions, {s['bytes_read']} B read")
+            if got[0] != plain[0]:
+                print(f"  plain   {plain[0]}\n  preload {got[0]}")
+    return failed
+
+
+def main(argv):
+    if argv[1] == "--missing":
+        print(f"llama.cpp is not installed ({argv[2]}): run tools/bootstrap.sh deps")
+        return 1 if required() else 77
+    moepager, llama_run, bins, model, preload, work = argv[1:7]
+    os.makedirs(work, exist_ok=True)
+    failed = sum(check_type(moepager, llama_run, bins, model, preload, work, t) for t in TYPES)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
