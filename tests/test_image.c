@@ -244,6 +244,45 @@ static void shared_pages_are_charged_once(void **state)
 	free(now);
 }
 
+/* Layer 0's expert e is always followed by layer 1's expert 3 - e: after learning, routing to
+ * (0, e) reads (1, 3 - e) ahead, and routing to it finds it in memory. */
+static void read_ahead_learns_the_order_of_use(void **state)
+{
+	const char *path = small_gguf(MP_DTYPE_F32, 4096);
+	struct mp_image *img = open_image(path, 0, 0);
+	struct mp_image_stats st;
+	uint32_t e;
+
+	(void)state;
+	mp_image_stats(img, &st);
+	mp_image_close(img);
+	img = open_image(path, 3 * st.expert_max_bytes, 1);
+	for (int round = 0; round < 3; round++)
+		for (e = 0; e < 4; e++) {
+			uint32_t next = 3 - e;
+
+			assert_true(mp_image_route(img, 0, &e, 1) >= 0);
+			assert_true(mp_image_route(img, 1, &next, 1) >= 0);
+		}
+	for (e = 0; e < 4; e++) {
+		uint32_t next = 3 - e;
+
+		assert_true(mp_image_route(img, 0, &e, 1) >= 0);
+		/* the engine's work on layer 0 would run now: the read-ahead has its time */
+		do {
+			usleep(1000);
+			mp_image_stats(img, &st);
+		} while (st.prefetch_pending);
+		usleep(1000);
+		assert_int_equal(mp_image_route(img, 1, &next, 1), 1);
+	}
+	mp_image_stats(img, &st);
+	assert_true(st.prefetches >= 4);
+	assert_true(st.resident_peak <= st.budget_bytes);
+	assert_int_equal(mp_image_route(img, 2, &e, 1), -ERANGE);
+	mp_image_close(img);
+}
+
 static void refused(const char *path, uint64_t budget, int want, const char *says)
 {
 	struct mp_image_config cfg = { .path = path, .budget_bytes = budget };
@@ -319,6 +358,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(bytes_read_through_the_range_are_the_files_at_every_budget),
 		cmocka_unit_test(shared_pages_are_charged_once),
+		cmocka_unit_test(read_ahead_learns_the_order_of_use),
 		cmocka_unit_test(bad_or_truncated_file_is_refused_with_a_clear_error),
 	};
 

@@ -78,7 +78,9 @@ struct mp_image {
 	/* read-ahead learnt from fault order */
 	uint32_t prefetch;
 	uint32_t *succ;				/* [layer][from][to] counts, layer < layers - 1 */
-	int32_t *last;				/* per layer: the last expert faulted */
+	uint16_t *cur;				/* [layer][i]: the experts of its current set */
+	uint32_t *cur_n;			/* per layer: experts in the current set */
+	uint32_t last_layer;			/* the layer of the last use */
 	uint32_t queue[PREFETCH_QUEUE], q_head, q_len;
 	pthread_cond_t q_cond;
 	pthread_t prefetcher;
@@ -378,7 +380,7 @@ static void evict_key(struct mp_image *img, uint32_t key)
 struct victim_arg {
 	struct mp_image *img;
 	uint32_t incoming;
-	bool prefetch;			/* a read-ahead: spares its layer and the one before */
+	bool prefetch;			/* a read-ahead: spares the experts in use one layer before */
 };
 
 static bool evictable(void *arg, uint32_t key)
@@ -388,7 +390,12 @@ static bool evictable(void *arg, uint32_t key)
 
 	if (!v->img->resident[key] || key == v->incoming)
 		return false;
-	return !v->prefetch || (key / E != v->incoming / E && key / E + 1 != v->incoming / E);
+	if (!v->prefetch || key / E + 1 != v->incoming / E)
+		return true;
+	for (uint32_t i = 0; i < v->img->cur_n[key / E]; i++)
+		if (v->img->cur[(uint64_t)(key / E) * E + i] == key % E)
+			return false;
+	return true;
 }
 
 /* Evicts until key's missing pages fit the budget; -ENOSPC when a read-ahead may not. */
@@ -458,29 +465,29 @@ static uint32_t key_at(const struct mp_image *img, uint64_t off)
 	return img->sorted[lo].key;
 }
 
-/* Learns "e of layer L faulted after d of layer L-1" and queues L+1's likely experts. */
-static void learn_and_predict(struct mp_image *img, uint32_t key)
+/* Queues the `prefetch` experts of layer L+1 that most often followed layer L's current set. */
+static void predict(struct mp_image *img, uint32_t L)
 {
-	uint32_t E = img->experts, L = key / E, e = key % E;
-	const uint32_t *row;
+	uint32_t E = img->experts, n = img->cur_n[L];
+	const uint16_t *set = &img->cur[(uint64_t)L * E];
 
-	if (L > 0 && img->last[L - 1] >= 0)
-		img->succ[((uint64_t)(L - 1) * E + (uint32_t)img->last[L - 1]) * E + e]++;
-	img->last[L] = (int32_t)e;
-	if (L + 1 >= img->layers)
-		return;
-	row = &img->succ[((uint64_t)L * E + e) * E];
 	for (uint32_t k = 0; k < img->prefetch && img->q_len < PREFETCH_QUEUE; k++) {
+		uint64_t best_score = 0;
 		uint32_t best = UINT32_MAX;
 
 		for (uint32_t j = 0; j < E; j++) {
-			bool taken = img->resident[(L + 1) * E + j];
+			uint32_t key = (L + 1) * E + j;
+			bool taken = img->resident[key];
+			uint64_t score = 0;
 
 			for (uint32_t q = 0; q < img->q_len && !taken; q++)
-				taken = img->queue[(img->q_head + q) % PREFETCH_QUEUE] ==
-					(L + 1) * E + j;
-			if (!taken && row[j] && (best == UINT32_MAX || row[j] > row[best]))
+				taken = img->queue[(img->q_head + q) % PREFETCH_QUEUE] == key;
+			for (uint32_t i = 0; i < n && !taken; i++)
+				score += img->succ[((uint64_t)L * E + set[i]) * E + j];
+			if (!taken && score > best_score) {
+				best_score = score;
 				best = j;
+			}
 		}
 		if (best == UINT32_MAX)
 			break;
@@ -488,6 +495,33 @@ static void learn_and_predict(struct mp_image *img, uint32_t key)
 	}
 	if (img->q_len)
 		pthread_cond_signal(&img->q_cond);
+}
+
+/*
+ * Expert e of layer L was used (faulted on, or routed to): it joins layer
+ * L's current set (a new set starts, and stale read-aheads are dropped,
+ * when the previous use was of another layer), counts as following each
+ * expert of layer L-1's set, and layer L+1's likely experts are queued.
+ */
+static void learn(struct mp_image *img, uint32_t key)
+{
+	uint32_t E = img->experts, L = key / E, e = key % E;
+	uint16_t *set = &img->cur[(uint64_t)L * E];
+
+	if (img->last_layer != L) {
+		/* a new layer's use: what is still queued was for this layer or one before */
+		img->cur_n[L] = 0;
+		img->q_len = 0;
+	}
+	img->last_layer = L;
+	for (uint32_t i = 0; i < img->cur_n[L]; i++)
+		if (set[i] == e)
+			return;
+	set[img->cur_n[L]++] = (uint16_t)e;
+	for (uint32_t i = 0; L > 0 && i < img->cur_n[L - 1]; i++)
+		img->succ[((uint64_t)(L - 1) * E + img->cur[(uint64_t)(L - 1) * E + i]) * E + e]++;
+	if (L + 1 < img->layers)
+		predict(img, L);
 }
 
 static void wake_page(struct mp_image *img, uint64_t page)
@@ -532,7 +566,7 @@ static void serve_fault(struct mp_image *img, uint64_t addr)
 		else
 			err = make_resident(img, key, false);
 		if (!err && img->prefetch)
-			learn_and_predict(img, key);
+			learn(img, key);
 	}
 	pthread_mutex_unlock(&img->lock);
 	if (err)
@@ -588,6 +622,36 @@ static void *prefetch_main(void *arg)
 	}
 	pthread_mutex_unlock(&img->lock);
 	return NULL;
+}
+
+int mp_image_route(struct mp_image *img, uint32_t layer, const uint32_t *experts, uint32_t n)
+{
+	int hits = 0, err = 0;
+	bool fetch;
+
+	if (layer >= img->layers)
+		return -ERANGE;
+	for (uint32_t i = 0; i < n; i++)
+		if (experts[i] >= img->experts)
+			return -ERANGE;
+	/* more than the budget holds at once would evict what the engine reads next */
+	fetch = (uint64_t)n * img->st.expert_max_bytes <= img->st.budget_bytes;
+	pthread_mutex_lock(&img->lock);
+	for (uint32_t i = 0; i < n && !err; i++) {
+		uint32_t key = layer * img->experts + experts[i];
+
+		hits += img->resident[key];
+		if (fetch)
+			err = make_resident(img, key, false);
+		else if (img->resident[key] && img->pol.ops->on_access)
+			img->pol.ops->on_access(&img->pol, key);
+		if (!err && img->prefetch)
+			learn(img, key);
+	}
+	img->st.routes += n;
+	img->st.route_hits += (uint64_t)hits;
+	pthread_mutex_unlock(&img->lock);
+	return err ? err : hits;
 }
 
 int mp_image_fetch(struct mp_image *img, uint32_t layer, uint32_t expert)
@@ -745,10 +809,11 @@ static int start_threads(struct mp_image *img)
 		return 0;
 	img->succ = calloc((uint64_t)img->layers * img->experts * img->experts,
 			   sizeof(*img->succ));
-	img->last = malloc(img->layers * sizeof(*img->last));
-	if (!img->succ || !img->last)
+	img->cur = calloc((uint64_t)img->layers * img->experts, sizeof(*img->cur));
+	img->cur_n = calloc(img->layers, sizeof(*img->cur_n));
+	if (!img->succ || !img->cur || !img->cur_n)
 		return -ENOMEM;
-	memset(img->last, 0xff, img->layers * sizeof(*img->last));
+	img->last_layer = UINT32_MAX;
 	if ((err = pthread_create(&img->prefetcher, NULL, prefetch_main, img)))
 		return -err;
 	img->prefetcher_on = true;
@@ -865,7 +930,8 @@ void mp_image_close(struct mp_image *img)
 	pthread_cond_destroy(&img->q_cond);
 	pthread_mutex_destroy(&img->lock);
 	free(img->succ);
-	free(img->last);
+	free(img->cur);
+	free(img->cur_n);
 	free(img->buf);
 	free(img->resident);
 	free(img->pages);
@@ -904,6 +970,7 @@ uint64_t mp_image_forget(struct mp_image *img, const void *first, uint64_t len)
 void mp_image_stats(struct mp_image *img, struct mp_image_stats *out)
 {
 	pthread_mutex_lock(&img->lock);
+	img->st.prefetch_pending = img->q_len;
 	*out = img->st;
 	pthread_mutex_unlock(&img->lock);
 }

@@ -8,9 +8,12 @@ The trained model is exported to GGUF (f32 and q8_0 experts, tensors aligned to
 32 bytes as llama.cpp's own files are, so expert slices share boundary pages);
 llama.cpp (tests/llama/llama_run.c) decodes each prompt greedily on its plain
 mmap of the file, then with LD_PRELOAD=PRELOAD.so at budgets of one expert, 50 %
-and 100 % of the expert pages. Tokens and every step's logits must be identical,
-the preload's statistics line must show the image was used, its resident peak
-within the budget, and experts evicted below 100 %.
+and 100 % of the expert pages, routing read from llama.cpp's eval callback; and
+at 50 % again from fault order alone (MOEPAGER_EVAL=0) with read-ahead learnt
+from it (MOEPAGER_PREFETCH=2). Tokens and every step's logits must be
+identical, the preload's statistics line must show the image was used (routes
+seen through the callback, or faults without it), its resident peak within the
+budget, and experts evicted below 100 %.
 """
 import json
 import os
@@ -32,9 +35,14 @@ def llama(llama_run, bins, gguf, ids, dump, env=None):
         return line, f.read()
 
 
-def preloaded(preload, budget, stats):
+# (name, budget, extra environment)
+CASES = [("100%", "100%", {}), ("1 expert", None, {}), ("50%", "50%", {}),
+         ("50% fault order", "50%", {"MOEPAGER_EVAL": "0", "MOEPAGER_PREFETCH": "2"})]
+
+
+def preloaded(preload, budget, stats, extra):
     env = dict(os.environ, LD_PRELOAD=preload, MOEPAGER_BUDGET=budget,
-               MOEPAGER_PRELOAD_STATS=stats)
+               MOEPAGER_PRELOAD_STATS=stats, **extra)
     if os.path.exists(stats):
         os.unlink(stats)
     return env
@@ -60,19 +68,21 @@ def check_type(moepager, llama_run, bins, model, preload, work, dtype):
     for i, prompt in enumerate(PROMPTS):
         ids, _ = runner(moepager, model, tok, prompt, dump)
         plain = llama(llama_run, bins, gguf, ids, dump)
-        for name in ["100%", "1 expert", "50%"]:
-            budget = str(one) if name == "1 expert" else name
-            got = llama(llama_run, bins, gguf, ids, dump, preloaded(preload, budget, stats))
+        for name, budget, extra in CASES:
+            env = preloaded(preload, budget or str(one), stats, extra)
+            got = llama(llama_run, bins, gguf, ids, dump, env)
             s = read_stats(stats)
             one = s["expert_max_bytes"]
-            ok = (got == plain and s["resident_peak"] <= s["budget_bytes"] and
+            used = s["faults"] > 0 if extra else s["routes"] > 0
+            ok = (got == plain and used and s["resident_peak"] <= s["budget_bytes"] and
                   s["fills"] > 0 and (name == "100%" or s["evictions"] > 0))
             failed += not ok
             print(f"{'ok' if ok else 'FAIL'}: {dtype} prompt {i} budget {name} "
                   f"({s['budget_bytes']} B): tokens {'identical' if got[0] == plain[0] else 'differ'}, "
                   f"logits {'identical' if got[1] == plain[1] else 'differ'}; "
                   f"peak {s['resident_peak']} B, {s['faults']} faults, {s['fills']} fills, "
-                  f"{s['evictions']} evictions, {s['bytes_read']} B read")
+                  f"{s['evictions']} evictions, {s['prefetches']} read ahead, "
+                  f"{s['bytes_read']} B read, hit rate {s['hit_rate']:.2f}")
             if got[0] != plain[0]:
                 print(f"  plain   {plain[0]}\n  preload {got[0]}")
     return failed

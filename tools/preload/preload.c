@@ -35,7 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <moepager/image.h>
+#include "preload.h"
 
 #define MAX_IMAGES 8
 #define EXPORT __attribute__((visibility("default")))
@@ -123,6 +123,17 @@ static struct open_image *find(const void *addr, size_t len)
 	return NULL;
 }
 
+struct mp_image *preload_image(void)
+{
+	struct mp_image *img = NULL;
+
+	pthread_mutex_lock(&images_lock);
+	for (int i = 0; i < MAX_IMAGES && !img; i++)
+		img = images[i].img;
+	pthread_mutex_unlock(&images_lock);
+	return img;
+}
+
 static bool is_gguf(int fd, const struct stat *st)
 {
 	char magic[4];
@@ -147,9 +158,11 @@ static void print_stats(const struct open_image *o)
 		", \"budget_bytes\": %" PRIu64 ", \"resident_peak\": %" PRIu64
 		", \"faults\": %" PRIu64 ", \"fills\": %" PRIu64 ", \"prefetches\": %" PRIu64
 		", \"evictions\": %" PRIu64 ", \"bytes_read\": %" PRIu64 ", \"layers\": %" PRIu32
-		", \"experts\": %" PRIu32 "}\n", o->path, s.file_bytes, s.fixed_bytes,
+		", \"experts\": %" PRIu32 ", \"routes\": %" PRIu64 ", \"route_hits\": %" PRIu64
+		", \"hit_rate\": %.4f}\n", o->path, s.file_bytes, s.fixed_bytes,
 		s.expert_bytes, s.expert_max_bytes, s.budget_bytes, s.resident_peak, s.faults,
-		s.fills, s.prefetches, s.evictions, s.bytes_read, s.layers, s.experts);
+		s.fills, s.prefetches, s.evictions, s.bytes_read, s.layers, s.experts, s.routes,
+		s.route_hits, s.routes ? (double)s.route_hits / (double)s.routes : 0.0);
 	if (f != stderr)
 		fclose(f);
 }

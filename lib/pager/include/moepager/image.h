@@ -27,9 +27,10 @@ struct mp_image_config {
 	/* Eviction policy ("lru", "fifo", "lfu"; NULL: $MOEPAGER_EVICTION, else "lru"). */
 	const char *eviction;
 	/*
-	 * Prefetch learnt from fault order: on a fault on expert e of layer L,
-	 * the `prefetch` experts of layer L+1 that most often faulted after e
-	 * are read ahead on a prefetch thread. 0: none.
+	 * Read-ahead learnt from the order of use (faults, mp_image_route()):
+	 * after a use of layer L, the `prefetch` experts of layer L+1 that
+	 * most often followed layer L's experts in use are read on a prefetch
+	 * thread. 0: none.
 	 */
 	uint32_t prefetch;
 	uint32_t pad0;
@@ -49,9 +50,14 @@ struct mp_image_stats {
 	uint64_t prefetches;		/* of the fills, those read ahead */
 	uint64_t evictions;
 	uint64_t bytes_read;		/* expert bytes read from the file */
+	/* Routed experts reported through mp_image_route(), and those in memory then. */
+	uint64_t routes;
+	uint64_t route_hits;
 	uint32_t layers;
 	uint32_t experts;
-	MP_RESERVED(7);
+	uint32_t prefetch_pending;	/* read-aheads queued, not yet taken by the prefetch thread */
+	uint32_t pad0;
+	MP_RESERVED(4);
 };
 
 /*
@@ -75,6 +81,16 @@ MP_API uint64_t mp_image_bytes(const struct mp_image *img);
  * others). Returns 0, -ERANGE for no such expert, or the read's error.
  */
 MP_API int mp_image_fetch(struct mp_image *img, uint32_t layer, uint32_t expert);
+/*
+ * The engine routes to experts[0..n) of `layer` (distinct): each is a use
+ * for the eviction policy and, with prefetch, for the learnt order; when
+ * the n experts fit in the budget together, each not in memory is read in
+ * now, before the engine touches it (otherwise faults read them). Returns
+ * how many were in memory already, -ERANGE for no such layer or expert, or
+ * a read's error.
+ */
+MP_API int mp_image_route(struct mp_image *img, uint32_t layer, const uint32_t *experts,
+			  uint32_t n);
 /*
  * Forgets the range from first to first + len without unmapping (the caller
  * unmapped it, or is about to): the image stops filling pages there.
