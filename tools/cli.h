@@ -26,6 +26,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
+int cmd_preloadbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_adapterbench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

@@ -8,7 +8,9 @@
  *
  * Decodes the prompt in one batch, then N - 1 single tokens, each the
  * argmax of the last logits (ties: the lower id, as moepager's runner), and
- * prints "tokens: ID ID ..." (N ids). -l writes each step's logits as raw
+ * prints "tokens: ID ID ..." (N ids), then "time: prompt_s S decode_s S
+ * decode_tokens N" (the prompt's decode, and the single-token ones after
+ * it, on CLOCK_MONOTONIC). -l writes each step's logits as raw
  * f32 (n_vocab floats per generated token), the layout of `moepager run
  * --dump-logits`. Attention runs as the runner's: f32 KV cache, no flash
  * attention. Exits 0, 1 on a llama.cpp failure, 2 on bad usage.
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ggml-backend.h"
@@ -101,6 +104,14 @@ fail:
 	return -1;
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static llama_token argmax(const float *logits, int n)
 {
 	llama_token best = 0;
@@ -117,6 +128,7 @@ static int generate(struct llama_context *ctx, int vocab, llama_token *prompt, i
 {
 	FILE *dump = o->logits ? fopen(o->logits, "wb") : NULL;
 	struct llama_batch batch = llama_batch_get_one(prompt, n_prompt);
+	double t0 = now_s(), t1 = t0;
 	llama_token tok;
 
 	if (o->logits && !dump) {
@@ -131,6 +143,8 @@ static int generate(struct llama_context *ctx, int vocab, llama_token *prompt, i
 			fprintf(stderr, "llama_run: llama_decode failed at step %d\n", i);
 			return 1;
 		}
+		if (i == 0)
+			t1 = now_s();
 		logits = llama_get_logits_ith(ctx, -1);
 		if (dump && fwrite(logits, sizeof(float), vocab, dump) != (size_t)vocab) {
 			fprintf(stderr, "llama_run: writing %s failed\n", o->logits);
@@ -140,7 +154,8 @@ static int generate(struct llama_context *ctx, int vocab, llama_token *prompt, i
 		printf(" %d", tok);
 		batch = llama_batch_get_one(&tok, 1);
 	}
-	printf("\n");
+	printf("\ntime: prompt_s %.6f decode_s %.6f decode_tokens %d\n", t1 - t0, now_s() - t1,
+	       o->n - 1);
 	return dump && fclose(dump) ? 1 : 0;
 }
 

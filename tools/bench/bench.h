@@ -3,8 +3,11 @@
 #ifndef MP_BENCH_H
 #define MP_BENCH_H
 
+#include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <moepager.h>
 #include <moepager/sim.h>
@@ -152,5 +155,24 @@ int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
 /* Writes DIR/{throughput,hit_rate,heatmap}.{svg,png} with gnuplot. Returns 0 or -errno. */
 int bench_plot(const struct bench_opts *o, const struct bench_row *rows, uint32_t n,
 	       struct mp_trace *const *traces);
+
+/*
+ * Memory cgroups (memcg.c)
+ */
+
+struct memcg {
+	char dir[PATH_MAX];
+	bool v2;
+};
+
+/* This process's memory cgroup directory (v1 memory controller, else the v2 unified one). */
+int memcg_base(struct memcg *cg);
+/* The directory memcg_enter() makes for process pid under base. */
+void memcg_child_dir(const struct memcg *base, pid_t pid, char *dir, size_t len);
+/* Creates a child memory cgroup under this process's own and moves this process into it. */
+int memcg_enter(struct memcg *cg);
+/* Writes / reads a number in one of the cgroup's files. 0 or -errno. */
+int memcg_write(const struct memcg *cg, const char *file, uint64_t v);
+int memcg_read(const struct memcg *cg, const char *file, uint64_t *v);
 
 #endif /* MP_BENCH_H */
