@@ -39,13 +39,16 @@ static const char doc[] =
 	"against the npm llama.cpp) three ways, in turns, and report decode tokens/s:\n"
 	"  mmap     llama.cpp on its own mmap of the file, from a dropped page cache;\n"
 	"  resident llama.cpp on its own mmap with the file already in the page cache;\n"
-	"  preload  LD_PRELOAD=libmoepager-preload.so at --budget, from a dropped page cache.\n"
+	"  preload  LD_PRELOAD=libmoepager-preload.so at --budget, from a dropped page cache;\n"
+	"  warm     the preload at a 100% budget with every expert read at open\n"
+	"           (MOEPAGER_WARM=1), against resident.\n"
 	"--memory-limit puts the mmap and preload runs in a memory cgroup of that limit (the\n"
 	"same for both; v1 memory controller where mounted, else v2). The page cache is\n"
 	"dropped with /proc/sys/vm/drop_caches as root, else posix_fadvise(DONTNEED).\n"
 	"\n"
 	"Prints one JSON object: preload_tok_s, mmap_tok_s, resident_tok_s (medians over\n"
-	"--repeat), preload_to_mmap and preload_to_resident (medians of per-repeat ratios),\n"
+	"--repeat), preload_warm_tok_s, preload_to_mmap, preload_to_resident and\n"
+	"preload_warm_to_resident (medians of per-repeat ratios),\n"
 	"hit_rate (routed experts in memory when llama.cpp's eval callback saw them),\n"
 	"tokens_identical (every run decoded the same tokens), the preload's bytes_read,\n"
 	"faults, fills, evictions, peak RSS of each kind of run, and the parameters.\n"
@@ -104,7 +107,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	return 0;
 }
 
-enum run_kind { RUN_MMAP, RUN_RESIDENT, RUN_PRELOAD };
+enum run_kind { RUN_MMAP, RUN_RESIDENT, RUN_PRELOAD, RUN_PRELOAD_WARM };
 
 struct run {
 	char tokens[4096];
@@ -121,16 +124,17 @@ static void child(enum run_kind kind, int out, const char *stats)
 	struct memcg cg;
 	int err = 0;
 
-	if (kind != RUN_RESIDENT && env.limit &&
+	if ((kind == RUN_MMAP || kind == RUN_PRELOAD) && env.limit &&
 	    ((err = memcg_enter(&cg)) ||
 	     (err = memcg_write(&cg, cg.v2 ? "memory.max" : "memory.limit_in_bytes", env.limit)))) {
 		fprintf(stderr, "moepager bench-preload: cannot limit memory (a memory cgroup): "
 			"%s\n", strerror(-err));
 		_exit(126);
 	}
-	if (kind == RUN_PRELOAD) {
+	if (kind == RUN_PRELOAD || kind == RUN_PRELOAD_WARM) {
 		setenv("LD_PRELOAD", env.preload, 1);
-		setenv("MOEPAGER_BUDGET", env.budget, 1);
+		setenv("MOEPAGER_BUDGET", kind == RUN_PRELOAD ? env.budget : "100%", 1);
+		setenv("MOEPAGER_WARM", kind == RUN_PRELOAD ? "0" : "1", 1);
 		setenv("MOEPAGER_PRELOAD_STATS", stats, 1);
 		snprintf(n, sizeof(n), "%u", env.prefetch);
 		setenv("MOEPAGER_PREFETCH", n, 1);
@@ -192,12 +196,12 @@ static int run_once(enum run_kind kind, const char *stats, struct run *r)
 	if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
 		err = -ECHILD;
 	r->rss = (uint64_t)ru.ru_maxrss * 1024;
-	if (kind == RUN_PRELOAD && !err) {
+	if (kind >= RUN_PRELOAD && !err) {
 		r->stats = json_load_file(stats, JSON_DISABLE_EOF_CHECK, NULL);
 		if (!r->stats)
 			err = -ENODATA;		/* no image: the preload passed the file through */
 	}
-	if (kind != RUN_RESIDENT && env.limit) {
+	if ((kind == RUN_MMAP || kind == RUN_PRELOAD) && env.limit) {
 		struct memcg base;
 		char dir[PATH_MAX];
 
@@ -220,18 +224,19 @@ static uint64_t stat_u(const struct run *r, const char *key)
 }
 
 struct results {
-	double mmap[MAX_REPEAT], resident[MAX_REPEAT], preload[MAX_REPEAT];
-	double to_mmap[MAX_REPEAT], to_resident[MAX_REPEAT], hit[MAX_REPEAT];
-	uint64_t rss[3];
+	double mmap[MAX_REPEAT], resident[MAX_REPEAT], preload[MAX_REPEAT], warm[MAX_REPEAT];
+	double to_mmap[MAX_REPEAT], to_resident[MAX_REPEAT], warm_to_resident[MAX_REPEAT];
+	double hit[MAX_REPEAT];
+	uint64_t rss[4];
 	bool identical;
 	struct run last;
 };
 
-/* One repeat: mmap cold, a warm-up, resident, preload cold. */
+/* One repeat: mmap cold, a warm-up, resident, preload cold, preload warm at 100 %. */
 static int one_repeat(uint32_t i, const char *stats, const char *first, struct results *res)
 {
-	static const char *const names[] = { "mmap", "resident", "preload" };
-	struct run r[3], warm;
+	static const char *const names[] = { "mmap", "resident", "preload", "warm preload" };
+	struct run r[4] = { 0 }, warm;
 	int err, k = 0;
 
 	cli_drop_caches(-1);
@@ -245,25 +250,32 @@ static int one_repeat(uint32_t i, const char *stats, const char *first, struct r
 	k = 2;
 	if ((err = run_once(RUN_PRELOAD, stats, &r[2])))
 		goto fail;
-	for (k = 0; k < 3; k++) {
+	k = 3;
+	if ((err = run_once(RUN_PRELOAD_WARM, stats, &r[3])))
+		goto fail;
+	for (k = 0; k < 4; k++) {
 		res->identical &= !strcmp(r[k].tokens, first[0] ? first : r[0].tokens);
 		res->rss[k] = r[k].rss > res->rss[k] ? r[k].rss : res->rss[k];
 	}
 	res->mmap[i] = tok_s(&r[0]);
 	res->resident[i] = tok_s(&r[1]);
 	res->preload[i] = tok_s(&r[2]);
+	res->warm[i] = tok_s(&r[3]);
 	res->to_mmap[i] = res->preload[i] / res->mmap[i];
 	res->to_resident[i] = res->preload[i] / res->resident[i];
+	res->warm_to_resident[i] = res->warm[i] / res->resident[i];
 	res->hit[i] = json_real_value(json_object_get(r[2].stats, "hit_rate"));
 	json_decref(res->last.stats);
+	json_decref(r[3].stats);
 	res->last = r[2];
-	fprintf(stderr, "repeat %u: mmap %.1f, resident %.1f, preload %.1f tok/s\n", i + 1,
-		res->mmap[i], res->resident[i], res->preload[i]);
+	fprintf(stderr, "repeat %u: mmap %.1f, resident %.1f, preload %.1f, warm preload %.1f "
+		"tok/s\n", i + 1, res->mmap[i], res->resident[i], res->preload[i], res->warm[i]);
 	return 0;
 fail:
 	fprintf(stderr, "moepager bench-preload: the %s run failed: %s\n", names[k],
 		err == -ENODATA ? "the preload made no image of the file" : strerror(-err));
 	json_decref(r[2].stats);
+	json_decref(r[3].stats);
 	return err;
 }
 
@@ -282,6 +294,9 @@ static void print_json(struct results *res)
 	json_object_set_new(o, "resident_tok_s", json_real(cli_median(res->resident, R)));
 	json_object_set_new(o, "preload_to_mmap", json_real(cli_median(res->to_mmap, R)));
 	json_object_set_new(o, "preload_to_resident", json_real(cli_median(res->to_resident, R)));
+	json_object_set_new(o, "preload_warm_tok_s", json_real(cli_median(res->warm, R)));
+	json_object_set_new(o, "preload_warm_to_resident",
+			    json_real(cli_median(res->warm_to_resident, R)));
 	json_object_set_new(o, "hit_rate", json_real(cli_median(res->hit, R)));
 	json_object_set_new(o, "tokens_identical", json_boolean(res->identical));
 	json_object_set_new(o, "cache_mode", json_string(cli_drop_caches(-1)));
@@ -294,6 +309,7 @@ static void print_json(struct results *res)
 	json_object_set_new(o, "mmap_rss", json_integer(res->rss[0]));
 	json_object_set_new(o, "resident_rss", json_integer(res->rss[1]));
 	json_object_set_new(o, "preload_rss", json_integer(res->rss[2]));
+	json_object_set_new(o, "preload_warm_rss", json_integer(res->rss[3]));
 	json_dumpf(o, stdout, JSON_INDENT(2));
 	printf("\n");
 	json_decref(o);

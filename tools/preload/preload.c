@@ -16,7 +16,8 @@
  * MOEPAGER_PREFETCH (experts read ahead per fault, learnt from fault
  * order; default 0), MOEPAGER_PRELOAD=0 (pass everything through),
  * MOEPAGER_PRELOAD_STATS (a file, or "-" for stderr: one JSON line of
- * statistics per image when it closes), MOEPAGER_DEBUG (log lines).
+ * statistics per image when it closes), MOEPAGER_WARM=1 (read experts in at
+ * open while they fit), MOEPAGER_DEBUG (log lines).
  */
 /* Both mmap and mmap64 are defined here: no redirection of one to the other. */
 #undef _FILE_OFFSET_BITS
@@ -174,6 +175,21 @@ static void close_image(struct open_image *o)
 	o->img = NULL;
 }
 
+/* MOEPAGER_WARM=1: reads experts in, layer by layer, while they fit in the budget. */
+static void warm(struct mp_image *img)
+{
+	struct mp_image_stats st;
+
+	mp_image_stats(img, &st);
+	for (uint32_t L = 0; L < st.layers; L++)
+		for (uint32_t e = 0; e < st.experts; e++) {
+			mp_image_stats(img, &st);
+			if (st.resident_bytes + st.expert_max_bytes > st.budget_bytes ||
+			    mp_image_fetch(img, L, e))
+				return;
+		}
+}
+
 /* Makes the mapping an image; MAP_FAILED (errno 0) when it should pass through. */
 static void *image_map(size_t len, int fd)
 {
@@ -204,6 +220,8 @@ static void *image_map(size_t len, int fd)
 	}
 	slot->base = (char *)mp_image_base(slot->img);
 	slot->bytes = mp_image_bytes(slot->img);
+	if (getenv("MOEPAGER_WARM") && strcmp(getenv("MOEPAGER_WARM"), "0"))
+		warm(slot->img);
 	pthread_mutex_unlock(&images_lock);
 	return slot->base;
 pass:
