@@ -39,6 +39,8 @@ static void structs_end_in_reserved_words(void **state)
 	assert_true(ENDS_IN_RESERVED(mp_sim_result));
 	assert_true(ENDS_IN_RESERVED(mp_import_config));
 	assert_true(ENDS_IN_RESERVED(mp_export_config));
+	assert_true(ENDS_IN_RESERVED(mp_image_config));
+	assert_true(ENDS_IN_RESERVED(mp_image_stats));
 }
 
 /*
@@ -64,6 +66,8 @@ static void struct_sizes_are_those_released(void **state)
 	assert_int_equal(sizeof(struct mp_sim_result), 160);
 	assert_int_equal(sizeof(struct mp_import_config), 64);
 	assert_int_equal(sizeof(struct mp_export_config), 88);
+	assert_int_equal(sizeof(struct mp_image_config), 88);
+	assert_int_equal(sizeof(struct mp_image_stats), 160);
 }
 
 struct fixture {
@@ -141,6 +145,14 @@ static void nonzero_reserved_config_words_are_refused(void **state)
 	to.reserved[5] = 1;
 	expect_refused(mp_traj_open(&to, &t), "trajectory options");
 	assert_null(t);
+	{
+		struct mp_image_config ic = { .path = t_path("x.gguf") };
+		struct mp_image *img = NULL;
+
+		ic.reserved[5] = 1;
+		expect_refused(mp_image_open(&ic, &img), "image config");
+		assert_null(img);
+	}
 }
 
 static void nonzero_reserved_words_of_import_and_export_are_refused(void **state)
