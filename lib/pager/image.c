@@ -38,7 +38,7 @@
 #include "store/gguf.h"
 #include "uffd/compat.h"
 
-#include <moepager/image.h>
+#include "pager/image_priv.h"
 #include <moepager/pager.h>
 
 #define PG		((uint64_t)4096)
@@ -828,28 +828,65 @@ static int start_threads(struct mp_image *img)
 	return 0;
 }
 
+/* The file and its layout: everything of an image but memory and threads. */
+static int open_layout(struct mp_image *img, const char *path)
+{
+	int err;
+
+	if ((err = gguf_open(path, &img->g)))
+		return err;
+	img->size = img->g->size;
+	img->npages = (img->size + PG - 1) / PG;
+	if ((err = build_layout(img)))
+		return err;
+	img->st.file_bytes = img->size;
+	img->st.layers = img->layers;
+	img->st.experts = img->experts;
+	return 0;
+}
+
 static int image_setup(struct mp_image *img, const struct mp_image_config *cfg)
 {
 	int err;
 
-	if ((err = gguf_open(cfg->path, &img->g)))
-		return err;
-	img->size = img->g->size;
-	img->direct_fd = open(cfg->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-	img->npages = (img->size + PG - 1) / PG;
-	if ((err = build_layout(img)) || (err = set_budget(img, cfg)) ||
+	if ((err = open_layout(img, cfg->path)) || (err = set_budget(img, cfg)) ||
 	    (err = set_policy(img, cfg)))
 		return err;
+	img->direct_fd = open(cfg->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
 	img->resident = calloc(img->nkeys, 1);
 	if (!img->resident)
 		return -ENOMEM;
-	img->st.file_bytes = img->size;
-	img->st.layers = img->layers;
-	img->st.experts = img->experts;
 	img->prefetch = MP_MIN(cfg->prefetch, img->experts);
 	if ((err = open_uffd(img)) || (err = map_range(img)) || (err = fill_fixed(img)))
 		return err;
 	return start_threads(img);
+}
+
+static struct mp_image *image_new(const char *path)
+{
+	struct mp_image *img = calloc(1, sizeof(*img));
+
+	if (!img || !(img->path = strdup(path))) {
+		free(img);
+		return NULL;
+	}
+	img->uffd = img->stop_fd = img->direct_fd = -1;
+	pthread_mutex_init(&img->lock, NULL);
+	pthread_cond_init(&img->q_cond, NULL);
+	return img;
+}
+
+int mp_image_layout(const char *path, struct mp_image_stats *out)
+{
+	struct mp_image *img = image_new(path);
+	int err;
+
+	if (!img)
+		return -ENOMEM;
+	err = open_layout(img, path);
+	*out = img->st;
+	mp_image_close(img);
+	return err;
 }
 
 int mp_image_open(const struct mp_image_config *cfg, struct mp_image **out)
@@ -863,14 +900,9 @@ int mp_image_open(const struct mp_image_config *cfg, struct mp_image **out)
 	if ((err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
 				     "image config")))
 		return err;
-	img = calloc(1, sizeof(*img));
-	if (!img || !(img->path = strdup(cfg->path))) {
-		free(img);
-		return -ENOMEM;
-	}
-	img->uffd = img->stop_fd = img->direct_fd = -1;
-	pthread_mutex_init(&img->lock, NULL);
-	pthread_cond_init(&img->q_cond, NULL);
+	img = image_new(cfg->path);
+	if (!img)
+		return mp_err(-ENOMEM, "image %s: out of memory", cfg->path);
 	err = image_setup(img, cfg);
 	if (err) {
 		mp_image_close(img);

@@ -4,7 +4,8 @@
  * it accepts. A file that opens is walked (every key through the typed
  * getters, every tensor found by name and read) and its promises checked;
  * a small enough model (at most 64 experts) is imported, which runs the
- * architecture, hyperparameter and tensor checks and the conversions.
+ * architecture, hyperparameter and tensor checks and the conversions; and
+ * every file that opens is laid out as a file image (lib/pager/image.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 
 #include <moepager.h>
 
+#include "pager/image_priv.h"
 #include "store/gguf.h"
 
 /* Bytes of tensor data read per input (the rest is skipped). */
@@ -82,6 +84,19 @@ static uint64_t claimed_experts(struct gguf_file *g)
 	return (uint64_t)layers * experts;
 }
 
+/* The image's layout: every page fixed or expert, no expert bigger than all of them. */
+static void image_layout(void)
+{
+	struct mp_image_stats st;
+	int ret = mp_image_layout(path, &st);
+
+	CHECK(ret <= 0);
+	if (ret)
+		return;
+	CHECK(st.fixed_bytes + st.expert_bytes == (st.file_bytes + 4095) / 4096 * 4096);
+	CHECK(st.expert_max_bytes <= st.expert_bytes && st.layers && st.experts);
+}
+
 static void run(const uint8_t *d, size_t n)
 {
 	struct gguf_file *g = NULL;
@@ -99,6 +114,7 @@ static void run(const uint8_t *d, size_t n)
 	walk(g);
 	experts = claimed_experts(g);
 	gguf_close(g);
+	image_layout();
 	if (experts && experts <= MAX_EXPERTS) {
 		struct mp_import_config cfg = { .dtype = -1, .max_seq = 64 };
 
