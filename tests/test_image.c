@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +285,44 @@ static void read_ahead_learns_the_order_of_use(void **state)
 	mp_image_close(img);
 }
 
+static sigjmp_buf bus_jump;
+
+static void on_bus(int sig)
+{
+	(void)sig;
+	siglongjmp(bus_jump, 1);
+}
+
+/* The file shrinks under an open image: touching an expert past its end is SIGBUS, not a hang. */
+static void an_expert_that_cannot_be_read_raises_sigbus(void **state)
+{
+	const char *path = small_gguf(MP_DTYPE_F32, 4096);
+	struct sigaction sa = { .sa_handler = on_bus }, old;
+	const struct gguf_tensor *t;
+	struct gguf_file *g;
+	struct mp_image *img;
+	volatile int bus = 0;
+	uint64_t slice;
+
+	(void)state;
+	assert_int_equal(gguf_open(path, &g), 0);
+	t = gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+	slice = t->bytes / 4;
+	img = open_image(path, 0, 0);
+	assert_int_equal(truncate(path, t->off), 0);
+	t_log_reset();
+	assert_int_equal(sigaction(SIGBUS, &sa, &old), 0);
+	if (!sigsetjmp(bus_jump, 1))
+		(void)*(volatile const char *)((const char *)mp_image_base(img) + t->off + slice);
+	else
+		bus = 1;
+	sigaction(SIGBUS, &old, NULL);
+	assert_true(bus);
+	assert_true(t_log_contains("expert 1 of layer 1 not read"));
+	mp_image_close(img);
+	gguf_close(g);
+}
+
 static void refused(const char *path, uint64_t budget, int want, const char *says)
 {
 	struct mp_image_config cfg = { .path = path, .budget_bytes = budget };
@@ -359,6 +399,7 @@ int main(void)
 		cmocka_unit_test(bytes_read_through_the_range_are_the_files_at_every_budget),
 		cmocka_unit_test(shared_pages_are_charged_once),
 		cmocka_unit_test(read_ahead_learns_the_order_of_use),
+		cmocka_unit_test(an_expert_that_cannot_be_read_raises_sigbus),
 		cmocka_unit_test(bad_or_truncated_file_is_refused_with_a_clear_error),
 	};
 

@@ -437,9 +437,7 @@ static int make_resident(struct mp_image *img, uint32_t key, bool prefetch)
 	n = key_runs(img, key, r);
 	for (int i = 0; i < n; i++)
 		if ((err = fill_run(img, &r[i])))
-			return mp_err(err, "image %s: expert %" PRIu32 " of layer %" PRIu32
-				      " not read", img->path, key % img->experts,
-				      key / img->experts);
+			goto unfill;
 	for (int i = 0; i < n; i++)
 		for (uint64_t p = r[i].first; p < r[i].end; p++)
 			if (img->pages[p] < PAGE_GONE && img->pages[p]++ == 0)
@@ -451,6 +449,14 @@ static int make_resident(struct mp_image *img, uint32_t key, bool prefetch)
 	if (img->pol.ops->on_insert)
 		img->pol.ops->on_insert(&img->pol, key);
 	return 0;
+unfill:
+	/* what was copied in holds no resident expert's bytes: give it back */
+	for (int i = 0; i < n; i++)
+		for (uint64_t p = r[i].first; p < r[i].end; p++)
+			if (!img->pages[p])
+				zap(img, p, p + 1);
+	return mp_err(err, "image %s: expert %" PRIu32 " of layer %" PRIu32 " not read",
+		      img->path, key % img->experts, key / img->experts);
 }
 
 /*
