@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/probes.h"
 #include "evict/evict.h"
 #include "store/gguf.h"
 #include "uffd/compat.h"
@@ -82,6 +83,7 @@ struct mp_image {
 	uint16_t *cur;				/* [layer][i]: the experts of its current set */
 	uint32_t *cur_n;			/* per layer: experts in the current set */
 	uint32_t last_layer;			/* the layer of the last use */
+	uint32_t route_token;			/* routes of layer 0 seen: the moepager:route token */
 	uint32_t queue[PREFETCH_QUEUE], q_head, q_len;
 	pthread_cond_t q_cond;
 	pthread_t prefetcher;
@@ -381,6 +383,7 @@ static void evict_key(struct mp_image *img, uint32_t key)
 	}
 	img->resident[key] = 0;
 	img->st.evictions++;
+	MP_PROBE(evict, key / img->experts, key % img->experts, key_pages(img, key, true) * PG);
 	if (img->pol.ops->on_remove)
 		img->pol.ops->on_remove(&img->pol, key);
 }
@@ -572,13 +575,17 @@ static void serve_fault(struct mp_image *img, uint64_t addr)
 		err = fill_pages(img, page, 1);		/* zapped behind our back */
 	} else if (img->pages[page] != PAGE_GONE) {
 		uint32_t key = key_at(img, MP_MIN(off, img->size - 1));
+		uint64_t t0 = mp_now_ns();
 
 		if (img->pol.ops->on_fault)
 			img->pol.ops->on_fault(&img->pol, key);
+		MP_PROBE(fault_begin, key / img->experts, key % img->experts, 1, addr);
 		if (img->resident[key])		/* the page was zapped behind our back */
 			err = fill_pages(img, page, 1);
 		else
 			err = make_resident(img, key, false);
+		MP_PROBE(fault_done, key / img->experts, key % img->experts, 1,
+			 mp_now_ns() - t0, err);
 		if (!err && img->prefetch)
 			learn(img, key);
 	}
@@ -623,7 +630,9 @@ static void *prefetch_main(void *arg)
 
 	pthread_mutex_lock(&img->lock);
 	while (!img->stopping) {
+		uint64_t t0 = mp_now_ns();
 		uint32_t key;
+		int err;
 
 		if (!img->q_len) {
 			pthread_cond_wait(&img->q_cond, &img->lock);
@@ -632,7 +641,12 @@ static void *prefetch_main(void *arg)
 		key = img->queue[img->q_head];
 		img->q_head = (img->q_head + 1) % PREFETCH_QUEUE;
 		img->q_len--;
-		make_resident(img, key, true);
+		if (img->resident[key])
+			continue;
+		MP_PROBE(prefetch_issue, key / img->experts, key % img->experts, 1);
+		err = make_resident(img, key, true);
+		MP_PROBE(prefetch_done, key / img->experts, key % img->experts, 1,
+			 mp_now_ns() - t0, err);
 	}
 	pthread_mutex_unlock(&img->lock);
 	return NULL;
@@ -664,6 +678,9 @@ int mp_image_route(struct mp_image *img, uint32_t layer, const uint32_t *experts
 	}
 	img->st.routes += n;
 	img->st.route_hits += (uint64_t)hits;
+	/* tokens are counted by routes of layer 0 (a batch is one) */
+	img->route_token += layer == 0;
+	MP_PROBE(route, 0, img->route_token - 1, layer, n, experts, NULL);
 	pthread_mutex_unlock(&img->lock);
 	return err ? err : hits;
 }
