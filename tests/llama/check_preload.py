@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Description: llama.cpp under libmoepager-preload.so decodes as it does on its own mmap.
 
-    check_preload.py MOEPAGER LLAMA_RUN BACKEND_DIR MODEL.mpk PRELOAD.so WORKDIR
+    check_preload.py MOEPAGER LLAMA_RUN BACKEND_DIR MODEL.mpk PRELOAD.so WORKDIR \
+        LLAMA_DIR CHAT.mjs NODE
     check_preload.py --missing WHY
 
 The trained model is exported to GGUF (f32 and q8_0 experts, tensors aligned to
@@ -14,6 +15,13 @@ from it (MOEPAGER_PREFETCH=2). Tokens and every step's logits must be
 identical, the preload's statistics line must show the image was used (routes
 seen through the callback, or faults without it), its resident peak within the
 budget, and experts evicted below 100 %.
+
+Then a chat through node-llama-cpp (tests/llama/chat.mjs: a chat answer and a
+plain completion, greedy, under NODE, the node-llama-cpp of LLAMA_DIR) with and
+without the preload at one expert and 50 %: the same answers and token ids, and
+routes seen through the eval callback the preload installs in the addon's
+context (its libllama is loaded with dlopen, RTLD_LOCAL). No NODE: a failure
+where every test must run, a note elsewhere.
 """
 import json
 import os
@@ -88,13 +96,48 @@ def check_type(moepager, llama_run, bins, model, preload, work, dtype):
     return failed
 
 
+def chat(node, chat_js, llama_dir, gguf, env=None):
+    env = dict(env or os.environ, NODE_LLAMA_CPP_SKIP_DOWNLOAD="true")
+    out = subprocess.run([node, chat_js, llama_dir, gguf, "The secret of life"], check=True,
+                         capture_output=True, text=True, env=env, timeout=300).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def check_chat(preload, work, llama_dir, chat_js, node):
+    if not node:
+        print(("FAIL" if required() else "note") + ": node not found: no node-llama-cpp chat")
+        return 1 if required() else 0
+    gguf = os.path.join(work, "tiny-real-q8_0.gguf")
+    stats = os.path.join(work, "stats.json")
+    plain = chat(node, chat_js, llama_dir, gguf)
+    failed = 0
+    one = None
+    for name, budget in [("100%", "100%"), ("1 expert", None), ("50%", "50%")]:
+        got = chat(node, chat_js, llama_dir, gguf,
+                   preloaded(preload, budget or str(one), stats, {}))
+        s = read_stats(stats)
+        one = s["expert_max_bytes"]
+        ok = got == plain and s["routes"] > 0 and s["resident_peak"] <= s["budget_bytes"]
+        failed += not ok
+        print(f"{'ok' if ok else 'FAIL'}: node-llama-cpp chat, q8_0, budget {name}: "
+              f"{'same' if got == plain else 'different'} answer and completion "
+              f"({len(got['chatIds'])} + {len(got['completionIds'])} tokens); "
+              f"{s['routes']} routes, hit rate {s['hit_rate']:.2f}, {s['faults']} faults, "
+              f"{s['evictions']} evictions")
+        if got != plain:
+            print(f"  plain   {plain}\n  preload {got}")
+    print(f"  completion: {plain['completion']!r}")
+    return failed
+
+
 def main(argv):
     if argv[1] == "--missing":
         print(f"llama.cpp is not installed ({argv[2]}): run tools/bootstrap.sh deps")
         return 1 if required() else 77
-    moepager, llama_run, bins, model, preload, work = argv[1:7]
+    moepager, llama_run, bins, model, preload, work, llama_dir, chat_js, node = argv[1:10]
     os.makedirs(work, exist_ok=True)
     failed = sum(check_type(moepager, llama_run, bins, model, preload, work, t) for t in TYPES)
+    failed += check_chat(preload, work, llama_dir, chat_js, node)
     return 1 if failed else 0
 
 

@@ -10,6 +10,7 @@
  * MOEPAGER_EVAL=0 leaves the program's callback alone.
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,6 +47,33 @@ static int topk_layer(const struct ggml_tensor *t)
 	return *end || L < 0 || L > INT32_MAX ? -1 : (int)L;
 }
 
+static int find_libllama(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	const char *base = strrchr(info->dlpi_name, '/');
+
+	(void)size;
+	if (!base || strncmp(base + 1, "libllama", 8))
+		return 0;
+	*(void **)arg = dlopen(info->dlpi_name, RTLD_NOLOAD | RTLD_LAZY);
+	return *(void **)arg != NULL;
+}
+
+/*
+ * A function of llama.cpp or ggml: the next definition after ours, or,
+ * when the program loaded libllama with dlopen(RTLD_LOCAL) (node-llama-cpp's
+ * addon does), the one libllama and its dependencies hold.
+ */
+static void *llama_sym(const char *name)
+{
+	void *fn = dlsym(RTLD_NEXT, name), *lib = NULL;
+
+	if (fn || !dl_iterate_phdr(find_libllama, &lib))
+		return fn;
+	fn = dlsym(lib, name);
+	dlclose(lib);		/* the program's own dlopen keeps it loaded */
+	return fn;
+}
+
 /* Reads the ids (int32 [k, tokens], rows strided) and routes the distinct ones. */
 static void route(struct mp_image *img, const struct ggml_tensor *t, uint32_t layer)
 {
@@ -55,7 +83,7 @@ static void route(struct mp_image *img, const struct ggml_tensor *t, uint32_t la
 	int64_t k = t->ne[0];
 
 	if (!get)
-		get = (tensor_get_fn)dlsym(RTLD_DEFAULT, "ggml_backend_tensor_get");
+		get = (tensor_get_fn)llama_sym("ggml_backend_tensor_get");
 	if (!get || t->type != GGML_TYPE_I32 || k <= 0 || k > 64)
 		return;
 	for (int64_t tok = 0; tok < t->ne[1]; tok++) {
@@ -94,7 +122,7 @@ static bool on_eval(struct ggml_tensor *t, bool ask, void *arg)
 static struct llama_context *chained(const char *name, struct llama_model *model,
 				     struct llama_context_params p)
 {
-	init_fn real = (init_fn)dlsym(RTLD_NEXT, name);
+	init_fn real = (init_fn)llama_sym(name);
 	const char *off = getenv("MOEPAGER_EVAL");
 	struct chain *c;
 
