@@ -28,6 +28,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_adapterbench(int argc, char **argv);
+int cmd_pagerd(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
 int cmd_coe_gen(int argc, char **argv);

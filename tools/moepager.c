@@ -26,6 +26,8 @@ static const struct cli_command commands[] = {
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
 	{ "bench-adapters", "many expert adapters over one base vs base, padded and merged",
 	  cmd_adapterbench },
+	{ "pagerd", "the pager daemon: one host tier (memfd) shared by engine processes",
+	  cmd_pagerd },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },
 	{ "loadgen", "open-loop Poisson load on a completions server; latency as JSON", cmd_loadgen },
 	{ "coe-gen", "write a Collaboration-of-Experts model: many whole models, one container",

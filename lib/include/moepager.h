@@ -23,6 +23,7 @@
 #include <moepager/tokenizer.h>
 #include <moepager/eval.h>
 #include <moepager/pager.h>
+#include <moepager/share.h>
 #include <moepager/prefetch.h>
 #include <moepager/serve.h>
 #include <moepager/adapters.h>

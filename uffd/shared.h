@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A userfaultfd over a shared (memfd) mapping, for a host tier several
+ * processes map (shared.c): the engine side registers its mapping MISSING +
+ * MINOR, the pager daemon resolves it with UFFDIO_CONTINUE from another
+ * process. Every call takes the fd, not a region: the range is not a
+ * region's, and the caller may not own the address space it resolves.
+ */
+#ifndef MP_UFFD_SHARED_H
+#define MP_UFFD_SHARED_H
+
+#include <stdint.h>
+
+/*
+ * Opens a userfaultfd (O_CLOEXEC, O_NONBLOCK) with the features a shared
+ * range needs: MINOR faults on shmem and POISON. Returns the fd, -EPERM
+ * naming the missing permission, or -EOPNOTSUPP naming the missing feature.
+ */
+int mp_uffd_shared_open(const char *who);
+/* Registers [addr, addr+len) MISSING + MINOR; -EOPNOTSUPP without CONTINUE/POISON ioctls. */
+int mp_uffd_shared_register(int fd, void *addr, uint64_t len, const char *who);
+/*
+ * UFFDIO_CONTINUE of [addr, addr+len) (page-aligned) in fd's address
+ * space, then a wake over all of it. Pages already mapped are skipped.
+ * Returns 0, -ESRCH when the address space is gone, or another -errno.
+ */
+int mp_uffd_continue(int fd, uint64_t addr, uint64_t len);
+/* Poison markers over the unmapped pages of [addr, addr+len) (SIGBUS on access), and a wake. */
+int mp_uffd_poison_fd(int fd, uint64_t addr, uint64_t len);
+/* Wakes threads waiting on [addr, addr+len). */
+int mp_uffd_wake_fd(int fd, uint64_t addr, uint64_t len);
+
+#endif /* MP_UFFD_SHARED_H */
