@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -410,6 +411,36 @@ static void engine_dying_mid_fault_leaves_daemon_and_other_engines_working(void 
 	close(ready[1]);
 }
 
+static void pages_an_engine_drops_itself_are_mapped_again(void **state)
+{
+	const char *sock = t_path("zap.sock");
+	struct mp_pagerd_stats st0, st1;
+	struct cmp c = { 0 };
+	uint64_t len = (xbytes + 4095) & ~4095ull;
+	int err;
+	pid_t d;
+
+	(void)state;
+	d = start_daemon(sock, "100%");
+	err = attach_child(sock, &c);
+	alarm(0);
+	assert_child_ok(err);
+	c.layer = 1;
+	c.expert = 2;
+	assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st0), 0);
+	/* The engine's own mapping loses the pages; the memfd keeps them. */
+	assert_int_equal(madvise((void *)mp_attach_expert(c.a, 1, 2), len, MADV_DONTNEED), 0);
+	assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st1), 0);
+	assert_int_equal(st1.fills, st0.fills);
+	assert_int_equal(st1.continues, st0.continues + 1);
+	mp_attach_close(c.a);
+	mp_store_close(c.s);
+	free(c.want);
+	stop_daemon(d);
+}
+
 /* Sends a hello with the wrong version over a raw socket and returns the daemon's answer. */
 static struct mp_share_reply hello_raw(const char *sock, uint32_t major)
 {
@@ -470,6 +501,7 @@ int main(void)
 		T(budget_holds_across_two_engines_reading_at_once),
 		T(daemon_death_fails_a_waiting_fault_with_a_message_not_a_hang),
 		T(engine_dying_mid_fault_leaves_daemon_and_other_engines_working),
+		T(pages_an_engine_drops_itself_are_mapped_again),
 		T(another_model_or_version_is_refused_with_a_message),
 	};
 

@@ -100,16 +100,20 @@ int mp_uffd_wake_fd(int fd, uint64_t addr, uint64_t len)
  * there (skipped a page at a time) and transient EAGAIN. Wakes nobody.
  */
 static int ioctl_range(int fd, unsigned long req, void *arg, struct uffdio_range *range,
-		       __s64 *res, uint64_t end)
+		       __s64 *res, uint64_t end, uint64_t *done)
 {
 	int tries = 0;
 
+	*done = 0;
 	while (range->start < end) {
 		range->len = end - range->start;
 		*res = 0;
-		if (!ioctl(fd, req, arg))
+		if (!ioctl(fd, req, arg)) {
+			*done += range->len;
 			break;
+		}
 		if (*res > 0) {
+			*done += (uint64_t)*res;
 			range->start += (uint64_t)*res;
 			continue;
 		}
@@ -126,11 +130,11 @@ static int ioctl_range(int fd, unsigned long req, void *arg, struct uffdio_range
 	return 0;
 }
 
-int mp_uffd_continue(int fd, uint64_t addr, uint64_t len)
+int mp_uffd_continue(int fd, uint64_t addr, uint64_t len, uint64_t *mapped)
 {
 	struct uffdio_continue c = { .range = { .start = addr },
 				     .mode = UFFDIO_CONTINUE_MODE_DONTWAKE };
-	int err = ioctl_range(fd, UFFDIO_CONTINUE, &c, &c.range, &c.mapped, addr + len);
+	int err = ioctl_range(fd, UFFDIO_CONTINUE, &c, &c.range, &c.mapped, addr + len, mapped);
 
 	if (err)
 		return err;
@@ -141,7 +145,8 @@ int mp_uffd_poison_fd(int fd, uint64_t addr, uint64_t len)
 {
 	struct uffdio_poison p = { .range = { .start = addr },
 				   .mode = UFFDIO_POISON_MODE_DONTWAKE };
-	int err = ioctl_range(fd, UFFDIO_POISON, &p, &p.range, &p.updated, addr + len);
+	uint64_t done;
+	int err = ioctl_range(fd, UFFDIO_POISON, &p, &p.range, &p.updated, addr + len, &done);
 
 	if (err)
 		return err;

@@ -21,10 +21,11 @@ int mp_uffd_shared_open(const char *who);
 int mp_uffd_shared_register(int fd, void *addr, uint64_t len, const char *who);
 /*
  * UFFDIO_CONTINUE of [addr, addr+len) (page-aligned) in fd's address
- * space, then a wake over all of it. Pages already mapped are skipped.
- * Returns 0, -ESRCH when the address space is gone, or another -errno.
+ * space, then a wake over all of it. Pages already mapped are skipped (a
+ * page at a time: cheap only when few are); *mapped gets the bytes newly
+ * mapped. Returns 0, -ESRCH when the address space is gone, or -errno.
  */
-int mp_uffd_continue(int fd, uint64_t addr, uint64_t len);
+int mp_uffd_continue(int fd, uint64_t addr, uint64_t len, uint64_t *mapped);
 /* Poison markers over the unmapped pages of [addr, addr+len) (SIGBUS on access), and a wake. */
 int mp_uffd_poison_fd(int fd, uint64_t addr, uint64_t len);
 /* Wakes threads waiting on [addr, addr+len). */

@@ -202,7 +202,7 @@ static void client_drop(struct mp_pagerd *d, uint32_t i, const char *why)
 /* Serves one fault of client c at addr. Returns 0 or -errno when the client is unusable. */
 static int serve_fault(struct mp_pagerd *d, struct client *c, uint64_t addr)
 {
-	uint64_t off = addr - c->base, in, start;
+	uint64_t off = addr - c->base, in, start, done;
 	uint32_t s;
 	int err;
 
@@ -222,10 +222,16 @@ static int serve_fault(struct mp_pagerd *d, struct client *c, uint64_t addr)
 	}
 	d->used[s] = ++d->tick;
 	if (c->mapped[s] == d->epoch[s]) {
-		/* Mapped whole since its fill: a stale message, or one page zapped. */
-		return mp_uffd_continue(c->uffd, addr & ~(PAGE - 1), PAGE);
+		/*
+		 * Mapped whole since its fill: a stale message (the page is
+		 * there: a wake is all it needs), or the client zapped its own
+		 * pages (MADV_DONTNEED, reclaim): then map the whole expert again.
+		 */
+		err = mp_uffd_continue(c->uffd, addr & ~(PAGE - 1), PAGE, &done);
+		if (err || !done)
+			return err;
 	}
-	err = mp_uffd_continue(c->uffd, start, d->data_bytes);
+	err = mp_uffd_continue(c->uffd, start, d->data_bytes, &done);
 	if (err)
 		return err;
 	c->mapped[s] = d->epoch[s];
