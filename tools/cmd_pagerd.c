@@ -16,10 +16,11 @@ static struct pagerd_env {
 	const char *socket;
 	const char *budget;
 	uint32_t max_clients;
+	uint32_t pages;
 	bool json;
 } env;
 
-enum { OPT_SOCKET = 0x100, OPT_BUDGET, OPT_MAX_CLIENTS, OPT_JSON };
+enum { OPT_SOCKET = 0x100, OPT_BUDGET, OPT_MAX_CLIENTS, OPT_PAGES, OPT_JSON };
 
 static const char doc[] =
 	"Hold a model's experts in one memfd (the host tier) under one budget and serve\n"
@@ -44,6 +45,10 @@ static const struct argp_option opts[] = {
 	{ "budget", OPT_BUDGET, "SIZE", 0,
 	  "Expert memory across every process (\"8G\", \"40%\"; default half of RAM)", 0 },
 	{ "max-clients", OPT_MAX_CLIENTS, "N", 0, "Engines attached at once (default 64)", 0 },
+	{ "pages", OPT_PAGES, "KIND", 0,
+	  "small (4 KiB shmem, the default), thp (shmem asked for THP; the kernel's\n"
+	  "shmem_enabled decides) or hugetlb (2 MiB MFD_HUGETLB pages; vm.nr_hugepages must\n"
+	  "hold the budget)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print the counters as one JSON object at exit", 0 },
 	{ 0 },
 };
@@ -63,6 +68,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_MAX_CLIENTS:
 		if (cli_parse_u32("--max-clients", arg, 1, 1024, &env.max_clients))
 			argp_usage(state);
+		break;
+	case OPT_PAGES:
+		if (!strcmp(arg, "small"))
+			env.pages = MP_PAGERD_PAGES_SMALL;
+		else if (!strcmp(arg, "thp"))
+			env.pages = MP_PAGERD_PAGES_THP;
+		else if (!strcmp(arg, "hugetlb"))
+			env.pages = MP_PAGERD_PAGES_HUGETLB;
+		else
+			argp_error(state, "--pages %s: small, thp or hugetlb", arg);
 		break;
 	case OPT_JSON:
 		env.json = true;
@@ -134,6 +149,7 @@ int cmd_pagerd(int argc, char **argv)
 	cfg.socket_path = env.socket;
 	cfg.budget = env.budget;
 	cfg.max_clients = env.max_clients;
+	cfg.pages = env.pages;
 	err = mp_pagerd_open(s, &cfg, &d);
 	if (err) {
 		/* The library's message is already on stderr (cli_install_log_handler()). */

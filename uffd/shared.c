@@ -18,7 +18,7 @@
 /* EAGAIN (mmap changing, a busy folio) is retried this many times, 200 us apart. */
 #define RETRY_MAX	1000
 
-int mp_uffd_shared_open(const char *who)
+int mp_uffd_shared_open(bool hugetlb, const char *who)
 {
 	static const enum uffd_how hows[] = { HOW_SYSCALL, HOW_DEV, HOW_USER_ONLY };
 	uint64_t want = UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_POISON;
@@ -44,11 +44,15 @@ int mp_uffd_shared_open(const char *who)
 		return mp_err(err, "%s: UFFDIO_API: %s", who, strerror(-err));
 	}
 	close(fd);
+	if (hugetlb)
+		want |= UFFD_FEATURE_MINOR_HUGETLBFS;
 	if ((api.features & want) != want)
 		return mp_err(-EOPNOTSUPP, "%s: userfaultfd lacks %s (kernel features %#llx)", who,
 			      !(api.features & UFFD_FEATURE_MINOR_SHMEM) ?
 			      "UFFD_FEATURE_MINOR_SHMEM (Linux >= 5.14)" :
-			      "UFFD_FEATURE_POISON (Linux >= 6.6)",
+			      !(api.features & UFFD_FEATURE_POISON) ?
+			      "UFFD_FEATURE_POISON (Linux >= 6.6)" :
+			      "UFFD_FEATURE_MINOR_HUGETLBFS (Linux >= 5.13)",
 			      (unsigned long long)api.features);
 	for (size_t i = 0; i < MP_ARRAY_SIZE(hows); i++) {
 		fd = mp_uffd_open_how(hows[i], O_CLOEXEC | O_NONBLOCK);
@@ -100,7 +104,7 @@ int mp_uffd_wake_fd(int fd, uint64_t addr, uint64_t len)
  * there (skipped a page at a time) and transient EAGAIN. Wakes nobody.
  */
 static int ioctl_range(int fd, unsigned long req, void *arg, struct uffdio_range *range,
-		       __s64 *res, uint64_t end, uint64_t *done)
+		       __s64 *res, uint64_t end, uint64_t page, uint64_t *done)
 {
 	int tries = 0;
 
@@ -118,7 +122,7 @@ static int ioctl_range(int fd, unsigned long req, void *arg, struct uffdio_range
 			continue;
 		}
 		if (errno == EEXIST) {
-			range->start += PAGE;
+			range->start += page;
 			continue;
 		}
 		if (errno == EAGAIN && ++tries < RETRY_MAX) {
@@ -130,23 +134,25 @@ static int ioctl_range(int fd, unsigned long req, void *arg, struct uffdio_range
 	return 0;
 }
 
-int mp_uffd_continue(int fd, uint64_t addr, uint64_t len, uint64_t *mapped)
+int mp_uffd_continue(int fd, uint64_t addr, uint64_t len, uint64_t page, uint64_t *mapped)
 {
 	struct uffdio_continue c = { .range = { .start = addr },
 				     .mode = UFFDIO_CONTINUE_MODE_DONTWAKE };
-	int err = ioctl_range(fd, UFFDIO_CONTINUE, &c, &c.range, &c.mapped, addr + len, mapped);
+	int err = ioctl_range(fd, UFFDIO_CONTINUE, &c, &c.range, &c.mapped, addr + len, page,
+				mapped);
 
 	if (err)
 		return err;
 	return mp_uffd_wake_fd(fd, addr, len);
 }
 
-int mp_uffd_poison_fd(int fd, uint64_t addr, uint64_t len)
+int mp_uffd_poison_fd(int fd, uint64_t addr, uint64_t len, uint64_t page)
 {
 	struct uffdio_poison p = { .range = { .start = addr },
 				   .mode = UFFDIO_POISON_MODE_DONTWAKE };
 	uint64_t done;
-	int err = ioctl_range(fd, UFFDIO_POISON, &p, &p.range, &p.updated, addr + len, &done);
+	int err = ioctl_range(fd, UFFDIO_POISON, &p, &p.range, &p.updated, addr + len, page,
+				&done);
 
 	if (err)
 		return err;

@@ -33,7 +33,7 @@ struct mp_attach {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct mp_store *store;
 	uint32_t layers, experts;
-	uint64_t slot_bytes, data_bytes, bytes;
+	uint64_t slot_bytes, data_bytes, bytes, page;
 	char *base;
 	int sock, uffd, stop_fd;
 	pthread_t watcher;
@@ -104,7 +104,7 @@ static void serve_orphaned(struct mp_attach *a)
 		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msg[0]); i++)
 			if (msg[i].event == UFFD_EVENT_PAGEFAULT)
 				mp_uffd_poison_fd(a->uffd, msg[i].arg.pagefault.address &
-						  ~(PAGE - 1), PAGE);
+						  ~(a->page - 1), a->page, a->page);
 	}
 }
 
@@ -192,7 +192,8 @@ static int attach_hello(struct mp_attach *a, int *memfd)
 	if (*memfd < 0 || rep.layers != g->layers || rep.experts != g->experts ||
 	    rep.memfd_bytes != (uint64_t)rep.nslots * rep.slot_bytes ||
 	    rep.nslots != rep.layers * rep.experts || rep.slot_bytes % MP_EXPERT_ALIGN ||
-	    rep.data_bytes < h.expert_bytes || rep.data_bytes > rep.slot_bytes)
+	    rep.data_bytes < h.expert_bytes || rep.data_bytes > rep.slot_bytes ||
+	    (rep.page_bytes != PAGE && rep.page_bytes != MP_EXPERT_ALIGN))
 		return mp_err(-EPROTO, "attach %s: the daemon's layout (%u x %u experts, stride "
 			      "%llu, memfd %s) does not fit the model (%u x %u)", a->path,
 			      rep.layers, rep.experts, (unsigned long long)rep.slot_bytes,
@@ -202,6 +203,7 @@ static int attach_hello(struct mp_attach *a, int *memfd)
 	a->slot_bytes = rep.slot_bytes;
 	a->data_bytes = rep.data_bytes;
 	a->bytes = rep.memfd_bytes;
+	a->page = rep.page_bytes;
 	return 0;
 }
 
@@ -227,7 +229,7 @@ static int attach_map(struct mp_attach *a, int memfd)
 		return mp_err(-errno, "attach %s: mapping the daemon's memfd: %s", a->path,
 			      strerror(errno));
 	}
-	a->uffd = mp_uffd_shared_open("attach");
+	a->uffd = mp_uffd_shared_open(a->page > PAGE, "attach");
 	if (a->uffd < 0)
 		return a->uffd;
 	return mp_uffd_shared_register(a->uffd, a->base, a->bytes, "attach");

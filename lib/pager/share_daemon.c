@@ -38,6 +38,9 @@
 #include "uffd/shared.h"
 
 #define PAGE		4096ull
+#ifndef MFD_HUGE_2MB	/* <linux/memfd.h>, which clashes with <sys/mman.h> */
+#define MFD_HUGE_2MB	(21u << 26)
+#endif
 #define FAULT_BATCH	32
 
 struct client {
@@ -53,6 +56,8 @@ struct mp_pagerd {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	uint32_t layers, experts, nslots;
 	uint64_t expert_bytes, data_bytes, slot_bytes, memfd_bytes;
+	uint64_t page;			/* the memfd's page size */
+	uint32_t pages;			/* enum mp_pagerd_pages */
 	int memfd;
 	char *alias;			/* the daemon's own mapping of the memfd */
 	int listen_fd;
@@ -214,11 +219,11 @@ static int serve_fault(struct mp_pagerd *d, struct client *c, uint64_t addr)
 	in = off % d->slot_bytes;
 	start = c->base + s * d->slot_bytes;
 	if (in >= d->data_bytes)	/* padding past the expert: never backed */
-		return mp_uffd_poison_fd(c->uffd, addr & ~(PAGE - 1), PAGE);
+		return mp_uffd_poison_fd(c->uffd, addr & ~(d->page - 1), d->page, d->page);
 	if (!d->present[s]) {
 		err = slot_fill(d, s);
 		if (err)	/* the faulting thread gets SIGBUS, its guard an error */
-			return mp_uffd_poison_fd(c->uffd, addr & ~(PAGE - 1), PAGE);
+			return mp_uffd_poison_fd(c->uffd, addr & ~(d->page - 1), d->page, d->page);
 	}
 	d->used[s] = ++d->tick;
 	if (c->mapped[s] == d->epoch[s]) {
@@ -227,11 +232,11 @@ static int serve_fault(struct mp_pagerd *d, struct client *c, uint64_t addr)
 		 * there: a wake is all it needs), or the client zapped its own
 		 * pages (MADV_DONTNEED, reclaim): then map the whole expert again.
 		 */
-		err = mp_uffd_continue(c->uffd, addr & ~(PAGE - 1), PAGE, &done);
+		err = mp_uffd_continue(c->uffd, addr & ~(d->page - 1), d->page, d->page, &done);
 		if (err || !done)
 			return err;
 	}
-	err = mp_uffd_continue(c->uffd, start, d->data_bytes, &done);
+	err = mp_uffd_continue(c->uffd, start, d->data_bytes, d->page, &done);
 	if (err)
 		return err;
 	c->mapped[s] = d->epoch[s];
@@ -304,7 +309,7 @@ static int on_hello(struct mp_pagerd *d, struct client *c, const struct mp_share
 	struct mp_share_reply rep = {
 		.magic = MP_SHARE_MAGIC, .layers = d->layers, .experts = d->experts,
 		.nslots = d->nslots, .slot_bytes = d->slot_bytes, .data_bytes = d->data_bytes,
-		.memfd_bytes = d->memfd_bytes,
+		.memfd_bytes = d->memfd_bytes, .page_bytes = d->page,
 	};
 	uint64_t id = mp_store_identity(d->store);
 
@@ -536,16 +541,41 @@ static int daemon_budget(struct mp_pagerd *d, const struct mp_pagerd_config *cfg
 	if (b < d->data_bytes)
 		return mp_err(-EINVAL, "pagerd: budget %llu bytes is below one expert (%llu)",
 			      (unsigned long long)b, (unsigned long long)d->data_bytes);
-	d->st.budget_bytes = MP_ALIGN_UP(MP_MIN(b, total), PAGE);
+	d->st.budget_bytes = MP_ALIGN_UP(MP_MIN(b, total), d->page);
 	return 0;
+}
+
+/* Free hugetlb pages of the default size, from /proc/meminfo; 0 when unknown. */
+static uint64_t hugetlb_free(void)
+{
+	char line[128];
+	unsigned long long n = 0;
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "HugePages_Free: %llu", &n) == 1)
+			break;
+	fclose(f);
+	return n;
 }
 
 /* The memfd (one stride per expert, sparse), the daemon's mapping of it, the file tier. */
 static int daemon_memory(struct mp_pagerd *d)
 {
+	unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
 	int err;
 
-	d->memfd = memfd_create("moepager-host-tier", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (d->pages == MP_PAGERD_PAGES_HUGETLB) {
+		if (hugetlb_free() * d->page < d->st.budget_bytes)
+			return mp_err(-ENOMEM, "pagerd: hugetlb pages: %llu free of 2 MiB, the budget "
+				      "needs %llu (raise vm.nr_hugepages)",
+				      (unsigned long long)hugetlb_free(),
+				      (unsigned long long)(d->st.budget_bytes / d->page));
+		flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+	}
+	d->memfd = memfd_create("moepager-host-tier", flags);
 	if (d->memfd < 0)
 		return mp_err(-errno, "pagerd: memfd_create: %s", strerror(errno));
 	if (ftruncate(d->memfd, (off_t)d->memfd_bytes) ||
@@ -558,6 +588,9 @@ static int daemon_memory(struct mp_pagerd *d)
 		d->alias = NULL;
 		return mp_err(-errno, "pagerd: mapping the memfd: %s", strerror(errno));
 	}
+	/* Shmem allocates through the mapping that touches first: the fills go through this one. */
+	if (d->pages == MP_PAGERD_PAGES_THP && madvise(d->alias, d->memfd_bytes, MADV_HUGEPAGE))
+		mp_warn("pagerd: MADV_HUGEPAGE on the memfd: %s", strerror(errno));
 	err = mp_tier_file_open(d->store, NULL, &d->tier);
 	if (!err)
 		err = mp_io_open(32, &d->io);
@@ -592,8 +625,9 @@ int mp_pagerd_open(struct mp_store *store, const struct mp_pagerd_config *cfg,
 	if (!cfg || !cfg->socket_path || !*cfg->socket_path)
 		return mp_err(-EINVAL, "pagerd config: socket_path is required");
 	err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved), "pagerd config");
-	if (err || cfg->reserved0)
-		return err ? err : mp_err(-EINVAL, "pagerd config: reserved0 is not zero");
+	if (err || cfg->pages > MP_PAGERD_PAGES_HUGETLB)
+		return err ? err : mp_err(-EINVAL, "pagerd config: pages %u is not a kind of page",
+					  cfg->pages);
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
@@ -604,7 +638,9 @@ int mp_pagerd_open(struct mp_store *store, const struct mp_pagerd_config *cfg,
 	d->experts = g->experts;
 	d->nslots = d->layers * d->experts;
 	d->expert_bytes = mp_store_expert_bytes(store);
-	d->data_bytes = MP_ALIGN_UP(d->expert_bytes, PAGE);
+	d->pages = cfg->pages;
+	d->page = d->pages == MP_PAGERD_PAGES_HUGETLB ? MP_EXPERT_ALIGN : PAGE;
+	d->data_bytes = MP_ALIGN_UP(d->expert_bytes, d->page);
 	d->slot_bytes = MP_ALIGN_UP(d->expert_bytes, MP_EXPERT_ALIGN);
 	d->memfd_bytes = (uint64_t)d->nslots * d->slot_bytes;
 	d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -36,6 +36,7 @@ struct mp_share_reply {
 	uint64_t slot_bytes;
 	uint64_t data_bytes;
 	uint64_t memfd_bytes;
+	uint64_t page_bytes;	/* the memfd's page size: 4 KiB, or 2 MiB for hugetlb */
 	char message[256];
 };
 

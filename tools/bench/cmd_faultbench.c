@@ -34,6 +34,7 @@ static struct fb_env {
 	bool no_drop;
 	bool verbose;
 	bool shared;
+	const char *shared_pages;
 } env;
 
 static const char doc[] =
@@ -69,14 +70,18 @@ static const char doc[] =
 	"each touch is a MINOR fault the daemon serves with one UFFDIO_CONTINUE of the\n"
 	"expert: what a second engine process pays. The JSON gains \"shared\" with\n"
 	"host_fault_gbps, host_fault_p50_us/p99_us, file_fault_gbps/p50_us (first touch:\n"
-	"the daemon's fill), samples and shmem_thp (the kernel's shmem THP setting), and\n"
-	"continue_to_move_p50 (shared host-fault p50 over the MOVE path's).\n"
+	"the daemon's fill), samples, pages (--shared-pages), shmem_thp (the kernel's\n"
+	"shmem THP setting) and continue_to_move_p50 (shared host-fault p50 over the\n"
+	"MOVE path's).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager faultbench --model mixtral-mini.mpk\n"
 	"  moepager faultbench --model m.mpk --json --experts 16 --repeat 5\n";
 
-enum { OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE, OPT_SHARED };
+enum {
+	OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE, OPT_SHARED,
+	OPT_SHARED_PAGES,
+};
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model", 0 },
@@ -90,6 +95,8 @@ static const struct argp_option opts[] = {
 	{ "verbose", OPT_VERBOSE, NULL, 0, "Print every fault's latency on stderr", 0 },
 	{ "shared", OPT_SHARED, NULL, 0,
 	  "Also measure host faults served by a pager daemon (UFFDIO_CONTINUE from its memfd)", 0 },
+	{ "shared-pages", OPT_SHARED_PAGES, "KIND", 0,
+	  "--shared: the daemon's pages (moepager pagerd --pages: small, thp, hugetlb)", 0 },
 	{ 0 },
 };
 
@@ -126,6 +133,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_SHARED:
 		env.shared = true;
+		break;
+	case OPT_SHARED_PAGES:
+		env.shared = true;
+		env.shared_pages = arg;
 		break;
 	default:
 		return cli_parse_one_path(key, arg, state, &env.path);
@@ -489,7 +500,7 @@ static pid_t start_pagerd(const char *model, const char *sock, uint64_t budget)
 	if (pid == 0) {
 		dup2(out[1], STDOUT_FILENO);
 		execl("/proc/self/exe", "moepager", "pagerd", "--model", model, "--socket", sock,
-		      "--budget", bytes, (char *)NULL);
+		      "--budget", bytes, "--pages", env.shared_pages, (char *)NULL);
 		_exit(127);
 	}
 	close(out[1]);
@@ -556,13 +567,15 @@ static int shared_touches(struct mp_attach *a, const struct expert_id *set, uint
 static int shared_bench(struct mp_store *s, struct results *res)
 {
 	const struct mp_geometry *g = mp_store_geometry(s);
-	uint64_t xb = mp_store_expert_bytes(s), budget = (env.experts + 1) * ((xb + 4095) & ~4095ull);
+	uint64_t xb = mp_store_expert_bytes(s), budget;
 	struct expert_id *ids = calloc((size_t)env.experts * 2, sizeof(*ids));
 	struct mp_attach *a = NULL;
 	char sock[64];
 	int fd = -1, err;
 	pid_t d;
 
+	/* Whole strides: room for the set with 2 MiB (hugetlb) pages as well. */
+	budget = (env.experts + 1) * ((xb + MP_EXPERT_ALIGN - 1) / MP_EXPERT_ALIGN * MP_EXPERT_ALIGN);
 	read_shmem_thp(res->shmem_thp, sizeof(res->shmem_thp));
 	if (!ids)
 		return -ENOMEM;
@@ -598,7 +611,7 @@ static json_t *shared_json(const struct results *res, uint64_t xb, double move_p
 		host_us += res->sh_host_lat[i];
 	for (uint32_t i = 0; i < res->sh_nfill; i++)
 		fill_us += res->sh_fill_lat[i];
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:s, s:f}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:s, s:s, s:f}",
 			 "host_fault_gbps", (double)xb * res->sh_nhost / (host_us * 1e3),
 			 "host_fault_p50_us", p50,
 			 "host_fault_p99_us", cli_quantile(res->sh_host_lat, res->sh_nhost, 0.99),
@@ -606,6 +619,7 @@ static json_t *shared_json(const struct results *res, uint64_t xb, double move_p
 			 "file_fault_p50_us", cli_quantile(res->sh_fill_lat, res->sh_nfill, 0.5),
 			 "file_fault_p99_us", cli_quantile(res->sh_fill_lat, res->sh_nfill, 0.99),
 			 "samples", (json_int_t)res->sh_nhost, "shmem_thp", res->shmem_thp,
+			 "pages", env.shared_pages,
 			 "continue_to_move_p50", move_p50 > 0 ? p50 / move_p50 : 0.0);
 }
 
@@ -703,10 +717,11 @@ static int report(const struct mp_store *s, struct results *res)
 	if (env.shared) {
 		json_t *sh = shared_json(res, xb, hp50);
 
-		printf("  shared host tier (pagerd, UFFDIO_CONTINUE, shmem THP %s):\n"
+		printf("  shared host tier (pagerd, UFFDIO_CONTINUE, %s pages, shmem THP %s):\n"
 		       "    host faults             %8.2f GB/s  (p50 %.0f us, p99 %.0f us; "
 		       "%.2fx the MOVE p50)\n"
-		       "    first touch (fill)      %8.2f GB/s  (p50 %.0f us)\n", res->shmem_thp,
+		       "    first touch (fill)      %8.2f GB/s  (p50 %.0f us)\n", env.shared_pages,
+		       res->shmem_thp,
 		       json_real_value(json_object_get(sh, "host_fault_gbps")),
 		       json_real_value(json_object_get(sh, "host_fault_p50_us")),
 		       json_real_value(json_object_get(sh, "host_fault_p99_us")),
@@ -733,6 +748,7 @@ int cmd_faultbench(int argc, char **argv)
 	env.io_depth = 32;
 	env.io_bytes = 512u << 10;
 	env.fill_threads = 2;
+	env.shared_pages = "small";
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)

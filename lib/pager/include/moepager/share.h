@@ -24,12 +24,22 @@ extern "C" {
 
 struct mp_pagerd;
 
+/* What pages hold the host tier (mp_pagerd_config.pages). */
+enum mp_pagerd_pages {
+	MP_PAGERD_PAGES_SMALL = 0,	/* 4 KiB shmem pages */
+	MP_PAGERD_PAGES_THP,		/* shmem asked for THP (MADV_HUGEPAGE): the kernel's
+					 * shmem_enabled setting decides */
+	MP_PAGERD_PAGES_HUGETLB,	/* MFD_HUGETLB 2 MiB pages (vm.nr_hugepages must hold
+					 * the budget); an expert's tail padding then reads as
+					 * zeros instead of raising SIGBUS */
+};
+
 struct mp_pagerd_config {
 	const char *socket_path;	/* the UNIX socket engines attach to (required) */
 	uint64_t budget_bytes;		/* expert bytes in memory across every process */
 	const char *budget;		/* or a mp_budget_parse() string; both 0: half of RAM */
 	uint32_t max_clients;		/* 0: 64 */
-	uint32_t reserved0;
+	uint32_t pages;			/* enum mp_pagerd_pages */
 	MP_RESERVED(6);
 };
 
