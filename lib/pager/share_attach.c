@@ -46,37 +46,15 @@ struct mp_attach {
 static int exchange(int sock, const void *buf, size_t len, int fd, void *rep, size_t want,
 		    int *rfd)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
-	struct iovec iov = { (void *)buf, len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	struct cmsghdr *cm;
-	ssize_t n;
+	int got = -1, err = mp_share_send(sock, buf, len, fd);
+	ssize_t n = err ? err : mp_share_recv(sock, rep, want, &got);
 
-	if (fd >= 0) {
-		mh.msg_control = cbuf;
-		mh.msg_controllen = sizeof(cbuf);
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	}
-	if (sendmsg(sock, &mh, MSG_NOSIGNAL) != (ssize_t)len)
-		return errno == EPIPE || errno == ECONNRESET ? -ENOTCONN : -errno;
-	iov = (struct iovec){ rep, want };
-	mh = (struct msghdr){ .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-			      .msg_controllen = sizeof(cbuf) };
-	memset(rep, 0, want);
-	n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-	if (n <= 0)
-		return n < 0 && errno != ECONNRESET ? -errno : -ENOTCONN;
-	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-			if (rfd)
-				memcpy(rfd, CMSG_DATA(cm), sizeof(int));
-			else
-				close(*(int *)CMSG_DATA(cm));
-		}
+	if (rfd)
+		*rfd = got;
+	else if (got >= 0)
+		close(got);
+	if (n < 0)
+		return (int)n;
 	return *(const uint64_t *)rep == MP_SHARE_MAGIC ? 0 : -EPROTO;
 }
 

@@ -268,25 +268,6 @@ static int client_faults(struct mp_pagerd *d, struct client *c)
  * Handshakes and requests
  */
 
-static int send_fd(int sock, const void *buf, size_t len, int fd)
-{
-	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
-	struct iovec iov = { (void *)buf, len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	struct cmsghdr *cm;
-
-	if (fd >= 0) {
-		mh.msg_control = cbuf;
-		mh.msg_controllen = sizeof(cbuf);
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	}
-	return sendmsg(sock, &mh, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
-}
-
 static int refuse(struct mp_pagerd *d, struct client *c, int status, const char *fmt, ...)
 	__mp_printf(4, 5);
 
@@ -299,7 +280,7 @@ static int refuse(struct mp_pagerd *d, struct client *c, int status, const char 
 	vsnprintf(rep.message, sizeof(rep.message), fmt, ap);
 	va_end(ap);
 	mp_info("pagerd: refused client pid %d: %s", (int)c->pid, rep.message);
-	send_fd(c->sock, &rep, sizeof(rep), -1);
+	mp_share_send(c->sock, &rep, sizeof(rep), -1);
 	STAT_ADD(d, refused, 1);
 	return status;
 }
@@ -326,7 +307,7 @@ static int on_hello(struct mp_pagerd *d, struct client *c, const struct mp_share
 			      (unsigned long long)h->identity);
 	snprintf(rep.message, sizeof(rep.message), "pager daemon %s serving %s", d->path,
 		 mp_store_name(d->store));
-	return send_fd(c->sock, &rep, sizeof(rep), d->memfd);
+	return mp_share_send(c->sock, &rep, sizeof(rep), d->memfd);
 }
 
 static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_share_attach *a,
@@ -347,28 +328,18 @@ static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_shar
 	pthread_mutex_unlock(&d->lock);
 	mp_info("pagerd: client pid %d attached at %#llx", (int)c->pid,
 		(unsigned long long)c->base);
-	return send_fd(c->sock, &rep, sizeof(rep), -1);
+	return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 }
 
 /* One message on a client's socket. Returns 0, or -errno to drop the client. */
 static int client_request(struct mp_pagerd *d, struct client *c)
 {
 	union { struct mp_share_hello h; struct mp_share_attach a; uint64_t w[8]; } m;
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = { &m, sizeof(m) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-			     .msg_controllen = sizeof(cbuf) };
-	struct cmsghdr *cm;
-	int fd = -1;
-	ssize_t n;
+	int fd;
+	ssize_t n = mp_share_recv(c->sock, &m, sizeof(m), &fd);
 
-	memset(&m, 0, sizeof(m));
-	n = recvmsg(c->sock, &mh, MSG_CMSG_CLOEXEC);
-	if (n <= 0)
-		return n < 0 ? -errno : -ECONNRESET;
-	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-			memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	if (n < 0)
+		return (int)n;
 	if (m.h.magic != MP_SHARE_MAGIC) {
 		if (fd >= 0)
 			close(fd);
@@ -388,7 +359,7 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		if (fd >= 0)
 			close(fd);
 		mp_pagerd_stats(d, &rep.stats);
-		return send_fd(c->sock, &rep, sizeof(rep), -1);
+		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 	}
 	}
 	if (fd >= 0)

@@ -3,7 +3,9 @@
 #ifndef MP_SHARE_PRIV_H
 #define MP_SHARE_PRIV_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <moepager/share.h>
 
@@ -53,6 +55,14 @@ struct mp_share_stats {
 	uint32_t pad;
 	struct mp_pagerd_stats stats;
 };
+
+/* Sends one message, with fd when >= 0. Returns 0, -ENOTCONN when the peer is gone, or -errno. */
+int mp_share_send(int sock, const void *buf, size_t len, int fd);
+/*
+ * Receives one message into buf (zeroed first) and the fd it carries (*fd,
+ * else -1). Returns its length, -ENOTCONN when the peer hung up, or -errno.
+ */
+ssize_t mp_share_recv(int sock, void *buf, size_t len, int *fd);
 
 /*
  * The SIGBUS guard for ranges that are not a pager's: an access to
