@@ -29,7 +29,8 @@ static const char doc[] =
 	"UFFDIO_CONTINUE, reads missing ones from the model file once for all of them,\n"
 	"and evicts by punching holes in the memfd. Engines of another moepager version\n"
 	"or of another model are refused with a message. Runs until SIGINT or SIGTERM;\n"
-	"prints \"ready SOCKET\" once engines can attach.\n"
+	"prints \"ready SOCKET\" once engines can attach (with --json, stdout holds only\n"
+	"the JSON: wait for the socket instead).\n"
 	"\n"
 	"--json prints the daemon's counters as one object at exit: budget_bytes,\n"
 	"resident_bytes, resident_peak_bytes, memfd_bytes, disk_bytes_read, fills,\n"
@@ -160,8 +161,10 @@ int cmd_pagerd(int argc, char **argv)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	printf("ready %s\n", env.socket);
-	fflush(stdout);
+	if (!env.json) {
+		printf("ready %s\n", env.socket);
+		fflush(stdout);
+	}
 	err = mp_pagerd_run(d);
 	if (env.json)
 		print_stats(d);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# `moepager pagerd` with `moepager run --attach` on the trained model: attached runs decode
+# the same tokens as a resident run; a daemon that served two runs read from disk exactly
+# what a daemon that served one read (the second run read nothing: the daemon's --json at
+# exit); its memory stays within the budget; a run of another model is refused with the
+# daemon's message. Needs userfaultfd (CI runs as root).
+set -u
+moepager=$1
+model=$2
+dir=$(mktemp -d)
+daemon=
+trap '[[ -n $daemon ]] && kill -9 $daemon 2>/dev/null; rm -rf "$dir"' EXIT
+sock=$dir/pagerd.sock
+fail=0
+field() {
+	python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)[sys.argv[1]]))' "$1"
+}
+run() {
+	"$moepager" run --model "$1" --prompt "Q: What is a" --tokens 16 --json "${@:2}"
+}
+start() {
+	"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% --json >"$1" \
+		2>"$1.err" &
+	daemon=$!
+	for _ in $(seq 100); do [[ -S $sock ]] && return 0; sleep 0.1; done
+	echo "FAILED: the daemon did not listen"; cat "$1.err"; exit 1
+}
+stop() {
+	kill -TERM $daemon
+	wait $daemon || { echo "FAILED: the daemon exited non-zero"; fail=1; }
+	daemon=
+}
+attached() {
+	local out
+	out=$(run "$model" --attach "$sock" 2>"$dir/run.err") ||
+		{ echo "FAILED: an attached run"; cat "$dir/run.err"; exit 1; }
+	[[ $(field tokens <<<"$out") == "$resident" ]] ||
+		{ echo "FAILED: an attached run decoded other tokens than the resident run"; fail=1; }
+	[[ $(field mode <<<"$out") == '"attached"' ]] || { echo "FAILED: mode is not attached"; fail=1; }
+}
+stat() {
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+}
+resident=$(run "$model" --resident | field tokens) || exit 1
+
+start "$dir/one.json"
+attached
+stop
+start "$dir/two.json"
+attached
+attached
+"$moepager" gen --preset tiny --out "$dir/other.mpk" >/dev/null || exit 1
+if "$moepager" run --model "$dir/other.mpk" --attach "$sock" --tokens 2 2>"$dir/r3.err" >/dev/null
+then
+	echo "FAILED: a run of another model attached"; fail=1
+fi
+grep -q "the client opened another model" "$dir/r3.err" ||
+	{ echo "FAILED: no message naming the other model:"; cat "$dir/r3.err"; fail=1; }
+stop
+
+one=$(stat "$dir/one.json" disk_bytes_read)
+two=$(stat "$dir/two.json" disk_bytes_read)
+echo "bytes read from disk: $one serving one run, $two serving two"
+[[ $one -gt 0 && $two -eq $one ]] ||
+	{ echo "FAILED: the second attached run read from disk"; fail=1; }
+[[ $(stat "$dir/two.json" memfd_bytes) -le $(stat "$dir/two.json" budget_bytes) ]] ||
+	{ echo "FAILED: the memfd holds more than the budget"; fail=1; }
+[[ $(stat "$dir/two.json" refused) -eq 1 ]] || { echo "FAILED: not 1 refusal"; fail=1; }
+exit $fail
