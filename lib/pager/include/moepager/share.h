@@ -57,7 +57,7 @@ struct mp_pagerd_stats {
 	uint32_t clients;		/* attached now */
 	uint32_t clients_total;		/* attached since open */
 	uint32_t refused;		/* handshakes refused (version, model, full) */
-	uint32_t dropped;		/* clients dropped on an error or their death */
+	uint32_t dropped;		/* clients gone: detached, died, refused or failed */
 	MP_RESERVED(8);
 };
 
