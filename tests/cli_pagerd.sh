@@ -4,7 +4,8 @@
 # the same tokens as a resident run; a daemon that served two runs read from disk exactly
 # what a daemon that served one read (the second run read nothing: the daemon's --json at
 # exit); its memory stays within the budget; a run of another model is refused with the
-# daemon's message. Needs userfaultfd (CI runs as root).
+# daemon's message; two `moepager serve --attach` on one daemon answer alike. Needs
+# userfaultfd (CI runs as root).
 set -u
 moepager=$1
 model=$2
@@ -50,6 +51,24 @@ stop
 start "$dir/two.json"
 attached
 attached
+# Two servers on the one daemon answer a greedy completion with the same text.
+servers=()
+for i in 1 2; do
+	"$moepager" serve --model "$model" --attach "$sock" --listen 127.0.0.1:0 \
+		--port-file "$dir/port$i" 2>"$dir/serve$i.err" &
+	servers+=($!)
+done
+texts=()
+for i in 1 2; do
+	for _ in $(seq 100); do [[ -s $dir/port$i ]] && break; sleep 0.1; done
+	texts+=("$(curl -s "127.0.0.1:$(cat "$dir/port$i")/v1/completions" \
+		-d '{"prompt": "Q: What is a", "max_tokens": 12, "temperature": 0}' |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])')")
+done
+kill -TERM "${servers[@]}"
+wait "${servers[@]}"
+[[ -n ${texts[0]} && ${texts[0]} == "${texts[1]}" ]] ||
+	{ echo "FAILED: two attached servers answered '${texts[0]}' and '${texts[1]}'"; fail=1; }
 "$moepager" gen --preset tiny --out "$dir/other.mpk" >/dev/null || exit 1
 if "$moepager" run --model "$dir/other.mpk" --attach "$sock" --tokens 2 2>"$dir/r3.err" >/dev/null
 then
