@@ -443,6 +443,47 @@ static void pages_an_engine_drops_itself_are_mapped_again(void **state)
 	stop_daemon(d);
 }
 
+static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **state)
+{
+	const char *sock = t_path("bad.sock"), *bad = t_path("bad.mpk");
+	const struct mp_expert_info *x;
+	struct mp_pagerd_stats st;
+	struct cmp c = { 0 };
+	const char *keep = model;
+	int err;
+	pid_t d;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(bad, MP_DTYPE_F32, 5), 0);
+	assert_int_equal(mp_store_open(bad, &c.s), 0);
+	x = mp_store_expert(c.s, 0, 1);
+	assert_int_equal(t_flip_byte(bad, x->offset + 100), 0);
+	mp_store_close(c.s);
+	/* The daemon serves the corrupt copy; the engine opened the good file. */
+	model = bad;
+	d = start_daemon(sock, "100%");
+	model = keep;
+	err = attach_child(sock, &c);
+	alarm(0);
+	assert_child_ok(err);
+	t_log_capture();
+	for (int round = 0; round < 2; round++) {
+		t_log_reset();
+		c.layer = 0;
+		c.expert = 1;
+		assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), -EIO);
+		assert_true(t_log_contains("could not read layer 0 expert 1"));
+		c.expert = 2;
+		assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), 0);
+	}
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+	assert_int_equal(st.fill_failures, 2);	/* the second access asked again */
+	mp_attach_close(c.a);
+	mp_store_close(c.s);
+	free(c.want);
+	stop_daemon(d);
+}
+
 /* Sends a hello with the wrong version over a raw socket and returns the daemon's answer. */
 static struct mp_share_reply hello_raw(const char *sock, uint32_t major)
 {
@@ -504,6 +545,7 @@ int main(void)
 		T(daemon_death_fails_a_waiting_fault_with_a_message_not_a_hang),
 		T(engine_dying_mid_fault_leaves_daemon_and_other_engines_working),
 		T(pages_an_engine_drops_itself_are_mapped_again),
+		T(failed_fill_is_an_error_naming_the_expert_and_is_retried),
 		T(another_model_or_version_is_refused_with_a_message),
 	};
 
