@@ -4,8 +4,8 @@
 # the same tokens as a resident run; a daemon that served two runs read from disk exactly
 # what a daemon that served one read (the second run read nothing: the daemon's --json at
 # exit); its memory stays within the budget; a run of another model is refused with the
-# daemon's message; two `moepager serve --attach` on one daemon answer alike. Needs
-# userfaultfd (CI runs as root).
+# daemon's message; two `moepager serve --attach` on one daemon answer alike; the budget
+# shrinks while it serves (--set-budget). Needs userfaultfd (CI runs as root).
 set -u
 moepager=$1
 model=$2
@@ -76,10 +76,17 @@ then
 fi
 grep -q "the client opened another model" "$dir/r3.err" ||
 	{ echo "FAILED: no message naming the other model:"; cat "$dir/r3.err"; fail=1; }
+# The budget changes while the daemon serves: down to half the experts, evicting; the run
+# after it still decodes the same tokens.
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 50% --json >"$dir/set.json" ||
+	{ echo "FAILED: --set-budget"; fail=1; }
+[[ $(stat "$dir/set.json" resident_bytes) -le $(stat "$dir/set.json" budget_bytes) ]] ||
+	{ echo "FAILED: the daemon holds more than its new budget"; fail=1; }
+attached
 stop
 
 one=$(stat "$dir/one.json" disk_bytes_read)
-two=$(stat "$dir/two.json" disk_bytes_read)
+two=$(stat "$dir/set.json" disk_bytes_read)	# before the run after the shrink
 echo "bytes read from disk: $one serving one run, $two serving two"
 [[ $one -gt 0 && $two -eq $one ]] ||
 	{ echo "FAILED: the second attached run read from disk"; fail=1; }

@@ -484,6 +484,69 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	stop_daemon(d);
 }
 
+/* Reads every expert through an attachment, comparing each with the file; the first error. */
+static int read_all(struct cmp *c)
+{
+	for (uint32_t k = 0; k < layers * experts; k++) {
+		int err;
+
+		c->layer = k / experts;
+		c->expert = k % experts;
+		err = mp_attach_guard(c->a, compare_expert, c);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static void budget_changes_while_attached_evict_down_and_grow_back(void **state)
+{
+	const char *sock = t_path("resize.sock");
+	uint64_t all = (uint64_t)layers * experts * xbytes, small = 4 * xbytes;
+	struct mp_pagerd_stats st;
+	struct cmp c = { 0 };
+	int err;
+	pid_t d;
+
+	(void)state;
+	d = start_daemon(sock, "100%");
+	err = attach_child(sock, &c);
+	alarm(0);
+	assert_child_ok(err);
+	assert_int_equal(read_all(&c), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+	assert_true(st.resident_bytes >= all);
+	/* Down: the daemon evicts to the new budget before it answers. */
+	assert_int_equal(mp_attach_set_budget(c.a, small), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+	assert_true(st.budget_bytes <= small + 4096);
+	assert_true(st.resident_bytes <= st.budget_bytes);
+	assert_true(st.memfd_bytes <= st.budget_bytes);
+	assert_int_equal(read_all(&c), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+	assert_true(st.resident_peak_bytes >= all);	/* the peak of before */
+	assert_true(st.memfd_bytes <= st.budget_bytes);
+	/* Up again: everything fits, the second pass reads nothing. */
+	assert_int_equal(mp_attach_set_budget(c.a, all), 0);
+	assert_int_equal(read_all(&c), 0);
+	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+	{
+		uint64_t disk = st.disk_bytes_read;
+
+		assert_int_equal(read_all(&c), 0);
+		assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
+		assert_int_equal(st.disk_bytes_read, disk);
+	}
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_attach_set_budget(c.a, xbytes / 2), -EINVAL);
+	assert_true(t_log_contains("below one expert"));
+	mp_attach_close(c.a);
+	mp_store_close(c.s);
+	free(c.want);
+	stop_daemon(d);
+}
+
 /* Sends a hello with the wrong version over a raw socket and returns the daemon's answer. */
 static struct mp_share_reply hello_raw(const char *sock, uint32_t major)
 {
@@ -546,6 +609,7 @@ int main(void)
 		T(engine_dying_mid_fault_leaves_daemon_and_other_engines_working),
 		T(pages_an_engine_drops_itself_are_mapped_again),
 		T(failed_fill_is_an_error_naming_the_expert_and_is_retried),
+		T(budget_changes_while_attached_evict_down_and_grow_back),
 		T(another_model_or_version_is_refused_with_a_message),
 	};
 

@@ -323,6 +323,26 @@ int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out)
 	return 0;
 }
 
+int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
+{
+	struct mp_share_budget req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_BUDGET,
+				       .bytes = bytes };
+	struct mp_share_reply rep;
+	int err;
+
+	if (atomic_load(&a->gone))
+		return mp_err(-ENOTCONN, "attach %s: the pager daemon is gone", a->path);
+	pthread_mutex_lock(&a->req_lock);
+	err = exchange(a->sock, &req, sizeof(req), -1, &rep, sizeof(rep), NULL);
+	pthread_mutex_unlock(&a->req_lock);
+	if (err)
+		return mp_err(err, "attach %s: setting the budget: %s", a->path, strerror(-err));
+	rep.message[sizeof(rep.message) - 1] = 0;
+	if (rep.status)
+		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
+	return 0;
+}
+
 static const void *source_expert(void *ctx, uint32_t layer, uint32_t expert)
 {
 	return mp_attach_expert(ctx, layer, expert);

@@ -123,10 +123,10 @@ static void slot_punch(struct mp_pagerd *d, uint32_t s)
 	d->epoch[s]++;
 }
 
-/* Evicts least recently used experts until one more fits the budget. */
-static void make_room(struct mp_pagerd *d, uint32_t keep)
+/* Evicts least recently used experts (never keep) until `extra` more bytes fit the budget. */
+static void make_room(struct mp_pagerd *d, uint32_t keep, uint64_t extra)
 {
-	while (d->st.resident_bytes + d->data_bytes > d->st.budget_bytes) {
+	while (d->st.resident_bytes + extra > d->st.budget_bytes) {
 		uint32_t victim = UINT32_MAX;
 
 		for (uint32_t s = 0; s < d->nslots; s++)
@@ -159,7 +159,7 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	uint64_t sum;
 	int err;
 
-	make_room(d, s);
+	make_room(d, s, d->data_bytes);
 	XXH3_64bits_reset(d->hash);
 	err = mp_tier_read(d->tier, &rd);
 	if (!err) {
@@ -310,6 +310,28 @@ static int on_hello(struct mp_pagerd *d, struct client *c, const struct mp_share
 	return mp_share_send(c->sock, &rep, sizeof(rep), d->memfd);
 }
 
+/* A new budget for every process: a smaller one evicts down to it before the answer. */
+static int on_budget(struct mp_pagerd *d, struct client *c, uint64_t bytes)
+{
+	struct mp_share_reply rep = { .magic = MP_SHARE_MAGIC };
+	uint64_t total = (uint64_t)d->nslots * d->data_bytes;
+
+	if (bytes < d->data_bytes) {
+		rep.status = -EINVAL;
+		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: budget %llu bytes is "
+			 "below one expert (%llu)", d->path, (unsigned long long)bytes,
+			 (unsigned long long)d->data_bytes);
+		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
+	}
+	pthread_mutex_lock(&d->lock);
+	d->st.budget_bytes = MP_ALIGN_UP(MP_MIN(bytes, total), d->page);
+	pthread_mutex_unlock(&d->lock);
+	make_room(d, UINT32_MAX, 0);
+	mp_info("pagerd: budget now %llu bytes (asked by pid %d)",
+		(unsigned long long)d->st.budget_bytes, (int)c->pid);
+	return mp_share_send(c->sock, &rep, sizeof(rep), -1);
+}
+
 static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_share_attach *a,
 		     int fd)
 {
@@ -334,7 +356,12 @@ static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_shar
 /* One message on a client's socket. Returns 0, or -errno to drop the client. */
 static int client_request(struct mp_pagerd *d, struct client *c)
 {
-	union { struct mp_share_hello h; struct mp_share_attach a; uint64_t w[8]; } m;
+	union {
+		struct mp_share_hello h;
+		struct mp_share_attach a;
+		struct mp_share_budget b;
+		uint64_t w[8];
+	} m;
 	int fd;
 	ssize_t n = mp_share_recv(c->sock, &m, sizeof(m), &fd);
 
@@ -353,6 +380,10 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		return on_hello(d, c, &m.h);
 	case MP_SHARE_ATTACH:
 		return on_attach(d, c, &m.a, fd);
+	case MP_SHARE_BUDGET:
+		if (fd >= 0)
+			close(fd);
+		return on_budget(d, c, m.b.bytes);
 	case MP_SHARE_STATS: {
 		struct mp_share_stats rep = { .magic = MP_SHARE_MAGIC };
 

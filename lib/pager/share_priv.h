@@ -17,6 +17,7 @@ enum mp_share_op {
 	MP_SHARE_HELLO = 1,	/* client -> daemon; the reply carries the memfd */
 	MP_SHARE_ATTACH,	/* client -> daemon, with the client's userfaultfd */
 	MP_SHARE_STATS,		/* client -> daemon; the reply carries struct mp_pagerd_stats */
+	MP_SHARE_BUDGET,	/* client -> daemon: struct mp_share_budget; a mp_share_reply */
 };
 
 struct mp_share_hello {
@@ -47,6 +48,13 @@ struct mp_share_attach {
 	uint32_t op;
 	uint32_t pad;
 	uint64_t base;		/* the client's range, nslots * slot_bytes */
+};
+
+struct mp_share_budget {
+	uint64_t magic;
+	uint32_t op;
+	uint32_t pad;
+	uint64_t bytes;
 };
 
 struct mp_share_stats {

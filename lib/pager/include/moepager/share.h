@@ -113,6 +113,12 @@ MP_API const void *mp_attach_expert(struct mp_attach *a, uint32_t layer, uint32_
 MP_API int mp_attach_guard(struct mp_attach *a, int (*fn)(void *arg), void *arg);
 /* The expert source over an attachment (ctx: the struct mp_attach). */
 MP_API const struct mp_expert_source_ops *mp_attach_source_ops(void);
+/*
+ * Changes the daemon's budget, for every process attached: a smaller one
+ * evicts down to it before this returns. Returns 0, -EINVAL (below one
+ * expert, with the daemon's message), -ENOTCONN when it is gone, or -errno.
+ */
+MP_API int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes);
 /* Asks the daemon for its counters. Returns 0, -ENOTCONN when it is gone, or -errno. */
 MP_API int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out);
 /*
