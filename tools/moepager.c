@@ -23,6 +23,8 @@ static const struct cli_command commands[] = {
 	{ "generate", "continue a text prompt with a trained model and its tokenizer", cmd_generate },
 	{ "bench", "compare prefetch/eviction policies and baselines on traces at budgets", cmd_bench },
 	{ "faultbench", "expert fault service vs raw io_uring and mmap, as JSON", cmd_faultbench },
+	{ "bench-elastic", "1 -> 2 -> 1 engine processes: a shared host tier vs a copy, a restart",
+	  cmd_elasticbench },
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
 	{ "bench-adapters", "many expert adapters over one base vs base, padded and merged",
 	  cmd_adapterbench },

@@ -485,39 +485,6 @@ free_ids:
  * --shared: host faults through a pager daemon
  */
 
-/* Starts `moepager pagerd` (this binary) on sock; returns its pid once it is ready, or -errno. */
-static pid_t start_pagerd(const char *model, const char *sock, uint64_t budget)
-{
-	char line[256] = "", bytes[32];
-	struct pollfd pfd;
-	int out[2];
-	pid_t pid;
-
-	snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long)budget);
-	if (pipe(out))
-		return -errno;
-	pid = fork();
-	if (pid == 0) {
-		dup2(out[1], STDOUT_FILENO);
-		execl("/proc/self/exe", "moepager", "pagerd", "--model", model, "--socket", sock,
-		      "--budget", bytes, "--pages", env.shared_pages, (char *)NULL);
-		_exit(127);
-	}
-	close(out[1]);
-	pfd = (struct pollfd){ .fd = out[0], .events = POLLIN };
-	if (pid < 0 || poll(&pfd, 1, 30000) != 1 || read(out[0], line, sizeof(line) - 1) <= 0 ||
-	    !strstr(line, "ready")) {
-		close(out[0]);
-		if (pid > 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-		}
-		return -ECHILD;
-	}
-	close(out[0]);
-	return pid;
-}
-
 static void read_shmem_thp(char *buf, size_t len)
 {
 	char *sel, *end;
@@ -581,7 +548,7 @@ static int shared_bench(struct mp_store *s, struct results *res)
 		return -ENOMEM;
 	pick_sets(g, ids, env.experts * 2);
 	snprintf(sock, sizeof(sock), "/tmp/moepager-faultbench-%d.sock", (int)getpid());
-	d = start_pagerd(mp_store_path(s), sock, budget);
+	d = cli_start_pagerd(mp_store_path(s), sock, budget, env.shared_pages);
 	if (d < 0) {
 		fprintf(stderr, "moepager faultbench: starting moepager pagerd failed\n");
 		free(ids);
