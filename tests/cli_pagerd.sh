@@ -5,7 +5,8 @@
 # what a daemon that served one read (the second run read nothing: the daemon's --json at
 # exit); its memory stays within the budget; a run of another model is refused with the
 # daemon's message; two `moepager serve --attach` on one daemon answer alike; the budget
-# shrinks while it serves (--set-budget). Needs userfaultfd (CI runs as root).
+# shrinks while it serves (--set-budget); bench-elastic's attaching engine reads nothing
+# from disk. Needs userfaultfd (CI runs as root).
 set -u
 moepager=$1
 model=$2
@@ -93,4 +94,15 @@ echo "bytes read from disk: $one serving one run, $two serving two"
 [[ $(stat "$dir/two.json" memfd_bytes) -le $(stat "$dir/two.json" budget_bytes) ]] ||
 	{ echo "FAILED: the memfd holds more than the budget"; fail=1; }
 [[ $(stat "$dir/two.json" refused) -eq 1 ]] || { echo "FAILED: not 1 refusal"; fail=1; }
+# bench-elastic: the engine that attaches reads nothing from disk, a second copy does.
+"$moepager" bench-elastic --model "$model" --budget 50% --json >"$dir/elastic.json" ||
+	{ echo "FAILED: bench-elastic"; fail=1; }
+python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["shared"]["disk_bytes_read"] == 0, d["shared"]
+assert d["second_copy"]["disk_bytes_read"] > 0, d["second_copy"]
+assert d["cold_restart"]["downtime_s"] > 0 and d["shared"]["downtime_s"] == 0
+for k in ("shared", "second_copy", "cold_restart"):
+	assert d[k]["peak_memory_bytes"] > 0 and d[k]["scale_up_s"] > 0, k' "$dir/elastic.json" ||
+	{ echo "FAILED: bench-elastic's figures"; fail=1; }
 exit $fail
