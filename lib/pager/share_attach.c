@@ -305,22 +305,32 @@ int mp_attach_guard(struct mp_attach *a, int (*fn)(void *arg), void *arg)
 	return mp_pager_guard(NULL, fn, arg);
 }
 
-int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out)
+/* One request to a live daemon and its reply; `what` names it in messages. */
+static int request(struct mp_attach *a, const void *req, size_t len, void *rep, size_t want,
+		   const char *what)
 {
-	struct mp_share_hello req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_STATS };
-	struct mp_share_stats rep;
 	int err;
 
 	if (atomic_load(&a->gone))
 		return mp_err(-ENOTCONN, "attach %s: the pager daemon is gone", a->path);
 	pthread_mutex_lock(&a->req_lock);
-	err = exchange(a->sock, &req, sizeof(req), -1, &rep, sizeof(rep), NULL);
+	err = exchange(a->sock, req, len, -1, rep, want, NULL);
 	pthread_mutex_unlock(&a->req_lock);
 	if (err)
-		return mp_err(err, "attach %s: asking the daemon for its counters: %s", a->path,
-			      strerror(-err));
-	*out = rep.stats;
+		return mp_err(err, "attach %s: %s: %s", a->path, what, strerror(-err));
 	return 0;
+}
+
+int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out)
+{
+	struct mp_share_hello req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_STATS };
+	struct mp_share_stats rep;
+	int err = request(a, &req, sizeof(req), &rep, sizeof(rep),
+			  "asking the daemon for its counters");
+
+	if (!err)
+		*out = rep.stats;
+	return err;
 }
 
 int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
@@ -328,15 +338,10 @@ int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
 	struct mp_share_budget req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_BUDGET,
 				       .bytes = bytes };
 	struct mp_share_reply rep;
-	int err;
+	int err = request(a, &req, sizeof(req), &rep, sizeof(rep), "setting the budget");
 
-	if (atomic_load(&a->gone))
-		return mp_err(-ENOTCONN, "attach %s: the pager daemon is gone", a->path);
-	pthread_mutex_lock(&a->req_lock);
-	err = exchange(a->sock, &req, sizeof(req), -1, &rep, sizeof(rep), NULL);
-	pthread_mutex_unlock(&a->req_lock);
 	if (err)
-		return mp_err(err, "attach %s: setting the budget: %s", a->path, strerror(-err));
+		return err;
 	rep.message[sizeof(rep.message) - 1] = 0;
 	if (rep.status)
 		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
