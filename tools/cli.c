@@ -5,9 +5,12 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <moepager.h>
@@ -303,4 +306,36 @@ const char *cli_drop_caches(int fd)
 			return "drop_caches";
 	}
 	return "fadvise";
+}
+
+pid_t cli_start_pagerd(const char *model, const char *sock, uint64_t budget, const char *pages)
+{
+	char line[256] = "", bytes[32];
+	struct pollfd pfd;
+	int out[2];
+	pid_t pid;
+
+	snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long)budget);
+	if (pipe(out))
+		return -errno;
+	pid = fork();
+	if (pid == 0) {
+		dup2(out[1], STDOUT_FILENO);
+		execl("/proc/self/exe", "moepager", "pagerd", "--model", model, "--socket", sock,
+		      "--budget", bytes, "--pages", pages, (char *)NULL);
+		_exit(127);
+	}
+	close(out[1]);
+	pfd = (struct pollfd){ .fd = out[0], .events = POLLIN };
+	if (pid < 0 || poll(&pfd, 1, 30000) != 1 || read(out[0], line, sizeof(line) - 1) <= 0 ||
+	    !strstr(line, "ready")) {
+		close(out[0]);
+		if (pid > 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+		}
+		return -ECHILD;
+	}
+	close(out[0]);
+	return pid;
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 struct cli_command {
@@ -27,8 +28,10 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_faultbench(int argc, char **argv);
 int cmd_preloadbench(int argc, char **argv);
+int cmd_elasticbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
 int cmd_adapterbench(int argc, char **argv);
+int cmd_pagerd(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
 int cmd_coe_gen(int argc, char **argv);
@@ -122,5 +125,12 @@ int cli_read_file(const char *path, char **buf, size_t *len);
  * as root). Returns how: "drop_caches" or "fadvise".
  */
 const char *cli_drop_caches(int fd);
+
+/*
+ * Starts `moepager pagerd` (this binary, /proc/self/exe) for model on sock
+ * with budget bytes of `pages` (small, thp, hugetlb). Returns its pid once
+ * it said ready, or a negative errno.
+ */
+pid_t cli_start_pagerd(const char *model, const char *sock, uint64_t budget, const char *pages);
 
 #endif

@@ -39,6 +39,7 @@ static struct run_env {
 	uint32_t repeat;
 	uint64_t seed;
 	const char *budget;
+	const char *attach;
 	uint64_t membw_bytes;
 	bool warm_all;
 	bool record_alternate;
@@ -50,7 +51,7 @@ enum {
 	OPT_PROMPT_TOKENS = 0x100, OPT_TOKENS, OPT_TRACE, OPT_REQUEST, OPT_BUDGET, OPT_PREFETCH,
 	OPT_EVICT, OPT_RESIDENT, OPT_WARMUP, OPT_ENGINE_DIR, OPT_JSON,
 	OPT_DUMP_LOGITS, OPT_SEED, OPT_MEMBW_BYTES, OPT_WARM_ALL, OPT_REPEAT, OPT_PROMPT,
-	OPT_TOKENIZER, OPT_RECORD_ALTERNATE, OPT_EMAP,
+	OPT_TOKENIZER, OPT_RECORD_ALTERNATE, OPT_EMAP, OPT_ATTACH,
 };
 
 static const char doc[] =
@@ -61,7 +62,9 @@ static const char doc[] =
 	"JSON). With --trace, decode\n"
 	"step t uses the experts (and gate weights) of trace token t of --request;\n"
 	"the prompt is routed by the model's router. Experts are resident (all read\n"
-	"into memory first, the upper bound) unless --budget pages them.\n"
+	"into memory first, the upper bound) unless --budget pages them, or --attach\n"
+	"reads them from a pager daemon's host tier (moepager pagerd; mode \"attached\",\n"
+	"its paging counters are the daemon's, not this run's).\n"
 	"\n"
 	"--json prints one object: decode_tokens_per_s, prefill_tokens_per_s,\n"
 	"token_ms_p50/p99, tokens (every generated id: the prefill's, warmup's,\n"
@@ -101,6 +104,9 @@ static const struct argp_option opts[] = {
 	{ "resident", OPT_RESIDENT, NULL, 0, "All experts in memory (the default)", 0 },
 	{ "budget", OPT_BUDGET, "SIZE", 0,
 	  "Page experts in this much memory (\"8G\", \"40%\" of the experts)", 0 },
+	{ "attach", OPT_ATTACH, "SOCKET", 0,
+	  "Read experts from the pager daemon on SOCKET (moepager pagerd): its host tier, "
+	  "shared with every process attached, under its budget", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy, paged (default lru)", 0 },
 	{ "prefetch", OPT_PREFETCH, "POLICY", 0,
 	  "Prefetch policy, paged (default: no prefetcher); see moepager bench --help", 0 },
@@ -166,6 +172,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_BUDGET:
 		env.budget = arg;
 		break;
+	case OPT_ATTACH:
+		env.attach = arg;
+		break;
 	case OPT_WARM_ALL:
 		env.warm_all = true;
 		break;
@@ -201,8 +210,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.model)
 			argp_error(state, "--model FILE is required");
-		if (env.resident && env.budget)
-			argp_error(state, "--resident and --budget exclude each other");
+		if ((env.resident && env.budget) || (env.attach && (env.resident || env.budget)))
+			argp_error(state, "--resident, --budget and --attach exclude each other");
 		if ((env.prefetch || env.evict || env.warm_all) && !env.budget)
 			argp_error(state, "--prefetch, --evict, --warm-all need --budget (paged)");
 		if (env.emap && !env.prefetch)
@@ -229,6 +238,7 @@ struct run {
 	struct mp_engine *engine;
 	struct mp_resident *resident;
 	struct mp_pager *pager;
+	struct mp_attach *attach;	/* with --attach */
 	struct mp_prefetcher *prefetcher;
 	bool semantic;			/* the prefetcher gets the token embeddings */
 	struct mp_runner *runner;
@@ -403,6 +413,12 @@ static int open_source(struct run *r, struct mp_runner_config *rcfg)
 	struct mp_pager_config pcfg;
 	int err;
 
+	if (env.attach) {
+		err = mp_attach_open(r->store, env.attach, &r->attach);
+		rcfg->source = mp_attach_source_ops();
+		rcfg->source_ctx = r->attach;
+		return err;
+	}
 	if (!env.budget) {
 		err = mp_resident_open(r->store, cli_progress_enabled() ? on_load_progress : NULL,
 				       NULL, &r->resident);
@@ -485,6 +501,7 @@ static void close_run(struct run *r)
 	/* The engine's threads are idle: no one touches expert memory any more. */
 	mp_prefetcher_close(r->prefetcher);
 	mp_pager_close(r->pager);
+	mp_attach_close(r->attach);
 	mp_resident_close(r->resident);
 	mp_engine_close(r->engine);
 	mp_trace_close(r->trace);
@@ -593,7 +610,7 @@ static json_t *json_prefetch(struct run *r)
 static int print_results(struct run *r, struct results *res)
 {
 	const struct mp_geometry *g = mp_store_geometry(r->store);
-	const char *mode = r->pager ? "paged" : "resident";
+	const char *mode = r->pager ? "paged" : r->attach ? "attached" : "resident";
 	const struct paging *pg = &res->pg;
 	uint64_t routed = pg->hits + pg->misses;
 	double hit_rate = r->pager ? (routed ? (double)pg->hits / (double)routed : 1.0) : 1.0;

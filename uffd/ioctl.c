@@ -95,7 +95,7 @@ void mp_uffd_sleep_ns(uint64_t ns)
  * Opening the userfaultfd
  */
 
-static int uffd_open_how(enum uffd_how how, int flags)
+int mp_uffd_open_how(enum uffd_how how, int flags)
 {
 	int dev, fd;
 
@@ -143,7 +143,7 @@ int mp_uffd_find_how(struct mp_region *r, enum uffd_how *how)
 {
 	int e_sys, e_dev, e_user, fd, unpriv;
 
-	fd = uffd_open_how(HOW_SYSCALL, O_CLOEXEC | O_NONBLOCK);
+	fd = mp_uffd_open_how(HOW_SYSCALL, O_CLOEXEC | O_NONBLOCK);
 	if (fd >= 0) {
 		*how = HOW_SYSCALL;
 		goto found;
@@ -152,7 +152,7 @@ int mp_uffd_find_how(struct mp_region *r, enum uffd_how *how)
 	if (e_sys == -ENOSYS)
 		return rlog_err(r, -EOPNOTSUPP, "userfaultfd(2): the kernel has no userfaultfd "
 				"(CONFIG_USERFAULTFD); the pager cannot work without it");
-	fd = uffd_open_how(HOW_DEV, O_CLOEXEC | O_NONBLOCK);
+	fd = mp_uffd_open_how(HOW_DEV, O_CLOEXEC | O_NONBLOCK);
 	if (fd >= 0) {
 		*how = HOW_DEV;
 		rlog_info(r, "userfaultfd(2) refused (%s); using /dev/userfaultfd",
@@ -160,7 +160,7 @@ int mp_uffd_find_how(struct mp_region *r, enum uffd_how *how)
 		goto found;
 	}
 	e_dev = fd;
-	fd = uffd_open_how(HOW_USER_ONLY, O_CLOEXEC | O_NONBLOCK);
+	fd = mp_uffd_open_how(HOW_USER_ONLY, O_CLOEXEC | O_NONBLOCK);
 	if (fd >= 0) {
 		*how = HOW_USER_ONLY;
 		rlog_info(r, "userfaultfd(2) refused (%s), /dev/userfaultfd: %s; handling "
@@ -201,7 +201,7 @@ static int uffd_handshake(struct mp_region *r, int fd, uint64_t want, uint64_t *
 /* Opens a userfaultfd the found way and negotiates `want`. Returns the fd or -errno. */
 int mp_uffd_open(struct mp_region *r, enum uffd_how how, uint64_t want)
 {
-	int fd = uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
+	int fd = mp_uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
 	int err;
 
 	if (fd < 0)
@@ -224,7 +224,7 @@ int mp_uffd_probe(struct mp_region *r, enum uffd_how how, uint64_t *features)
 		{ UFFD_FEATURE_EVENT_UNMAP, "UFFD_FEATURE_EVENT_UNMAP", "4.11" },
 		{ UFFD_FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS", "4.14" },
 	};
-	int fd = uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
+	int fd = mp_uffd_open_how(how, O_CLOEXEC | O_NONBLOCK);
 	int err;
 
 	if (fd < 0)

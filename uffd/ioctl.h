@@ -18,6 +18,8 @@ enum uffd_how { HOW_SYSCALL, HOW_DEV, HOW_USER_ONLY };
  * Returns 0, or -EPERM/-EOPNOTSUPP with a message naming what is missing.
  */
 int mp_uffd_find_how(struct mp_region *r, enum uffd_how *how);
+/* userfaultfd(flags) the given way, nothing negotiated. Returns the fd or -errno. */
+int mp_uffd_open_how(enum uffd_how how, int flags);
 /* Opens a userfaultfd (O_NONBLOCK) and negotiates want. Returns the fd or -errno. */
 int mp_uffd_open(struct mp_region *r, enum uffd_how how, uint64_t want);
 /* The kernel's features; -EOPNOTSUPP naming the first one the region needs and lacks. */

@@ -24,6 +24,7 @@
 #include <moepager/eval.h>
 #include <moepager/pager.h>
 #include <moepager/image.h>
+#include <moepager/share.h>
 #include <moepager/prefetch.h>
 #include <moepager/serve.h>
 #include <moepager/adapters.h>

@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "pager/pager_priv.h"
+#include "pager/share_priv.h"
 
 /*
  * The signal hook is process-wide by nature; it is the one piece of
@@ -24,6 +25,9 @@ struct guard_range {
 	_Atomic uintptr_t start;	/* 0: free entry */
 	_Atomic uintptr_t end;
 	struct mp_pager *p;
+	/* Ranges that are not a pager's (share_priv.h): who says what failed. */
+	int (*cause)(void *ctx, void *addr);
+	void *ctx;
 };
 
 static struct guard_range ranges[MAX_RANGES];
@@ -131,7 +135,8 @@ static int hook_ensure(void)
 	return 0;
 }
 
-int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len)
+static int register_entry(struct mp_pager *p, const void *start, uint64_t len,
+			  int (*cause)(void *ctx, void *addr), void *ctx)
 {
 	int err = -ENOSPC;
 
@@ -144,6 +149,8 @@ int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len)
 		if (atomic_load(&ranges[i].start))
 			continue;
 		ranges[i].p = p;
+		ranges[i].cause = cause;
+		ranges[i].ctx = ctx;
 		atomic_store_explicit(&ranges[i].end, (uintptr_t)start + len, memory_order_relaxed);
 		atomic_store_explicit(&ranges[i].start, (uintptr_t)start, memory_order_release);
 		err = 0;
@@ -151,8 +158,32 @@ int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len)
 	}
 	pthread_mutex_unlock(&registry_lock);
 	if (err)
-		return mp_err(err, "guard: more than %d pagers open at once", MAX_RANGES);
+		return mp_err(err, "guard: more than %d ranges open at once", MAX_RANGES);
 	return 0;
+}
+
+int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len)
+{
+	return register_entry(p, start, len, NULL, NULL);
+}
+
+int mp_guard_register_range(const void *start, uint64_t len,
+			    int (*cause)(void *ctx, void *addr), void *ctx)
+{
+	return register_entry(NULL, start, len, cause, ctx);
+}
+
+void mp_guard_unregister_range(void *ctx)
+{
+	pthread_mutex_lock(&registry_lock);
+	for (int i = 0; i < MAX_RANGES; i++) {
+		if (ranges[i].ctx == ctx && atomic_load(&ranges[i].start)) {
+			atomic_store(&ranges[i].start, 0);
+			ranges[i].cause = NULL;
+			ranges[i].ctx = NULL;
+		}
+	}
+	pthread_mutex_unlock(&registry_lock);
 }
 
 void mp_guard_unregister(struct mp_pager *p)
@@ -195,6 +226,11 @@ static int guard_fault(void *addr)
 
 		if (s && (uintptr_t)addr >= s && (uintptr_t)addr < atomic_load(&ranges[i].end)) {
 			owner = ranges[i].p;
+			if (!owner && ranges[i].cause) {
+				err = ranges[i].cause(ranges[i].ctx, addr);
+				pthread_mutex_unlock(&registry_lock);
+				return err;
+			}
 			break;
 		}
 	}

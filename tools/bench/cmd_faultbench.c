@@ -5,10 +5,13 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +33,8 @@ static struct fb_env {
 	uint32_t fill_threads;
 	bool no_drop;
 	bool verbose;
+	bool shared;
+	const char *shared_pages;
 } env;
 
 static const char doc[] =
@@ -59,11 +64,24 @@ static const char doc[] =
 	"mmap GB/s and its own host-fault p50/p99 (the top-level host quantiles pool\n"
 	"every repeat's faults).\n"
 	"\n"
+	"--shared adds the host tier shared by processes (moepager pagerd, run here as a\n"
+	"child process): the same experts read through a daemon into its memfd, then\n"
+	"dropped from this process's mapping only (MADV_DONTNEED) and touched again, so\n"
+	"each touch is a MINOR fault the daemon serves with one UFFDIO_CONTINUE of the\n"
+	"expert: what a second engine process pays. The JSON gains \"shared\" with\n"
+	"host_fault_gbps, host_fault_p50_us/p99_us, file_fault_gbps/p50_us (first touch:\n"
+	"the daemon's fill), samples, pages (--shared-pages), shmem_thp (the kernel's\n"
+	"shmem THP setting) and continue_to_move_p50 (shared host-fault p50 over the\n"
+	"MOVE path's).\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager faultbench --model mixtral-mini.mpk\n"
 	"  moepager faultbench --model m.mpk --json --experts 16 --repeat 5\n";
 
-enum { OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE };
+enum {
+	OPT_IO_DEPTH = 1000, OPT_IO_BYTES, OPT_THREADS, OPT_NO_DROP, OPT_VERBOSE, OPT_SHARED,
+	OPT_SHARED_PAGES,
+};
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model", 0 },
@@ -75,6 +93,10 @@ static const struct argp_option opts[] = {
 	{ "fill-threads", OPT_THREADS, "N", 0, "Pager fill threads (default 2)", 0 },
 	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache (warm mmap)", 0 },
 	{ "verbose", OPT_VERBOSE, NULL, 0, "Print every fault's latency on stderr", 0 },
+	{ "shared", OPT_SHARED, NULL, 0,
+	  "Also measure host faults served by a pager daemon (UFFDIO_CONTINUE from its memfd)", 0 },
+	{ "shared-pages", OPT_SHARED_PAGES, "KIND", 0,
+	  "--shared: the daemon's pages (moepager pagerd --pages: small, thp, hugetlb)", 0 },
 	{ 0 },
 };
 
@@ -108,6 +130,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_VERBOSE:
 		env.verbose = true;
+		break;
+	case OPT_SHARED:
+		env.shared = true;
+		break;
+	case OPT_SHARED_PAGES:
+		env.shared = true;
+		env.shared_pages = arg;
 		break;
 	default:
 		return cli_parse_one_path(key, arg, state, &env.path);
@@ -235,9 +264,8 @@ static int64_t raw_one(struct raw *r, const struct mp_store *s, const struct exp
 }
 
 /* Touches one byte of an expert: the fault brings the whole expert in. Returns the ns. */
-static uint64_t touch_one(struct mp_pager *p, const struct expert_id *id, uint64_t bytes)
+static uint64_t touch_at(const volatile uint8_t *x, const struct expert_id *id, uint64_t bytes)
 {
-	const volatile uint8_t *x = mp_pager_expert(p, id->layer, id->expert);
 	uint64_t t0 = cli_now_ns(), dt;
 
 	(void)x[bytes / 2];
@@ -246,6 +274,11 @@ static uint64_t touch_one(struct mp_pager *p, const struct expert_id *id, uint64
 		fprintf(stderr, "fault layer %u expert %u: %.0f us\n", id->layer, id->expert,
 			(double)dt / 1e3);
 	return dt;
+}
+
+static uint64_t touch_one(struct mp_pager *p, const struct expert_id *id, uint64_t bytes)
+{
+	return touch_at(mp_pager_expert(p, id->layer, id->expert), id, bytes);
 }
 
 static void touch_each(struct mp_pager *p, const struct expert_id *set, uint64_t bytes,
@@ -296,6 +329,9 @@ struct results {
 	double *raw, *file, *mmap, *ratio;	/* per repeat */
 	double *file_lat, *host_lat;		/* per fault, us */
 	uint32_t nfile, nhost;
+	double *sh_fill_lat, *sh_host_lat;	/* --shared: per fault, us */
+	uint32_t sh_nfill, sh_nhost;
+	char shmem_thp[64];
 	double fresh_gbps;
 	const char *cache_mode;
 	bool direct;
@@ -445,6 +481,115 @@ free_ids:
 	return err;
 }
 
+/*
+ * --shared: host faults through a pager daemon
+ */
+
+static void read_shmem_thp(char *buf, size_t len)
+{
+	char *sel, *end;
+	ssize_t n;
+	int fd = open("/sys/kernel/mm/transparent_hugepage/shmem_enabled", O_RDONLY | O_CLOEXEC);
+
+	snprintf(buf, len, "unknown");
+	if (fd < 0)
+		return;
+	n = read(fd, buf, len - 1);
+	close(fd);
+	buf[n > 0 ? n : 0] = 0;
+	/* "always within_size advise [never] deny force": the bracketed one is in force. */
+	sel = strchr(buf, '[');
+	end = sel ? strchr(sel, ']') : NULL;
+	if (sel && end) {
+		memmove(buf, sel + 1, (size_t)(end - sel - 1));
+		buf[end - sel - 1] = 0;
+	}
+}
+
+/* The experts of set, first touched (the daemon's fill) then, round after round, refaulted. */
+static int shared_touches(struct mp_attach *a, const struct expert_id *set, uint64_t xb,
+			  int fd, struct results *res)
+{
+	uint64_t len = (xb + 4095) & ~4095ull;
+
+	drop_caches(fd);
+	for (uint32_t i = 0; i < env.experts; i++)
+		res->sh_fill_lat[res->sh_nfill++] = (double)touch_at(
+			mp_attach_expert(a, set[i].layer, set[i].expert), &set[i], xb) / 1e3;
+	for (uint32_t round = 0; round < env.repeat * HOST_ROUNDS; round++) {
+		for (uint32_t i = 0; i < env.experts; i++) {
+			void *x = (void *)mp_attach_expert(a, set[i].layer, set[i].expert);
+
+			/* Gone from this process only: the memfd keeps it, as for a new engine. */
+			if (madvise(x, len, MADV_DONTNEED))
+				return -errno;
+		}
+		for (uint32_t i = 0; i < env.experts; i++)
+			res->sh_host_lat[res->sh_nhost++] = (double)touch_at(
+				mp_attach_expert(a, set[i].layer, set[i].expert), &set[i], xb) / 1e3;
+	}
+	return 0;
+}
+
+static int shared_bench(struct mp_store *s, struct results *res)
+{
+	const struct mp_geometry *g = mp_store_geometry(s);
+	uint64_t xb = mp_store_expert_bytes(s), budget;
+	struct expert_id *ids = calloc((size_t)env.experts * 2, sizeof(*ids));
+	struct mp_attach *a = NULL;
+	char sock[64];
+	int fd = -1, err;
+	pid_t d;
+
+	/* Whole strides: room for the set with 2 MiB (hugetlb) pages as well. */
+	budget = (env.experts + 1) * ((xb + MP_EXPERT_ALIGN - 1) / MP_EXPERT_ALIGN * MP_EXPERT_ALIGN);
+	read_shmem_thp(res->shmem_thp, sizeof(res->shmem_thp));
+	if (!ids)
+		return -ENOMEM;
+	pick_sets(g, ids, env.experts * 2);
+	snprintf(sock, sizeof(sock), "/tmp/moepager-faultbench-%d.sock", (int)getpid());
+	d = cli_start_pagerd(mp_store_path(s), sock, budget, env.shared_pages);
+	if (d < 0) {
+		fprintf(stderr, "moepager faultbench: starting moepager pagerd failed\n");
+		free(ids);
+		return (int)d;
+	}
+	fd = open(mp_store_path(s), O_RDONLY | O_CLOEXEC);
+	err = fd < 0 ? -errno : mp_attach_open(s, sock, &a);
+	if (!err)
+		err = shared_touches(a, ids + env.experts, xb, fd, res);
+	if (err)
+		fprintf(stderr, "moepager faultbench: shared host tier: %s (%s)\n", strerror(-err),
+			mp_last_error());
+	mp_attach_close(a);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
+	if (fd >= 0)
+		close(fd);
+	free(ids);
+	return err;
+}
+
+static json_t *shared_json(const struct results *res, uint64_t xb, double move_p50)
+{
+	double host_us = 0, fill_us = 0, p50 = cli_quantile(res->sh_host_lat, res->sh_nhost, 0.5);
+
+	for (uint32_t i = 0; i < res->sh_nhost; i++)
+		host_us += res->sh_host_lat[i];
+	for (uint32_t i = 0; i < res->sh_nfill; i++)
+		fill_us += res->sh_fill_lat[i];
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:s, s:s, s:f}",
+			 "host_fault_gbps", (double)xb * res->sh_nhost / (host_us * 1e3),
+			 "host_fault_p50_us", p50,
+			 "host_fault_p99_us", cli_quantile(res->sh_host_lat, res->sh_nhost, 0.99),
+			 "file_fault_gbps", (double)xb * res->sh_nfill / (fill_us * 1e3),
+			 "file_fault_p50_us", cli_quantile(res->sh_fill_lat, res->sh_nfill, 0.5),
+			 "file_fault_p99_us", cli_quantile(res->sh_fill_lat, res->sh_nfill, 0.99),
+			 "samples", (json_int_t)res->sh_nhost, "shmem_thp", res->shmem_thp,
+			 "pages", env.shared_pages,
+			 "continue_to_move_p50", move_p50 > 0 ? p50 / move_p50 : 0.0);
+}
+
 static int report(const struct mp_store *s, struct results *res)
 {
 	uint32_t R = env.repeat;
@@ -514,6 +659,8 @@ static int report(const struct mp_store *s, struct results *res)
 			json_object_set_new(per, key, row);
 		}
 		json_object_set_new(o, "repeats", per);
+		if (env.shared)
+			json_object_set_new(o, "shared", shared_json(res, xb, hp50));
 		if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6)))
 			err = -EIO;
 		putchar('\n');
@@ -534,6 +681,22 @@ static int report(const struct mp_store *s, struct results *res)
 	       (double)mp_pager_stats_quantile(&res->host_st, 0.5) / 1e3,
 	       (double)mp_pager_stats_quantile(&res->host_st, 0.99) / 1e3);
 	printf("  mmap, cold page cache     %8.2f GB/s\n", mm);
+	if (env.shared) {
+		json_t *sh = shared_json(res, xb, hp50);
+
+		printf("  shared host tier (pagerd, UFFDIO_CONTINUE, %s pages, shmem THP %s):\n"
+		       "    host faults             %8.2f GB/s  (p50 %.0f us, p99 %.0f us; "
+		       "%.2fx the MOVE p50)\n"
+		       "    first touch (fill)      %8.2f GB/s  (p50 %.0f us)\n", env.shared_pages,
+		       res->shmem_thp,
+		       json_real_value(json_object_get(sh, "host_fault_gbps")),
+		       json_real_value(json_object_get(sh, "host_fault_p50_us")),
+		       json_real_value(json_object_get(sh, "host_fault_p99_us")),
+		       json_real_value(json_object_get(sh, "continue_to_move_p50")),
+		       json_real_value(json_object_get(sh, "file_fault_gbps")),
+		       json_real_value(json_object_get(sh, "file_fault_p50_us")));
+		json_decref(sh);
+	}
 	return 0;
 }
 
@@ -552,6 +715,7 @@ int cmd_faultbench(int argc, char **argv)
 	env.io_depth = 32;
 	env.io_bytes = 512u << 10;
 	env.fill_threads = 2;
+	env.shared_pages = "small";
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -581,7 +745,15 @@ int cmd_faultbench(int argc, char **argv)
 		err = -ENOMEM;
 		goto free_res;
 	}
+	res.sh_fill_lat = calloc(env.experts, sizeof(double));
+	res.sh_host_lat = calloc((size_t)env.repeat * env.experts * HOST_ROUNDS, sizeof(double));
+	if (!res.sh_fill_lat || !res.sh_host_lat) {
+		err = -ENOMEM;
+		goto free_res;
+	}
 	err = bench(s, &res);
+	if (!err && env.shared)
+		err = shared_bench(s, &res);
 	if (!err)
 		err = report(s, &res);
 free_res:
@@ -591,6 +763,8 @@ free_res:
 	free(res.ratio);
 	free(res.file_lat);
 	free(res.host_lat);
+	free(res.sh_fill_lat);
+	free(res.sh_host_lat);
 close_store:
 	mp_store_close(s);
 	return err;

@@ -77,6 +77,7 @@ struct serve_local_config {
 	const char *name;		/* model id served (NULL: the file's name without .mpk) */
 	const char *tokenizer;		/* .tok path (NULL: beside the model, else ids only) */
 	const char *budget;		/* NULL: resident, every expert in memory */
+	const char *attach;		/* a pager daemon's socket: its shared host tier */
 	const char *prefetch;		/* prefetch policy (paged only); NULL: none */
 	const char *evict;		/* eviction policy; NULL: the prefetch policy's default */
 	const char *engine;

@@ -37,6 +37,7 @@ struct local {
 	struct mp_engine *engine;
 	struct mp_resident *resident;
 	struct mp_pager *pager;
+	struct mp_attach *attach;
 	struct mp_prefetcher *prefetcher;
 	struct mp_runner *runner;
 	struct mp_tokenizer *tok;
@@ -198,6 +199,7 @@ static void local_close(struct serve_backend *b)
 	free(l->adapter_dir);
 	mp_prefetcher_close(l->prefetcher);
 	mp_pager_close(l->pager);
+	mp_attach_close(l->attach);
 	mp_resident_close(l->resident);
 	mp_engine_close(l->engine);
 	mp_tokenizer_close(l->tok);
@@ -294,7 +296,10 @@ static const char *paper_evict(const char *prefetch)
 	return "lru";
 }
 
-/* Experts in memory, or paged under the budget with a prefetcher between the runner and the pager. */
+/*
+ * Experts in memory, paged under the budget with a prefetcher between the
+ * runner and the pager, or read from a pager daemon's shared host tier.
+ */
 static int open_source(struct local *l, const struct serve_local_config *cfg,
 		       struct mp_runner_config *rc)
 {
@@ -304,6 +309,12 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 						       cfg->sched.max_batch : 8 };
 	int err;
 
+	if (cfg->attach) {
+		err = mp_attach_open(l->store, cfg->attach, &l->attach);
+		rc->source = mp_attach_source_ops();
+		rc->source_ctx = l->attach;
+		return err;
+	}
 	if (!cfg->budget) {
 		err = mp_resident_open(l->store, NULL, NULL, &l->resident);
 		rc->source = mp_resident_source_ops();

@@ -31,6 +31,7 @@ enum {
 	OPT_PORT_FILE, OPT_MAX_BATCH, OPT_MAX_QUEUE, OPT_KV_BUDGET, OPT_PREFILL_CHUNK,
 	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS, OPT_REQUEST_TIMEOUT,
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
+	OPT_ATTACH,
 };
 
 static const char doc[] =
@@ -45,7 +46,9 @@ static const char doc[] =
 	"\n"
 	"With --budget the experts are paged under it (docs/region.md), with\n"
 	"--prefetch a policy that follows each request (docs/prefetch.md); without\n"
-	"it every expert is read into memory first. docs/serve.md has the details.\n"
+	"it every expert is read into memory first; with --attach SOCKET they come from\n"
+	"a pager daemon's host tier, shared with every process attached to it (moepager\n"
+	"pagerd). docs/serve.md has the details.\n"
 	"\n"
 	"With --adapters DIR every expert adapter (.mpa) in DIR is served as a model of\n"
 	"its own name over the base (ExpertWeave, docs/adapters.md): a request's\n"
@@ -66,6 +69,8 @@ static const struct argp_option opts[] = {
 	{ "tokenizer", OPT_TOKENIZER, "FILE", 0,
 	  "Tokenizer (default MODEL.tok when it exists; else prompts are token ids)", 0 },
 	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget (8G, 40%)", 0 },
+	{ "attach", OPT_ATTACH, "SOCKET", 0,
+	  "Read the experts from the pager daemon on SOCKET (moepager pagerd)", 0 },
 	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy (default: the prefetch policy's)", 0 },
 	{ "listen", OPT_LISTEN, "HOST:PORT", 0, "Address (default 127.0.0.1:8080; port 0: any)", 0 },
@@ -115,6 +120,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
+	case OPT_ATTACH: env.local.attach = arg; break;
 	case OPT_PREFETCH: env.local.prefetch = arg; break;
 	case OPT_EVICT: env.local.evict = arg; break;
 	case OPT_LISTEN: env.listen = arg; break;
@@ -184,6 +190,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--listen wants HOST:PORT, e.g. 127.0.0.1:8080");
 		if ((env.local.prefetch || env.local.evict) && !env.local.budget)
 			argp_error(state, "--prefetch and --evict need --budget (paged experts)");
+		if (env.local.attach && env.local.budget)
+			argp_error(state, "--attach and --budget exclude each other (the daemon's "
+				   "budget holds)");
 		if ((env.local.adapter_slots || env.local.adapter_rows ||
 		     env.local.adapters_padded) && !env.local.adapters)
 			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: MIT
+/*
+ * moepager bench-elastic: adding and removing an engine process over a shared
+ * host tier (moepager pagerd) against a second full copy and a cold restart.
+ */
+#include <argp.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <moepager.h>
+
+#include "cli.h"
+
+static struct eb_env {
+	const char *path;
+	const char *budget;
+	bool json;
+	uint32_t fit;		/* experts every engine touches: as many as the budget holds */
+} env;
+
+static const char doc[] =
+	"Scale engine processes 1 -> 2 -> 1 over one model and compare three setups:\n"
+	"  shared       a pager daemon (moepager pagerd) holds the experts; the second\n"
+	"               engine attaches to it (the first keeps its mapping meanwhile);\n"
+	"  second_copy  the second engine opens its own pager and reads every expert\n"
+	"               again (twice the memory, the disk read again);\n"
+	"  cold_restart the engine exits and a new one with its own pager starts.\n"
+	"An engine is ready when it has touched every expert (each read as a fault).\n"
+	"The page cache is dropped before each setup (the pagers read with O_DIRECT).\n"
+	"No request load is applied: failed requests and throughput during scaling are\n"
+	"not measured here.\n"
+	"\n"
+	"--json prints one object: per setup scale_up_s (start of the new process to\n"
+	"ready), scale_down_s (the command to the old process's exit), downtime_s (no\n"
+	"engine ready: 0 when the old one stays until the new one is ready),\n"
+	"peak_memory_bytes (the sum of every process's PSS while both engines run:\n"
+	"memfd pages counted once), disk_bytes_read (by the new engine's start), and\n"
+	"ratios to the cold restart.\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager bench-elastic --model mixtral-mini.mpk --budget 50% --json\n";
+
+enum { OPT_BUDGET = 0x100 };
+
+static const struct argp_option opts[] = {
+	{ "model", 'm', "FILE", 0, "The .mpk model", 0 },
+	{ "budget", OPT_BUDGET, "SIZE", 0, "Expert memory of each setup (default 100%)", 0 },
+	{ "json", 'j', NULL, 0, "Print one JSON object on stdout", 0 },
+	{ 0 },
+};
+
+static error_t parse_arg(int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case 'm':
+		env.path = arg;
+		break;
+	case OPT_BUDGET:
+		env.budget = arg;
+		break;
+	case 'j':
+		env.json = true;
+		break;
+	default:
+		return cli_parse_one_path(key, arg, state, &env.path);
+	}
+	return 0;
+}
+
+/*
+ * Engine processes
+ */
+
+struct engine {
+	pid_t pid;
+	int from;	/* the child's report */
+	int to;		/* one byte: detach and exit */
+};
+
+struct report {
+	int err;
+	double ready_s;		/* from the parent's start mark to every expert touched */
+	uint64_t disk_bytes;	/* read from disk for this engine's start */
+};
+
+static int touch_all(void *arg)
+{
+	const volatile uint8_t *const *x = arg;
+	unsigned sum = 0;
+
+	for (size_t i = 0; x[i]; i++)
+		sum += x[i][0];
+	return (int)(sum & 0);
+}
+
+/* The child: attach (sock) or open its own pager (budget), touch every expert, report, wait. */
+static int engine_main(const char *sock, uint64_t budget, uint64_t t0, int out, int in)
+{
+	struct report r = { 0 };
+	struct mp_pagerd_stats st0, st1;
+	struct mp_pager_config pc;
+	struct mp_attach *a = NULL;
+	struct mp_pager *p = NULL;
+	struct mp_store *s;
+	const void **x;
+	char cmd;
+	uint32_t n;
+
+	r.err = mp_store_open(env.path, &s);
+	if (r.err)
+		goto report;
+	n = env.fit;
+	x = calloc(n + 1, sizeof(*x));
+	if (!x) {
+		r.err = -ENOMEM;
+		goto report;
+	}
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = budget;
+	r.err = sock ? mp_attach_open(s, sock, &a) : mp_pager_open(s, &pc, &p);
+	if (!r.err && a)
+		r.err = mp_attach_daemon_stats(a, &st0);
+	for (uint32_t i = 0; !r.err && i < n; i++) {
+		uint32_t l = i / mp_store_geometry(s)->experts, e = i % mp_store_geometry(s)->experts;
+
+		x[i] = a ? mp_attach_expert(a, l, e) : mp_pager_expert(p, l, e);
+	}
+	if (!r.err)
+		r.err = a ? mp_attach_guard(a, touch_all, x) : mp_pager_guard(p, touch_all, x);
+	r.ready_s = (double)(cli_now_ns() - t0) / 1e9;
+	if (!r.err && a && !mp_attach_daemon_stats(a, &st1))
+		r.disk_bytes = st1.disk_bytes_read - st0.disk_bytes_read;
+	if (!r.err && p) {
+		struct mp_pager_stats ps;
+
+		mp_pager_stats(p, &ps);
+		r.disk_bytes = ps.bytes_file;
+	}
+report:
+	if (write(out, &r, sizeof(r)) != sizeof(r) || read(in, &cmd, 1) < 0)
+		r.err = r.err ? r.err : -EPIPE;
+	mp_attach_close(a);
+	mp_pager_close(p);
+	return r.err ? 1 : 0;
+}
+
+static int engine_start(struct engine *e, const char *sock, uint64_t budget, struct report *r)
+{
+	uint64_t t0 = cli_now_ns();
+	int up[2], down[2];
+
+	if (pipe(up) || pipe(down))
+		return -errno;
+	e->pid = fork();
+	if (e->pid == 0) {
+		close(up[0]);
+		close(down[1]);
+		_exit(engine_main(sock, budget, t0, up[1], down[0]));
+	}
+	close(up[1]);
+	close(down[0]);
+	e->from = up[0];
+	e->to = down[1];
+	if (e->pid < 0 || read(e->from, r, sizeof(*r)) != sizeof(*r))
+		return -ECHILD;
+	if (r->err)
+		fprintf(stderr, "moepager bench-elastic: an engine failed: %s\n", strerror(-r->err));
+	return r->err;
+}
+
+/* Tells the engine to leave and waits for its exit. Returns the seconds it took. */
+static double engine_stop(struct engine *e)
+{
+	uint64_t t0 = cli_now_ns();
+	char cmd = 'x';
+
+	if (e->pid <= 0)
+		return 0;
+	if (write(e->to, &cmd, 1) != 1)
+		kill(e->pid, SIGKILL);
+	waitpid(e->pid, NULL, 0);
+	close(e->from);
+	close(e->to);
+	e->pid = 0;
+	return (double)(cli_now_ns() - t0) / 1e9;
+}
+
+/* Proportional set size of a process from smaps_rollup, in bytes (0 when unreadable). */
+static uint64_t pss_of(pid_t pid)
+{
+	char path[64], line[256];
+	unsigned long long kb = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Pss: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb * 1024;
+}
+
+/*
+ * The setups
+ */
+
+struct setup {
+	double scale_up_s, scale_down_s, downtime_s;
+	uint64_t peak_memory, disk_bytes;
+};
+
+/* 1 -> 2 -> 1 engines over a pager daemon: the first warms the tier, the second attaches. */
+static int run_shared(uint64_t budget, int fd, struct setup *o)
+{
+	struct engine e1 = { 0 }, e2 = { 0 };
+	struct report r1, r2;
+	char sock[64];
+	pid_t d;
+	int err;
+
+	snprintf(sock, sizeof(sock), "/tmp/moepager-elastic-%d.sock", (int)getpid());
+	cli_drop_caches(fd);
+	d = cli_start_pagerd(env.path, sock, budget, "small");
+	if (d < 0)
+		return (int)d;
+	err = engine_start(&e1, sock, 0, &r1);
+	if (!err)
+		err = engine_start(&e2, sock, 0, &r2);
+	if (!err) {
+		o->scale_up_s = r2.ready_s;
+		o->disk_bytes = r2.disk_bytes;
+		o->peak_memory = pss_of(d) + pss_of(e1.pid) + pss_of(e2.pid);
+		o->downtime_s = 0;	/* e1 stays mapped until e2 is ready */
+	}
+	o->scale_down_s = engine_stop(&e1);
+	engine_stop(&e2);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
+	return err;
+}
+
+/* The same with a second full copy: the new engine opens its own pager and reads again. */
+static int run_copy(uint64_t budget, int fd, struct setup *o)
+{
+	struct engine e1 = { 0 }, e2 = { 0 };
+	struct report r1, r2;
+	int err;
+
+	cli_drop_caches(fd);
+	err = engine_start(&e1, NULL, budget, &r1);
+	if (!err)
+		err = engine_start(&e2, NULL, budget, &r2);
+	if (!err) {
+		o->scale_up_s = r2.ready_s;
+		o->disk_bytes = r2.disk_bytes;
+		o->peak_memory = pss_of(e1.pid) + pss_of(e2.pid);
+		o->downtime_s = 0;
+	}
+	o->scale_down_s = engine_stop(&e1);
+	engine_stop(&e2);
+	return err;
+}
+
+/* A cold restart: the engine leaves, then a new one starts from the file. */
+static int run_restart(uint64_t budget, int fd, struct setup *o)
+{
+	struct engine e1 = { 0 }, e2 = { 0 };
+	struct report r1, r2;
+	uint64_t peak;
+	int err;
+
+	cli_drop_caches(fd);
+	err = engine_start(&e1, NULL, budget, &r1);
+	if (err) {
+		engine_stop(&e1);
+		return err;
+	}
+	peak = pss_of(e1.pid);
+	o->scale_down_s = engine_stop(&e1);
+	cli_drop_caches(fd);
+	err = engine_start(&e2, NULL, budget, &r2);
+	if (!err) {
+		o->scale_up_s = r2.ready_s;
+		o->downtime_s = o->scale_down_s + r2.ready_s;
+		o->disk_bytes = r2.disk_bytes;
+		o->peak_memory = (peak > pss_of(e2.pid) ? peak : pss_of(e2.pid));
+	}
+	engine_stop(&e2);
+	return err;
+}
+
+static json_t *setup_json(const struct setup *o, const struct setup *cold)
+{
+	return json_pack("{s:f, s:f, s:f, s:I, s:I, s:f, s:f}", "scale_up_s", o->scale_up_s,
+			 "scale_down_s", o->scale_down_s, "downtime_s", o->downtime_s,
+			 "peak_memory_bytes", (json_int_t)o->peak_memory,
+			 "disk_bytes_read", (json_int_t)o->disk_bytes,
+			 "scale_up_to_cold_restart", o->scale_up_s / cold->scale_up_s,
+			 "peak_memory_to_cold_restart",
+			 (double)o->peak_memory / (double)cold->peak_memory);
+}
+
+static int report(struct mp_store *s, uint64_t budget, const struct setup *sh,
+		  const struct setup *cp, const struct setup *cold)
+{
+	json_t *o;
+	int err = 0;
+
+	if (!env.json) {
+		const struct { const char *name; const struct setup *o; } rows[] = {
+			{ "shared", sh }, { "second_copy", cp }, { "cold_restart", cold },
+		};
+
+		printf("bench-elastic %s: %u experts touched per engine, budget %llu bytes\n",
+		       mp_store_path(s), env.fit, (unsigned long long)budget);
+		printf("  %-13s %12s %14s %12s %14s %14s\n", "setup", "scale_up_s", "scale_down_s",
+		       "downtime_s", "peak_MiB", "disk_MiB");
+		for (size_t i = 0; i < 3; i++)
+			printf("  %-13s %12.3f %14.3f %12.3f %14.1f %14.1f\n", rows[i].name,
+			       rows[i].o->scale_up_s, rows[i].o->scale_down_s, rows[i].o->downtime_s,
+			       rows[i].o->peak_memory / 1048576.0, rows[i].o->disk_bytes / 1048576.0);
+		return 0;
+	}
+	o = json_pack("{s:s, s:I, s:I, s:I, s:s, s:o, s:o, s:o}", "model", mp_store_path(s),
+		      "budget_bytes", (json_int_t)budget, "experts_touched", (json_int_t)env.fit,
+		      "expert_bytes", (json_int_t)mp_store_expert_bytes(s),
+		      "load", "none: requests and throughput during scaling are not measured",
+		      "shared", setup_json(sh, cold), "second_copy", setup_json(cp, cold),
+		      "cold_restart", setup_json(cold, cold));
+	if (!o || json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6)))
+		err = -EIO;
+	putchar('\n');
+	json_decref(o);
+	return err;
+}
+
+int cmd_elasticbench(int argc, char **argv)
+{
+	static char prog[] = "moepager bench-elastic";
+	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
+	struct setup sh = { 0 }, cp = { 0 }, cold = { 0 };
+	uint64_t total, budget, stride;
+	struct mp_store *s;
+	int fd, err;
+
+	memset(&env, 0, sizeof(env));
+	argv[0] = prog;
+	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
+	if (err)
+		return err;
+	if (!env.path) {
+		fprintf(stderr, "moepager bench-elastic: --model FILE is required\n");
+		return -EINVAL;
+	}
+	err = mp_store_open(env.path, &s);
+	if (err) {
+		fprintf(stderr, "moepager bench-elastic: %s: %s\n", env.path, strerror(-err));
+		return err;
+	}
+	total = mp_store_total_expert_bytes(s);
+	err = mp_budget_parse(env.budget ? env.budget : "100%", total, &budget);
+	stride = (mp_store_expert_bytes(s) + 4095) & ~4095ull;
+	env.fit = (uint32_t)(budget / stride);
+	if (!err && !env.fit)
+		err = -EINVAL;
+	fd = open(env.path, O_RDONLY | O_CLOEXEC);
+	/* Children are forked: nothing buffered may be written twice. */
+	fflush(NULL);
+	if (!err)
+		err = run_shared(budget, fd, &sh);
+	if (!err)
+		err = run_copy(budget, fd, &cp);
+	if (!err)
+		err = run_restart(budget, fd, &cold);
+	if (!err)
+		err = report(s, budget, &sh, &cp, &cold);
+	else
+		fprintf(stderr, "moepager bench-elastic: %s (%s)\n", strerror(-err), mp_last_error());
+	if (fd >= 0)
+		close(fd);
+	mp_store_close(s);
+	return err;
+}
