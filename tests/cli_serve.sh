@@ -281,6 +281,26 @@ check "the unload is counted" grep -q '^moepager_adapters_unloads_total{model="t
 check "loadgen --mix power:1 spreads requests over the base and adapters, with no error" \
 	test "$(json "$T/loadgen.json" "j['errors'] == 0 and sum(m['requests'] > 0 for m in j['models'].values()) >= 2")" = True
 check "the adapter server stops cleanly" stop
+# Paged (--budget): adapter rows are the pager's, under its budget with the base's experts;
+# the texts must not change (checked against the merged models below).
+start --adapters "$A" --max-batch 4 --budget 30% || exit 1
+pids=()
+for m in legal code legal; do
+	curl -s "$URL/v1/completions" -d "{\"model\": \"$m\", \"prompt\": \"Fortune says\", $GREEDY}" >"$T/mixed.$m.paged${#pids[@]}" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+curl -s "$URL/metrics" >"$T/metrics.paged"
+"$PY" - "$T/metrics.paged" <<'EOF'
+import sys
+m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1]) if l.startswith("moepager_pager_")}
+get = lambda k: next(v for n, v in m.items() if n.startswith(k + "{"))
+assert get("moepager_pager_resident_bytes") <= get("moepager_pager_budget_bytes"), m
+assert get("moepager_pager_evictions_total") > 0, m
+print("ok: paged adapters: resident within the budget, with evictions")
+EOF
+[[ $? == 0 ]] || bad "paged adapters: the budget or eviction figures are wrong"
+check "the paged adapter server stops cleanly" stop
 # Each adapter's text above is its merged model's, decoded alone.
 BASE_MODEL=$MODEL
 for m in legal code; do

@@ -172,18 +172,15 @@ static void load_all(struct mp_adapters *set)
 		assert_int_equal(mp_adapters_load(set, fx.path[a], NULL), (int)a);
 }
 
-/* Issue 16's correctness: every adapter and the base in one batch, as their merged models alone. */
-static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **state)
+/* Every adapter of set (loaded) and the base in one batch give their merged models' lone logits. */
+static void check_mixed_batch(struct mp_adapters *set)
 {
-	struct mp_adapters *set = open_set(false);
 	float *want = lone_logits(7);
 	struct mp_seq *q[N_ADAPTERS + 1];
 	uint32_t tok[N_ADAPTERS + 1];
 	struct mp_runner *r;
 	int idx[N_ADAPTERS];
 
-	(void)state;
-	load_all(set);
 	r = open_runner(fx.base, mp_adapters_source_ops(), set, mp_adapters_rows(set));
 	for (uint32_t a = 0; a <= N_ADAPTERS; a++) {
 		const uint32_t *const *map = NULL;
@@ -218,8 +215,61 @@ static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **
 	for (uint32_t a = 0; a < N_ADAPTERS; a++)
 		mp_adapters_release(set, idx[a]);
 	mp_runner_close(r);
-	mp_adapters_close(set);
 	free(want);
+}
+
+/* Issue 16's correctness: every adapter and the base in one batch, as their merged models alone. */
+static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **state)
+{
+	struct mp_adapters *set = open_set(false);
+
+	(void)state;
+	load_all(set);
+	check_mixed_batch(set);
+	mp_adapters_close(set);
+}
+
+/*
+ * Adapter rows paged with the base's (mp_pager_row_ops()): under a budget
+ * of three experts, base and adapter rows evict each other, and every
+ * request still gets its merged model's lone logits; unloading an adapter
+ * unbinds its rows.
+ */
+static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
+{
+	struct mp_pager_config pc = { .budget_bytes = 3 * fx.expert_bytes,
+				      .slots_per_layer = 8 + 4 * E_MAX };
+	struct mp_adapters_config c = { .base = fx.base, .source = mp_pager_source_ops(),
+					.slots = 4, .e_max = E_MAX, .rows = mp_pager_row_ops() };
+	struct mp_adapters *set = NULL;
+	struct mp_pager_stats st;
+	struct mp_pager *p = NULL;
+	int err;
+
+	(void)state;
+	err = mp_pager_open(fx.base, &pc, &p);
+	if (err == -EPERM || err == -EOPNOTSUPP) {
+		print_message("userfaultfd unavailable: %s\n", mp_last_error());
+		exit(t_require_all() ? 1 : T_EXIT_SKIP);
+	}
+	assert_int_equal(err, 0);
+	c.source_ctx = c.rows_ctx = p;
+	assert_int_equal(mp_adapters_open(&c, &set), 0);
+	assert_int_equal(mp_adapters_rows(set), pc.slots_per_layer);
+	load_all(set);
+	/* Adapter 0's first row in layer 0 (base expert 1) is a pager row now, not yet read. */
+	assert_int_equal(mp_pager_residency(p, 0, 8), MP_RES_NONE);
+	check_mixed_batch(set);
+	mp_pager_stats(p, &st);
+	assert_true(st.resident_peak <= pc.budget_bytes);
+	assert_true(st.evictions > 0);
+	/* Every adapter's rows were read (the pager's reads exceed the base's experts it used). */
+	assert_true(st.bytes_file >= (uint64_t)(N_ELEMS(picks0) + N_ELEMS(picks1) +
+						 N_ELEMS(picks2)) * fx.expert_bytes);
+	assert_int_equal(mp_adapters_unload(set, "ad0"), 0);
+	assert_int_equal(mp_pager_residency(p, 0, 8), -EINVAL);
+	mp_adapters_close(set);
+	mp_pager_close(p);
 }
 
 static void memory_is_held_only_for_replaced_experts_unless_padded(void **state)
@@ -413,6 +463,7 @@ int main(void)
 {
 	static const struct CMUnitTest tests[] = {
 		cmocka_unit_test(mixed_batch_gives_each_request_its_merged_models_lone_logits),
+		cmocka_unit_test(paged_adapter_rows_share_the_budget_and_keep_the_logits),
 		cmocka_unit_test(memory_is_held_only_for_replaced_experts_unless_padded),
 		cmocka_unit_test(bad_adapters_are_refused_by_reason_and_the_set_keeps_serving),
 		cmocka_unit_test(unloaded_adapter_stays_until_its_last_request_ends),

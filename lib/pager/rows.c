@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include <moepager/source.h>
+
 #include "base/base.h"
 #include "pager/pager_priv.h"
 
@@ -241,4 +243,42 @@ int mp_pager_unbind(struct mp_pager *p, uint32_t layer, uint32_t row)
 	p->origin[slot] = (struct row_origin){ 0 };
 	pthread_mutex_unlock(&p->lock);
 	return 0;
+}
+
+static int ops_add_adapter(void *ctx, struct mp_adapter *a)
+{
+	return mp_pager_add_adapter(ctx, a);
+}
+
+static int ops_add_store(void *ctx, struct mp_store *s)
+{
+	return mp_pager_add_store(ctx, s);
+}
+
+static int ops_remove_source(void *ctx, int source)
+{
+	return mp_pager_remove_source(ctx, source);
+}
+
+static int ops_bind(void *ctx, uint32_t layer, uint32_t row, int source, uint32_t expert)
+{
+	return mp_pager_bind(ctx, layer, row, source, expert);
+}
+
+static int ops_unbind(void *ctx, uint32_t layer, uint32_t row)
+{
+	return mp_pager_unbind(ctx, layer, row);
+}
+
+static const struct mp_row_ops pager_row_ops = {
+	.add_adapter = ops_add_adapter,
+	.add_store = ops_add_store,
+	.remove_source = ops_remove_source,
+	.bind = ops_bind,
+	.unbind = ops_unbind,
+};
+
+const struct mp_row_ops *mp_pager_row_ops(void)
+{
+	return &pager_row_ops;
 }

@@ -49,6 +49,9 @@ struct local {
 	pthread_mutex_t lock;		/* am[].users and the model each slot's entry describes */
 	struct adapter_model *am;	/* [slots] */
 	uint32_t n_slots;
+	struct dirent **adapter_files;	/* the directory's .mpa files, until loaded */
+	int n_adapter_files;
+	uint32_t e_max;			/* the set's E_max */
 };
 
 static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
@@ -196,6 +199,9 @@ static void local_close(struct serve_backend *b)
 		pthread_mutex_destroy(&l->lock);
 	free(l->am);
 	free(l->adapter_dir);
+	for (int i = 0; l->adapter_files && i < l->n_adapter_files; i++)
+		free(l->adapter_files[i]);
+	free(l->adapter_files);
 	mp_prefetcher_close(l->prefetcher);
 	mp_pager_close(l->pager);
 	mp_resident_close(l->resident);
@@ -311,6 +317,11 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 		return err;
 	}
 	pc.eviction = cfg->evict ? cfg->evict : paper_evict(cfg->prefetch);
+	/* Adapter rows are paged too: the range holds the set's M + N x E_max rows. */
+	if (cfg->adapters && !cfg->adapters_padded)
+		pc.slots_per_layer = mp_store_geometry(l->store)->experts +
+				     (cfg->adapter_slots ? cfg->adapter_slots :
+				      MP_ADAPTERS_DEFAULT_SLOTS) * l->e_max;
 	err = mp_prefetch_check_names(cfg->prefetch, pc.eviction);
 	if (!err)
 		err = mp_pager_open(l->store, &pc, &l->pager);
@@ -354,30 +365,41 @@ static uint32_t dir_e_max(struct local *l, struct dirent **files, int n)
 	return e_max;
 }
 
+/* The adapter directory's files and the set's E_max, before the pager is sized for them. */
+static int scan_adapters(struct local *l, const struct serve_local_config *cfg)
+{
+	l->adapter_dir = strdup(cfg->adapters);
+	l->n_adapter_files = scandir(cfg->adapters, &l->adapter_files, is_adapter_file,
+				     alphasort);
+	if (!l->adapter_dir || l->n_adapter_files < 0) {
+		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
+			strerror(l->adapter_dir ? errno : ENOMEM));
+		return l->adapter_dir ? -errno : -ENOMEM;
+	}
+	l->e_max = cfg->adapter_rows ? cfg->adapter_rows :
+		   dir_e_max(l, l->adapter_files, l->n_adapter_files);
+	return 0;
+}
+
 /*
  * The adapter set between the runner and the base's source, and every
  * adapter of the directory loaded; one that cannot be is reported and
- * skipped, the others are served.
+ * skipped, the others are served. Under a budget its rows are the pager's.
  */
 static int open_adapters(struct local *l, const struct serve_local_config *cfg,
 			 struct mp_runner_config *rc)
 {
 	struct mp_adapters_config ac = { .base = l->store, .source = rc->source,
 					 .source_ctx = rc->source_ctx, .slots = cfg->adapter_slots,
-					 .e_max = cfg->adapter_rows,
-					 .padded = cfg->adapters_padded };
-	struct dirent **files = NULL;
-	int n, err;
+					 .e_max = l->e_max, .padded = cfg->adapters_padded };
+	struct dirent **files = l->adapter_files;
+	int n = l->n_adapter_files, err;
 
-	l->adapter_dir = strdup(cfg->adapters);
-	n = scandir(cfg->adapters, &files, is_adapter_file, alphasort);
-	if (!l->adapter_dir || n < 0) {
-		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
-			strerror(l->adapter_dir ? errno : ENOMEM));
-		return l->adapter_dir ? -errno : -ENOMEM;
+	if (l->pager && !cfg->adapters_padded) {
+		ac.rows = mp_pager_row_ops();
+		ac.rows_ctx = l->pager;
 	}
-	if (!ac.e_max)
-		ac.e_max = dir_e_max(l, files, n);
+	l->adapter_files = NULL;
 	err = mp_adapters_open(&ac, &l->adapters);
 	if (!err) {
 		struct mp_adapters_stats st;
@@ -451,6 +473,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = open_tokenizer(l, cfg);
 	if (!err)
 		err = mp_engine_open(cfg->engine ? cfg->engine : "ref", &ec, &l->engine);
+	if (!err && cfg->adapters)
+		err = scan_adapters(l, cfg);
 	if (!err)
 		err = open_source(l, cfg, &rc);
 	if (!err && cfg->adapters)

@@ -360,6 +360,10 @@ struct mp_expert_source_ops;
 /* The runner's expert source backed by a pager (ctx = the struct mp_pager *). */
 MP_API const struct mp_expert_source_ops *mp_pager_source_ops(void);
 
+struct mp_row_ops;
+/* The row calls above as <moepager/source.h>'s struct mp_row_ops (ctx = the pager). */
+MP_API const struct mp_row_ops *mp_pager_row_ops(void);
+
 #ifdef __cplusplus
 }
 #endif
