@@ -367,8 +367,11 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 		r->gp = &r->guard;
 	}
 	sc = (struct mp_seq_config){ .request = cfg->request, .max_seq = r->max_seq,
-				     .trace = cfg->trace, .trace_request = cfg->request };
+				     .trace = cfg->trace, .trace_request = cfg->request,
+				     .map = cfg->map };
 	err = sc.trace ? mp_trace_check_geometry(sc.trace, &r->g) : 0;
+	if (!err && sc.map)
+		err = check_map(r, sc.map);
 	if (!err)
 		err = seq_create(r, &sc, &r->seq0);
 	if (!err && !(r->models = calloc(1, sizeof(*r->models))))

@@ -61,7 +61,9 @@ struct mp_runner_config {
 	 */
 	uint32_t expert_rows;
 	uint32_t reserved32;		/* zero */
-	MP_RESERVED(7);
+	/* The routed-id map of the one-stream calls' sequence (mp_seq_config.map); may be NULL. */
+	const uint32_t *const *map;
+	MP_RESERVED(6);
 };
 
 /*
