@@ -12,48 +12,7 @@
 set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
-T=$(mktemp -d)
-SERVER=
-fails=0
-
-cleanup() {
-	[[ -n $SERVER ]] && kill -9 "$SERVER" 2>/dev/null
-	rm -rf "$T"
-}
-trap cleanup EXIT
-
-ok() { printf 'ok: %s\n' "$*"; }
-bad() {
-	printf 'FAIL: %s\n' "$*"
-	fails=$((fails + 1))
-}
-check() {	# check DESCRIPTION COMMAND...
-	local what=$1
-	shift
-	if "$@"; then ok "$what"; else bad "$what"; fi
-}
-
-# start ARGS...: runs the server, waits for its port file, sets URL and SERVER.
-start() {
-	rm -f "$T/port"
-	"$MOEPAGER" serve --listen 127.0.0.1:0 --port-file "$T/port" "$@" \
-		>"$T/server.out" 2>"$T/server.err" &
-	SERVER=$!
-	for _ in $(seq 400); do
-		[[ -s $T/port ]] && break
-		kill -0 "$SERVER" 2>/dev/null || { cat "$T/server.err"; return 1; }
-		sleep 0.05
-	done
-	URL=http://127.0.0.1:$(cat "$T/port")
-}
-
-stop() {
-	kill -TERM "$SERVER"
-	wait "$SERVER"
-	local st=$?
-	SERVER=
-	return $st
-}
+. "$(dirname "$0")/serve_lib.sh"
 
 # complete MODEL OUT: a greedy completion of a fixed id prompt; its token ids go to OUT.
 complete() {
@@ -77,13 +36,13 @@ M=(--model "$T/v1.mpk" --model "$T/v2.mpk" --model "$T/v3.mpk")
 
 # Each model alone.
 for v in v1 v2 v3; do
-	start --model "$T/$v.mpk" || exit 1
+	serve_start --model "$T/$v.mpk" || exit 1
 	complete "$v" "$T/alone.$v"
 	stop
 done
 
 # Capacity 0: nothing shared; every model gives its own tokens, requests of all in flight.
-start "${M[@]}" --consolidate "$T/c0.mpc" --budget 25% --max-batch 4 || exit 1
+serve_start "${M[@]}" --consolidate "$T/c0.mpc" --budget 25% --max-batch 4 || exit 1
 curl -s "$URL/v1/models" >"$T/models"
 check "/v1/models lists the three variants" \
 	test "$("$PY" -c "import json,sys; print(sorted(m['id'] for m in json.load(open(sys.argv[1]))['data']))" "$T/models")" = "['v1', 'v2', 'v3']"
@@ -102,7 +61,7 @@ check "capacity 0 owns nothing" test "$(metric moepager_multi_owned_positions)" 
 check "the server stops cleanly" stop
 
 # Half the positions shared: served, owned reads without I/O, within the budget.
-start "${M[@]}" --consolidate "$T/c16.mpc" --budget 25% || exit 1
+serve_start "${M[@]}" --consolidate "$T/c16.mpc" --budget 25% || exit 1
 for v in v1 v2 v3; do
 	complete "$v" "$T/c16.$v"
 	check "capacity 16: $v is served" test "$(cat "$T/c16.$v")" != none

@@ -11,49 +11,10 @@ set -uo pipefail
 MOEPAGER=$1
 MODEL=$2
 PY=/usr/bin/python3
-T=$(mktemp -d)
-SERVER=
-fails=0
+. "$(dirname "$0")/serve_lib.sh"
 
-cleanup() {
-	[[ -n $SERVER ]] && kill -9 "$SERVER" 2>/dev/null
-	rm -rf "$T"
-}
-trap cleanup EXIT
-
-ok() { printf 'ok: %s\n' "$*"; }
-bad() {
-	printf 'FAIL: %s\n' "$*"
-	fails=$((fails + 1))
-}
-check() {	# check DESCRIPTION COMMAND...
-	local what=$1
-	shift
-	if "$@"; then ok "$what"; else bad "$what"; fi
-}
-
-# start NAME ARGS...: runs the server, waits for its port file, sets PORT and SERVER.
-start() {
-	rm -f "$T/port"
-	"$MOEPAGER" serve --model "$MODEL" --listen 127.0.0.1:0 --port-file "$T/port" "$@" \
-		>"$T/server.out" 2>"$T/server.err" &
-	SERVER=$!
-	for _ in $(seq 200); do
-		[[ -s $T/port ]] && break
-		kill -0 "$SERVER" 2>/dev/null || { cat "$T/server.err"; return 1; }
-		sleep 0.05
-	done
-	PORT=$(cat "$T/port")
-	URL=http://127.0.0.1:$PORT
-}
-
-stop() {
-	kill -TERM "$SERVER"
-	wait "$SERVER"
-	local st=$?
-	SERVER=
-	return $st
-}
+# start ARGS...: the server over MODEL.
+start() { serve_start --model "$MODEL" "$@"; }
 
 # post BODY [CURL ARGS...]: prints the body, then the status on its own last line.
 post() {

@@ -154,14 +154,9 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int print_json(size_t tokens, const struct mp_eval_result *res, double secs)
+/* Prints o (consumed) on stdout, indented. */
+static int print_object(json_t *o)
 {
-	double nll = res->nll / res->predicted;
-	json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:f, s:f, s:f}", "model", env.models[0],
-			      "tokens", (json_int_t)tokens, "windows", (json_int_t)res->windows,
-			      "predicted", (json_int_t)res->predicted, "nll", nll,
-			      "perplexity", exp(nll), "seconds", secs);
-
 	if (!o || json_dumpf(o, stdout, JSON_INDENT(2))) {
 		json_decref(o);
 		fprintf(stderr, "moepager eval: out of memory building JSON\n");
@@ -170,6 +165,17 @@ static int print_json(size_t tokens, const struct mp_eval_result *res, double se
 	putchar('\n');
 	json_decref(o);
 	return 0;
+}
+
+static int print_json(size_t tokens, const struct mp_eval_result *res, double secs)
+{
+	double nll = res->nll / res->predicted;
+	json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:f, s:f, s:f}", "model", env.models[0],
+			      "tokens", (json_int_t)tokens, "windows", (json_int_t)res->windows,
+			      "predicted", (json_int_t)res->predicted, "nll", nll,
+			      "perplexity", exp(nll), "seconds", secs);
+
+	return print_object(o);
 }
 
 /* Model i's held-out tokens (its tokenizer for text). */
@@ -289,14 +295,7 @@ static int report(const struct mp_consolidation *map, const struct scored *s, do
 						mp_consolidation_experts(map)),
 		      "window", (json_int_t)env.window, "models", models ? models : json_array(),
 		      "seconds", secs);
-	if (!o || json_dumpf(o, stdout, JSON_INDENT(2))) {
-		json_decref(o);
-		fprintf(stderr, "moepager eval: out of memory building JSON\n");
-		return -ENOMEM;
-	}
-	putchar('\n');
-	json_decref(o);
-	return 0;
+	return print_object(o);
 }
 
 /* Model i alone and served consolidated (through the set over the pager), on its text. */
