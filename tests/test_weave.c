@@ -235,33 +235,41 @@ static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **
  * request still gets its merged model's lone logits; unloading an adapter
  * unbinds its rows.
  */
-static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
+/* A set whose rows are paged by a pager over the base under a budget of that many experts. */
+static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_experts)
 {
-	struct mp_pager_config pc = { .budget_bytes = 3 * fx.expert_bytes,
+	struct mp_pager_config pc = { .budget_bytes = budget_experts * fx.expert_bytes,
 				      .slots_per_layer = 8 + 4 * E_MAX };
 	struct mp_adapters_config c = { .base = fx.base, .source = mp_pager_source_ops(),
 					.slots = 4, .e_max = E_MAX, .rows = mp_pager_row_ops() };
 	struct mp_adapters *set = NULL;
-	struct mp_pager_stats st;
-	struct mp_pager *p = NULL;
 	int err;
 
-	(void)state;
-	err = mp_pager_open(fx.base, &pc, &p);
+	err = mp_pager_open(fx.base, &pc, p);
 	if (err == -EPERM || err == -EOPNOTSUPP) {
 		print_message("userfaultfd unavailable: %s\n", mp_last_error());
 		exit(t_require_all() ? 1 : T_EXIT_SKIP);
 	}
 	assert_int_equal(err, 0);
-	c.source_ctx = c.rows_ctx = p;
+	c.source_ctx = c.rows_ctx = *p;
 	assert_int_equal(mp_adapters_open(&c, &set), 0);
 	assert_int_equal(mp_adapters_rows(set), pc.slots_per_layer);
+	return set;
+}
+
+static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
+{
+	struct mp_pager_stats st;
+	struct mp_pager *p = NULL;
+	struct mp_adapters *set = open_paged_set(&p, 3);
+
+	(void)state;
 	load_all(set);
 	/* Adapter 0's first row in layer 0 (base expert 1) is a pager row now, not yet read. */
 	assert_int_equal(mp_pager_residency(p, 0, 8), MP_RES_NONE);
 	check_mixed_batch(set);
 	mp_pager_stats(p, &st);
-	assert_true(st.resident_peak <= pc.budget_bytes);
+	assert_true(st.resident_peak <= 3 * fx.expert_bytes);
 	assert_true(st.evictions > 0);
 	/* Every adapter's rows were read (the pager's reads exceed the base's experts it used). */
 	assert_true(st.bytes_file >= (uint64_t)(N_ELEMS(picks0) + N_ELEMS(picks1) +
@@ -403,9 +411,10 @@ static void *churn_thread(void *arg)
 	return NULL;
 }
 
-static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+/* Adapter ad2 loads and unloads on another thread while batches of ad0, ad1 and the base run. */
+static void churn_while_batches_run(struct mp_adapters *set)
 {
-	struct churn c = { .set = open_set(false) };
+	struct churn c = { .set = set };
 	float *want = lone_logits(11);
 	const uint32_t *const *map;
 	struct mp_seq *q[3];
@@ -414,7 +423,6 @@ static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
 	pthread_t th;
 	void *ret;
 
-	(void)state;
 	assert_int_equal(mp_adapters_load(c.set, fx.path[0], NULL), 0);
 	assert_int_equal(mp_adapters_load(c.set, fx.path[1], NULL), 1);
 	r = open_runner(fx.base, mp_adapters_source_ops(), c.set, mp_adapters_rows(c.set));
@@ -455,8 +463,28 @@ static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
 	mp_adapters_release(c.set, 0);
 	mp_adapters_release(c.set, 1);
 	mp_runner_close(r);
-	mp_adapters_close(c.set);
 	free(want);
+}
+
+static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+{
+	struct mp_adapters *set = open_set(false);
+
+	(void)state;
+	churn_while_batches_run(set);
+	mp_adapters_close(set);
+}
+
+/* The same with the rows paged: binds and unbinds in the pager while its rows are read. */
+static void paged_loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+{
+	struct mp_pager *p;
+	struct mp_adapters *set = open_paged_set(&p, 4);
+
+	(void)state;
+	churn_while_batches_run(set);
+	mp_adapters_close(set);
+	mp_pager_close(p);
 }
 
 int main(void)
@@ -468,6 +496,7 @@ int main(void)
 		cmocka_unit_test(bad_adapters_are_refused_by_reason_and_the_set_keeps_serving),
 		cmocka_unit_test(unloaded_adapter_stays_until_its_last_request_ends),
 		cmocka_unit_test(loads_and_unloads_while_batches_run_disturb_nothing),
+		cmocka_unit_test(paged_loads_and_unloads_while_batches_run_disturb_nothing),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

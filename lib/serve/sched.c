@@ -376,7 +376,6 @@ static void reap(struct mp_sched *s, bool all, struct req **out)
 	}
 }
 
-/* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
 /*
  * Swapping runner: the head may join when it is of the active model, or,
  * once the batch is empty, after its model is activated. Called locked.
@@ -391,13 +390,15 @@ static bool head_model_ready(struct mp_sched *s)
 	if (s->nrun)
 		return false;
 	t0 = mp_now_ns();
+	/* A failed swap (no memory) lets it join anyway: its step fails it, nobody hangs. */
 	if (mp_runner_activate(s->r, s->qhead->p.model))
-		return false;	/* not expected (the model was checked at submit) */
+		return true;
 	s->st.swaps++;
 	s->st.swap_seconds += seconds(mp_now_ns() - t0);
 	return true;
 }
 
+/* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
 static void admit(struct mp_sched *s)
 {
 	while (s->qhead && s->nrun < s->cfg.max_batch &&
