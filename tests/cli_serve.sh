@@ -237,10 +237,12 @@ EOF
 curl -s "$URL/metrics" >"$T/metrics"
 check "once it ended, nothing drains" grep -q '^moepager_adapters_draining{model="tiny-real"} 0' "$T/metrics"
 check "the unload is counted" grep -q '^moepager_adapters_unloads_total{model="tiny-real"} 1' "$T/metrics"
-"$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 1.5 --max-tokens 8 --mix power:1 --json \
+"$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 1.5 --max-tokens 8 --mix power:1 --ignore-eos --json \
 	--prompts "$(dirname "$0")/../data/prompts/heldout-fortunes.txt" >"$T/loadgen.json" 2>"$T/loadgen.err"
 check "loadgen --mix power:1 spreads requests over the base and adapters, with no error" \
 	test "$(json "$T/loadgen.json" "j['errors'] == 0 and sum(m['requests'] > 0 for m in j['models'].values()) >= 2")" = True
+check "loadgen --ignore-eos: every request generated its 8 tokens" \
+	test "$(json "$T/loadgen.json" "all(m['tokens'] == 8 * m['requests'] for m in j['models'].values())")" = True
 check "the adapter server stops cleanly" stop
 # Paged (--budget): adapter rows are the pager's, under its budget with the base's experts;
 # the texts must not change (checked against the merged models below).
