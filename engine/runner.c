@@ -367,8 +367,11 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 		r->gp = &r->guard;
 	}
 	sc = (struct mp_seq_config){ .request = cfg->request, .max_seq = r->max_seq,
-				     .trace = cfg->trace, .trace_request = cfg->request };
+				     .trace = cfg->trace, .trace_request = cfg->request,
+				     .map = cfg->map };
 	err = sc.trace ? mp_trace_check_geometry(sc.trace, &r->g) : 0;
+	if (!err && sc.map)
+		err = check_map(r, sc.map);
 	if (!err)
 		err = seq_create(r, &sc, &r->seq0);
 	if (!err && !(r->models = calloc(1, sizeof(*r->models))))
@@ -376,6 +379,7 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	if (!err) {
 		r->models[0].store = s;
 		r->n_models = 1;
+		r->active_model = -1;
 		err = load_dense(r, &r->models[0]);
 	}
 	if (err) {
@@ -394,8 +398,71 @@ void mp_runner_close(struct mp_runner *r)
 	mp_seq_close(r->seq0);
 	for (uint32_t i = 0; i < r->n_models; i++)
 		free_dense(&r->models[i]);
+	free_dense(&r->active);
 	free(r->models);
 	free(r);
+}
+
+const struct dense_set *mp_runner_dense(const struct mp_runner *r, uint32_t model)
+{
+	return r->active_model < 0 ? &r->models[model] : &r->active;
+}
+
+/* p, a pointer into from's weights, at the same offset in to's. */
+static const void *rebase(const struct dense_set *from, const struct dense_set *to, const void *p)
+{
+	return p ? (const char *)to->weights + ((const char *)p - (const char *)from->weights) :
+		   NULL;
+}
+
+int mp_runner_activate(struct mp_runner *r, uint32_t model)
+{
+	const struct dense_set *m;
+	struct dense_set *a;
+
+	if (!r || model >= r->n_models)
+		return mp_err(-EINVAL, "runner activate: model %u, the runner has %u", model,
+			      r ? r->n_models : 0);
+	m = &r->models[model];
+	a = &r->active;
+	if (!a->weights) {
+		a->weights_len = m->weights_len;
+		a->weights = aligned_alloc(TENSOR_ALIGN, MP_ALIGN_UP(m->weights_len, TENSOR_ALIGN));
+		a->layers = calloc(r->g.layers, sizeof(*a->layers));
+		if (!a->weights || !a->layers) {
+			free_dense(a);
+			*a = (struct dense_set){ 0 };
+			return mp_err(-ENOMEM, "runner: out of memory for the active weights");
+		}
+	}
+	if (m->weights_len != a->weights_len)
+		return mp_err(-EINVAL, "runner activate: %s's weights take %zu bytes, the active "
+			      "set %zu", mp_store_path(m->store), m->weights_len, a->weights_len);
+	memcpy(a->weights, m->weights, m->weights_len);
+	a->store = m->store;
+	a->tok_embd = rebase(m, a, m->tok_embd);
+	a->output = rebase(m, a, m->output);
+	a->output_norm = rebase(m, a, m->output_norm);
+	a->embd_dtype = m->embd_dtype;
+	a->output_dtype = m->output_dtype;
+	a->layer_bytes = m->layer_bytes;
+	for (uint32_t l = 0; l < r->g.layers; l++) {
+		const struct layer_weights *s = &m->layers[l];
+
+		a->layers[l] = (struct layer_weights){
+			.attn_norm = rebase(m, a, s->attn_norm), .wq = rebase(m, a, s->wq),
+			.wk = rebase(m, a, s->wk), .wv = rebase(m, a, s->wv),
+			.wo = rebase(m, a, s->wo), .ffn_norm = rebase(m, a, s->ffn_norm),
+			.router = rebase(m, a, s->router), .router_dtype = s->router_dtype,
+		};
+	}
+	r->active_model = (int32_t)model;
+	return 0;
+}
+
+int mp_runner_active(const struct mp_runner *r)
+{
+	return r->active_model;
 }
 
 /* Checks an item before anything runs: a refused batch changes nothing. */
@@ -437,7 +504,7 @@ static void order_items(struct mp_runner *r, const struct mp_batch_item *batch, 
 	for (uint32_t m = 0; m < r->n_models && n < count; m++) {
 		struct step_run *run = &r->runs[r->n_runs];
 
-		*run = (struct step_run){ .d = &r->models[m], .item = n, .first = rows };
+		*run = (struct step_run){ .d = mp_runner_dense(r, m), .item = n, .first = rows };
 		for (uint32_t i = 0; i < count; i++) {
 			if (batch[i].seq->model != m)
 				continue;
@@ -467,6 +534,9 @@ int mp_runner_batch(struct mp_runner *r, const struct mp_batch_item *batch, uint
 	for (uint32_t i = 0; i < count; i++) {
 		if ((err = check_item(r, &batch[i], i)))
 			return err;
+		if (r->active_model >= 0 && batch[i].seq->model != (uint32_t)r->active_model)
+			return mp_err(-EINVAL, "runner batch: item %u is of model %u, model %d is "
+				      "active", i, batch[i].seq->model, r->active_model);
 		for (uint32_t j = 0; j < i; j++)
 			if (batch[j].seq == batch[i].seq)
 				return mp_err(-EINVAL, "runner batch: items %u and %u are the same "

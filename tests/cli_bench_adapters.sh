@@ -11,19 +11,9 @@ set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
 T=$(mktemp -d)
-fails=0
 trap 'rm -rf "$T"' EXIT
 
-ok() { printf 'ok: %s\n' "$*"; }
-bad() {
-	printf 'FAIL: %s\n' "$*"
-	fails=$((fails + 1))
-}
-check() {	# check DESCRIPTION COMMAND...
-	local what=$1
-	shift
-	if "$@"; then ok "$what"; else bad "$what"; fi
-}
+. "$(dirname "$0")/check_lib.sh"
 # holds FILE PYTHON-EXPRESSION: the expression over the JSON object j is true.
 holds() {
 	[[ $("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(bool($2))" "$1") == True ]]

@@ -11,49 +11,10 @@ set -uo pipefail
 MOEPAGER=$1
 MODEL=$2
 PY=/usr/bin/python3
-T=$(mktemp -d)
-SERVER=
-fails=0
+. "$(dirname "$0")/serve_lib.sh"
 
-cleanup() {
-	[[ -n $SERVER ]] && kill -9 "$SERVER" 2>/dev/null
-	rm -rf "$T"
-}
-trap cleanup EXIT
-
-ok() { printf 'ok: %s\n' "$*"; }
-bad() {
-	printf 'FAIL: %s\n' "$*"
-	fails=$((fails + 1))
-}
-check() {	# check DESCRIPTION COMMAND...
-	local what=$1
-	shift
-	if "$@"; then ok "$what"; else bad "$what"; fi
-}
-
-# start NAME ARGS...: runs the server, waits for its port file, sets PORT and SERVER.
-start() {
-	rm -f "$T/port"
-	"$MOEPAGER" serve --model "$MODEL" --listen 127.0.0.1:0 --port-file "$T/port" "$@" \
-		>"$T/server.out" 2>"$T/server.err" &
-	SERVER=$!
-	for _ in $(seq 200); do
-		[[ -s $T/port ]] && break
-		kill -0 "$SERVER" 2>/dev/null || { cat "$T/server.err"; return 1; }
-		sleep 0.05
-	done
-	PORT=$(cat "$T/port")
-	URL=http://127.0.0.1:$PORT
-}
-
-stop() {
-	kill -TERM "$SERVER"
-	wait "$SERVER"
-	local st=$?
-	SERVER=
-	return $st
-}
+# start ARGS...: the server over MODEL.
+start() { serve_start --model "$MODEL" "$@"; }
 
 # post BODY [CURL ARGS...]: prints the body, then the status on its own last line.
 post() {
@@ -276,11 +237,33 @@ EOF
 curl -s "$URL/metrics" >"$T/metrics"
 check "once it ended, nothing drains" grep -q '^moepager_adapters_draining{model="tiny-real"} 0' "$T/metrics"
 check "the unload is counted" grep -q '^moepager_adapters_unloads_total{model="tiny-real"} 1' "$T/metrics"
-"$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 1.5 --max-tokens 8 --mix power:1 --json \
+"$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 1.5 --max-tokens 8 --mix power:1 --ignore-eos --json \
 	--prompts "$(dirname "$0")/../data/prompts/heldout-fortunes.txt" >"$T/loadgen.json" 2>"$T/loadgen.err"
 check "loadgen --mix power:1 spreads requests over the base and adapters, with no error" \
 	test "$(json "$T/loadgen.json" "j['errors'] == 0 and sum(m['requests'] > 0 for m in j['models'].values()) >= 2")" = True
+check "loadgen --ignore-eos: every request generated its 8 tokens" \
+	test "$(json "$T/loadgen.json" "all(m['tokens'] == 8 * m['requests'] for m in j['models'].values())")" = True
 check "the adapter server stops cleanly" stop
+# Paged (--budget): adapter rows are the pager's, under its budget with the base's experts;
+# the texts must not change (checked against the merged models below).
+start --adapters "$A" --max-batch 4 --budget 30% || exit 1
+pids=()
+for m in legal code legal; do
+	curl -s "$URL/v1/completions" -d "{\"model\": \"$m\", \"prompt\": \"Fortune says\", $GREEDY}" >"$T/mixed.$m.paged${#pids[@]}" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+curl -s "$URL/metrics" >"$T/metrics.paged"
+"$PY" - "$T/metrics.paged" <<'EOF'
+import sys
+m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1]) if l.startswith("moepager_pager_")}
+get = lambda k: next(v for n, v in m.items() if n.startswith(k + "{"))
+assert get("moepager_pager_resident_bytes") <= get("moepager_pager_budget_bytes"), m
+assert get("moepager_pager_evictions_total") > 0, m
+print("ok: paged adapters: resident within the budget, with evictions")
+EOF
+[[ $? == 0 ]] || bad "paged adapters: the budget or eviction figures are wrong"
+check "the paged adapter server stops cleanly" stop
 # Each adapter's text above is its merged model's, decoded alone.
 BASE_MODEL=$MODEL
 for m in legal code; do

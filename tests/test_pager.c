@@ -23,6 +23,8 @@ static struct mp_store *store;
 static const struct mp_geometry *geo;
 static uint64_t xbytes;		/* bytes of one expert */
 static uint8_t **expected;	/* every expert's bytes, read with pread */
+static struct mp_store *variant;	/* rows from other sources: opened by open_sources() */
+static struct mp_adapter *adapter;
 
 /*
  * A test tier wrapped around the file tier: fails, corrupts or delays
@@ -233,6 +235,8 @@ static int group_teardown(void **state)
 		free(expected[i]);
 	free(expected);
 	mp_store_close(store);
+	mp_store_close(variant);
+	mp_adapter_close(adapter);
 	t_tmpdir_cleanup();
 	return 0;
 }
@@ -1112,6 +1116,218 @@ static void route_fill_reads_routed_experts_before_the_touch(void **state)
 	mp_pager_close(p);
 }
 
+/*
+ * Rows from several sources: a variant of the tiny model (another seed) and
+ * an adapter whose experts come from a third one.
+ */
+static const uint32_t adapter_picks[][2] = { { 0, 1 }, { 1, 2 }, { 2, 5 }, { 3, 0 } };
+
+static void open_sources(void)
+{
+	struct mp_store *third;
+
+	if (variant)
+		return;
+	assert_int_equal(t_gen_tiny(t_path("variant.mpk"), MP_DTYPE_F32, 43), 0);
+	assert_int_equal(mp_store_open(t_path("variant.mpk"), &variant), 0);
+	assert_int_equal(t_gen_tiny(t_path("third.mpk"), MP_DTYPE_F32, 44), 0);
+	assert_int_equal(mp_store_open(t_path("third.mpk"), &third), 0);
+	assert_int_equal(t_write_adapter(t_path("a.mpa"), store, third, adapter_picks,
+					 MP_ARRAY_SIZE(adapter_picks), "a"), 0);
+	mp_store_close(third);
+	assert_int_equal(mp_adapter_open(t_path("a.mpa"), &adapter), 0);
+}
+
+/* Row experts + e of every layer: variant expert e; row 2 x experts - 1: the adapter's, if any. */
+static uint32_t bind_sources(struct mp_pager *p, int *src_v, int *src_a)
+{
+	uint32_t E = geo->experts, bound = 0;
+
+	open_sources();
+	*src_v = mp_pager_add_store(p, variant);
+	*src_a = mp_pager_add_adapter(p, adapter);
+	assert_true(*src_v >= 1 && *src_a >= 1 && *src_v != *src_a);
+	for (uint32_t l = 0; l < geo->layers; l++) {
+		for (uint32_t e = 0; e + 1 < E; e++, bound++)
+			assert_int_equal(mp_pager_bind(p, l, E + e, *src_v, e), 0);
+		for (size_t i = 0; i < MP_ARRAY_SIZE(adapter_picks); i++)
+			if (adapter_picks[i][0] == l) {
+				assert_int_equal(mp_pager_bind(p, l, 2 * E - 1, *src_a,
+							       adapter_picks[i][1]), 0);
+				bound++;
+			}
+	}
+	return bound;
+}
+
+/* What row r of layer l must hold (bind_sources()), read from its own file. */
+static void row_bytes(uint32_t l, uint32_t r, uint8_t *buf)
+{
+	uint32_t E = geo->experts;
+
+	if (r < E) {
+		memcpy(buf, want(l, r), xbytes);
+	} else if (r + 1 < 2 * E) {
+		assert_int_equal(mp_store_read_expert(variant, l, r - E, buf), 0);
+	} else {
+		uint32_t n;
+		const struct mp_adapter_expert *x = mp_adapter_layer(adapter, l, &n);
+
+		assert_int_equal(n, 1);
+		assert_int_equal(mp_adapter_read_expert(adapter, l, x->expert, buf), 0);
+	}
+}
+
+static void rows_of_three_sources_read_back_their_bytes_under_one_budget(void **state)
+{
+	struct mp_pager *p = open_pager(2, *state);
+	uint8_t *buf = malloc(xbytes);
+	struct mp_pager_stats st;
+	uint32_t reads = 0, bound;
+	int src_v, src_a;
+
+	bound = bind_sources(p, &src_v, &src_a);
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t l = 0; l < geo->layers; l++) {
+			for (uint32_t r = 0; r < 2 * geo->experts; r++) {
+				if (r == 2 * geo->experts - 1 && !mp_adapter_layer(adapter, l,
+										    &(uint32_t){ 0 }))
+					continue;
+				row_bytes(l, r, buf);
+				assert_memory_equal(get(p, l, r), buf, xbytes);
+				mp_pager_stats(p, &st);
+				assert_true(st.resident_bytes <= 2 * xbytes);
+				reads++;
+			}
+		}
+	}
+	assert_int_equal(reads, 2 * (geo->layers * geo->experts + bound));
+	mp_pager_stats(p, &st);
+	assert_true(st.resident_peak <= 2 * xbytes);
+	/* Every row was read from its file at least once per pass: the budget evicted across sources. */
+	assert_true(st.faults_file + st.faults_host >= reads / 2);
+	assert_true(st.evictions > 0);
+	mp_pager_close(p);
+	free(buf);
+}
+
+static void routed_and_prefetched_rows_are_read_by_row_id(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager *p;
+	struct mp_pager_stats st;
+	uint32_t ids[2] = { geo->experts + 1, 2 * geo->experts - 1 };
+	uint8_t *buf = malloc(xbytes);
+	int src_v, src_a;
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 8 * xbytes;
+	assert_int_equal(mp_pager_open_hooked(store, &cfg, &hooks, &p), 0);
+	bind_sources(p, &src_v, &src_a);
+	/* Layer 0's routed rows (a variant's and the adapter's) are read as demand. */
+	assert_int_equal(mp_pager_route(p, 0, 0, 0, ids, NULL, 2), 0);
+	assert_int_equal(mp_pager_prefetch(p, 1, geo->experts + 2, 1), 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 0, ids[0]), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 0, ids[1]), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 1, geo->experts + 2), MP_RES_MAPPED);
+	row_bytes(1, geo->experts + 2, buf);
+	assert_memory_equal(mp_pager_expert(p, 1, geo->experts + 2), buf, xbytes);
+	row_bytes(0, ids[1], buf);
+	assert_memory_equal(mp_pager_expert(p, 0, ids[1]), buf, xbytes);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.faults_file, 0);
+	assert_int_equal(st.misses, 2);
+	assert_int_equal(st.prefetch_issued, 1);
+	/* Unbound: its memory goes back, the row is spare again, the source can go. */
+	assert_int_equal(mp_pager_remove_source(p, src_a), -EBUSY);
+	for (uint32_t l = 0; l < geo->layers; l++)
+		if (mp_pager_residency(p, l, 2 * geo->experts - 1) >= 0)
+			assert_int_equal(mp_pager_unbind(p, l, 2 * geo->experts - 1), 0);
+	assert_int_equal(mp_pager_residency(p, 0, ids[1]), -EINVAL);
+	assert_int_equal(mp_pager_route(p, 0, 0, 0, ids, NULL, 2), -EINVAL);
+	assert_int_equal(mp_pager_remove_source(p, src_a), 0);
+	mp_pager_stats(p, &st);
+	assert_true(st.resident_bytes <= 2 * xbytes);
+	mp_pager_close(p);
+	free(buf);
+}
+
+static void bad_sources_and_bindings_are_refused(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	struct mp_store *small, *third;
+	struct mp_adapter *other;
+	uint32_t E = geo->experts;
+	int src_v, src_a;
+
+	(void)state;
+	open_sources();
+	assert_int_equal(t_gen_small(t_path("small.mpk"), MP_DTYPE_F32, 1), 0);
+	assert_int_equal(mp_store_open(t_path("small.mpk"), &small), 0);
+	assert_int_equal(mp_store_open(t_path("third.mpk"), &third), 0);
+	/* An adapter made for the variant, not for this pager's model. */
+	assert_int_equal(t_write_adapter(t_path("other.mpa"), variant, third, adapter_picks, 1,
+					 "other"), 0);
+	assert_int_equal(mp_adapter_open(t_path("other.mpa"), &other), 0);
+	t_log_reset();
+	assert_int_equal(mp_pager_add_store(p, small), -EMEDIUMTYPE);
+	assert_true(t_log_contains("not a variant"));
+	assert_int_equal(mp_pager_add_adapter(p, other), -EMEDIUMTYPE);
+	src_v = mp_pager_add_store(p, variant);
+	src_a = mp_pager_add_adapter(p, adapter);
+	assert_true(src_v > 0 && src_a > 0);
+	t_log_reset();
+	assert_int_equal(mp_pager_bind(p, 0, 1, src_v, 1), -EINVAL);	/* the model's own row */
+	assert_true(t_log_contains("not a spare row"));
+	assert_int_equal(mp_pager_bind(p, 0, 2 * E, src_v, 1), -EINVAL);
+	assert_int_equal(mp_pager_bind(p, geo->layers, E, src_v, 1), -EINVAL);
+	assert_int_equal(mp_pager_bind(p, 0, E, 77, 1), -EINVAL);
+	assert_int_equal(mp_pager_bind(p, 0, E, src_v, E), -EINVAL);
+	assert_int_equal(mp_pager_bind(p, 0, E, src_a, 3), -ENOENT);	/* not replaced */
+	assert_true(t_log_contains("does not replace layer 0 expert 3"));
+	assert_int_equal(mp_pager_bind(p, 0, E, src_a, 1), 0);
+	assert_int_equal(mp_pager_bind(p, 0, E, src_v, 1), -EEXIST);
+	assert_null(mp_pager_expert(p, 0, E + 1));			/* not bound */
+	assert_int_equal(mp_pager_unbind(p, 0, E + 1), -EINVAL);
+	assert_int_equal(mp_pager_remove_source(p, src_v), 0);
+	assert_int_equal(mp_pager_remove_source(p, src_v), -EINVAL);
+	assert_int_equal(mp_pager_unbind(p, 0, E), 0);
+	assert_int_equal(mp_pager_remove_source(p, src_a), 0);
+	mp_pager_close(p);
+	mp_adapter_close(other);
+	mp_store_close(small);
+	mp_store_close(third);
+}
+
+static void corrupt_adapter_row_errors_through_guard(void **state)
+{
+	struct mp_pager *p = open_pager(2, NULL);
+	const struct mp_adapter_expert *x;
+	struct mp_adapter *bad;
+	struct guarded g = { .p = p, .layer = 1, .expert = geo->experts };
+	int src;
+
+	(void)state;
+	open_sources();
+	assert_int_equal(t_write_adapter(t_path("bad.mpa"), store, variant, adapter_picks,
+					 MP_ARRAY_SIZE(adapter_picks), "bad"), 0);
+	assert_int_equal(mp_adapter_open(t_path("bad.mpa"), &bad), 0);
+	x = mp_adapter_find(bad, 1, 2);
+	assert_non_null(x);
+	/* The table is checked at open, the bytes at read: damage the expert's bytes. */
+	assert_int_equal(t_flip_byte(t_path("bad.mpa"), x->offset + 5), 0);
+	src = mp_pager_add_adapter(p, bad);
+	assert_true(src > 0);
+	assert_int_equal(mp_pager_bind(p, 1, geo->experts, src, 2), 0);
+	t_log_reset();
+	assert_int_equal(mp_pager_guard(p, read_expert_fn, &g), -EBADMSG);
+	assert_true(t_log_contains("checksum mismatch"));
+	mp_pager_close(p);
+	mp_adapter_close(bad);
+}
+
 static void budget_strings_parse(void **state)
 {
 	uint64_t v;
@@ -1178,6 +1394,7 @@ static const struct {
 	BEHAVIOUR(racing_faults_on_one_expert_read_it_once),
 	BEHAVIOUR(application_zap_of_a_mapped_expert_reads_it_again),
 	BEHAVIOUR(shrinking_the_budget_evicts_down_to_it),
+	BEHAVIOUR(rows_of_three_sources_read_back_their_bytes_under_one_budget),
 };
 
 int main(void)
@@ -1201,6 +1418,9 @@ int main(void)
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),
 		cmocka_unit_test(close_releases_a_thread_reading_its_own_expert),
 		cmocka_unit_test(resolution_follows_the_expert_size_unless_configured),
+		cmocka_unit_test(routed_and_prefetched_rows_are_read_by_row_id),
+		cmocka_unit_test(bad_sources_and_bindings_are_refused),
+		cmocka_unit_test(corrupt_adapter_row_errors_through_guard),
 		cmocka_unit_test(budget_strings_parse),
 		cmocka_unit_test(latency_quantiles_interpolate_log2_buckets),
 	};

@@ -172,18 +172,15 @@ static void load_all(struct mp_adapters *set)
 		assert_int_equal(mp_adapters_load(set, fx.path[a], NULL), (int)a);
 }
 
-/* Issue 16's correctness: every adapter and the base in one batch, as their merged models alone. */
-static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **state)
+/* Every adapter of set (loaded) and the base in one batch give their merged models' lone logits. */
+static void check_mixed_batch(struct mp_adapters *set)
 {
-	struct mp_adapters *set = open_set(false);
 	float *want = lone_logits(7);
 	struct mp_seq *q[N_ADAPTERS + 1];
 	uint32_t tok[N_ADAPTERS + 1];
 	struct mp_runner *r;
 	int idx[N_ADAPTERS];
 
-	(void)state;
-	load_all(set);
 	r = open_runner(fx.base, mp_adapters_source_ops(), set, mp_adapters_rows(set));
 	for (uint32_t a = 0; a <= N_ADAPTERS; a++) {
 		const uint32_t *const *map = NULL;
@@ -218,8 +215,69 @@ static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **
 	for (uint32_t a = 0; a < N_ADAPTERS; a++)
 		mp_adapters_release(set, idx[a]);
 	mp_runner_close(r);
-	mp_adapters_close(set);
 	free(want);
+}
+
+/* Issue 16's correctness: every adapter and the base in one batch, as their merged models alone. */
+static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **state)
+{
+	struct mp_adapters *set = open_set(false);
+
+	(void)state;
+	load_all(set);
+	check_mixed_batch(set);
+	mp_adapters_close(set);
+}
+
+/*
+ * Adapter rows paged with the base's (mp_pager_row_ops()): under a budget
+ * of three experts, base and adapter rows evict each other, and every
+ * request still gets its merged model's lone logits; unloading an adapter
+ * unbinds its rows.
+ */
+/* A set whose rows are paged by a pager over the base under a budget of that many experts. */
+static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_experts)
+{
+	struct mp_pager_config pc = { .budget_bytes = budget_experts * fx.expert_bytes,
+				      .slots_per_layer = 8 + 4 * E_MAX };
+	struct mp_adapters_config c = { .base = fx.base, .source = mp_pager_source_ops(),
+					.slots = 4, .e_max = E_MAX, .rows = mp_pager_row_ops() };
+	struct mp_adapters *set = NULL;
+	int err;
+
+	err = mp_pager_open(fx.base, &pc, p);
+	if (err == -EPERM || err == -EOPNOTSUPP) {
+		print_message("userfaultfd unavailable: %s\n", mp_last_error());
+		exit(t_require_all() ? 1 : T_EXIT_SKIP);
+	}
+	assert_int_equal(err, 0);
+	c.source_ctx = c.rows_ctx = *p;
+	assert_int_equal(mp_adapters_open(&c, &set), 0);
+	assert_int_equal(mp_adapters_rows(set), pc.slots_per_layer);
+	return set;
+}
+
+static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
+{
+	struct mp_pager_stats st;
+	struct mp_pager *p = NULL;
+	struct mp_adapters *set = open_paged_set(&p, 3);
+
+	(void)state;
+	load_all(set);
+	/* Adapter 0's first row in layer 0 (base expert 1) is a pager row now, not yet read. */
+	assert_int_equal(mp_pager_residency(p, 0, 8), MP_RES_NONE);
+	check_mixed_batch(set);
+	mp_pager_stats(p, &st);
+	assert_true(st.resident_peak <= 3 * fx.expert_bytes);
+	assert_true(st.evictions > 0);
+	/* Every adapter's rows were read (the pager's reads exceed the base's experts it used). */
+	assert_true(st.bytes_file >= (uint64_t)(N_ELEMS(picks0) + N_ELEMS(picks1) +
+						 N_ELEMS(picks2)) * fx.expert_bytes);
+	assert_int_equal(mp_adapters_unload(set, "ad0"), 0);
+	assert_int_equal(mp_pager_residency(p, 0, 8), -EINVAL);
+	mp_adapters_close(set);
+	mp_pager_close(p);
 }
 
 static void memory_is_held_only_for_replaced_experts_unless_padded(void **state)
@@ -353,9 +411,10 @@ static void *churn_thread(void *arg)
 	return NULL;
 }
 
-static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+/* Adapter ad2 loads and unloads on another thread while batches of ad0, ad1 and the base run. */
+static void churn_while_batches_run(struct mp_adapters *set)
 {
-	struct churn c = { .set = open_set(false) };
+	struct churn c = { .set = set };
 	float *want = lone_logits(11);
 	const uint32_t *const *map;
 	struct mp_seq *q[3];
@@ -364,7 +423,6 @@ static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
 	pthread_t th;
 	void *ret;
 
-	(void)state;
 	assert_int_equal(mp_adapters_load(c.set, fx.path[0], NULL), 0);
 	assert_int_equal(mp_adapters_load(c.set, fx.path[1], NULL), 1);
 	r = open_runner(fx.base, mp_adapters_source_ops(), c.set, mp_adapters_rows(c.set));
@@ -405,18 +463,40 @@ static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
 	mp_adapters_release(c.set, 0);
 	mp_adapters_release(c.set, 1);
 	mp_runner_close(r);
-	mp_adapters_close(c.set);
 	free(want);
+}
+
+static void loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+{
+	struct mp_adapters *set = open_set(false);
+
+	(void)state;
+	churn_while_batches_run(set);
+	mp_adapters_close(set);
+}
+
+/* The same with the rows paged: binds and unbinds in the pager while its rows are read. */
+static void paged_loads_and_unloads_while_batches_run_disturb_nothing(void **state)
+{
+	struct mp_pager *p;
+	struct mp_adapters *set = open_paged_set(&p, 4);
+
+	(void)state;
+	churn_while_batches_run(set);
+	mp_adapters_close(set);
+	mp_pager_close(p);
 }
 
 int main(void)
 {
 	static const struct CMUnitTest tests[] = {
 		cmocka_unit_test(mixed_batch_gives_each_request_its_merged_models_lone_logits),
+		cmocka_unit_test(paged_adapter_rows_share_the_budget_and_keep_the_logits),
 		cmocka_unit_test(memory_is_held_only_for_replaced_experts_unless_padded),
 		cmocka_unit_test(bad_adapters_are_refused_by_reason_and_the_set_keeps_serving),
 		cmocka_unit_test(unloaded_adapter_stays_until_its_last_request_ends),
 		cmocka_unit_test(loads_and_unloads_while_batches_run_disturb_nothing),
+		cmocka_unit_test(paged_loads_and_unloads_while_batches_run_disturb_nothing),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

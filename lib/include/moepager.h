@@ -28,6 +28,7 @@
 #include <moepager/prefetch.h>
 #include <moepager/serve.h>
 #include <moepager/adapters.h>
+#include <moepager/multi.h>
 #include <moepager/coe.h>
 
 #endif /* MOEPAGER_H */

@@ -27,6 +27,8 @@ struct fill_ctx {
 	struct mp_pager *p;
 	struct slot *s;
 	uint32_t slot;
+	struct row_origin o;	/* where the bytes come from */
+	struct mp_tier *tier;	/* and through which tier */
 	bool reserved;		/* the fill's bytes are counted against the budget */
 	int room_err;		/* why make_room() failed: not a read error, no retry */
 };
@@ -121,12 +123,13 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 {
 	struct mp_pager *p = w->p;
 	struct slot *s = fh->s;
-	const struct mp_expert_info *x = mp_store_expert(p->store, s->layer, s->expert);
+	const struct row_origin *x = &fh->o;
+	struct mp_tier *tier = fh->tier;
 	struct mp_tier_read rd = {
 		.layer = s->layer,
-		.expert = s->expert,
+		.expert = x->expert,
 		.offset = x->offset,
-		.bytes = x->bytes,
+		.bytes = p->expert_bytes,
 		.checksum = x->checksum,
 		.iov = w->iov,
 		.iovcnt = (unsigned)nseg,
@@ -146,17 +149,18 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 
 		XXH3_64bits_reset(w->hash);
 		fh->got = 0;
-		err = mp_tier_read(p->tier, &rd);
-		if (!err && fh->got != x->bytes)
+		err = mp_tier_read(tier, &rd);
+		if (!err && fh->got != p->expert_bytes)
 			err = mp_err(-ENODATA, "layer %u expert %u: tier %s delivered %llu of %llu "
-				     "bytes", s->layer, s->expert, p->tier->name,
-				     (unsigned long long)fh->got, (unsigned long long)x->bytes);
+				     "bytes", s->layer, s->expert, tier->name,
+				     (unsigned long long)fh->got,
+				     (unsigned long long)p->expert_bytes);
 		if (!err) {
 			sum = XXH3_64bits_digest(w->hash);
 			if (sum != x->checksum)
 				err = mp_err(-EBADMSG, "layer %u expert %u: checksum mismatch "
 					     "reading %s at offset %llu (stored %016llx, computed "
-					     "%016llx)", s->layer, s->expert, p->tier->name,
+					     "%016llx)", s->layer, s->expert, tier->name,
 					     (unsigned long long)x->offset,
 					     (unsigned long long)x->checksum,
 					     (unsigned long long)sum);
@@ -167,7 +171,7 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 		p->st.read_errors++;
 		pthread_mutex_unlock(&p->lock);
 		plog_warn(p, "layer %u expert %u: read attempt %u of %u from %s failed: %s",
-			  s->layer, s->expert, attempt, p->read_attempts, p->tier->name,
+			  s->layer, s->expert, attempt, p->read_attempts, tier->name,
 			  strerror(-err));
 		if (attempt < p->read_attempts) {
 			struct timespec ts = { 0, (long)(ATTEMPT_PAUSE_NS * attempt) };
@@ -204,7 +208,8 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	struct mp_pager *p = w->p;
 	struct slot *s = &p->slots[slot];
 	struct fill_ctx fh = { .h = w->hash, .cancel = &p->closing, .p = p, .s = s,
-				.slot = slot };
+				.slot = slot, .o = p->origin[slot],
+				.tier = mp_pager_row_tier(p, slot) };
 	uint64_t begin = mp_now_ns(), t_read, t_map;
 	bool prefetch = cls == Q_PREFETCH;
 	int nseg, err;

@@ -30,8 +30,9 @@ struct mp_store *mp_pager_store(const struct mp_pager *p)
 static int setup_slots(struct mp_pager *p)
 {
 	p->slots = calloc(p->nslots, sizeof(*p->slots));
+	p->origin = calloc(p->nslots, sizeof(*p->origin));
 	p->q.heap = calloc(p->nslots, sizeof(*p->q.heap));
-	if (!p->slots || !p->q.heap)
+	if (!p->slots || !p->origin || !p->q.heap)
 		return -ENOMEM;
 	for (uint32_t l = 0; l < p->layers; l++) {
 		for (uint32_t e = 0; e < p->slots_per_layer; e++) {
@@ -44,6 +45,7 @@ static int setup_slots(struct mp_pager *p)
 		}
 	}
 	p->q.demand_head = p->q.demand_tail = SLOT_NONE;
+	mp_pager_rows_init(p);
 	return 0;
 }
 
@@ -70,8 +72,10 @@ static void destroy(struct mp_pager *p)
 		mp_pager_ranges_remove((uintptr_t)mp_region_base(p->region));
 	mp_region_destroy(p->region);
 	mp_tier_destroy(p->tier);
+	mp_pager_rows_fini(p);
 	mp_evict_fini(&p->evict);
 	free(p->slots);
+	free(p->origin);
 	free(p->q.heap);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->work_cv);
@@ -168,15 +172,15 @@ static int open_eviction(struct mp_pager *p, const struct mp_pager_config *cfg)
 static int open_tier(struct mp_pager *p, const struct mp_pager_config *cfg,
 		     const struct mp_pager_hooks *hooks)
 {
-	struct mp_tier_file_config fc = {
+	struct mp_tier *top = NULL;
+	int err;
+
+	p->tier_cfg = (struct mp_tier_file_config){
 		.request_bytes = cfg->io_request_bytes ? cfg->io_request_bytes :
 							 DEFAULT_REQUEST_BYTES,
 		.no_direct = cfg->no_direct,
 	};
-	struct mp_tier *top = NULL;
-	int err;
-
-	err = mp_tier_file_open(p->store, &fc, &p->tier);
+	err = mp_tier_file_open(p->store, &p->tier_cfg, &p->tier);
 	if (!err)
 		err = mp_tier_inject_wrap(&p->tier, cfg->fault, cfg->fault_seed);
 	if (err || !hooks || !hooks->wrap_tier)

@@ -12,11 +12,27 @@
 #include "pager/hooks.h"
 #include "base/probes.h"
 
+/* True when (layer, id) is one of the store's experts or a bound row. */
+static bool valid_row(struct mp_pager *p, uint32_t layer, uint32_t id)
+{
+	uint8_t state;
+
+	if (layer >= p->layers || id >= p->slots_per_layer)
+		return false;
+	if (id < p->experts)
+		return true;
+	pthread_mutex_lock(&p->lock);
+	state = p->slots[mp_pager_slot(p, layer, id)].state;
+	pthread_mutex_unlock(&p->lock);
+	return state != ST_UNUSED;
+}
+
 static int check_id(struct mp_pager *p, uint32_t layer, uint32_t expert, const char *what)
 {
-	if (layer >= p->layers || expert >= p->experts)
+	if (!valid_row(p, layer, expert))
 		return plog_err(p, -EINVAL, "%s: layer %u expert %u out of range (%u layers, %u "
-				"experts)", what, layer, expert, p->layers, p->experts);
+				"experts, no bound row %u)", what, layer, expert, p->layers,
+				p->experts, expert);
 	return 0;
 }
 
@@ -67,9 +83,9 @@ int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_
 	if (layer >= p->layers || k > MP_MAX_TOPK || (k && !ids))
 		return plog_err(p, -EINVAL, "route: layer %u, k %u: out of range", layer, k);
 	for (uint32_t i = 0; i < k; i++) {
-		if (ids[i] >= p->experts)
-			return plog_err(p, -EINVAL, "route: layer %u: expert %u out of range (%u)",
-					layer, ids[i], p->experts);
+		if (!valid_row(p, layer, ids[i]))
+			return plog_err(p, -EINVAL, "route: layer %u: expert %u out of range (%u, "
+					"and not a bound row)", layer, ids[i], p->experts);
 		keys[i] = mp_pager_slot(p, layer, ids[i]);
 	}
 	/* The runner fires the route probe; firing it here too would count decisions twice. */

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <moepager/adapter.h>
 #include <moepager/pager.h>
 #include <moepager/store.h>
 
@@ -52,6 +53,26 @@ struct pager_mem {
 	uint64_t spare_bytes;		/* spare chunk bytes kept for recycling */
 };
 
+/*
+ * A file whose experts back rows (rows.c): an adapter's or another
+ * variant's. Entry 0 stands for the pager's own store (p->tier); an entry
+ * with no tier is free.
+ */
+struct row_src {
+	struct mp_tier *tier;
+	struct mp_store *store;		/* a variant, or NULL */
+	struct mp_adapter *adapter;	/* an adapter, or NULL */
+	uint32_t rows;			/* rows bound to it */
+};
+
+/* Where a slot's bytes come from: a source and that file's extent (set while the slot is UNUSED). */
+struct row_origin {
+	uint64_t offset;
+	uint64_t checksum;
+	uint32_t src;			/* index in p->srcs; 0: the pager's store */
+	uint32_t expert;		/* the expert's id in its source, for messages */
+};
+
 struct mp_pager {
 	/* Fixed at open. */
 	char name[64];
@@ -72,6 +93,7 @@ struct mp_pager {
 
 	struct mp_region *region;
 	struct mp_tier *tier;
+	struct mp_tier_file_config tier_cfg;	/* for the sources' tiers */
 	struct worker *workers;
 	struct worker caller;	/* what a thread resolving its own request reads with */
 
@@ -80,6 +102,8 @@ struct mp_pager {
 	pthread_cond_t work_cv;		/* workers: a job or close */
 	pthread_cond_t state_cv;	/* a transition ended, budget freed, idle */
 	struct slot *slots;
+	struct row_origin *origin;	/* [nslots] */
+	struct row_src srcs[MP_PAGER_MAX_SOURCES + 1];
 	struct mp_evict evict;
 	struct pager_queue q;
 	struct pager_mem mem;
@@ -142,6 +166,14 @@ int mp_pager_resolve_budget(struct mp_pager *p, const struct mp_pager_config *cf
 void mp_pager_wait_ns(struct mp_pager *p, pthread_cond_t *cv, uint64_t ns);
 int mp_pager_reserve(struct mp_pager *p, uint32_t slot);
 void mp_pager_enforce_budget(struct mp_pager *p);
+
+/* rows.c */
+/* Fills the origins of the store's own rows. */
+void mp_pager_rows_init(struct mp_pager *p);
+/* Frees the sources' tiers (at close). */
+void mp_pager_rows_fini(struct mp_pager *p);
+/* The tier the slot's bytes come from (called locked, or while the slot is FILLING). */
+struct mp_tier *mp_pager_row_tier(struct mp_pager *p, uint32_t slot);
 
 /* callbacks.c */
 extern const struct mp_region_ops mp_pager_region_ops;

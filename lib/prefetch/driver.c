@@ -1008,10 +1008,27 @@ static void src_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 	d->pend = true;
 }
 
+/* Copies the ids below the model's experts (and their weights); returns how many. */
+static uint32_t base_rows(const struct mp_prefetcher *d, const uint32_t *ids, const float *w,
+			  uint32_t k, uint32_t *out_ids, float *out_w)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < k && i < MP_MAX_TOPK; i++) {
+		if (ids[i] >= d->J)
+			continue;
+		out_ids[n] = ids[i];
+		out_w[n++] = w ? w[i] : 0.0f;
+	}
+	return n;
+}
+
 static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		     const uint32_t *ids, const float *weights, uint32_t k)
 {
 	struct mp_prefetcher *d = ctx;
+	uint32_t base_ids[MP_MAX_TOPK];
+	float base_w[MP_MAX_TOPK];
 	int err = mp_pager_source_ops()->route(d->pager, request, token, layer, ids, weights, k);
 	bool pend;
 
@@ -1022,9 +1039,17 @@ static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 	pend = d->pend && d->pend_req == request && d->pend_tok == token &&
 	       d->pend_layer == layer;
 	d->pend = false;
+	/*
+	 * The policies predict the model's own experts: rows past them (an
+	 * adapter's, bound in the pager) are paged on demand and by the
+	 * eviction policy, and left out of the policies' trajectories.
+	 */
+	k = base_rows(d, ids, weights, k, base_ids, base_w);
+	if (!k)
+		return 0;
 	/* A dropped event only loses a prediction; the softmax is the prefetch thread's. */
-	gate_at(d, request, token, layer, ids, weights, k, pend ? d->pend_logits : NULL, true,
-		pend ? d->pend_x : NULL, mp_now_ns());
+	gate_at(d, request, token, layer, base_ids, weights ? base_w : NULL, k,
+		pend ? d->pend_logits : NULL, true, pend ? d->pend_x : NULL, mp_now_ns());
 	return 0;
 }
 

@@ -14,7 +14,6 @@
 
 #include "base/base.h"
 
-#define DEFAULT_SLOTS	32u
 #define PAGE		4096u
 
 enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_DRAINING };
@@ -29,6 +28,10 @@ struct slot {
 	uint32_t *tables;		/* [layers * experts]: the routed-id maps */
 	const uint32_t **maps;		/* [layers]: tables of the layers it changes, else NULL */
 	uint64_t adapter_bytes;
+	/* Paged (cfg.rows): the open adapter, its source id in the pager, rows bound so far. */
+	struct mp_adapter *a;
+	int src;
+	uint32_t bound;
 };
 
 struct mp_adapters {
@@ -56,10 +59,17 @@ int mp_adapters_open(const struct mp_adapters_config *cfg, struct mp_adapters **
 	set->cfg = *cfg;
 	set->layers = g->layers;
 	set->experts = g->experts;
-	set->n_slots = cfg->slots ? cfg->slots : DEFAULT_SLOTS;
+	set->n_slots = cfg->slots ? cfg->slots : MP_ADAPTERS_DEFAULT_SLOTS;
 	set->e_max = cfg->e_max ? cfg->e_max : MP_MAX(1u, g->experts / 4);
 	set->expert_bytes = mp_store_expert_bytes(cfg->base);
 	set->stride = MP_ALIGN_UP(set->expert_bytes, PAGE);
+	if ((cfg->rows && cfg->padded) ||
+	    (cfg->rows && (!cfg->rows->add_adapter || !cfg->rows->bind || !cfg->rows->unbind ||
+			   !cfg->rows->remove_source))) {
+		free(set);
+		return mp_err(-EINVAL, "adapters: paged rows need every row op, and the padded "
+			      "layout holds its rows in host memory");
+	}
 	if (set->e_max > g->experts ||
 	    (uint64_t)set->n_slots * set->e_max > MP_MAX_EXPERTS * 64ull) {
 		free(set);
@@ -77,9 +87,32 @@ int mp_adapters_open(const struct mp_adapters_config *cfg, struct mp_adapters **
 	return 0;
 }
 
-/* Frees a slot's memory; the slot keeps its state (the caller sets it). */
-static void slot_free(struct slot *s)
+/* Paged: unbinds the rows bound so far (layer by layer, as loaded) and drops the source. */
+static void slot_unbind(struct mp_adapters *set, struct slot *s)
 {
+	const struct mp_row_ops *ops = set->cfg.rows;
+	uint32_t left = s->bound;
+
+	for (uint32_t l = 0; l < set->layers && left; l++) {
+		uint32_t n, i = (uint32_t)(s - set->slots);
+
+		mp_adapter_layer(s->a, l, &n);
+		for (uint32_t d = 0; d < n && left; d++, left--)
+			ops->unbind(set->cfg.rows_ctx, l, set->experts + i * set->e_max + d);
+	}
+	if (s->src > 0)
+		ops->remove_source(set->cfg.rows_ctx, s->src);
+	mp_adapter_close(s->a);
+	s->a = NULL;
+	s->src = 0;
+	s->bound = 0;
+}
+
+/* Frees a slot's memory; the slot keeps its state (the caller sets it). */
+static void slot_free(struct mp_adapters *set, struct slot *s)
+{
+	if (s->a)
+		slot_unbind(set, s);
 	if (s->mem)
 		munmap(s->mem, s->mem_len);
 	free(s->rows);
@@ -98,7 +131,7 @@ void mp_adapters_close(struct mp_adapters *set)
 	if (!set)
 		return;
 	for (uint32_t i = 0; i < set->n_slots; i++)
-		slot_free(&set->slots[i]);
+		slot_free(set, &set->slots[i]);
 	pthread_mutex_destroy(&set->lock);
 	free(set->slots);
 	free(set);
@@ -161,6 +194,10 @@ static int slot_alloc(struct mp_adapters *set, struct slot *s, uint32_t count)
 	s->tables = malloc((size_t)set->layers * set->experts * sizeof(*s->tables));
 	s->maps = calloc(set->layers, sizeof(*s->maps));
 	s->mem_len = experts * set->stride;
+	/* Paged: the pager holds the rows, page-rounded like here, while they are resident. */
+	if (set->cfg.rows)
+		return s->rows && s->tables && s->maps ? 0 :
+		       mp_err(-ENOMEM, "adapters: out of memory for the maps");
 	s->mem = mmap(NULL, s->mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 		      -1, 0);
 	if (s->mem == MAP_FAILED)
@@ -186,11 +223,17 @@ static int slot_fill_layer(struct mp_adapters *set, struct slot *s, struct mp_ad
 	for (uint32_t d = 0; d < n; d++) {
 		/* Padded: row d of the layer's E_max at its fixed place; else packed. */
 		uint64_t at = set->cfg.padded ? ((uint64_t)l * set->e_max + d) : (*next)++;
-		uint8_t *dst = s->mem + at * set->stride;
+		uint8_t *dst = s->mem ? s->mem + at * set->stride : NULL;
 
-		err = mp_adapter_read_expert(a, l, e[d].expert, dst);
+		if (set->cfg.rows)
+			err = set->cfg.rows->bind(set->cfg.rows_ctx, l,
+						  set->experts + index * set->e_max + d, s->src,
+						  e[d].expert);
+		else
+			err = mp_adapter_read_expert(a, l, e[d].expert, dst);
 		if (err)
 			return err;
+		s->bound += set->cfg.rows != NULL;
 		s->rows[(size_t)l * set->e_max + d] = dst;
 		s->adapter_bytes += set->expert_bytes;
 		ids[d] = e[d].expert;
@@ -224,11 +267,18 @@ int mp_adapters_load(struct mp_adapters *set, const char *path, const char *name
 	}
 	s = &set->slots[index];
 	err = slot_alloc(set, s, mp_adapter_count(a));
+	if (!err && set->cfg.rows) {
+		/* The slot keeps the adapter open: the pager reads its rows from it. */
+		s->a = a;
+		a = NULL;
+		s->src = set->cfg.rows->add_adapter(set->cfg.rows_ctx, s->a);
+		err = s->src < 0 ? s->src : 0;
+	}
 	for (uint32_t l = 0; l < set->layers && !err; l++)
-		err = slot_fill_layer(set, s, a, (uint32_t)index, l, &next);
+		err = slot_fill_layer(set, s, s->a ? s->a : a, (uint32_t)index, l, &next);
 	pthread_mutex_lock(&set->lock);
 	if (err) {
-		slot_free(s);
+		slot_free(set, s);
 		s->state = SLOT_FREE;
 		set->load_errors++;
 	} else {
@@ -258,11 +308,11 @@ static int find_ready(struct mp_adapters *set, const char *name)
 }
 
 /* Under the lock: a draining slot nobody uses any more becomes free. */
-static void maybe_free(struct slot *s)
+static void maybe_free(struct mp_adapters *set, struct slot *s)
 {
 	if (s->state != SLOT_DRAINING || s->refs)
 		return;
-	slot_free(s);
+	slot_free(set, s);
 	s->state = SLOT_FREE;
 }
 
@@ -275,7 +325,7 @@ int mp_adapters_unload(struct mp_adapters *set, const char *name)
 	if (i >= 0) {
 		set->slots[i].state = SLOT_DRAINING;
 		set->unloads++;
-		maybe_free(&set->slots[i]);
+		maybe_free(set, &set->slots[i]);
 	}
 	pthread_mutex_unlock(&set->lock);
 	if (i < 0)
@@ -308,7 +358,7 @@ void mp_adapters_release(struct mp_adapters *set, int index)
 	pthread_mutex_lock(&set->lock);
 	if (s->refs)
 		s->refs--;
-	maybe_free(s);
+	maybe_free(set, s);
 	pthread_mutex_unlock(&set->lock);
 }
 
@@ -362,7 +412,8 @@ static const void *set_expert(void *ctx, uint32_t layer, uint32_t row)
 	uint32_t i, d;
 	const void *p = NULL;
 
-	if (row < set->experts)
+	/* Paged rows are the source's own (it says which are not bound). */
+	if (row < set->experts || set->cfg.rows)
 		return set->cfg.source->expert(set->cfg.source_ctx, layer, row);
 	i = (row - set->experts) / set->e_max;
 	d = (row - set->experts) % set->e_max;
@@ -374,8 +425,9 @@ static const void *set_expert(void *ctx, uint32_t layer, uint32_t row)
 }
 
 /*
- * The base's source hears of the base rows only: adapter rows are the set's
- * own memory, which it neither pages nor prefetches.
+ * Paged, the source hears of every routed row, adapter rows by their row
+ * ids; else of the base rows only: adapter rows are then the set's own
+ * memory, which it neither pages nor prefetches.
  */
 static int set_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		     const uint32_t *ids, const float *weights, uint32_t k)
@@ -386,6 +438,9 @@ static int set_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 
 	if (!set->cfg.source->route)
 		return 0;
+	if (set->cfg.rows)
+		return set->cfg.source->route(set->cfg.source_ctx, request, token, layer, ids,
+					      weights, k);
 	for (uint32_t j = 0; j < k && j < MP_MAX_TOPK; j++)
 		if (ids[j] < set->experts) {
 			base_ids[n] = ids[j];

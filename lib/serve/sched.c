@@ -197,6 +197,9 @@ static int check_request(const struct mp_sched *s, uint32_t n, const struct mp_s
 		return mp_err(-EINVAL, "request: prompt of %u tokens + max_tokens %u needs %llu "
 			      "bytes of KV cache, above the budget of %llu", n, max_tokens,
 			      (unsigned long long)kv, (unsigned long long)s->cfg.kv_budget);
+	if (p->model >= mp_runner_models(s->r) || p->reserved32)
+		return mp_err(-EINVAL, "request: model %u, the runner has %u%s", p->model,
+			      mp_runner_models(s->r), p->reserved32 ? "; reserved32 must be 0" : "");
 	return mp_check_reserved(p->reserved, MP_ARRAY_SIZE(p->reserved), "request params");
 }
 
@@ -373,11 +376,34 @@ static void reap(struct mp_sched *s, bool all, struct req **out)
 	}
 }
 
+/*
+ * Swapping runner: the head may join when it is of the active model, or,
+ * once the batch is empty, after its model is activated. Called locked.
+ */
+static bool head_model_ready(struct mp_sched *s)
+{
+	int active = mp_runner_active(s->r);
+	uint64_t t0;
+
+	if (active < 0 || s->qhead->p.model == (uint32_t)active)
+		return true;
+	if (s->nrun)
+		return false;
+	t0 = mp_now_ns();
+	/* A failed swap (no memory) lets it join anyway: its step fails it, nobody hangs. */
+	if (mp_runner_activate(s->r, s->qhead->p.model))
+		return true;
+	s->st.swaps++;
+	s->st.swap_seconds += seconds(mp_now_ns() - t0);
+	return true;
+}
+
 /* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
 static void admit(struct mp_sched *s)
 {
 	while (s->qhead && s->nrun < s->cfg.max_batch &&
-	       (!s->cfg.kv_budget || s->kv_used + s->qhead->kv <= s->cfg.kv_budget)) {
+	       (!s->cfg.kv_budget || s->kv_used + s->qhead->kv <= s->cfg.kv_budget) &&
+	       head_model_ready(s)) {
 		struct req *q = s->qhead;
 
 		s->qhead = q->link;
@@ -459,7 +485,8 @@ static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
 	for (uint32_t i = 0; i < nrun; i++) {
 		struct req *q = run[i];
 		struct mp_seq_config sc = { .request = (uint32_t)q->id,
-					    .max_seq = q->n + q->p.max_tokens, .map = q->p.map };
+					    .max_seq = q->n + q->p.max_tokens, .map = q->p.map,
+					    .model = q->p.model };
 		int err;
 
 		if (q->seq)

@@ -108,7 +108,12 @@ bool mp_tier_file_direct(const struct mp_tier *t)
 int mp_tier_file_open(const struct mp_store *s, const struct mp_tier_file_config *cfg,
 		      struct mp_tier **out)
 {
-	const char *path = mp_store_path(s);
+	return mp_tier_file_open_path(mp_store_path(s), cfg, out);
+}
+
+int mp_tier_file_open_path(const char *path, const struct mp_tier_file_config *cfg,
+			   struct mp_tier **out)
+{
 	struct tier_file *f;
 	int err;
 

@@ -99,6 +99,9 @@ struct mp_tier_file_config {
  */
 int mp_tier_file_open(const struct mp_store *s, const struct mp_tier_file_config *cfg,
 		      struct mp_tier **out);
+/* The same over any file whose expert extents the caller knows (an adapter, a variant). */
+int mp_tier_file_open_path(const char *path, const struct mp_tier_file_config *cfg,
+			   struct mp_tier **out);
 /* True when the file tier reads with O_DIRECT (it may have fallen back since open). */
 bool mp_tier_file_direct(const struct mp_tier *t);
 

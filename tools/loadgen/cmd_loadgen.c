@@ -33,12 +33,13 @@ static struct lg_env {
 	uint64_t seed;
 	double drain_s;
 	bool json;
+	bool ignore_eos;
 } env;
 
 enum {
 	OPT_URL = 0x100, OPT_RATE, OPT_DURATION, OPT_PROMPTS, OPT_PROMPT_CHARS, OPT_MAX_TOKENS,
 	OPT_TEMPERATURE, OPT_MIX, OPT_MIX_ALPHA, OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_SEED, OPT_DRAIN,
-	OPT_JSON,
+	OPT_JSON, OPT_IGNORE_EOS,
 };
 
 static const char doc[] =
@@ -71,6 +72,9 @@ static const struct argp_option opts[] = {
 	{ "prompts", OPT_PROMPTS, "FILE", 0, "Prompt texts (required)", 0 },
 	{ "prompt-chars", OPT_PROMPT_CHARS, "N", 0, "Cut prompts to N bytes (default 200)", 0 },
 	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "max_tokens of each request (default 64)", 0 },
+	{ "ignore-eos", OPT_IGNORE_EOS, NULL, 0,
+	  "Every request generates max_tokens (models that stop at other places compare fairly)",
+	  0 },
 	{ "temperature", OPT_TEMPERATURE, "T", 0, "temperature of each request (default 0)", 0 },
 	{ "mix", OPT_MIX, "A,B,...", 0,
 	  "Models to spread requests over, or power:ALPHA for all the server's (default)", 0 },
@@ -118,6 +122,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_MIX_ALPHA: return parse_double(state, "--mix-alpha", arg, 0, 10, &env.mix_alpha);
 	case OPT_SLO_TTFT: return parse_double(state, "--slo-ttft-ms", arg, 0, 1e7, &env.slo_ttft_ms);
 	case OPT_SLO_TPOT: return parse_double(state, "--slo-tpot-ms", arg, 0, 1e7, &env.slo_tpot_ms);
+	case OPT_IGNORE_EOS:
+		env.ignore_eos = true;
+		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
 			argp_usage(state);
@@ -172,6 +179,7 @@ int cmd_loadgen(int argc, char **argv)
 		run = (struct lg_run){
 			.url = env.url, .rate = env.rate, .duration = env.duration,
 			.max_tokens = env.max_tokens, .temperature = env.temperature,
+			.ignore_eos = env.ignore_eos,
 			.seed = env.seed, .drain = env.drain_s, .prompts = &prompts,
 			.models = &models,
 		};

@@ -55,6 +55,7 @@ struct lg_run {
 	const char *url;
 	double rate, duration, temperature, drain;
 	uint32_t max_tokens;
+	bool ignore_eos;		/* every request generates max_tokens */
 	uint64_t seed;
 	const struct lg_prompts *prompts;
 	const struct lg_models *models;

@@ -111,9 +111,9 @@ static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint
 		return NULL;
 	r->flight = f;
 	r->model = cli_power_pick(run->models->cdf, run->models->n, u);
-	j = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", run->models->name[r->model],
+	j = json_pack("{s:s, s:s, s:i, s:f, s:b, s:b}", "model", run->models->name[r->model],
 		      "prompt", prompt, "max_tokens", (int)run->max_tokens, "temperature",
-		      run->temperature, "stream", 1);
+		      run->temperature, "stream", 1, "ignore_eos", run->ignore_eos);
 	f->body = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	json_decref(j);
 	f->run = run;

@@ -88,6 +88,14 @@ struct serve_local_config {
 	uint32_t adapter_slots;		/* N; 0: 32 */
 	uint32_t adapter_rows;		/* E_max; 0: the most any adapter in the directory needs */
 	bool adapters_padded;		/* the padded layout (a baseline for benchmarks) */
+	/*
+	 * Model variants served together (Multi-MoE, docs/multi.md): model is
+	 * the first, more[0..n_more) the others, in the order of the map at
+	 * consolidate (needs budget). NULL: one model.
+	 */
+	const char *consolidate;
+	const char *more[MP_CONSOL_MAX_MODELS - 1];
+	uint32_t n_more;
 };
 
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out);

@@ -50,6 +50,16 @@ struct local {
 	pthread_mutex_t lock;		/* am[].users and the model each slot's entry describes */
 	struct adapter_model *am;	/* [slots] */
 	uint32_t n_slots;
+	/* Variants served together (cfg.consolidate): models[0] is m, over store. */
+	struct mp_consolidation *map;
+	struct mp_multi *multi;
+	struct mp_store *more[MP_CONSOL_MAX_MODELS - 1];
+	struct serve_model mm[MP_CONSOL_MAX_MODELS];
+	char *mm_names[MP_CONSOL_MAX_MODELS];
+	uint32_t n_models;
+	struct dirent **adapter_files;	/* the directory's .mpa files, until loaded */
+	int n_adapter_files;
+	uint32_t e_max;			/* the set's E_max */
 };
 
 static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
@@ -61,6 +71,9 @@ static const struct serve_model *local_acquire(struct serve_backend *b, const ch
 
 	if (!name || !*name || !strcmp(name, l->m.name))
 		return &l->m;
+	for (uint32_t i = 1; i < l->n_models; i++)
+		if (!strcmp(name, l->mm[i].name))
+			return &l->mm[i];
 	if (!l->adapters || (i = mp_adapters_acquire(l->adapters, name, &map)) < 0)
 		return NULL;
 	a = &l->am[i];
@@ -82,7 +95,7 @@ static void local_release(struct serve_backend *b, const struct serve_model *m)
 	struct local *l = (struct local *)b;
 	struct adapter_model *a;
 
-	if (!m || m == &l->m)
+	if (!m || m == &l->m || (m >= l->mm && m < l->mm + l->n_models))
 		return;
 	a = (struct adapter_model *)m;
 	pthread_mutex_lock(&l->lock);
@@ -99,6 +112,8 @@ static uint32_t local_list(struct serve_backend *b, char (*names)[SERVE_NAME_MAX
 
 	if (max)
 		snprintf(names[n++], SERVE_NAME_MAX, "%s", l->m.name);
+	for (uint32_t i = 1; i < l->n_models && n < max; i++)
+		snprintf(names[n++], SERVE_NAME_MAX, "%s", l->mm[i].name);
 	for (uint32_t i = 0; l->adapters && i < l->n_slots && n < max; i++)
 		if (!mp_adapters_name(l->adapters, i, name))
 			snprintf(names[n++], SERVE_NAME_MAX, "%s", name);
@@ -114,8 +129,13 @@ static int local_submit(struct serve_backend *b, const struct serve_model *m,
 
 	int err = -ESHUTDOWN;
 
-	if (m != &l->m)
+	if (l->multi) {
+		/* Model i (the base is 0) runs with its maps and its dense weights. */
+		q.model = m == &l->m ? 0 : (uint32_t)(m - l->mm);
+		q.map = mp_multi_map(l->multi, q.model);
+	} else if (m != &l->m) {
 		q.map = ((const struct adapter_model *)m)->map;
+	}
 	pthread_rwlock_rdlock(&l->sched_lock);
 	if (l->sched)
 		err = mp_sched_submit(l->sched, prompt, n, &q, cb, id);
@@ -159,6 +179,12 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 		mp_prefetcher_stats(l->prefetcher, &fs);
 		metrics_prefetcher(out, l->m.name, &fs);
 	}
+	if (l->multi) {
+		struct mp_multi_stats ms;
+
+		mp_multi_stats(l->multi, &ms);
+		metrics_multi(out, l->m.name, &ms);
+	}
 	if (l->adapters) {
 		struct mp_adapters_stats as;
 
@@ -193,10 +219,19 @@ static void local_close(struct serve_backend *b)
 	pthread_rwlock_destroy(&l->sched_lock);
 	mp_runner_close(l->runner);
 	mp_adapters_close(l->adapters);
+	mp_multi_close(l->multi);
+	mp_consolidation_close(l->map);
+	for (uint32_t i = 0; i < MP_CONSOL_MAX_MODELS - 1; i++) {
+		mp_store_close(l->more[i]);
+		free(l->mm_names[i + 1]);
+	}
 	if (l->am)
 		pthread_mutex_destroy(&l->lock);
 	free(l->am);
 	free(l->adapter_dir);
+	for (int i = 0; l->adapter_files && i < l->n_adapter_files; i++)
+		free(l->adapter_files[i]);
+	free(l->adapter_files);
 	mp_prefetcher_close(l->prefetcher);
 	mp_pager_close(l->pager);
 	mp_attach_close(l->attach);
@@ -322,6 +357,14 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 		return err;
 	}
 	pc.eviction = cfg->evict ? cfg->evict : paper_evict(cfg->prefetch);
+	/* Every model's experts have rows: model i's expert e is row i x E + e. */
+	if (cfg->consolidate)
+		pc.slots_per_layer = (1 + cfg->n_more) * mp_store_geometry(l->store)->experts;
+	/* Adapter rows are paged too: the range holds the set's M + N x E_max rows. */
+	if (cfg->adapters && !cfg->adapters_padded)
+		pc.slots_per_layer = mp_store_geometry(l->store)->experts +
+				     (cfg->adapter_slots ? cfg->adapter_slots :
+				      MP_ADAPTERS_DEFAULT_SLOTS) * l->e_max;
 	err = mp_prefetch_check_names(cfg->prefetch, pc.eviction);
 	if (!err)
 		err = mp_pager_open(l->store, &pc, &l->pager);
@@ -365,30 +408,41 @@ static uint32_t dir_e_max(struct local *l, struct dirent **files, int n)
 	return e_max;
 }
 
+/* The adapter directory's files and the set's E_max, before the pager is sized for them. */
+static int scan_adapters(struct local *l, const struct serve_local_config *cfg)
+{
+	l->adapter_dir = strdup(cfg->adapters);
+	l->n_adapter_files = scandir(cfg->adapters, &l->adapter_files, is_adapter_file,
+				     alphasort);
+	if (!l->adapter_dir || l->n_adapter_files < 0) {
+		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
+			strerror(l->adapter_dir ? errno : ENOMEM));
+		return l->adapter_dir ? -errno : -ENOMEM;
+	}
+	l->e_max = cfg->adapter_rows ? cfg->adapter_rows :
+		   dir_e_max(l, l->adapter_files, l->n_adapter_files);
+	return 0;
+}
+
 /*
  * The adapter set between the runner and the base's source, and every
  * adapter of the directory loaded; one that cannot be is reported and
- * skipped, the others are served.
+ * skipped, the others are served. Under a budget its rows are the pager's.
  */
 static int open_adapters(struct local *l, const struct serve_local_config *cfg,
 			 struct mp_runner_config *rc)
 {
 	struct mp_adapters_config ac = { .base = l->store, .source = rc->source,
 					 .source_ctx = rc->source_ctx, .slots = cfg->adapter_slots,
-					 .e_max = cfg->adapter_rows,
-					 .padded = cfg->adapters_padded };
-	struct dirent **files = NULL;
-	int n, err;
+					 .e_max = l->e_max, .padded = cfg->adapters_padded };
+	struct dirent **files = l->adapter_files;
+	int n = l->n_adapter_files, err;
 
-	l->adapter_dir = strdup(cfg->adapters);
-	n = scandir(cfg->adapters, &files, is_adapter_file, alphasort);
-	if (!l->adapter_dir || n < 0) {
-		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
-			strerror(l->adapter_dir ? errno : ENOMEM));
-		return l->adapter_dir ? -errno : -ENOMEM;
+	if (l->pager && !cfg->adapters_padded) {
+		ac.rows = mp_pager_row_ops();
+		ac.rows_ctx = l->pager;
 	}
-	if (!ac.e_max)
-		ac.e_max = dir_e_max(l, files, n);
+	l->adapter_files = NULL;
 	err = mp_adapters_open(&ac, &l->adapters);
 	if (!err) {
 		struct mp_adapters_stats st;
@@ -416,6 +470,72 @@ static int open_adapters(struct local *l, const struct serve_local_config *cfg,
 	return 0;
 }
 
+/*
+ * The other variants and the map (which must list the models in their
+ * order), the set over the pager's source: owned positions in memory, the
+ * others' unowned experts bound as pager rows.
+ */
+static int open_multi(struct local *l, const struct serve_local_config *cfg,
+		      struct mp_runner_config *rc)
+{
+	struct mp_store *models[MP_CONSOL_MAX_MODELS] = { l->store };
+	struct mp_multi_config mc = { .models = models, .n = 1 + cfg->n_more,
+				      .source = rc->source, .source_ctx = rc->source_ctx,
+				      .rows = mp_pager_row_ops(), .rows_ctx = l->pager };
+	int err = 0;
+
+	for (uint32_t i = 0; i < cfg->n_more && !err; i++) {
+		err = mp_store_open(cfg->more[i], &l->more[i]);
+		models[i + 1] = l->more[i];
+	}
+	if (!err)
+		err = mp_consolidation_open(cfg->consolidate, &l->map);
+	if (err)
+		return err;
+	mc.map = l->map;
+	err = mp_multi_open(&mc, &l->multi);
+	if (err)
+		return err;
+	rc->source = mp_multi_source_ops();
+	rc->source_ctx = l->multi;
+	rc->expert_rows = mp_multi_rows(l->multi);
+	return 0;
+}
+
+static char *model_name(const char *path)
+{
+	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	size_t len = strlen(base);
+
+	if (len > 4 && !strcmp(base + len - 4, ".mpk"))
+		len -= 4;
+	return strndup(base, len);
+}
+
+/* The other models' dense weights in the runner (swapped in as requests need them), named. */
+static int add_models(struct local *l, const struct serve_local_config *cfg)
+{
+	int err = 0;
+
+	l->n_models = 1 + cfg->n_more;
+	for (uint32_t i = 1; i < l->n_models && !err; i++) {
+		int index = mp_runner_add_model(l->runner, l->more[i - 1]);
+
+		err = index == (int)i ? 0 : index < 0 ? index : -EINVAL;
+		l->mm_names[i] = model_name(cfg->more[i - 1]);
+		if (!err && !l->mm_names[i])
+			err = -ENOMEM;
+		for (uint32_t j = 0; !err && j < i; j++) {
+			if (strcmp(l->mm_names[i], j ? l->mm_names[j] : l->name))
+				continue;
+			fprintf(stderr, "moepager serve: two models are called '%s': rename a "
+				"file\n", l->mm_names[i]);
+			err = -EINVAL;
+		}
+	}
+	return err ? err : mp_runner_activate(l->runner, 0);
+}
+
 /* The tokenizer beside the model (MODEL.tok), when there is one; else prompts are ids. */
 static int open_tokenizer(struct local *l, const struct serve_local_config *cfg)
 {
@@ -431,16 +551,6 @@ static int open_tokenizer(struct local *l, const struct serve_local_config *cfg)
 			return 0;
 	}
 	return text_tokenizer_open(cfg->tokenizer, cfg->model, g->vocab, &l->tok);
-}
-
-static char *model_name(const char *path)
-{
-	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-	size_t len = strlen(base);
-
-	if (len > 4 && !strcmp(base + len - 4, ".mpk"))
-		len -= 4;
-	return strndup(base, len);
 }
 
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out)
@@ -462,14 +572,20 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = open_tokenizer(l, cfg);
 	if (!err)
 		err = mp_engine_open(cfg->engine ? cfg->engine : "ref", &ec, &l->engine);
+	if (!err && cfg->adapters)
+		err = scan_adapters(l, cfg);
 	if (!err)
 		err = open_source(l, cfg, &rc);
 	if (!err && cfg->adapters)
 		err = open_adapters(l, cfg, &rc);
+	if (!err && cfg->consolidate)
+		err = open_multi(l, cfg, &rc);
 	if (!err) {
 		rc.engine = l->engine;
 		err = mp_runner_open(l->store, &rc, &l->runner);
 	}
+	if (!err && cfg->consolidate)
+		err = add_models(l, cfg);
 	if (!err) {
 		sc.runner = l->runner;
 		err = mp_sched_open(&sc, &l->sched);
@@ -491,6 +607,10 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		.bos = l->tok ? mp_tokenizer_bos(l->tok) : UINT32_MAX,
 		.eos = l->tok ? mp_tokenizer_eos(l->tok) : UINT32_MAX,
 	};
+	for (uint32_t i = 1; i < l->n_models; i++) {
+		l->mm[i] = l->m;
+		l->mm[i].name = l->mm_names[i];
+	}
 	*out = &l->b;
 	return 0;
 }

@@ -32,6 +32,7 @@ enum {
 	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS, OPT_REQUEST_TIMEOUT,
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
+	OPT_CONSOLIDATE,
 };
 
 static const char doc[] =
@@ -57,6 +58,13 @@ static const char doc[] =
 	"/v1/adapters/NAME unloads one (its running requests finish), GET /v1/adapters\n"
 	"lists them with the memory they hold.\n"
 	"\n"
+	"With several --model and --consolidate MAP (from `moepager consolidate`, the\n"
+	"models in its order) the variants are served together (Multi-MoE,\n"
+	"docs/multi.md): a request's \"model\" picks one; at a position the map gives an\n"
+	"owner, every model uses the owner's expert, held in memory; elsewhere each\n"
+	"model pages its own under --budget. One model's dense weights are active at a\n"
+	"time, swapped from memory when the queue's head needs another.\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager serve --model data/models/tiny-real.mpk\n"
 	"  moepager serve --model mixtral-mini.mpk --budget 50% --prefetch finemoe \\\n"
@@ -64,7 +72,8 @@ static const char doc[] =
 	"  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 20}'\n";
 
 static const struct argp_option opts[] = {
-	{ "model", 'm', "FILE", 0, "The .mpk model (required)", 0 },
+	{ "model", 'm', "FILE", 0,
+	  "The .mpk model (required); again for each other variant with --consolidate", 0 },
 	{ "name", OPT_NAME, "ID", 0, "Model id clients ask for (default: the file's name)", 0 },
 	{ "tokenizer", OPT_TOKENIZER, "FILE", 0,
 	  "Tokenizer (default MODEL.tok when it exists; else prompts are token ids)", 0 },
@@ -92,6 +101,8 @@ static const struct argp_option opts[] = {
 	  "Experts an adapter may replace per layer (default: the most DIR's adapters do)", 0 },
 	{ "adapters-padded", OPT_ADAPTERS_PADDED, NULL, 0,
 	  "Hold every adapter's E rows in every layer (a baseline for benchmarks)", 0 },
+	{ "consolidate", OPT_CONSOLIDATE, "MAP", 0,
+	  "Serve the --model variants together with this .mpc map (needs --budget)", 0 },
 	{ 0 },
 };
 
@@ -116,7 +127,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	uint64_t size;
 
 	switch (key) {
-	case 'm': env.local.model = arg; break;
+	case 'm':
+		if (!env.local.model)
+			env.local.model = arg;
+		else if (env.local.n_more + 1 < MP_CONSOL_MAX_MODELS)
+			env.local.more[env.local.n_more++] = arg;
+		else
+			argp_error(state, "at most %u --model", MP_CONSOL_MAX_MODELS);
+		break;
+	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
@@ -193,6 +212,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (env.local.attach && env.local.budget)
 			argp_error(state, "--attach and --budget exclude each other (the daemon's "
 				   "budget holds)");
+		if (env.local.n_more && !env.local.consolidate)
+			argp_error(state, "several --model need --consolidate MAP");
+		if (env.local.consolidate && (!env.local.budget || env.local.adapters))
+			argp_error(state, "--consolidate needs --budget (unowned experts are paged) "
+				   "and no --adapters");
 		if ((env.local.adapter_slots || env.local.adapter_rows ||
 		     env.local.adapters_padded) && !env.local.adapters)
 			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "

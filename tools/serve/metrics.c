@@ -89,6 +89,30 @@ void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_sta
 		  mp_sched_hist_bounds(), MP_SCHED_HIST_BUCKETS, s->tpot.sum);
 	histogram(o, "moepager_batch_size", "Sequences per runner step.", model, s->batch_size,
 		  batch_bounds, MP_SCHED_BATCH_BUCKETS, (double)s->batch_seqs);
+	one(o, "moepager_model_swaps_total", "counter",
+	    "Dense weights swapped in because the queue's head was of another model.", model,
+	    (double)s->swaps);
+	one(o, "moepager_model_swap_seconds_total", "counter", "Time spent swapping them.",
+	    model, s->swap_seconds);
+}
+
+void metrics_multi(struct strbuf *o, const char *name, const struct mp_multi_stats *s)
+{
+	char buf[256];
+	const char *model = label(name, buf, sizeof(buf));
+
+	one(o, "moepager_multi_models", "gauge", "Model variants served together.", model,
+	    s->models);
+	one(o, "moepager_multi_owned_positions", "gauge",
+	    "Positions whose owner's expert serves every model (held in memory).", model,
+	    s->owned);
+	one(o, "moepager_multi_owned_bytes", "gauge", "Memory holding the owned experts.", model,
+	    (double)s->owned_bytes);
+	one(o, "moepager_multi_owned_reads_total", "counter",
+	    "Expert reads served from owned positions (no I/O).", model, (double)s->owned_reads);
+	one(o, "moepager_multi_paged_reads_total", "counter",
+	    "Expert reads of unowned positions, asked of the pager.", model,
+	    (double)s->paged_reads);
 }
 
 void metrics_pager(struct strbuf *o, const char *name, const struct mp_pager_stats *s)

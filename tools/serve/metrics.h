@@ -12,6 +12,7 @@ void metrics_sched(struct strbuf *o, const char *model, const struct mp_sched_st
 void metrics_pager(struct strbuf *o, const char *model, const struct mp_pager_stats *s);
 void metrics_prefetcher(struct strbuf *o, const char *model, const struct mp_prefetcher_stats *s);
 void metrics_adapters(struct strbuf *o, const char *model, const struct mp_adapters_stats *s);
+void metrics_multi(struct strbuf *o, const char *model, const struct mp_multi_stats *s);
 
 /* A family's # HELP and # TYPE lines. */
 void metrics_family(struct strbuf *o, const char *name, const char *type, const char *help);

@@ -61,7 +61,9 @@ struct mp_runner_config {
 	 */
 	uint32_t expert_rows;
 	uint32_t reserved32;		/* zero */
-	MP_RESERVED(7);
+	/* The routed-id map of the one-stream calls' sequence (mp_seq_config.map); may be NULL. */
+	const uint32_t *const *map;
+	MP_RESERVED(6);
 };
 
 /*
@@ -149,6 +151,17 @@ struct mp_seq_config {
 MP_API int mp_runner_add_model(struct mp_runner *r, struct mp_store *s);
 /* Models the runner holds dense weights for (1 + those added). */
 MP_API uint32_t mp_runner_models(const struct mp_runner *r);
+
+/*
+ * Multi-MoE's swap: from now on steps read one active copy of the dense
+ * weights, made here from model's host copy (a memory copy, no file read),
+ * and a step may hold only that model's sequences (others fail with
+ * -EINVAL until their model is activated). Returns 0, -EINVAL (bad model,
+ * another layout) or -ENOMEM.
+ */
+MP_API int mp_runner_activate(struct mp_runner *r, uint32_t model);
+/* The active model, or -1 when none was activated (each sequence's own weights are read). */
+MP_API int mp_runner_active(const struct mp_runner *r);
 
 /* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
 MP_API int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out);

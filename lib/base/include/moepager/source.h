@@ -68,6 +68,28 @@ struct mp_expert_source_ops {
 		      uint32_t hidden);
 };
 
+struct mp_store;
+struct mp_adapter;
+
+/*
+ * Rows from other files: a source that pages (the pager) can back spare
+ * rows of its range with an adapter's or a model variant's experts, so
+ * they share its budget, eviction and prefetch. A layer above that must
+ * not know the pager (the adapter set) reaches it through these; each is
+ * the pager call of the same name (<moepager/pager.h>, mp_pager_row_ops()).
+ */
+struct mp_row_ops {
+	/* A source id (>= 1) for the adapter or variant (borrowed until removed), or -errno. */
+	int (*add_adapter)(void *ctx, struct mp_adapter *a);
+	int (*add_store)(void *ctx, struct mp_store *s);
+	/* 0, or -EBUSY while rows are bound to it. */
+	int (*remove_source)(void *ctx, int source);
+	/* Backs spare row (layer, row) with the source's expert (layer, expert). 0 or -errno. */
+	int (*bind)(void *ctx, uint32_t layer, uint32_t row, int source, uint32_t expert);
+	/* Drops the row's memory and makes it spare again. 0 or -errno. */
+	int (*unbind)(void *ctx, uint32_t layer, uint32_t row);
+};
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 #ifndef MOEPAGER_PAGER_H
 #define MOEPAGER_PAGER_H
 
+#include <moepager/adapter.h>
 #include <moepager/common.h>
 #include <moepager/store.h>
 
@@ -217,6 +218,53 @@ enum mp_residency {
 MP_API int mp_pager_residency(struct mp_pager *p, uint32_t layer, uint32_t expert);
 
 /*
+ * Rows from other sources
+ *
+ * The range has slots_per_layer rows per layer; rows below the model's
+ * experts hold its own. A spare row can be bound to an expert of another
+ * file: an adapter's fine-tuned expert, or another variant's expert at the
+ * same layer. A bound row is paged like the model's own (same budget,
+ * eviction, prefetch, routing by row id, mp_pager_expert(p, layer, row));
+ * its bytes are read from its file and checked against that file's
+ * checksum. docs/region.md, "Rows from several sources".
+ */
+
+/* Sources a pager can hold at once besides its own store. */
+#define MP_PAGER_MAX_SOURCES 255u
+
+/*
+ * Adds another variant of the model (borrowed until removed or the pager
+ * closes) whose experts may back rows. Returns its source id (>= 1), or
+ * -EMEDIUMTYPE when its geometry or expert size differs from the pager's
+ * store, -ENOSPC (MP_PAGER_MAX_SOURCES in use), or the file's open error.
+ */
+MP_API int mp_pager_add_store(struct mp_pager *p, struct mp_store *s);
+/*
+ * Adds an adapter (borrowed likewise) whose experts may back rows. Returns
+ * its source id, -EMEDIUMTYPE when it was made for another base, -ENOSPC,
+ * or the open error.
+ */
+MP_API int mp_pager_add_adapter(struct mp_pager *p, struct mp_adapter *a);
+/* Removes a source no row is bound to. Returns 0, -EBUSY (rows bound) or -EINVAL. */
+MP_API int mp_pager_remove_source(struct mp_pager *p, int source);
+
+/*
+ * Binds spare row (layer, row) (experts <= row < slots_per_layer, not
+ * bound) to source's expert: for a variant, its expert `expert` of the
+ * same layer; for an adapter, the base expert `expert` it replaces there.
+ * Nothing is read yet. Returns 0, -EINVAL (bad ids or source), -EEXIST
+ * (the row is bound), -ENOENT (the adapter does not replace that expert).
+ */
+MP_API int mp_pager_bind(struct mp_pager *p, uint32_t layer, uint32_t row, int source,
+			 uint32_t expert);
+/*
+ * Unbinds a bound row: waits for a read of it to end, drops its memory,
+ * and makes it spare again (a later touch raises SIGBUS). No thread may
+ * read it meanwhile. Returns 0 or -EINVAL (not a bound row).
+ */
+MP_API int mp_pager_unbind(struct mp_pager *p, uint32_t layer, uint32_t row);
+
+/*
  * Budget
  */
 
@@ -311,6 +359,10 @@ MP_API uint64_t mp_pager_stats_quantile(const struct mp_pager_stats *s, double q
 struct mp_expert_source_ops;
 /* The runner's expert source backed by a pager (ctx = the struct mp_pager *). */
 MP_API const struct mp_expert_source_ops *mp_pager_source_ops(void);
+
+struct mp_row_ops;
+/* The row calls above as <moepager/source.h>'s struct mp_row_ops (ctx = the pager). */
+MP_API const struct mp_row_ops *mp_pager_row_ops(void);
 
 #ifdef __cplusplus
 }

@@ -23,19 +23,32 @@ extern "C" {
 
 struct mp_adapters;
 
+/* N when mp_adapters_config.slots is 0. */
+#define MP_ADAPTERS_DEFAULT_SLOTS 32u
+
 struct mp_adapters_config {
 	struct mp_store *base;		/* borrowed: the model every adapter must be made for */
 	/* Where the base's rows (< M) are: the resident store, the pager, a prefetcher. */
 	const struct mp_expert_source_ops *source;
 	void *source_ctx;
-	uint32_t slots;			/* N: adapters loaded at once; 0: 32 */
+	uint32_t slots;			/* N: adapters loaded at once; 0: MP_ADAPTERS_DEFAULT_SLOTS */
 	uint32_t e_max;			/* E_max: rows per slot and layer; 0: experts / 4 */
 	/*
 	 * The padded layout (the baseline ExpertWeave improves on): every slot
 	 * of a loaded adapter holds E_max experts of memory in every layer.
 	 */
 	bool padded;
-	MP_RESERVED(6);
+	/*
+	 * May be NULL. Where the source pages rows (the pager's
+	 * mp_pager_row_ops(), rows_ctx the pager, whose slots_per_layer must
+	 * be at least mp_adapters_rows()): adapter rows are then bound to the
+	 * adapter files' experts and paged like the base's, under the same
+	 * budget, eviction and prefetch, and are asked of the source by row
+	 * id; else they are read into host memory at load. Not with padded.
+	 */
+	const struct mp_row_ops *rows;
+	void *rows_ctx;
+	MP_RESERVED(4);
 };
 
 /* Opens an empty set. Returns 0 and sets *out, -EINVAL (bad config) or -ENOMEM. */
@@ -80,7 +93,8 @@ struct mp_adapters_stats {
 	uint32_t slots;			/* N */
 	uint32_t e_max;
 	uint64_t adapter_bytes;		/* bytes of the loaded adapters' experts */
-	uint64_t held_bytes;		/* memory held for them (pages, padding) */
+	/* Memory held for them (pages, padding); paged: what they take when all are resident. */
+	uint64_t held_bytes;
 	uint64_t padded_bytes;		/* what a padded layout would hold: loaded x layers x E_max */
 	double f_mem;			/* held / adapter bytes: ExpertWeave's fragmentation factor */
 	uint64_t loads, unloads, load_errors;

@@ -49,7 +49,16 @@ struct mp_sched_params {
 	 * (mp_adapters_acquire()).
 	 */
 	const uint32_t *const *map;
-	MP_RESERVED(3);
+	/*
+	 * The runner's model whose dense weights it runs with
+	 * (mp_runner_add_model()); 0: the runner's own. When the runner swaps
+	 * (mp_runner_activate() called before mp_sched_open()), the batch holds
+	 * one model's requests: the queue's head of another model waits until
+	 * the batch is empty, then that model is activated (a swap).
+	 */
+	uint32_t model;
+	uint32_t reserved32;		/* zero */
+	MP_RESERVED(2);
 };
 
 enum mp_sched_finish {
@@ -147,7 +156,9 @@ struct mp_sched_stats {
 	struct mp_sched_hist tpot;	/* time per output token after the first */
 	/* Steps by sequences in them: bucket i counts sizes in (2^(i-1), 2^i], the last more. */
 	uint64_t batch_size[MP_SCHED_BATCH_BUCKETS];
-	MP_RESERVED(8);
+	uint64_t swaps;			/* models activated when the queue's head needed another */
+	double swap_seconds;		/* spent activating them */
+	MP_RESERVED(6);
 };
 
 /* A snapshot of the counters. */
