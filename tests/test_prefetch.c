@@ -1045,28 +1045,51 @@ static void prefetcher_source_begins_iterations_with_the_token_embedding(void **
 	assert_int_equal(st.events, 4 * g.layers);
 }
 
-static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
+/*
+ * A pager over a new tiny store with room for two experts (LRU), with the
+ * eviction hints h attached: no next use known yet, now = 10.
+ */
+static struct mp_pager *open_two_with_hints(const char *name, uint64_t seed,
+					    struct mp_store **s, struct mp_evict_hints *h)
 {
 	struct mp_pager_config pc;
+	struct mp_pager *p;
+
+	*s = tiny_store(name, seed);
+	mp_pager_config_init(&pc);
+	pc.budget_bytes = 2 * mp_store_expert_bytes(*s);
+	pc.eviction = "lru";
+	p = open_or_skip(*s, &pc);
+	h->next_use = malloc(p->nslots * sizeof(uint64_t));
+	assert_non_null(h->next_use);
+	for (uint32_t k = 0; k < p->nslots; k++)
+		h->next_use[k] = UINT64_MAX;
+	h->now = 10;
+	pthread_mutex_lock(&p->lock);
+	p->evict.env.hints = h;
+	pthread_mutex_unlock(&p->lock);
+	return p;
+}
+
+static void close_with_hints(struct mp_pager *p, struct mp_store *s, struct mp_evict_hints *h)
+{
+	pthread_mutex_lock(&p->lock);
+	p->evict.env.hints = NULL;
+	pthread_mutex_unlock(&p->lock);
+	mp_pager_close(p);
+	free(h->next_use);
+	mp_store_close(s);
+}
+
+static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(void **state)
+{
 	struct mp_evict_hints h = { 0 };
 	struct mp_store *s;
 	struct mp_pager *p;
 	uint32_t a, b, c;
 
 	(void)state;
-	s = tiny_store("tiny4.mpk", 6);
-	mp_pager_config_init(&pc);
-	pc.budget_bytes = 2 * mp_store_expert_bytes(s);
-	pc.eviction = "lru";
-	p = open_or_skip(s, &pc);
-	h.next_use = malloc(p->nslots * sizeof(uint64_t));
-	assert_non_null(h.next_use);
-	for (uint32_t k = 0; k < p->nslots; k++)
-		h.next_use[k] = UINT64_MAX;
-	h.now = 10;
-	pthread_mutex_lock(&p->lock);
-	p->evict.env.hints = &h;
-	pthread_mutex_unlock(&p->lock);
+	p = open_two_with_hints("tiny4.mpk", 6, &s, &h);
 	a = mp_pager_slot(p, 0, 0);
 	b = mp_pager_slot(p, 0, 1);
 	c = mp_pager_slot(p, 0, 2);
@@ -1098,12 +1121,52 @@ static void pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner(vo
 		(void)e[0];
 	}
 	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_MAPPED);
-	pthread_mutex_lock(&p->lock);
-	p->evict.env.hints = NULL;
-	pthread_mutex_unlock(&p->lock);
-	mp_pager_close(p);
-	free(h.next_use);
-	mp_store_close(s);
+	close_with_hints(p, s, &h);
+}
+
+static int touch_first_byte(void *arg)
+{
+	const volatile uint8_t *e = arg;
+
+	(void)e[0];
+	return 0;
+}
+
+/*
+ * A prefetch refused admission and a thread faulting on the same expert
+ * race: the fault may land after the refusal, before the fill gives the slot
+ * up. The thread must get the expert (a demand fill), not an error. The race
+ * is run many times; each round puts back the two experts the refused
+ * prefetch would evict.
+ */
+static void a_thread_faulting_on_a_refused_prefetch_gets_the_expert(void **state)
+{
+	struct mp_evict_hints h = { 0 };
+	struct mp_pager_stats st;
+	struct mp_store *s;
+	struct mp_pager *p;
+	void *a, *b, *c;
+
+	(void)state;
+	p = open_two_with_hints("tiny5.mpk", 7, &s, &h);
+	/* (0, 0) and (0, 1) are needed before (0, 2): a prefetch of (0, 2) is refused. */
+	h.next_use[mp_pager_slot(p, 0, 0)] = 12;
+	h.next_use[mp_pager_slot(p, 0, 1)] = 13;
+	h.next_use[mp_pager_slot(p, 0, 2)] = 20;
+	a = (void *)mp_pager_expert(p, 0, 0);
+	b = (void *)mp_pager_expert(p, 0, 1);
+	c = (void *)mp_pager_expert(p, 0, 2);
+	for (int round = 0; round < 2000; round++) {
+		assert_int_equal(mp_pager_guard(p, touch_first_byte, a), 0);
+		assert_int_equal(mp_pager_guard(p, touch_first_byte, b), 0);
+		assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+		assert_int_equal(mp_pager_prefetch(p, 0, 2, 1), 1);
+		assert_int_equal(mp_pager_guard(p, touch_first_byte, c), 0);
+		assert_int_equal(mp_pager_residency(p, 0, 2), MP_RES_MAPPED);
+	}
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.read_errors, 0);
+	close_with_hints(p, s, &h);
 }
 
 int main(void)
@@ -1136,6 +1199,7 @@ int main(void)
 		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
 		cmocka_unit_test(prefetcher_source_begins_iterations_with_the_token_embedding),
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),
+		cmocka_unit_test(a_thread_faulting_on_a_refused_prefetch_gets_the_expert),
 	};
 	int ret = cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 

@@ -288,6 +288,17 @@ failed:
 			 mp_now_ns() - s->prefetch_at, err);
 	s->prefetched = false;
 	/*
+	 * A prefetch refused admission (-EAGAIN from mp_pager_reserve()) read
+	 * nothing, and the expert is fine: a thread that faulted on it after the
+	 * refusal, before this lock, gets a demand fill, which is never refused.
+	 */
+	if (fh.room_err == -EAGAIN && s->waiters && !atomic_load(&p->closing)) {
+		s->state = ST_EMPTY;
+		mp_pager_demand_fill(p, slot);
+		pthread_cond_broadcast(&p->state_cv);
+		return;
+	}
+	/*
 	 * A thread waits, or will (demand): poison, so it gets an error now
 	 * rather than a fault that blocks forever. An unwanted prefetch just
 	 * leaves the expert out; a later touch reads it again.
