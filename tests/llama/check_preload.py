@@ -5,7 +5,7 @@
         LLAMA_DIR CHAT.mjs NODE
     check_preload.py --missing WHY
 
-The trained model is exported to GGUF (f32 and q8_0 experts, tensors aligned to
+The trained model is exported to GGUF (f32, bf16 and q8_0 weights, tensors aligned to
 32 bytes as llama.cpp's own files are, so expert slices share boundary pages);
 llama.cpp (tests/llama/llama_run.c) decodes each prompt greedily on its plain
 mmap of the file, then with LD_PRELOAD=PRELOAD.so at budgets of one expert, 50 %
@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_llama import PROMPTS, THREADS, TOKENS, required, run, runner  # noqa: E402
 
-TYPES = ["f32", "q8_0"]
+TYPES = ["f32", "bf16", "q8_0"]
 
 
 def llama(llama_run, bins, gguf, ids, dump, env=None):
