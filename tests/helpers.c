@@ -80,6 +80,20 @@ void t_log_capture(void)
 	mp_set_log_handler(capture, NULL);
 }
 
+int t_group_log_capture(void **state)
+{
+	(void)state;
+	t_log_capture();
+	return 0;
+}
+
+int t_group_tmpdir_cleanup(void **state)
+{
+	(void)state;
+	t_tmpdir_cleanup();
+	return 0;
+}
+
 void t_log_reset(void)
 {
 	pthread_mutex_lock(&log_lock);

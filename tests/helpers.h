@@ -31,6 +31,10 @@ void t_log_capture(void);
 void t_log_reset(void);
 int t_log_contains(const char *needle);
 
+/* cmocka group setup and teardown: t_log_capture() and t_tmpdir_cleanup(). */
+int t_group_log_capture(void **state);
+int t_group_tmpdir_cleanup(void **state);
+
 /* Writes a model of the tiny preset with the given weight type and seed. */
 int t_gen_tiny(const char *path, enum mp_dtype dtype, uint64_t seed);
 

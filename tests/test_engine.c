@@ -674,20 +674,6 @@ static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
 	free(got);
 }
 
-static int group_setup(void **state)
-{
-	(void)state;
-	t_log_capture();
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 /*
  * A plug-in is tested when this build made it (meson lists them in the
  * environment); an ISA path when this CPU has it. Either way the output says
@@ -764,5 +750,5 @@ int main(void)
 	}
 	memcpy(tests + n, global, sizeof(global));
 	n += N_ELEMS(global);
-	return _cmocka_run_group_tests("engine", tests, n, group_setup, group_teardown);
+	return _cmocka_run_group_tests("engine", tests, n, t_group_log_capture, t_group_tmpdir_cleanup);
 }

@@ -606,20 +606,6 @@ static void corrupt_gguf_is_refused_naming_the_key_or_tensor(void **state)
 	gguf_close(g);
 }
 
-static int group_setup(void **state)
-{
-	(void)state;
-	t_log_capture();
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -633,5 +619,5 @@ int main(void)
 		cmocka_unit_test(corrupt_gguf_is_refused_naming_the_key_or_tensor),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, t_group_log_capture, t_group_tmpdir_cleanup);
 }

@@ -379,20 +379,6 @@ static void bad_or_truncated_file_is_refused_with_a_clear_error(void **state)
 	free(file);
 }
 
-static int group_setup(void **state)
-{
-	(void)state;
-	t_log_capture();
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	(void)state;
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -403,5 +389,5 @@ int main(void)
 		cmocka_unit_test(bad_or_truncated_file_is_refused_with_a_clear_error),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, t_group_log_capture, t_group_tmpdir_cleanup);
 }

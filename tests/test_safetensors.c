@@ -188,13 +188,6 @@ static int group_setup(void **state)
 	return 0;
 }
 
-static int group_teardown(void **state)
-{
-	(void)state;
-	t_tmpdir_cleanup();
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -203,5 +196,5 @@ int main(void)
 		cmocka_unit_test(damaged_shards_are_refused_by_name),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, group_setup, t_group_tmpdir_cleanup);
 }
