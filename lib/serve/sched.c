@@ -98,6 +98,16 @@ static double seconds(uint64_t ns)
 	return (double)ns / 1e9;
 }
 
+/* The calling thread's CPU time: unlike the wall clock, it stops while the thread is preempted. */
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int check_config(const struct mp_sched_config *c)
 {
 	int err = mp_check_reserved(c->reserved, MP_ARRAY_SIZE(c->reserved), "scheduler config");
@@ -512,22 +522,25 @@ struct step_out {
 	uint32_t ndone;
 	uint32_t items, rows, tokens;
 	double seconds;			/* in the runner */
+	double cpu_seconds;		/* this thread's CPU time in the runner */
 	int err;
 };
 
 /* One step over the batch; ended requests go to out->done with their reasons. Unlocked. */
 static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
 {
-	uint64_t t0;
+	uint64_t t0, c0;
 
 	out->ndone = out->items = out->rows = out->tokens = 0;
-	out->seconds = 0;
+	out->seconds = out->cpu_seconds = 0;
 	out->err = open_seqs(s, run, nrun);
 	if (out->err)
 		return;
 	out->items = build(s, run, nrun);
 	t0 = mp_now_ns();
+	c0 = thread_cpu_ns();
 	out->err = mp_runner_batch(s->r, s->items, out->items);
+	out->cpu_seconds = seconds(thread_cpu_ns() - c0);
 	out->seconds = seconds(mp_now_ns() - t0);
 	if (out->err)
 		return;
@@ -618,7 +631,7 @@ static void *loop(void *arg)
 	pthread_mutex_lock(&s->lock);
 	while (run && out.done && out.why) {
 		uint32_t nrun;
-		uint64_t t0;
+		uint64_t t0, c0;
 
 		reap_and_finish(s, s->stopping);
 		if (s->stopping)
@@ -634,14 +647,18 @@ static void *loop(void *arg)
 		pthread_mutex_unlock(&s->lock);
 
 		t0 = mp_now_ns();
+		c0 = thread_cpu_ns();
 		step(s, run, nrun, &out);
 		pthread_mutex_lock(&s->lock);
 		settle(s, run, nrun, &out);
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
 			finish(out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
+		c0 = thread_cpu_ns() - c0;
+		t0 = mp_now_ns() - t0;
 		pthread_mutex_lock(&s->lock);
-		s->st.sched_seconds += seconds(mp_now_ns() - t0) - out.seconds;
+		s->st.sched_seconds += seconds(t0) - out.seconds;
+		s->st.sched_cpu_seconds += seconds(c0) - out.cpu_seconds;
 	}
 	/* Out of memory for the thread's own arrays: nothing can run, so nothing may wait. */
 	s->stopping = true;

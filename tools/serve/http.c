@@ -101,6 +101,10 @@ struct http_server {
 	uint64_t count[EP_COUNT][NCODES];
 	uint64_t slow_closed;
 	atomic_uint_fast64_t handler_ns;
+	atomic_uint_fast64_t handler_cpu_ns;
+	/* libmicrohttpd's polling thread's CPU clock, taken in its first handler call. */
+	atomic_bool have_mhd_clock;
+	clockid_t mhd_clock;
 	char markers[EP_COUNT];		/* *con_cls of the requests without a body of their own */
 };
 
@@ -776,11 +780,14 @@ static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *ur
 			     size_t *upload_size, void **con_cls)
 {
 	struct http_server *h = cls;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = now_ns(), c0 = cli_clock_ns(CLOCK_THREAD_CPUTIME_ID);
 	mhd_result ret;
 	struct req *q;
 
 	(void)version;
+	if (!atomic_load(&h->have_mhd_clock) && !pthread_getcpuclockid(pthread_self(),
+								       &h->mhd_clock))
+		atomic_store(&h->have_mhd_clock, true);
 	if (!*con_cls) {
 		ret = first_call(h, c, url, method, con_cls);
 	} else if ((char *)*con_cls >= h->markers && (char *)*con_cls < h->markers + EP_COUNT) {
@@ -803,6 +810,7 @@ static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *ur
 		q = *con_cls;
 		ret = q->admin ? adapter_post(q, c) : completion(q, c);
 	}
+	atomic_fetch_add(&h->handler_cpu_ns, cli_clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0);
 	atomic_fetch_add(&h->handler_ns, now_ns() - t0);
 	return ret;
 }
@@ -890,6 +898,14 @@ void http_metrics(struct http_server *h, struct strbuf *o)
 		       "Time in the HTTP handlers (parsing, tokenizing, answering).");
 	sb_printf(o, "moepager_http_handler_seconds_total %.9f\n",
 		  (double)atomic_load(&h->handler_ns) / 1e9);
+	metrics_family(o, "moepager_http_handler_cpu_seconds_total", "counter",
+		       "The same as CPU time of the thread running them.");
+	sb_printf(o, "moepager_http_handler_cpu_seconds_total %.9f\n",
+		  (double)atomic_load(&h->handler_cpu_ns) / 1e9);
+	metrics_family(o, "moepager_http_thread_cpu_seconds_total", "counter",
+		       "CPU time of the HTTP thread (sockets, parsing, handlers, answers).");
+	sb_printf(o, "moepager_http_thread_cpu_seconds_total %.9f\n",
+		  atomic_load(&h->have_mhd_clock) ? (double)cli_clock_ns(h->mhd_clock) / 1e9 : 0);
 	h->b->ops->metrics(h->b, o);
 }
 

@@ -158,7 +158,8 @@ struct mp_sched_stats {
 	uint64_t batch_size[MP_SCHED_BATCH_BUCKETS];
 	uint64_t swaps;			/* models activated when the queue's head needed another */
 	double swap_seconds;		/* spent activating them */
-	MP_RESERVED(6);
+	double sched_cpu_seconds;	/* the same in the thread's CPU time (not preempted) */
+	MP_RESERVED(5);
 };
 
 /* A snapshot of the counters. */
