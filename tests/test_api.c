@@ -5,7 +5,8 @@
  * come (with the trained model's tokenizer): it joins into the text decoded
  * at once, never ends inside a UTF-8 character or inside what may become a
  * stop string, keeps the first piece's leading space after a prompt, and is
- * cut before a stop string spread over several tokens.
+ * cut before a stop string spread over several tokens; and a stream's token
+ * events, written without building JSON, are the bytes jansson's give.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -155,6 +156,63 @@ static void a_stop_string_over_several_tokens_cuts_the_text_before_it(void **sta
 	assert_int_equal(stopped, 0);
 }
 
+/* The token event api_chunk_add() writes, or NULL when it refuses the text. */
+static char *fast_event(const char *prefix, const char *text, size_t len, const uint32_t *ids)
+{
+	struct strbuf o;
+	char *s;
+
+	sb_init(&o);
+	sb_add(&o, "before|", 7);
+	if (api_chunk_add(&o, prefix, text, len, ids, 1)) {
+		assert_int_equal(o.len, 7);	/* left as it was */
+		sb_free(&o);
+		return NULL;
+	}
+	sb_add(&o, "", 1);
+	assert_false(o.oom);
+	assert_memory_equal(o.s, "before|", 7);
+	s = strdup(o.s + 7);
+	sb_free(&o);
+	return s;
+}
+
+static void token_events_are_the_bytes_jansson_writes(void **state)
+{
+	static const char model[] = "a \"quoted\\ model\" \xc3\xa9";
+	static const char *const texts[] = {
+		"plain", "", "quote \" backslash \\ slash / tab \t nl \n cr \r bs \b ff \f",
+		"\x01\x02\x1f\x7f control", "Déjà vu 日本語 🎉 \xef\xbf\xbd",
+		"bad \xc3", "bad \xe2\x82", "overlong \xc0\xaf", "surrogate \xed\xa0\x80",
+		"past \xf4\x90\x80\x80",
+	};
+	uint32_t id = 4095;
+	char *prefix = api_chunk_prefix("cmpl-7", 1700000000, model);
+
+	(void)state;
+	assert_non_null(prefix);
+	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
+		for (int with_ids = 0; with_ids < 2; with_ids++) {
+			const uint32_t *ids = with_ids ? &id : NULL;
+			char *want = api_chunk_sse("cmpl-7", 1700000000, model, texts[i],
+						   strlen(texts[i]), NULL, ids, 1, 0, 0);
+			char *got = fast_event(prefix, texts[i], strlen(texts[i]), ids);
+
+			/* The first five are UTF-8; the rest both refuse. */
+			if (i < 5) {
+				assert_non_null(want);
+				assert_non_null(got);
+				assert_string_equal(got, want);
+			} else {
+				assert_null(want);
+				assert_null(got);
+			}
+			free(want);
+			free(got);
+		}
+	free(prefix);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -163,6 +221,7 @@ int main(void)
 		cmocka_unit_test(streamed_text_joins_into_the_whole_text),
 		cmocka_unit_test(text_after_a_prompt_keeps_its_leading_space),
 		cmocka_unit_test(a_stop_string_over_several_tokens_cuts_the_text_before_it),
+		cmocka_unit_test(token_events_are_the_bytes_jansson_writes),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -492,6 +492,99 @@ char *api_chunk_sse(const char *id, long created, const char *model, const char 
 	return e;
 }
 
+char *api_chunk_prefix(const char *id, long created, const char *model)
+{
+	char *j = dump(json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "text_completion",
+				 "created", (json_int_t)created, "model", model));
+	char *p = NULL;
+
+	/* The object without its closing brace, then the choice up to its text. */
+	if (j && asprintf(&p, "data: %.*s,\"choices\":[{\"text\":\"", (int)strlen(j) - 1, j) < 0)
+		p = NULL;
+	free(j);
+	return p;
+}
+
+/* Length of the UTF-8 character at s as jansson accepts it (n bytes left), or 0. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 :
+		     s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+	uint32_t cp = len == 1 ? s[0] : s[0] & (0x7f >> len);
+
+	if (!len || len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+	    (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+/* JSON's two-character escape of c, or NULL (another control character takes \u00XX). */
+static const char *short_escape(unsigned char c)
+{
+	switch (c) {
+	case '"': return "\\\"";
+	case '\\': return "\\\\";
+	case '\b': return "\\b";
+	case '\f': return "\\f";
+	case '\n': return "\\n";
+	case '\r': return "\\r";
+	case '\t': return "\\t";
+	default: return NULL;
+	}
+}
+
+/* Appends text as the inside of a JSON string, escaped as json_dumps() escapes it. */
+static int add_escaped(struct strbuf *o, const char *text, size_t len)
+{
+	const unsigned char *s = (const unsigned char *)text;
+	size_t from = 0;
+
+	for (size_t i = 0; i < len;) {
+		size_t c = utf8_char(s + i, len - i);
+		const char *esc = short_escape(s[i]);
+
+		if (!c)
+			return -EINVAL;
+		if (esc || s[i] < 0x20) {
+			sb_add(o, text + from, i - from);
+			if (esc)
+				sb_add(o, esc, 2);
+			else
+				sb_printf(o, "\\u%04X", s[i]);
+			from = i + 1;
+		}
+		i += c;
+	}
+	sb_add(o, text + from, len - from);
+	return 0;
+}
+
+int api_chunk_add(struct strbuf *o, const char *prefix, const char *text, size_t len,
+		  const uint32_t *ids, uint32_t n)
+{
+	size_t start = o->len;
+
+	sb_add(o, prefix, strlen(prefix));
+	if (add_escaped(o, text ? text : "", text ? len : 0)) {
+		o->len = start;
+		return -EINVAL;
+	}
+	sb_add(o, "\",\"index\":0,\"logprobs\":null,\"finish_reason\":null", 48);
+	for (uint32_t i = 0; ids && i < n; i++)
+		sb_printf(o, "%s%u", i ? "," : ",\"token_ids\":[", ids[i]);
+	if (ids)
+		sb_add(o, n ? "]" : ",\"token_ids\":[]", n ? 1 : 15);
+	sb_add(o, "}]}\n\n", 5);
+	return 0;
+}
+
 char *api_models_json(const char *const *names, uint32_t n, long created)
 {
 	json_t *data = json_array(), *o;

@@ -14,6 +14,8 @@
 
 #include <moepager.h>
 
+#include "serve/strbuf.h"
+
 #define API_MAX_STOP 4
 #define API_MAX_STOP_LEN 64
 #define API_MAX_PROMPT_IDS (1u << 20)
@@ -121,6 +123,16 @@ char *api_completion_json(const char *id, long created, const char *model, const
 char *api_chunk_sse(const char *id, long created, const char *model, const char *text,
 		    size_t len, const char *finish, const uint32_t *ids, uint32_t n,
 		    uint32_t prompt_tokens, uint32_t tokens);
+/*
+ * The same event for a token (text, or ids without a tokenizer; no finish),
+ * without building JSON per token: prefix is api_chunk_prefix()'s start of
+ * the request's every event (free() it), the rest is appended to o. Returns
+ * 0, or -EINVAL with o unchanged when text is not UTF-8 (api_chunk_sse()
+ * gives NULL then).
+ */
+char *api_chunk_prefix(const char *id, long created, const char *model);
+int api_chunk_add(struct strbuf *o, const char *prefix, const char *text, size_t len,
+		  const uint32_t *ids, uint32_t n);
 /* DELETE /v1/adapters/NAME's answer: it takes no new request, those running finish. */
 char *api_adapter_unloaded_json(const char *name);
 

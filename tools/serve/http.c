@@ -77,6 +77,7 @@ struct req {
 	struct textgen tg;
 	struct strbuf out;		/* stream: bytes to send; else the finished body */
 	char cmpl_id[32];
+	char *sse_prefix;		/* stream: every token event's start (api_chunk_prefix) */
 	long created;
 	uint32_t prompt_tokens, tokens;
 	enum mp_sched_finish why;
@@ -193,6 +194,7 @@ static void req_unref(struct req *q)
 	sb_free(&q->body);
 	sb_free(&q->out);
 	textgen_fini(&q->tg);
+	free(q->sse_prefix);
 	api_request_free(&q->api);
 	pthread_mutex_destroy(&q->lock);
 	free(q);
@@ -268,13 +270,8 @@ static int on_token(void *arg, uint32_t tok)
 	if (stop < 0)
 		stop = 1;		/* out of memory: end it rather than lose text */
 	if (q->stream && (len || !q->m->tok)) {
-		/* A model without a tokenizer streams its token ids. */
-		char *ev = api_chunk_sse(q->cmpl_id, q->created, q->m->name, delta, len, NULL,
-					 q->m->tok ? NULL : &tok, 1, 0, 0);
-
-		if (ev)
-			sb_add(&q->out, ev, strlen(ev));
-		free(ev);
+		/* A model without a tokenizer streams its token ids; text not UTF-8 is dropped. */
+		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
 	wake = q->stream && unpark(q);
@@ -400,7 +397,9 @@ static int check_and_submit(struct req *q, struct api_error *e)
 	p.eos = q->m->eos;
 	p.no_eos = q->api.ignore_eos || q->m->eos == UINT32_MAX;
 	if (textgen_init(&q->tg, q->m->tok, (const char *const *)q->api.stop, q->api.nstop,
-			 ids[n - 1])) {
+			 ids[n - 1]) ||
+	    (q->api.stream &&
+	     !(q->sse_prefix = api_chunk_prefix(q->cmpl_id, q->created, q->m->name)))) {
 		err = api_fail(e, 500, NULL, "out of memory");
 		goto out;
 	}
