@@ -58,19 +58,28 @@ struct mp_tokenizer {
 	float min_score, max_score;
 };
 
+#define FNV_BASIS 2166136261u
+
+/* FNV-1a, one byte on: a prefix's hash extends to the next length in one step. */
+static uint32_t hash_step(uint32_t h, char c)
+{
+	return (h ^ (uint8_t)c) * 16777619u;
+}
+
 static uint32_t hash_bytes(const char *s, uint32_t len)
 {
-	uint32_t h = 2166136261u;	/* FNV-1a */
+	uint32_t h = FNV_BASIS;
 
 	for (uint32_t i = 0; i < len; i++)
-		h = (h ^ (uint8_t)s[i]) * 16777619u;
+		h = hash_step(h, s[i]);
 	return h;
 }
 
-/* Piece id of these bytes among the matchable pieces, or UINT32_MAX. */
-static uint32_t lookup(const struct mp_tokenizer *t, const char *s, uint32_t len)
+/* Piece id of these bytes (of hash h) among the matchable pieces, or UINT32_MAX. */
+static uint32_t lookup_hashed(const struct mp_tokenizer *t, const char *s, uint32_t len,
+			      uint32_t h)
 {
-	for (uint32_t i = hash_bytes(s, len) & t->table_mask;; i = (i + 1) & t->table_mask) {
+	for (uint32_t i = h & t->table_mask;; i = (i + 1) & t->table_mask) {
 		uint32_t v = t->table[i];
 		const struct piece *p;
 
@@ -80,6 +89,11 @@ static uint32_t lookup(const struct mp_tokenizer *t, const char *s, uint32_t len
 		if (p->len == len && !memcmp(t->bytes + p->off, s, len))
 			return v - 1;
 	}
+}
+
+static uint32_t lookup(const struct mp_tokenizer *t, const char *s, uint32_t len)
+{
+	return lookup_hashed(t, s, len, hash_bytes(s, len));
 }
 
 /* Length of the valid UTF-8 character at s (n bytes left), or 0 when malformed. */
@@ -455,13 +469,17 @@ static void viterbi(const struct mp_tokenizer *t, const char *s, size_t size,
 		const uint32_t mblen = MP_MAX(1u, utf8_len((const uint8_t *)s + at, size - at));
 		const float base = best[at].score;
 		const uint32_t maxl = (uint32_t)MP_MIN((size_t)t->max_len, size - at);
+		uint32_t h = FNV_BASIS;
 		bool single = false;
 
+		/* Every length from here: the hash grows with it, not computed afresh. */
 		for (uint32_t l = 1; l <= maxl; l++) {
-			uint32_t id = lookup(t, s + at, l);
 			const struct piece *p;
 			double score;
+			uint32_t id;
 
+			h = hash_step(h, s[at + l - 1]);
+			id = lookup_hashed(t, s + at, l, h);
 			if (id == UINT32_MAX)
 				continue;
 			p = &t->pieces[id];
