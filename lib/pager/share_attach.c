@@ -305,6 +305,53 @@ int mp_attach_guard(struct mp_attach *a, int (*fn)(void *arg), void *arg)
 	return mp_pager_guard(NULL, fn, arg);
 }
 
+/* Reads the first byte of every expert whose page warm() found in the memfd. */
+static int touch_present(void *arg)
+{
+	struct mp_attach *a = ((void **)arg)[0];
+	const unsigned char *vec = ((void **)arg)[1];
+	volatile const char *p;
+	unsigned sum = 0;
+
+	for (uint64_t i = 0; i < (uint64_t)a->layers * a->experts; i++) {
+		if (!(vec[i] & 1))
+			continue;
+		p = a->base + i * a->slot_bytes;
+		sum += (unsigned)*p;
+	}
+	return (int)(sum & 0);
+}
+
+int mp_attach_warm(struct mp_attach *a, uint32_t *touched)
+{
+	uint64_t n = (uint64_t)a->layers * a->experts;
+	unsigned char *vec = calloc(n, 1);
+	void *arg[2] = { a, vec };
+	uint32_t count = 0;
+	int err = 0;
+
+	if (!vec)
+		return mp_err(-ENOMEM, "attach %s: warming: out of memory", a->path);
+	/*
+	 * mincore() of a shared mapping asks the memfd's page cache, not the
+	 * page tables: it says what the daemon holds without faulting. The
+	 * first page stands for the expert (the daemon fills and maps whole
+	 * experts, and evicts whole experts).
+	 */
+	for (uint64_t i = 0; i < n && !err; i++) {
+		if (mincore(a->base + i * a->slot_bytes, a->page, &vec[i]))
+			err = mp_err(-errno, "attach %s: mincore of expert %llu: %s", a->path,
+				     (unsigned long long)i, strerror(errno));
+		count += vec[i] & 1;
+	}
+	if (!err)
+		err = mp_attach_guard(a, touch_present, arg);
+	free(vec);
+	if (!err && touched)
+		*touched = count;
+	return err;
+}
+
 /* One request to a live daemon and its reply; `what` names it in messages. */
 static int request(struct mp_attach *a, const void *req, size_t len, void *rep, size_t want,
 		   const char *what)

@@ -17,12 +17,14 @@
 #include <jansson.h>
 #include <moepager.h>
 
+#include "bench/elastic.h"
 #include "cli.h"
 
 static struct eb_env {
 	const char *path;
 	const char *budget;
 	bool json;
+	struct el_config load;	/* --load: the setups under load (elastic_load.c) */
 	uint32_t fit;		/* experts every engine touches: as many as the budget holds */
 } env;
 
@@ -35,8 +37,8 @@ static const char doc[] =
 	"  cold_restart the engine exits and a new one with its own pager starts.\n"
 	"An engine is ready when it has touched every expert (each read as a fault).\n"
 	"The page cache is dropped before each setup (the pagers read with O_DIRECT).\n"
-	"No request load is applied: failed requests and throughput during scaling are\n"
-	"not measured here.\n"
+	"Without --load no request is served: failed requests and throughput during\n"
+	"scaling are not measured.\n"
 	"\n"
 	"--json prints one object: per setup scale_up_s (start of the new process to\n"
 	"ready), scale_down_s (the command to the old process's exit), downtime_s (no\n"
@@ -45,15 +47,39 @@ static const char doc[] =
 	"memfd pages counted once), disk_bytes_read (by the new engine's start), and\n"
 	"ratios to the cold restart.\n"
 	"\n"
+	"With --load RATE the engines are `moepager serve` processes under Poisson\n"
+	"load (RATE requests/s of --prompt-ids random token ids, --max-tokens each)\n"
+	"spread by loadgen over an epoch pool file: --phase S seconds with one\n"
+	"server, then the change (shared, second_copy: a second server joins, and\n"
+	"half a phase later the first drains and leaves; cold_restart: the server\n"
+	"drains and leaves, then a new one starts), then a phase after. Each setup\n"
+	"adds failed_requests, retried_requests (refused before a token, sent again),\n"
+	"memory before/after, and throughput and SLO attainment per window\n"
+	"(docs/elastic.md).\n"
+	"\n"
 	"EXAMPLES:\n"
-	"  moepager bench-elastic --model mixtral-mini.mpk --budget 50% --json\n";
+	"  moepager bench-elastic --model mixtral-mini.mpk --budget 50% --json\n"
+	"  moepager bench-elastic --model mm8.mpk --load 1 --phase 20 --json\n";
 
-enum { OPT_BUDGET = 0x100 };
+enum {
+	OPT_BUDGET = 0x100, OPT_LOAD, OPT_PHASE, OPT_THREADS, OPT_MAX_TOKENS, OPT_PROMPT_IDS,
+	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED,
+};
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model", 0 },
 	{ "budget", OPT_BUDGET, "SIZE", 0, "Expert memory of each setup (default 100%)", 0 },
 	{ "json", 'j', NULL, 0, "Print one JSON object on stdout", 0 },
+	{ "load", OPT_LOAD, "RATE", 0, "Serve Poisson load of RATE requests/s while scaling", 0 },
+	{ "phase", OPT_PHASE, "S", 0, "--load: seconds before, during and after (default 20)", 0 },
+	{ "threads", OPT_THREADS, "N", 0, "--load: engine threads per server (default 1)", 0 },
+	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "--load: tokens per request (default 16)", 0 },
+	{ "prompt-ids", OPT_PROMPT_IDS, "N", 0, "--load: prompt tokens per request (16)", 0 },
+	{ "slo-ttft-ms", OPT_SLO_TTFT, "MS", 0, "--load: TTFT bound of the SLO (default 2000)", 0 },
+	{ "slo-tpot-ms", OPT_SLO_TPOT, "MS", 0, "--load: TPOT bound of the SLO (default 500)", 0 },
+	{ "retry-s", OPT_RETRY, "S", 0,
+	  "--load: a refused request is sent again for up to S s (default 60)", 0 },
+	{ "seed", OPT_SEED, "N", 0, "--load: arrivals and prompts from this seed (1)", 0 },
 	{ 0 },
 };
 
@@ -68,6 +94,42 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case 'j':
 		env.json = true;
+		break;
+	case OPT_LOAD:
+		if (cli_parse_double("--load", arg, 1e-3, 1e4, &env.load.rate))
+			argp_usage(state);
+		break;
+	case OPT_PHASE:
+		if (cli_parse_double("--phase", arg, 0.5, 3600, &env.load.phase))
+			argp_usage(state);
+		break;
+	case OPT_THREADS:
+		if (cli_parse_u32("--threads", arg, 1, 1024, &env.load.threads))
+			argp_usage(state);
+		break;
+	case OPT_MAX_TOKENS:
+		if (cli_parse_u32("--max-tokens", arg, 1, 1u << 16, &env.load.max_tokens))
+			argp_usage(state);
+		break;
+	case OPT_PROMPT_IDS:
+		if (cli_parse_u32("--prompt-ids", arg, 1, 1u << 16, &env.load.prompt_ids))
+			argp_usage(state);
+		break;
+	case OPT_SLO_TTFT:
+		if (cli_parse_double("--slo-ttft-ms", arg, 0, 1e7, &env.load.slo_ttft_ms))
+			argp_usage(state);
+		break;
+	case OPT_SLO_TPOT:
+		if (cli_parse_double("--slo-tpot-ms", arg, 0, 1e7, &env.load.slo_tpot_ms))
+			argp_usage(state);
+		break;
+	case OPT_RETRY:
+		if (cli_parse_double("--retry-s", arg, 0, 86400, &env.load.retry_s))
+			argp_usage(state);
+		break;
+	case OPT_SEED:
+		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.load.seed))
+			argp_usage(state);
 		break;
 	default:
 		return cli_parse_one_path(key, arg, state, &env.path);
@@ -193,8 +255,7 @@ static double engine_stop(struct engine *e)
 	return (double)(cli_now_ns() - t0) / 1e9;
 }
 
-/* Proportional set size of a process from smaps_rollup, in bytes (0 when unreadable). */
-static uint64_t pss_of(pid_t pid)
+uint64_t eb_pss_of(pid_t pid)
 {
 	char path[64], line[256];
 	unsigned long long kb = 0;
@@ -209,6 +270,16 @@ static uint64_t pss_of(pid_t pid)
 			break;
 	fclose(f);
 	return kb * 1024;
+}
+
+int eb_warm_tier(const char *sock)
+{
+	struct engine e = { 0 };
+	struct report r;
+	int err = engine_start(&e, sock, 0, &r);
+
+	engine_stop(&e);
+	return err;
 }
 
 /*
@@ -240,7 +311,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = pss_of(d) + pss_of(e1.pid) + pss_of(e2.pid);
+		o->peak_memory = eb_pss_of(d) + eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
 		o->downtime_s = 0;	/* e1 stays mapped until e2 is ready */
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -264,7 +335,7 @@ static int run_copy(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = pss_of(e1.pid) + pss_of(e2.pid);
+		o->peak_memory = eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
 		o->downtime_s = 0;
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -286,7 +357,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		engine_stop(&e1);
 		return err;
 	}
-	peak = pss_of(e1.pid);
+	peak = eb_pss_of(e1.pid);
 	o->scale_down_s = engine_stop(&e1);
 	cli_drop_caches(fd);
 	err = engine_start(&e2, NULL, budget, &r2);
@@ -294,7 +365,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		o->scale_up_s = r2.ready_s;
 		o->downtime_s = o->scale_down_s + r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = (peak > pss_of(e2.pid) ? peak : pss_of(e2.pid));
+		o->peak_memory = (peak > eb_pss_of(e2.pid) ? peak : eb_pss_of(e2.pid));
 	}
 	engine_stop(&e2);
 	return err;
@@ -355,6 +426,9 @@ int cmd_elasticbench(int argc, char **argv)
 	int fd, err;
 
 	memset(&env, 0, sizeof(env));
+	env.load = (struct el_config){ .phase = 20, .threads = 1, .max_tokens = 16,
+				       .prompt_ids = 16, .slo_ttft_ms = 2000, .slo_tpot_ms = 500,
+				       .retry_s = 60, .seed = 1 };
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -377,6 +451,24 @@ int cmd_elasticbench(int argc, char **argv)
 	fd = open(env.path, O_RDONLY | O_CLOEXEC);
 	/* Children are forked: nothing buffered may be written twice. */
 	fflush(NULL);
+	if (!err && env.load.rate > 0) {
+		json_t *o = NULL;
+
+		env.load.model = env.path;
+		env.load.budget = budget;
+		env.load.fd = fd;
+		err = el_run_loaded(&env.load, &o);
+		if (!err) {
+			json_object_set_new(o, "model", json_string(mp_store_path(s)));
+			json_object_set_new(o, "budget_bytes", json_integer((json_int_t)budget));
+			json_object_set_new(o, "experts_warmed", json_integer((json_int_t)env.fit));
+			if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6)))
+				err = -EIO;
+			putchar('\n');
+		}
+		json_decref(o);
+		goto done;
+	}
 	if (!err)
 		err = run_shared(budget, fd, &sh);
 	if (!err)
@@ -385,7 +477,8 @@ int cmd_elasticbench(int argc, char **argv)
 		err = run_restart(budget, fd, &cold);
 	if (!err)
 		err = report(s, budget, &sh, &cp, &cold);
-	else
+done:
+	if (err)
 		fprintf(stderr, "moepager bench-elastic: %s (%s)\n", strerror(-err), mp_last_error());
 	if (fd >= 0)
 		close(fd);

@@ -34,12 +34,14 @@ static struct lg_env {
 	double drain_s;
 	bool json;
 	bool ignore_eos;
+	const char *pool;
+	double retry_s;
 } env;
 
 enum {
 	OPT_URL = 0x100, OPT_RATE, OPT_DURATION, OPT_PROMPTS, OPT_PROMPT_CHARS, OPT_MAX_TOKENS,
 	OPT_TEMPERATURE, OPT_MIX, OPT_MIX_ALPHA, OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_SEED, OPT_DRAIN,
-	OPT_JSON, OPT_IGNORE_EOS,
+	OPT_JSON, OPT_IGNORE_EOS, OPT_POOL, OPT_RETRY,
 };
 
 static const char doc[] =
@@ -59,6 +61,13 @@ static const char doc[] =
 	"p99), slo_attainment, per-model counts, and the server's own counters over\n"
 	"the run from its /metrics (hit rate, steps, scheduling and HTTP overhead).\n"
 	"\n"
+	"--pool FILE instead of --url spreads requests over several servers: FILE holds\n"
+	"\"epoch N\" and then one URL per line, and whoever adds or removes servers\n"
+	"rewrites it (a new file renamed over it, N growing); each request goes to the\n"
+	"current epoch's server with the fewest requests in flight. With --retry-s S a\n"
+	"request refused before its first token (no connection, 503, closed unanswered)\n"
+	"is sent again, for up to S seconds after its arrival (docs/elastic.md).\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager loadgen --url http://127.0.0.1:8080 --rate 2 --duration 60 \\\n"
 	"      --prompts data/prompts/heldout-fortunes.txt --json\n"
@@ -67,6 +76,9 @@ static const char doc[] =
 
 static const struct argp_option opts[] = {
 	{ "url", OPT_URL, "URL", 0, "The server (e.g. http://127.0.0.1:8080; required)", 0 },
+	{ "pool", OPT_POOL, "FILE", 0, "Servers to spread requests over (epoch file)", 0 },
+	{ "retry-s", OPT_RETRY, "S", 0,
+	  "Send a refused request again for up to S s after its arrival (default 0)", 0 },
 	{ "rate", OPT_RATE, "R", 0, "Requests per second, on average (default 1)", 0 },
 	{ "duration", OPT_DURATION, "S", 0, "Seconds of arrivals (default 30)", 0 },
 	{ "prompts", OPT_PROMPTS, "FILE", 0, "Prompt texts (required)", 0 },
@@ -99,6 +111,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
 	case OPT_URL: env.url = arg; break;
+	case OPT_POOL: env.pool = arg; break;
+	case OPT_RETRY: return parse_double(state, "--retry-s", arg, 0, 86400, &env.retry_s);
 	case OPT_RATE: return parse_double(state, "--rate", arg, 1e-3, 1e4, &env.rate);
 	case OPT_DURATION: return parse_double(state, "--duration", arg, 0.1, 86400, &env.duration);
 	case OPT_PROMPTS: env.prompts = arg; break;
@@ -135,8 +149,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		argp_usage(state);
 		break;
 	case ARGP_KEY_END:
-		if (!env.url)
-			argp_error(state, "--url URL is required");
+		if (!env.url == !env.pool)
+			argp_error(state, "one of --url URL and --pool FILE is required");
 		if (!env.prompts)
 			argp_error(state, "--prompts FILE is required (e.g. "
 				   "data/prompts/heldout-fortunes.txt)");
@@ -155,6 +169,7 @@ int cmd_loadgen(int argc, char **argv)
 	struct lg_models models = { 0 };
 	struct lg_metrics before = { 0 }, after = { 0 };
 	struct lg_run run = { 0 };
+	struct lg_pool pool = { 0 };
 	int err;
 
 	memset(&env, 0, sizeof(env));
@@ -171,26 +186,36 @@ int cmd_loadgen(int argc, char **argv)
 		return 1;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT))
 		return 1;
-	err = lg_read_prompts(env.prompts, env.prompt_chars, &prompts);
+	err = lg_pool_init(&pool, env.url, env.pool);
+	if (!err && !pool.ncur) {
+		fprintf(stderr, "moepager loadgen: %s: the pool has no server yet\n", env.pool);
+		err = -EINVAL;
+	}
 	if (!err)
-		err = lg_models(env.url, env.mix, env.mix_alpha, &models);
+		err = lg_read_prompts(env.prompts, env.prompt_chars, &prompts);
+	if (!err)
+		err = lg_models(pool.url[pool.cur[0]], env.mix, env.mix_alpha, &models);
 	if (!err) {
-		lg_scrape(env.url, &before);
+		/* Several servers: their counters are each one's own (scrape them one by one). */
+		if (!env.pool)
+			lg_scrape(env.url, &before);
 		run = (struct lg_run){
-			.url = env.url, .rate = env.rate, .duration = env.duration,
+			.url = pool.url[pool.cur[0]], .rate = env.rate, .duration = env.duration,
 			.max_tokens = env.max_tokens, .temperature = env.temperature,
-			.ignore_eos = env.ignore_eos,
+			.ignore_eos = env.ignore_eos, .pool = &pool, .retry_s = env.retry_s,
 			.seed = env.seed, .drain = env.drain_s, .prompts = &prompts,
 			.models = &models,
 		};
 		err = lg_run(&run);
-		lg_scrape(env.url, &after);
+		if (!env.pool)
+			lg_scrape(env.url, &after);
 	}
 	if (!err)
 		lg_report(&run, &before, &after, env.slo_ttft_ms, env.slo_tpot_ms, env.json);
 	lg_run_free(&run);
 	lg_models_free(&models);
 	lg_prompts_free(&prompts);
+	lg_pool_free(&pool);
 	curl_global_cleanup();
 	return err ? 1 : 0;
 }

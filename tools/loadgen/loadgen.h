@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #define LG_MAX_MODELS 64
 
@@ -40,6 +41,33 @@ struct lg_metrics {
 /* Reads GET /metrics; out->ok false when the server has none. */
 void lg_scrape(const char *url, struct lg_metrics *out);
 
+/*
+ * Where requests go (pool.c): one URL, or a pool file rewritten (renamed
+ * over) by whoever scales the servers: "epoch N", then one URL per line.
+ */
+#define LG_POOL_MAX 16
+
+struct lg_pool {
+	const char *path;		/* NULL: the one URL */
+	uint64_t epoch;
+	uint32_t cur[LG_POOL_MAX];	/* the epoch's backends, indexes into url[] */
+	uint32_t ncur;
+	char *url[LG_POOL_MAX];		/* every backend seen */
+	uint32_t inflight[LG_POOL_MAX];	/* loadgen's requests in flight to each */
+	uint64_t sent[LG_POOL_MAX];
+	uint32_t nurl, rr, epochs;
+	struct stat st;
+	bool have;
+};
+
+/* One URL (path NULL) or the pool file path. Returns 0 or -errno (message printed). */
+int lg_pool_init(struct lg_pool *p, const char *url, const char *path);
+/* Re-reads the pool file if it changed; a bad one is reported and the last good kept. */
+int lg_pool_refresh(struct lg_pool *p);
+/* The current backend with the fewest requests in flight, or -1 when the epoch has none. */
+int lg_pool_pick(struct lg_pool *p);
+void lg_pool_free(struct lg_pool *p);
+
 /* One request as it went. */
 struct lg_req {
 	double t_arrive;		/* scheduled arrival, s from the start */
@@ -48,6 +76,11 @@ struct lg_req {
 	uint32_t model;
 	long status;			/* HTTP status; 0: no answer */
 	bool error;			/* failed: a 5xx, a broken stream, no [DONE] */
+	uint32_t retries;		/* refused before any token, sent again (retry_s) */
+	uint64_t epoch;			/* the pool's epoch when last sent */
+	int backend;			/* lg_pool.url[] it was last sent to */
+	int prompt;			/* the text's index; -1 before the first send */
+	double retry_at;
 	void *flight;			/* lg_run()'s own, while it runs */
 };
 
@@ -59,10 +92,21 @@ struct lg_run {
 	uint64_t seed;
 	const struct lg_prompts *prompts;
 	const struct lg_models *models;
+	/*
+	 * pool: where requests go (NULL: url). retry_s: a request refused
+	 * before its first token (no connection, 503, closed without an
+	 * answer: not admitted) is sent again to the current epoch's backends
+	 * until this long after its arrival (0: never), as a load balancer would.
+	 */
+	struct lg_pool *pool;
+	double retry_s;
+	/* Prompts of prompt_ids random token ids below vocab instead of texts (0: texts). */
+	uint32_t prompt_ids, vocab;
 	/* Results */
 	struct lg_req *reqs;
 	uint32_t n;
 	double wall;			/* s from the first arrival to the last request's end */
+	double t0;			/* the run's start, cli_now_ns() / 1e9 */
 };
 
 /* Runs the load; fills reqs. Returns 0 or a negative errno (message printed). */

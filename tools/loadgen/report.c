@@ -47,6 +47,7 @@ void lg_report(const struct lg_run *r, const struct lg_metrics *before,
 	double *ttft = calloc(r->n + 1, sizeof(double)), *tpot = calloc(r->n + 1, sizeof(double));
 	double *lat = calloc(r->n + 1, sizeof(double));
 	size_t nt = 0, np = 0, nl = 0, completed = 0, errors = 0, rejected = 0, met = 0;
+	size_t retried = 0;
 	uint64_t tokens = 0, per_req[64] = { 0 }, per_tok[64] = { 0 };
 	json_t *o, *models = json_object();
 
@@ -57,6 +58,7 @@ void lg_report(const struct lg_run *r, const struct lg_metrics *before,
 		double f = (q->t_first - q->t_arrive) * 1e3, p = 0;
 
 		per_req[q->model]++;
+		retried += q->retries > 0;
 		rejected += q->status == 503;
 		if (q->error) {
 			errors += q->status != 503;
@@ -79,7 +81,7 @@ void lg_report(const struct lg_run *r, const struct lg_metrics *before,
 				    json_pack("{s:I, s:I}", "requests", (json_int_t)per_req[m],
 					      "tokens", (json_int_t)per_tok[m]));
 	o = json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:f, s:{s:f, s:f}, "
-		      "s:o, s:o}",
+		      "s:o, s:o, s:I}",
 		      "requests", (json_int_t)r->n, "completed", (json_int_t)completed,
 		      "errors", (json_int_t)errors, "rejected", (json_int_t)rejected,
 		      "offered_rate", r->rate, "wall_s", r->wall,
@@ -89,7 +91,8 @@ void lg_report(const struct lg_run *r, const struct lg_metrics *before,
 		      "latency_ms", percentiles(lat, nl),
 		      "slo_attainment", r->n ? (double)met / r->n : 0,
 		      "slo", "ttft_ms", slo_ttft_ms, "tpot_ms", slo_tpot_ms,
-		      "models", models, "server", server(before, after));
+		      "models", models, "server", server(before, after),
+		      "retried", (json_int_t)retried);
 	models = NULL;
 	if (json) {
 		json_dumpf(o, stdout, JSON_INDENT(1));

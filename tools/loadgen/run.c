@@ -97,21 +97,47 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
 	return add;
 }
 
-static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint64_t *rng,
-			    double t0)
+/* The request's prompt as JSON: a text of the file, or prompt_ids token ids. */
+static json_t *prompt_of(struct lg_run *run, struct lg_req *r, uint64_t *rng)
 {
-	const char *prompt = run->prompts->text[(uint32_t)(cli_rand_unit(rng) * run->prompts->n) %
-						 run->prompts->n];
+	json_t *ids;
+	uint64_t h;
+
+	if (r->prompt < 0)
+		r->prompt = (int)((uint32_t)(cli_rand_unit(rng) * (1u << 30)) & 0x3fffffff);
+	if (!run->prompt_ids)
+		return json_string(run->prompts->text[(uint32_t)r->prompt % run->prompts->n]);
+	ids = json_array();
+	h = (uint64_t)r->prompt;
+	for (uint32_t k = 0; ids && k < run->prompt_ids; k++)
+		json_array_append_new(ids, json_integer((json_int_t)(uint32_t)(cli_rand_unit(&h) *
+								    run->vocab) % run->vocab));
+	return ids;
+}
+
+static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint64_t *rng,
+			    double t0, int backend)
+{
+	bool first = r->prompt < 0;
+	json_t *prompt = prompt_of(run, r, rng);
 	struct flight *f = calloc(1, sizeof(*f));
-	double u = cli_rand_unit(rng);
+	double u = first ? cli_rand_unit(rng) : 0;
 	char url[2048];
 	json_t *j;
 
-	if (!f)
+	if (!f || !prompt) {
+		json_decref(prompt);
+		free(f);
 		return NULL;
+	}
 	r->flight = f;
-	r->model = cli_power_pick(run->models->cdf, run->models->n, u);
-	j = json_pack("{s:s, s:s, s:i, s:f, s:b, s:b}", "model", run->models->name[r->model],
+	if (first)
+		r->model = cli_power_pick(run->models->cdf, run->models->n, u);
+	r->backend = backend;
+	r->epoch = run->pool->epoch;
+	run->pool->inflight[backend]++;
+	run->pool->sent[backend]++;
+	j = json_pack("{s:s, s:o, s:i, s:f, s:b, s:b}", "model", run->models->name[r->model],
 		      "prompt", prompt, "max_tokens", (int)run->max_tokens, "temperature",
 		      run->temperature, "stream", 1, "ignore_eos", run->ignore_eos);
 	f->body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -125,7 +151,7 @@ static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint
 		r->error = true;
 		return f;
 	}
-	snprintf(url, sizeof(url), "%s/v1/completions", run->url);
+	snprintf(url, sizeof(url), "%s/v1/completions", run->pool->url[backend]);
 	curl_easy_setopt(f->h, CURLOPT_URL, url);
 	curl_easy_setopt(f->h, CURLOPT_HTTPHEADER, f->hdrs);
 	curl_easy_setopt(f->h, CURLOPT_POSTFIELDS, f->body);
@@ -137,9 +163,25 @@ static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint
 	return f;
 }
 
-static void finish(CURLM *m, struct flight *f, CURLcode rc, double t0)
+/*
+ * Not admitted, so safe to send again: no connection, a 503 (full queue,
+ * draining), or the connection closed before any answer (a kept-alive
+ * connection to a server that went away).
+ */
+static bool refused(const struct flight *f, CURLcode rc)
+{
+	if (f->r->t_first || f->done_seen)
+		return false;
+	return rc == CURLE_COULDNT_CONNECT || rc == CURLE_GOT_NOTHING || rc == CURLE_SEND_ERROR ||
+	       rc == CURLE_RECV_ERROR || (rc == CURLE_OK && f->r->status == 503);
+}
+
+/* Ends a request's flight. Returns true when the request is to be sent again. */
+static bool finish(CURLM *m, struct flight *f, CURLcode rc, double t0)
 {
 	struct lg_req *r = f->r;
+	struct lg_run *run = f->run;
+	bool again = false;
 
 	r->t_end = now_s() - t0;
 	r->flight = NULL;
@@ -147,6 +189,15 @@ static void finish(CURLM *m, struct flight *f, CURLcode rc, double t0)
 		curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &r->status);
 	if (rc != CURLE_OK || r->status != 200 || !f->done_seen)
 		r->error = true;
+	if (r->error && refused(f, rc) && r->t_end < r->t_arrive + run->retry_s) {
+		again = true;
+		r->error = false;
+		r->status = 0;
+		r->retries++;
+		r->retry_at = r->t_end + 0.02;
+	}
+	if (r->backend >= 0 && run->pool->inflight[r->backend])
+		run->pool->inflight[r->backend]--;
 	if (f->h)
 		curl_multi_remove_handle(m, f->h);
 	curl_easy_cleanup(f->h);
@@ -154,10 +205,11 @@ static void finish(CURLM *m, struct flight *f, CURLcode rc, double t0)
 	free(f->body);
 	free(f->buf);
 	free(f);
+	return again;
 }
 
-/* Requests whose curl transfer ended. */
-static uint32_t reap(CURLM *m, double t0)
+/* Requests whose curl transfer ended; those to be sent again go to pend[]. */
+static uint32_t reap(CURLM *m, double t0, struct lg_run *run, uint32_t *pend, uint32_t *npend)
 {
 	uint32_t n = 0;
 	CURLMsg *msg;
@@ -165,11 +217,14 @@ static uint32_t reap(CURLM *m, double t0)
 
 	while ((msg = curl_multi_info_read(m, &left))) {
 		struct flight *f;
+		uint32_t i;
 
 		if (msg->msg != CURLMSG_DONE)
 			continue;
 		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
-		finish(m, f, msg->data.result, t0);
+		i = (uint32_t)(f->r - run->reqs);
+		if (finish(m, f, msg->data.result, t0))
+			pend[(*npend)++] = i;
 		n++;
 	}
 	return n;
@@ -202,54 +257,115 @@ static int plan(struct lg_run *r, uint64_t *rng)
 	return 0;
 }
 
+/*
+ * Sends request i to the current epoch's least busy backend: true when it
+ * is in flight (or failed for good), false when it waits (no backend now).
+ */
+static bool send_one(struct lg_run *r, CURLM *m, uint32_t i, uint64_t *rng, double t0,
+		     uint32_t *active)
+{
+	struct lg_req *q = &r->reqs[i];
+	struct flight *f;
+	int b;
+
+	lg_pool_refresh(r->pool);
+	b = lg_pool_pick(r->pool);
+	if (b < 0) {
+		if (now_s() - t0 < q->t_arrive + r->retry_s) {
+			q->retry_at = now_s() - t0 + 0.02;
+			return false;
+		}
+		q->error = true;
+		return true;
+	}
+	f = start(r, m, q, rng, t0, b);
+	if (f && f->h && f->body && f->hdrs)
+		(*active)++;
+	else if (f)
+		finish(m, f, CURLE_OUT_OF_MEMORY, t0);
+	else
+		q->error = true;
+	return true;
+}
+
 int lg_run(struct lg_run *r)
 {
 	uint64_t rng = r->seed ^ 0x6c6f616467656e00ull;
-	uint32_t next = 0, active = 0;
+	uint32_t next = 0, active = 0, npend = 0, *pend = NULL;
 	CURLM *m = curl_multi_init();
+	struct lg_pool one;
 	double t0, now;
 	int err = m ? plan(r, &rng) : -ENOMEM;
 
+	if (!err && !r->pool) {
+		err = lg_pool_init(&one, r->url, NULL);
+		r->pool = &one;
+	}
+	if (!err) {
+		pend = calloc(r->n + 1, sizeof(*pend));
+		err = pend ? 0 : -ENOMEM;
+	}
 	if (err) {
 		fprintf(stderr, "moepager loadgen: out of memory\n");
 		curl_multi_cleanup(m);
+		free(pend);
+		if (r->pool == &one)
+			lg_pool_free(&one);
+		r->pool = NULL;
 		return err;
+	}
+	for (uint32_t i = 0; i < r->n; i++) {
+		r->reqs[i].prompt = -1;
+		r->reqs[i].backend = -1;
 	}
 	curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, 1024L);
 	t0 = now_s();
+	r->t0 = t0;
 	for (;;) {
 		int running, wait_ms;
+		uint32_t keep = 0;
 
 		now = now_s() - t0;
-		while (next < r->n && r->reqs[next].t_arrive <= now) {
-			struct flight *f = start(r, m, &r->reqs[next], &rng, t0);
+		/* Sent again first: they arrived earlier. */
+		for (uint32_t k = 0; k < npend; k++) {
+			uint32_t i = pend[k];
 
-			if (f && f->h && f->body && f->hdrs)
-				active++;
-			else if (f)
-				finish(m, f, CURLE_OUT_OF_MEMORY, t0);
-			else
-				r->reqs[next].error = true;
+			if (r->reqs[i].retry_at > now || !send_one(r, m, i, &rng, t0, &active))
+				pend[keep++] = i;
+		}
+		npend = keep;
+		while (next < r->n && r->reqs[next].t_arrive <= now) {
+			if (!send_one(r, m, next, &rng, t0, &active))
+				pend[npend++] = next;
 			next++;
 		}
 		curl_multi_perform(m, &running);
-		active -= reap(m, t0);
-		if (next == r->n && !active)
+		active -= reap(m, t0, r, pend, &npend);
+		if (next == r->n && !active && !npend)
 			break;
 		if (next == r->n && now > r->duration + r->drain) {
 			fprintf(stderr, "moepager loadgen: %u request(s) still running after "
-				"--drain %g s: counted as errors\n", active, r->drain);
+				"--drain %g s: counted as errors\n", active + npend, r->drain);
 			break;
 		}
 		wait_ms = next < r->n ? (int)((r->reqs[next].t_arrive - now) * 1000) : 50;
+		if (npend)
+			wait_ms = wait_ms > 20 ? 20 : wait_ms;
 		curl_multi_poll(m, NULL, 0, wait_ms < 0 ? 0 : wait_ms > 50 ? 50 : wait_ms, NULL);
 	}
-	/* What still runs is abandoned: its request is an error. */
+	/* What still runs or waits is abandoned: its request is an error. */
 	for (uint32_t i = 0; i < next; i++)
 		if (r->reqs[i].flight)
 			finish(m, r->reqs[i].flight, CURLE_OPERATION_TIMEDOUT, t0);
+	for (uint32_t k = 0; k < npend; k++)
+		r->reqs[pend[k]].error = true;
 	r->wall = now_s() - t0;
 	curl_multi_cleanup(m);
+	free(pend);
+	if (r->pool == &one) {
+		lg_pool_free(&one);
+		r->pool = NULL;
+	}
 	return 0;
 }
 

@@ -82,6 +82,13 @@ struct serve_local_config {
 	const char *evict;		/* eviction policy; NULL: the prefetch policy's default */
 	const char *engine;
 	uint32_t threads;
+	/*
+	 * Warm before serving: attached, map what the daemon holds (nothing read
+	 * from disk); paged, read as many experts as the budget holds. *warmed
+	 * gets how many (docs/elastic.md).
+	 */
+	bool warm;
+	uint32_t *warmed;
 	struct mp_sched_config sched;	/* without the runner */
 	/* Adapters: every .mpa in this directory is loaded at start (NULL: no adapters). */
 	const char *adapters;

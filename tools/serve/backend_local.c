@@ -553,6 +553,30 @@ static int open_tokenizer(struct local *l, const struct serve_local_config *cfg)
 	return text_tokenizer_open(cfg->tokenizer, cfg->model, g->vocab, &l->tok);
 }
 
+/* Reads the experts a new server is to start with (cfg->warm), so its first requests do not. */
+static int warm(struct local *l, uint32_t *warmed)
+{
+	const struct mp_geometry *g = mp_store_geometry(l->store);
+	uint64_t stride = (mp_store_expert_bytes(l->store) + 4095) & ~4095ull;
+	uint64_t fit;
+	int err = 0;
+
+	*warmed = 0;
+	if (l->attach)
+		return mp_attach_warm(l->attach, warmed);
+	if (!l->pager)
+		return 0;
+	fit = mp_pager_budget(l->pager) / stride;
+	for (uint64_t i = 0; !err && i < fit && i < (uint64_t)g->layers * g->experts; i++) {
+		int r = mp_pager_prefetch(l->pager, (uint32_t)(i / g->experts),
+					  (uint32_t)(i % g->experts), 0);
+
+		err = r < 0 ? r : 0;
+		*warmed += r >= 0;
+	}
+	return err ? err : mp_pager_wait_idle(l->pager, 600000);
+}
+
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out)
 {
 	struct mp_engine_config ec = { .threads = cfg->threads };
@@ -580,6 +604,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = open_adapters(l, cfg, &rc);
 	if (!err && cfg->consolidate)
 		err = open_multi(l, cfg, &rc);
+	if (!err && cfg->warm)
+		err = warm(l, cfg->warmed);
 	if (!err) {
 		rc.engine = l->engine;
 		err = mp_runner_open(l->store, &rc, &l->runner);

@@ -32,7 +32,7 @@ enum {
 	OPT_STEP_TOKENS, OPT_GRACE, OPT_MAX_BODY, OPT_MAX_CONNECTIONS, OPT_REQUEST_TIMEOUT,
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
-	OPT_CONSOLIDATE,
+	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
 };
 
 static const char doc[] =
@@ -80,6 +80,11 @@ static const struct argp_option opts[] = {
 	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget (8G, 40%)", 0 },
 	{ "attach", OPT_ATTACH, "SOCKET", 0,
 	  "Read the experts from the pager daemon on SOCKET (moepager pagerd)", 0 },
+	{ "warm", OPT_WARM, NULL, 0,
+	  "Before listening, map what the daemon holds (--attach) or read as many experts "
+	  "as --budget holds", 0 },
+	{ "epoch", OPT_EPOCH, "N", 0,
+	  "The pool epoch this server joins at, shown in /metrics (docs/elastic.md)", 0 },
 	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy (default: the prefetch policy's)", 0 },
 	{ "listen", OPT_LISTEN, "HOST:PORT", 0, "Address (default 127.0.0.1:8080; port 0: any)", 0 },
@@ -140,6 +145,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
 	case OPT_ATTACH: env.local.attach = arg; break;
+	case OPT_WARM: env.local.warm = true; break;
+	case OPT_EPOCH:
+		if (cli_parse_u64("--epoch", arg, 0, UINT64_MAX, &env.http.epoch))
+			argp_usage(state);
+		break;
 	case OPT_PREFETCH: env.local.prefetch = arg; break;
 	case OPT_EVICT: env.local.evict = arg; break;
 	case OPT_LISTEN: env.listen = arg; break;
@@ -265,11 +275,13 @@ int cmd_serve(int argc, char **argv)
 	static char names[1 + MAX_LISTED][SERVE_NAME_MAX];
 	struct serve_backend *b;
 	struct http_server *h;
+	uint64_t t0 = cli_now_ns();
+	uint32_t cut, n, warmed = 0;
 	sigset_t set;
-	uint32_t cut, n;
 	int err;
 
 	memset(&env, 0, sizeof(env));
+	env.local.warmed = &warmed;
 	env.grace_ms = 10000;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
@@ -286,6 +298,7 @@ int cmd_serve(int argc, char **argv)
 		fprintf(stderr, "moepager serve: %s: %s\n", env.local.model, mp_last_error());
 		return 1;
 	}
+	env.http.ready_s = (double)(cli_now_ns() - t0) / 1e9;
 	err = http_start(&env.http, b, &h);
 	if (err) {
 		b->ops->close(b);
@@ -296,7 +309,10 @@ int cmd_serve(int argc, char **argv)
 	       http_port(h));
 	if (n > 1)
 		printf(" (and %u adapter%s)", n - 1, n > 2 ? "s" : "");
-	printf("\n");
+	if (env.local.warm)
+		printf(", %u experts warmed", warmed);
+	printf(", ready in %.3f s, epoch %llu\n", env.http.ready_s,
+	       (unsigned long long)env.http.epoch);
 	fflush(stdout);
 	if (env.port_file && write_port(env.port_file, http_port(h))) {
 		http_stop(h, 0);

@@ -893,6 +893,15 @@ void http_metrics(struct http_server *h, struct strbuf *o)
 		  "moepager_http_slow_connections_closed_total %llu\n",
 		  (unsigned long long)h->slow_closed);
 	pthread_mutex_unlock(&h->lock);
+	metrics_family(o, "moepager_serve_epoch", "gauge",
+		       "The pool epoch this server joined at (--epoch; docs/elastic.md).");
+	sb_printf(o, "moepager_serve_epoch %llu\n", (unsigned long long)h->cfg.epoch);
+	metrics_family(o, "moepager_serve_draining", "gauge",
+		       "1 once the server drains (SIGTERM): no new request is admitted.");
+	sb_printf(o, "moepager_serve_draining %d\n", atomic_load(&h->draining) ? 1 : 0);
+	metrics_family(o, "moepager_serve_ready_seconds", "gauge",
+		       "From the process's start to listening, the experts warmed.");
+	sb_printf(o, "moepager_serve_ready_seconds %.6f\n", h->cfg.ready_s);
 	metrics_family(o, "moepager_http_handler_seconds_total", "counter",
 		       "Time in the HTTP handlers (parsing, tokenizing, answering).");
 	sb_printf(o, "moepager_http_handler_seconds_total %.9f\n",

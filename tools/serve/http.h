@@ -21,6 +21,8 @@ struct http_config {
 	uint32_t idle_timeout_s;	/* a connection with nothing happening; 0: 15 */
 	uint32_t header_timeout_s;	/* to send the headers of a request; 0: 10 */
 	uint32_t body_timeout_s;	/* to send its body; 0: 30 */
+	uint64_t epoch;			/* the pool epoch the server joined at (--epoch) */
+	double ready_s;			/* start to ready: backend open and warmed */
 };
 
 struct http_server;

@@ -119,6 +119,13 @@ MP_API const struct mp_expert_source_ops *mp_attach_source_ops(void);
  * expert, with the daemon's message), -ENOTCONN when it is gone, or -errno.
  */
 MP_API int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes);
+/*
+ * Warms the attachment: maps every expert the daemon's memfd holds now
+ * into this process (one fault each, served without reading the disk), so
+ * the first requests do not fault on them. *touched (may be NULL) gets how
+ * many. Returns 0, or the guard's error (-ENOTCONN when the daemon is gone).
+ */
+MP_API int mp_attach_warm(struct mp_attach *a, uint32_t *touched);
 /* Asks the daemon for its counters. Returns 0, -ENOTCONN when it is gone, or -errno. */
 MP_API int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out);
 /*

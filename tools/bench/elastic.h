@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* moepager bench-elastic's pieces: the engines without load, and the servers under load. */
+#ifndef MP_BENCH_ELASTIC_H
+#define MP_BENCH_ELASTIC_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+/* Proportional set size of a process from smaps_rollup, in bytes (0 when unreadable). */
+uint64_t eb_pss_of(pid_t pid);
+/* Has a process attached to the daemon on sock touch the first fit experts, then leave. */
+int eb_warm_tier(const char *sock);
+
+struct el_config {
+	const char *model;
+	uint64_t budget;		/* expert bytes of each setup */
+	double rate;			/* requests per second (Poisson) */
+	double phase;			/* seconds before, during and after the change */
+	uint32_t threads;		/* engine threads of each server */
+	uint32_t max_tokens, prompt_ids;
+	double slo_ttft_ms, slo_tpot_ms, retry_s;
+	uint64_t seed;
+	int fd;				/* the model file, for dropping its cached pages */
+};
+
+/*
+ * The three setups under load (shared, second_copy, cold_restart), served
+ * by `moepager serve` processes behind loadgen's epoch pool. Returns 0 and
+ * the JSON object, or -errno.
+ */
+int el_run_loaded(const struct el_config *cfg, json_t **out);
+
+#endif /* MP_BENCH_ELASTIC_H */
