@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Live changes while serving (docs/elastic.md), on the trained model: `moepager serve
+# --attach` processes on one pager daemon behind loadgen's epoch pool; under Poisson load a
+# second server attaches, warms (reads nothing from disk) and joins (epoch 2), the first
+# leaves the pool and drains (epoch 3), the daemon's budget goes down and up: no request
+# fails, and the new server answers a greedy completion as the old one did. Bad pool files,
+# a bad --epoch and a bad --set-budget are refused with a message. bench-elastic --load on a
+# small load: zero failed requests in every setup, the shared scale-up reads 0 bytes.
+# Needs userfaultfd (CI runs as root).
+set -u
+moepager=$1
+model=$2
+prompts=$3
+dir=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"' EXIT
+sock=$dir/pagerd.sock
+fail=0
+bad() { echo "FAILED: $*"; fail=1; }
+json() {
+	python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for k in sys.argv[2].split("."):
+	d = d[k]
+print(d)' "$1" "$2"
+}
+# serve NAME EPOCH: an attached, warmed server; sets PORT.
+serve() {
+	"$moepager" serve --model "$model" --attach "$sock" --warm --epoch "$2" \
+		--listen 127.0.0.1:0 --port-file "$dir/$1.port" --threads 1 \
+		>"$dir/$1.out" 2>"$dir/$1.err" &
+	pids+=($!)
+	eval "pid_$1=$!"
+	for _ in $(seq 200); do [[ -s $dir/$1.port ]] && break; sleep 0.05; done
+	[[ -s $dir/$1.port ]] || { cat "$dir/$1.err"; echo "FAILED: server $1 not ready"; exit 1; }
+	PORT=$(cat "$dir/$1.port")
+}
+pool() {	# pool EPOCH PORT...: a new pool file renamed over the old
+	{ echo "epoch $1"; shift; for p in "$@"; do echo "http://127.0.0.1:$p"; done; } >"$dir/pool.tmp"
+	mv "$dir/pool.tmp" "$dir/pool"
+}
+greedy() {
+	curl -s "127.0.0.1:$1/v1/completions" \
+		-d '{"prompt": "Q: What is a", "max_tokens": 12, "temperature": 0}' |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+
+"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$dir/d.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+serve a 1
+port_a=$PORT
+text_a=$(greedy "$port_a")
+pool 1 "$port_a"
+"$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 6 --duration 6 \
+	--max-tokens 8 --retry-s 60 --json >"$dir/lg.json" 2>"$dir/lg.err" &
+lg=$!
+sleep 1.5
+serve b 2
+port_b=$PORT
+grep -q "experts warmed" "$dir/b.out" || bad "server b did not say it warmed"
+pool 2 "$port_a" "$port_b"
+curl -s "127.0.0.1:$port_b/metrics" | grep -qx 'moepager_serve_epoch 2' ||
+	bad "server b's /metrics does not show epoch 2"
+sleep 1.5
+pool 3 "$port_b"
+kill -TERM "$pid_a"
+wait "$pid_a" || bad "server a exited non-zero when drained"
+grep -q "0 request(s) cut short" "$dir/a.err" || bad "server a cut requests short: $(cat "$dir/a.err")"
+# The budget, one number across the processes, down and up while they serve.
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 50% >/dev/null ||
+	bad "--set-budget 50% under load"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% >/dev/null ||
+	bad "--set-budget 100% under load"
+wait $lg || { cat "$dir/lg.err"; bad "loadgen"; }
+[[ $(json "$dir/lg.json" errors) == 0 ]] || bad "$(json "$dir/lg.json" errors) requests failed"
+[[ $(json "$dir/lg.json" completed) == $(json "$dir/lg.json" requests) ]] ||
+	bad "not every request completed"
+echo "load: $(json "$dir/lg.json" requests) requests, $(json "$dir/lg.json" retried) retried"
+text_b=$(greedy "$port_b")
+[[ -n $text_a && $text_a == "$text_b" ]] || bad "server a answered '$text_a', b '$text_b'"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$dir/st.json" ||
+	bad "--set-budget 100% --json"
+# Bad control input: refused with a message, nothing changed.
+printf 'epoch x\nhttp://127.0.0.1:1\n' >"$dir/badpool"
+if "$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e1"; then
+	bad "loadgen took a pool file without an epoch"
+fi
+grep -q 'want "epoch N" first' "$dir/e1" || bad "no message for the bad pool file: $(cat "$dir/e1")"
+printf 'epoch 4\nftp://x\n' >"$dir/badpool"
+"$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e2" &&
+	bad "loadgen took a pool file with a bad URL"
+printf 'epoch 5\n' >"$dir/badpool"
+"$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e3" &&
+	bad "loadgen took a pool without servers"
+grep -q "has no server" "$dir/e3" || bad "no message for an empty pool: $(cat "$dir/e3")"
+"$moepager" serve --model "$model" --epoch many --port-file "$dir/x.port" 2>/dev/null &&
+	bad "serve took --epoch many"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget lots 2>"$dir/e4" &&
+	bad "--set-budget lots was taken"
+[[ -s $dir/e4 ]] || bad "no message for --set-budget lots"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$dir/st2.json"
+[[ $(json "$dir/st2.json" budget_bytes) == $(json "$dir/st.json" budget_bytes) ]] ||
+	bad "a refused --set-budget changed the budget"
+kill -TERM "$pid_b"
+wait "$pid_b"
+
+# bench-elastic under a small load: no failed request; the shared scale-up reads nothing.
+"$moepager" bench-elastic --model "$model" --load 4 --phase 1.5 --json >"$dir/bench.json" \
+	2>"$dir/bench.err" || { tail "$dir/bench.err"; bad "bench-elastic --load"; }
+python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("shared", "second_copy", "cold_restart"):
+	assert d[k]["failed_requests"] == 0, (k, d[k])
+	assert d[k]["requests"] > 0 and d[k]["peak_memory_bytes"] > 0, (k, d[k])
+	assert [e["epoch"] for e in d[k]["epochs"]] == [1, 2, 3], (k, d[k]["epochs"])
+assert d["shared"]["disk_bytes_read"] == 0, d["shared"]
+assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
+assert d["second_copy"]["disk_bytes_read"] > 0' "$dir/bench.json" ||
+	bad "bench-elastic --load's figures"
+exit $fail
