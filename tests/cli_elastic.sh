@@ -103,11 +103,17 @@ grep -q "has no server" "$dir/e3" || bad "no message for an empty pool: $(cat "$
 "$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$dir/st2.json"
 [[ $(json "$dir/st2.json" budget_bytes) == $(json "$dir/st.json" budget_bytes) ]] ||
 	bad "a refused --set-budget changed the budget"
+# A server that left without leaving the pool: requests it refuses go to the other one.
+pool 4 "$port_a" "$port_b"
+"$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 8 --duration 1.5 \
+	--max-tokens 4 --retry-s 60 --json >"$dir/lg2.json" 2>"$dir/lg2.err" || bad "loadgen 2"
+[[ $(json "$dir/lg2.json" errors) == 0 ]] || bad "requests failed with a dead server in the pool"
+[[ $(json "$dir/lg2.json" retried) -gt 0 ]] || bad "no request was refused by the dead server"
 kill -TERM "$pid_b"
 wait "$pid_b"
 
 # bench-elastic under a small load: no failed request; the shared scale-up reads nothing.
-"$moepager" bench-elastic --model "$model" --load 4 --phase 1.5 --json >"$dir/bench.json" \
+"$moepager" bench-elastic --model "$model" --load 4 --phase 1 --json >"$dir/bench.json" \
 	2>"$dir/bench.err" || { tail "$dir/bench.err"; bad "bench-elastic --load"; }
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))

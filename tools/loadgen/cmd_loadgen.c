@@ -193,8 +193,14 @@ int cmd_loadgen(int argc, char **argv)
 	}
 	if (!err)
 		err = lg_read_prompts(env.prompts, env.prompt_chars, &prompts);
-	if (!err)
-		err = lg_models(pool.url[pool.cur[0]], env.mix, env.mix_alpha, &models);
+	/* The models from the first server of the pool that answers. */
+	for (uint32_t i = 0; !err && i < pool.ncur; i++) {
+		err = lg_models(pool.url[pool.cur[i]], env.mix, env.mix_alpha, &models);
+		if (!err || i + 1 == pool.ncur)
+			break;
+		lg_models_free(&models);
+		err = 0;
+	}
 	if (!err) {
 		/* Several servers: their counters are each one's own (scrape them one by one). */
 		if (!env.pool)
