@@ -25,10 +25,10 @@ for k in sys.argv[2].split("."):
 	d = d[k]
 print(d)' "$1" "$2"
 }
-# serve NAME EPOCH: an attached, warmed server; sets PORT.
+# serve NAME EPOCH THREADS: an attached, warmed server; sets PORT.
 serve() {
 	"$moepager" serve --model "$model" --attach "$sock" --warm --epoch "$2" \
-		--listen 127.0.0.1:0 --port-file "$dir/$1.port" --threads 1 \
+		--listen 127.0.0.1:0 --port-file "$dir/$1.port" --threads "$3" \
 		>"$dir/$1.out" 2>"$dir/$1.err" &
 	pids+=($!)
 	eval "pid_$1=$!"
@@ -49,7 +49,7 @@ greedy() {
 "$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$dir/d.out" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
-serve a 1
+serve a 1 1
 port_a=$PORT
 text_a=$(greedy "$port_a")
 pool 1 "$port_a"
@@ -57,7 +57,8 @@ pool 1 "$port_a"
 	--max-tokens 8 --retry-s 60 --json >"$dir/lg.json" 2>"$dir/lg.err" &
 lg=$!
 sleep 1.5
-serve b 2
+# b has two engine threads: the swap is how threads change (docs/elastic.md).
+serve b 2 2
 port_b=$PORT
 # What server a's requests read is in the daemon's memfd: b maps it before it listens.
 grep -Eq ", [1-9][0-9]* experts warmed" "$dir/b.out" || bad "server b warmed nothing: $(cat "$dir/b.out")"
