@@ -114,6 +114,25 @@ pool 4 "$port_a" "$port_b"
 kill -TERM "$pid_b"
 wait "$pid_b"
 
+# The daemon dies: a server that has mapped nothing answers its next request with an
+# error naming the daemon, not a hang, and still exits cleanly.
+kill -9 "${pids[0]}"
+wait "${pids[0]}" 2>/dev/null
+rm -f "$sock"
+"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$dir/d2.out" 2>&1 &
+pids+=($!)
+daemon2=$!
+for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+serve c 5 1
+kill -9 $daemon2
+wait $daemon2 2>/dev/null
+code=$(curl -s -m 60 -o "$dir/c.json" -w '%{http_code}' "127.0.0.1:$PORT/v1/completions" \
+	-d '{"prompt": "Q: What is a", "max_tokens": 4, "temperature": 0}')
+[[ $code == 500 ]] || bad "a request after the daemon's death got $code, not 500"
+grep -q "pager daemon this server is attached to is gone" "$dir/c.json" || bad "no message naming the daemon: $(cat "$dir/c.json")"
+kill -TERM "$pid_c"
+wait "$pid_c" || bad "server c exited non-zero after the daemon's death"
+
 # bench-elastic under a small load: no failed request; the shared scale-up reads nothing.
 "$moepager" bench-elastic --model "$model" --load 4 --phase 1 --json >"$dir/bench.json" \
 	2>"$dir/bench.err" || { tail "$dir/bench.err"; bad "bench-elastic --load"; }

@@ -114,6 +114,15 @@ static uint64_t now_ns(void)
 	return cli_now_ns();
 }
 
+/* Why a generation failed, for its client: the cause when it is the pager daemon's death. */
+static const char *failure_text(int err)
+{
+	if (err == -ENOTCONN)
+		return "generation failed: the pager daemon this server is attached to is gone; "
+		       "its experts cannot be read";
+	return "generation failed: the model's weights could not be read";
+}
+
 /*
  * Answers
  */
@@ -305,7 +314,7 @@ static void finish_body(struct req *q)
 
 		api_fail(&e, q->why == MP_FINISH_SHUTDOWN ? 503 : 500, NULL, "%s",
 			 q->why == MP_FINISH_SHUTDOWN ? "the server is shutting down" :
-			 "generation failed: the model's weights could not be read");
+			 failure_text(q->err));
 		s = api_error_json(&e, "server_error");
 		if (s)
 			sb_printf(&q->out, "data: %s\n\n", s);
@@ -493,7 +502,7 @@ static mhd_result answer_finished(struct req *q, struct MHD_Connection *c)
 
 		api_fail(&e, q->why == MP_FINISH_SHUTDOWN ? 503 : 500, NULL, "%s",
 			 q->why == MP_FINISH_SHUTDOWN ? "the server is shutting down" :
-			 "generation failed: the model's weights could not be read");
+			 failure_text(q->err));
 		return answer_error(q->h, c, EP_COMPLETIONS, &e);
 	}
 	body = q->out.s ? strndup(q->out.s, q->out.len) : NULL;
