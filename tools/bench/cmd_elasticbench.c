@@ -255,21 +255,26 @@ static double engine_stop(struct engine *e)
 	return (double)(cli_now_ns() - t0) / 1e9;
 }
 
-uint64_t eb_pss_of(pid_t pid)
+uint64_t eb_proc_number(pid_t pid, const char *file, const char *fmt)
 {
 	char path[64], line[256];
-	unsigned long long kb = 0;
+	unsigned long long v = 0;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)pid);
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
 	f = fopen(path, "re");
 	if (!f)
 		return 0;
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "Pss: %llu kB", &kb) == 1)
+		if (sscanf(line, fmt, &v) == 1)
 			break;
 	fclose(f);
-	return kb * 1024;
+	return v;
+}
+
+uint64_t eb_pss_of(pid_t pid)
+{
+	return eb_proc_number(pid, "smaps_rollup", "Pss: %llu kB") * 1024;
 }
 
 int eb_warm_tier(const char *sock)

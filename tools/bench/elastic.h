@@ -8,6 +8,8 @@
 
 #include <jansson.h>
 
+/* The number the first line of /proc/PID/file matching fmt ("key: %llu") holds; 0 if none. */
+uint64_t eb_proc_number(pid_t pid, const char *file, const char *fmt);
 /* Proportional set size of a process from smaps_rollup, in bytes (0 when unreadable). */
 uint64_t eb_pss_of(pid_t pid);
 /* Has a process attached to the daemon on sock touch the first fit experts, then leave. */

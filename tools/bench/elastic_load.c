@@ -46,22 +46,10 @@ static void sleep_until(double t)
 	}
 }
 
-/* Bytes this process caused to be read from storage (/proc/PID/io read_bytes). */
+/* Bytes this process caused to be read from storage (O_DIRECT included, page-cache hits not). */
 static uint64_t disk_read_of(pid_t pid)
 {
-	char path[64], line[128];
-	unsigned long long v = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/io", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "read_bytes: %llu", &v) == 1)
-			break;
-	fclose(f);
-	return v;
+	return eb_proc_number(pid, "io", "read_bytes: %llu");
 }
 
 /*

@@ -85,10 +85,11 @@ struct serve_local_config {
 	/*
 	 * Warm before serving: attached, map what the daemon holds (nothing read
 	 * from disk); paged, read as many experts as the budget holds. *warmed
-	 * gets how many (docs/elastic.md).
+	 * gets how many, *warm_s the seconds it took (docs/elastic.md).
 	 */
 	bool warm;
 	uint32_t *warmed;
+	double *warm_s;
 	struct mp_sched_config sched;	/* without the runner */
 	/* Adapters: every .mpa in this directory is loaded at start (NULL: no adapters). */
 	const char *adapters;

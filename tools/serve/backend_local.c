@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "cli.h"
 #include "serve/backend.h"
 #include "serve/metrics.h"
 #include "text.h"
@@ -604,8 +605,12 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = open_adapters(l, cfg, &rc);
 	if (!err && cfg->consolidate)
 		err = open_multi(l, cfg, &rc);
-	if (!err && cfg->warm)
+	if (!err && cfg->warm) {
+		uint64_t t = cli_now_ns();
+
 		err = warm(l, cfg->warmed);
+		*cfg->warm_s = (double)(cli_now_ns() - t) / 1e9;
+	}
 	if (!err) {
 		rc.engine = l->engine;
 		err = mp_runner_open(l->store, &rc, &l->runner);

@@ -277,11 +277,13 @@ int cmd_serve(int argc, char **argv)
 	struct http_server *h;
 	uint64_t t0 = cli_now_ns();
 	uint32_t cut, n, warmed = 0;
+	double warm_s = 0;
 	sigset_t set;
 	int err;
 
 	memset(&env, 0, sizeof(env));
 	env.local.warmed = &warmed;
+	env.local.warm_s = &warm_s;
 	env.grace_ms = 10000;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
@@ -310,7 +312,7 @@ int cmd_serve(int argc, char **argv)
 	if (n > 1)
 		printf(" (and %u adapter%s)", n - 1, n > 2 ? "s" : "");
 	if (env.local.warm)
-		printf(", %u experts warmed", warmed);
+		printf(", %u experts warmed in %.3f s", warmed, warm_s);
 	printf(", ready in %.3f s, epoch %llu\n", env.http.ready_s,
 	       (unsigned long long)env.http.epoch);
 	fflush(stdout);
