@@ -242,6 +242,9 @@ static int seq_create(struct mp_runner *r, const struct mp_seq_config *cfg, stru
 			      2 * cache_bytes);
 	}
 	s->vcache = s->kcache + cache_bytes / sizeof(float);
+	/* A prefetcher predicts the rows this sequence reads (adapter rows) through its map. */
+	if (s->map && r->src->seq_map)
+		r->src->seq_map(r->src_ctx, s->request, s->map);
 	*out = s;
 	return 0;
 }
@@ -283,6 +286,8 @@ void mp_seq_close(struct mp_seq *s)
 {
 	if (!s)
 		return;
+	if (s->map && s->r->src->seq_map)
+		s->r->src->seq_map(s->r->src_ctx, s->request, NULL);
 	munmap(s->kcache, s->cache_len);
 	free(s->logits);
 	free(s);

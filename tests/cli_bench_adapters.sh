@@ -3,8 +3,9 @@
 # Description: `moepager bench-adapters` on a tiny generated model with synthetic adapters:
 # every setup reported, the JSON's fields and invariants (F_mem 1 for weave, padded rows
 # held in full, replicas named and said to be copies, ratios against base, every request
-# served), a budgeted run in which every setup lives in the budget, and bad arguments
-# refused with a message saying what is wrong. Structure only: no timing is asserted.
+# served), a budgeted run in which every setup lives in the budget, adapter rows paged and
+# prefetched, and bad arguments refused with a message saying what is wrong. Structure
+# only: no timing is asserted.
 #
 #   cli_bench_adapters.sh MOEPAGER
 set -uo pipefail
@@ -88,6 +89,21 @@ check "under --budget every setup holds the budget, weave's adapters inside it" 
 	"j['budget_bytes'] == 10 << 20 and sorted(j['setups']) == ['base', 'merged', 'weave'] and
 	 all(s['memory_bytes'] == j['budget_bytes'] and s['errors'] == 0
 	     for s in j['setups'].values())"
+# Adapter rows in the pager under a small budget, prefetched through each request's map.
+"$MOEPAGER" bench-adapters --model "$M" --adapters "$A" "${SMALL[@]}" --setups weave,base \
+	--budget 6M --paged-rows --prefetch nextlayer --json >"$T/rows.json" 2>"$T/rows.err"
+check "a run with paged, prefetched adapter rows succeeds" test $? -eq 0
+cat "$T/rows.err"
+check "paged rows: weave lives in the whole budget and reports paging and row prefetches" \
+	holds "$T/rows.json" \
+	"j['paged_rows'] and j['row_prefetch'] and j['prefetch'] == 'nextlayer' and
+	 j['setups']['weave']['memory_bytes'] == j['budget_bytes'] and
+	 j['setups']['weave']['errors'] == 0 and
+	 0 < j['setups']['weave']['paging']['hit_rate'] <= 1 and
+	 j['setups']['weave']['paging']['prefetch_row_issued'] >= 0"
+refused "--prefetch needs a budget" "--budget" --model "$M" --adapters "$A" --prefetch finemoe
+refused "--no-row-prefetch needs paged rows and a prefetcher" "--paged-rows" --model "$M" \
+	--adapters "$A" --budget 6M --no-row-prefetch
 check "the text report names the setups" \
 	sh -c "'$MOEPAGER' bench-adapters --model '$M' --adapters '$A' ${SMALL[*]} --setups weave \
 	       | grep -q '^weave'"

@@ -5,7 +5,8 @@
  * of its adapter's merged model decoded alone; memory is held only for the
  * experts adapters replace (F_mem 1) unless padded; bad adapters are refused
  * by reason and leave the set serving; an adapter unloaded under a request
- * stays until the request ends; loads and unloads while batches run.
+ * stays until the request ends; loads and unloads while batches run; a
+ * prefetcher fetches the adapter rows a request's map will read.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -235,8 +236,13 @@ static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **
  * request still gets its merged model's lone logits; unloading an adapter
  * unbinds its rows.
  */
-/* A set whose rows are paged by a pager over the base under a budget of that many experts. */
-static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_experts)
+/*
+ * A set whose rows are paged by a pager over the base under a budget of
+ * that many experts; with pfc, through a prefetcher over that pager (*pf).
+ */
+static struct mp_adapters *open_paged_set_pf(struct mp_pager **p, uint64_t budget_experts,
+					     const struct mp_prefetcher_config *pfc,
+					     struct mp_prefetcher **pf)
 {
 	struct mp_pager_config pc = { .budget_bytes = budget_experts * fx.expert_bytes,
 				      .slots_per_layer = 8 + 4 * E_MAX };
@@ -252,9 +258,19 @@ static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_e
 	}
 	assert_int_equal(err, 0);
 	c.source_ctx = c.rows_ctx = *p;
+	if (pfc) {
+		assert_int_equal(mp_prefetcher_open(*p, pfc, pf), 0);
+		c.source = mp_prefetcher_source_ops();
+		c.source_ctx = *pf;
+	}
 	assert_int_equal(mp_adapters_open(&c, &set), 0);
 	assert_int_equal(mp_adapters_rows(set), pc.slots_per_layer);
 	return set;
+}
+
+static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_experts)
+{
+	return open_paged_set_pf(p, budget_experts, NULL, NULL);
 }
 
 static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
@@ -277,6 +293,102 @@ static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state
 	assert_int_equal(mp_adapters_unload(set, "ad0"), 0);
 	assert_int_equal(mp_pager_residency(p, 0, 8), -EINVAL);
 	mp_adapters_close(set);
+	mp_pager_close(p);
+}
+
+/*
+ * Prefetch of adapter rows: the prefetcher hears a request's routes in rows
+ * (rerouted), learns in the router's ids and fetches its predictions at the
+ * rows the request's map reads them from. The oracle (distance 1) predicts
+ * layer 1's true experts {2, 5} at layer 0's gate: for a request of ad1
+ * (which replaced them: rows 11 and 12 of layer 1) those rows are read and
+ * the base's 2 and 5 are not; for a base request, the base's.
+ */
+static void prefetcher_fetches_the_adapter_rows_a_request_will_read(void **state)
+{
+	static const char trace[] = "# moe-trace v1\n# layers=4\n# experts=8\n# topk=2\n"
+				    "request,token,layer,e0,e1,w0,w1\n"
+				    "0,0,0,0,3,0.6,0.4\n0,0,1,2,5,0.6,0.4\n"
+				    "0,0,2,1,6,0.6,0.4\n0,0,3,4,0,0.6,0.4\n"
+				    "1,0,0,0,3,0.6,0.4\n1,0,1,2,5,0.6,0.4\n"
+				    "1,0,2,1,6,0.6,0.4\n1,0,3,4,0,0.6,0.4\n";
+	const struct mp_expert_source_ops *src = mp_prefetcher_source_ops();
+	struct mp_prefetcher_config pfc = { .policy = "oracle", .distance = 1 };
+	const uint32_t *const *map = NULL;
+	const float w[2] = { 0.6f, 0.4f };
+	struct mp_prefetcher_stats st;
+	struct mp_prefetcher *pf = NULL;
+	struct mp_pager *p = NULL;
+	struct mp_adapters *set;
+	struct mp_trace *t;
+	uint32_t ids[2];
+	int idx;
+
+	(void)state;
+	assert_int_equal(mp_trace_parse(trace, sizeof(trace) - 1, "weave", &t), 0);
+	pfc.trace = t;
+	set = open_paged_set_pf(&p, 64, &pfc, &pf);
+	load_all(set);
+	idx = mp_adapters_acquire(set, "ad1", &map);
+	assert_int_equal(idx, 1);
+	assert_int_equal(map[1][2], 11);
+	assert_int_equal(map[1][5], 12);
+	/* Request 0 runs ad1: layer 0's route {0, 3} arrives rerouted, as {11, 3}. */
+	src->seq_map(pf, 0, map);
+	ids[0] = map[0][0];
+	ids[1] = map[0][3];
+	assert_int_equal(ids[0], 11);
+	assert_int_equal(src->route(pf, 0, 0, 0, ids, w, 2), 0);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 1, 11), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 1, 12), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 1, 2), MP_RES_NONE);
+	assert_int_equal(mp_pager_residency(p, 1, 5), MP_RES_NONE);
+	mp_prefetcher_stats(pf, &st);
+	assert_true(st.row_issued >= 2);
+	/* Request 1 runs the base (no map): the same prediction fetches the base's experts. */
+	ids[0] = 0;
+	ids[1] = 3;
+	assert_int_equal(src->route(pf, 1, 0, 0, ids, w, 2), 0);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 1, 2), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 1, 5), MP_RES_MAPPED);
+	/* Closed: its map is forgotten before the adapter may go (its rows then mean nothing). */
+	src->seq_map(pf, 0, NULL);
+	mp_adapters_release(set, idx);
+	assert_int_equal(mp_adapters_unload(set, "ad1"), 0);
+	assert_int_equal(mp_pager_residency(p, 1, 11), -EINVAL);
+	mp_adapters_close(set);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_trace_close(t);
+}
+
+/*
+ * End to end: the runner tells the prefetcher each sequence's map; under a
+ * three-expert budget the speculative policy predicts adapter rows, and
+ * every request still gets its merged model's lone logits.
+ */
+static void prefetched_adapter_rows_keep_the_logits(void **state)
+{
+	struct mp_prefetcher_config pfc = { .policy = "nextlayer", .requests = 4 };
+	struct mp_prefetcher_stats st;
+	struct mp_prefetcher *pf = NULL;
+	struct mp_pager *p = NULL;
+	struct mp_adapters *set = open_paged_set_pf(&p, 3, &pfc, &pf);
+
+	(void)state;
+	load_all(set);
+	check_mixed_batch(set);
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.dropped, 0);
+	assert_true(st.row_predicted > 0);
+	assert_true(st.row_predicted < st.predicted);
+	mp_adapters_close(set);
+	mp_prefetcher_close(pf);
 	mp_pager_close(p);
 }
 
@@ -492,6 +604,8 @@ int main(void)
 	static const struct CMUnitTest tests[] = {
 		cmocka_unit_test(mixed_batch_gives_each_request_its_merged_models_lone_logits),
 		cmocka_unit_test(paged_adapter_rows_share_the_budget_and_keep_the_logits),
+		cmocka_unit_test(prefetcher_fetches_the_adapter_rows_a_request_will_read),
+		cmocka_unit_test(prefetched_adapter_rows_keep_the_logits),
 		cmocka_unit_test(memory_is_held_only_for_replaced_experts_unless_padded),
 		cmocka_unit_test(bad_adapters_are_refused_by_reason_and_the_set_keeps_serving),
 		cmocka_unit_test(unloaded_adapter_stays_until_its_last_request_ends),

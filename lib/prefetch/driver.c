@@ -46,6 +46,12 @@ struct pf_event {
 	float weights[MP_TRAJ_MAX_K];
 };
 
+/* A request's routed-id map (source op seq_map), while its sequence is open. */
+struct pf_map {
+	uint32_t request;
+	const uint32_t *const *map;
+};
+
 /* What the thread keeps per request (beside its iter in the policy). */
 struct pf_req {
 	bool early;		/* its next iteration was begun before its first gate */
@@ -96,6 +102,16 @@ struct mp_prefetcher {
 	uint64_t cur_step;	/* iteration the policy is in */
 	struct pf_req *reqs;	/* [pf.niters]: the thread's own state of each request */
 
+	/*
+	 * Requests that read other rows than the router's ids (adapter rows):
+	 * their maps, under lock; hint scratch for a layer's rows (spl each).
+	 */
+	struct pf_map *maps;
+	uint32_t nmaps, cap_maps;
+	double *h_none;
+	float *h_only;
+	uint32_t *h_n;
+
 	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
 	uint64_t *issued_pos;
 	uint32_t *live;		/* the keys whose issued_pos is set, nlive of them */
@@ -114,6 +130,7 @@ struct mp_prefetcher {
 	uint64_t *next_use_true;	/* [nsteps][L][K] */
 
 	_Atomic uint64_t events, dropped, iterations, predicted, issued, policy_ns;
+	_Atomic uint64_t row_predicted, row_issued;
 
 	/* Measuring pf.load_ratio: gaps between consecutive gates, reads from the pager. */
 	float *gaps;		/* [L x requests] this step's */
@@ -133,47 +150,102 @@ static void store_u64(uint64_t *p, uint64_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
-/*
- * The probability that any request being decoded uses the expert at its
- * next pass: 1 - prod(1 - p_r) over the requests that predict it (one
- * request's own p when only one does), -1 when none does.
- */
-static float combined_hint(const struct mp_prefetch *pf, size_t i)
+/* Request's routed-id map, or NULL (called under lock). */
+static const uint32_t *const *map_of(const struct mp_prefetcher *d, uint32_t request)
 {
-	const float *only = NULL;
-	double none = 1.0;
-	uint32_t n = 0;
-
-	for (uint32_t r = 0; r < pf->niters; r++) {
-		const float *p = &pf->iters[r].hint_p[i];
-
-		if (!pf->iters[r].used || !(*p >= 0))
-			continue;
-		only = p;
-		n++;
-		none *= 1.0 - (*p > 1 ? 1 : *p);
-	}
-	return n == 0 ? -1.0f : n == 1 ? *only : (float)(1.0 - none);
+	for (uint32_t i = 0; i < d->nmaps; i++)
+		if (d->maps[i].request == request)
+			return d->maps[i].map;
+	return NULL;
 }
 
-/* Hands the policy's last output to the pager and the hints; items of iteration step. */
+/* The row layer's router id e is read from for a request with map m. */
+static uint32_t row_of(const uint32_t *const *m, uint32_t layer, uint32_t e)
+{
+	return m && m[layer] ? m[layer][e] : e;
+}
+
+/*
+ * The router's id of a reported row (the policies learn in the router's
+ * ids, which every adapter shares: its router is the base's), or false for
+ * a row no router id of the request's map reaches.
+ */
+static bool router_id(const struct mp_prefetcher *d, const uint32_t *const *m, uint32_t layer,
+		      uint32_t row, uint32_t *out)
+{
+	const uint32_t *t = m ? m[layer] : NULL;
+
+	if (!t || (row < d->J && t[row] == row)) {
+		*out = row;
+		return row < d->J;
+	}
+	for (uint32_t e = 0; e < d->J; e++)
+		if (t[e] == row) {
+			*out = e;
+			return true;
+		}
+	return false;
+}
+
+/*
+ * Layer l's eviction hints, per row: the probability that any request
+ * being decoded uses it at its next pass, 1 - prod(1 - p_r) over the
+ * requests that predict it (one request's own p when only one does), -1
+ * when none does. A request's prediction of router id e lands on the row
+ * its map reads e from.
+ */
+static void layer_hints(struct mp_prefetcher *d, uint32_t l)
+{
+	const struct mp_prefetch *pf = &d->pf;
+
+	for (uint32_t row = 0; row < d->spl; row++) {
+		d->h_none[row] = 1.0;
+		d->h_n[row] = 0;
+	}
+	for (uint32_t r = 0; r < pf->niters; r++) {
+		const struct mp_prefetch_iter *it = &pf->iters[r];
+		const uint32_t *const *m;
+
+		if (!it->used)
+			continue;
+		m = d->nmaps ? map_of(d, it->request) : NULL;
+		for (uint32_t e = 0; e < d->J; e++) {
+			float p = it->hint_p[(size_t)l * d->J + e];
+			uint32_t row = row_of(m, l, e);
+
+			if (!(p >= 0) || row >= d->spl)
+				continue;
+			d->h_only[row] = p;
+			d->h_n[row]++;
+			d->h_none[row] *= 1.0 - (p > 1 ? 1 : p);
+		}
+	}
+	for (uint32_t row = 0; row < d->spl; row++) {
+		float p = d->h_n[row] == 0 ? -1.0f : d->h_n[row] == 1 ? d->h_only[row] :
+			  (float)(1.0 - d->h_none[row]);
+
+		__atomic_store(&d->hints.p[key_of(d, l, row)], &p, __ATOMIC_RELAXED);
+	}
+}
+
+/*
+ * Hands the policy's last output to the pager and the hints; items of
+ * iteration step, predicted for the current request: in router ids, read
+ * (and so fetched) at the rows of its map.
+ */
 static void issue(struct mp_prefetcher *d, uint64_t step)
 {
 	struct mp_prefetch *pf = &d->pf;
 	uint64_t now = __atomic_load_n(&d->hints.now, __ATOMIC_RELAXED);
+	const uint32_t *const *m = d->nmaps ? map_of(d, pf->it->request) : NULL;
 
-	for (uint32_t l = 0; l < d->L; l++) {
-		if (!pf->hint_dirty[l])
-			continue;
-		for (uint32_t j = 0; j < d->J; j++) {
-			float p = combined_hint(pf, l * d->J + j);
-
-			__atomic_store(&d->hints.p[key_of(d, l, j)], &p, __ATOMIC_RELAXED);
-		}
-	}
+	for (uint32_t l = 0; l < d->L; l++)
+		if (pf->hint_dirty[l])
+			layer_hints(d, l);
 	for (uint32_t i = 0; i < pf->n; i++) {
 		const struct mp_prefetch_item *it = &pf->items[i];
-		uint32_t key = key_of(d, it->layer, it->expert);
+		uint32_t row = row_of(m, it->layer, it->expert);
+		uint32_t key = key_of(d, it->layer, row);
 		uint64_t pos = step * d->L + it->layer;
 		double prio = (double)it->prio * 1e6;
 		int r;
@@ -184,11 +256,15 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 			if (cur == UINT64_MAX || cur < now || pos < cur)
 				store_u64(&d->hints.next_use[key], pos);
 		}
-		r = mp_pager_prefetch(d->pager, it->layer, it->expert,
-				      prio > 1e9 ? 1000000000 : (int)prio);
+		r = mp_pager_prefetch(d->pager, it->layer, row, prio > 1e9 ? 1000000000 : (int)prio);
 		atomic_fetch_add(&d->predicted, 1);
 		if (r > 0)
 			atomic_fetch_add(&d->issued, 1);
+		if (row >= d->J) {
+			atomic_fetch_add(&d->row_predicted, 1);
+			if (r > 0)
+				atomic_fetch_add(&d->row_issued, 1);
+		}
 		if (r >= 0 && (r > 0 || pos < d->issued_pos[key])) {
 			if (d->issued_pos[key] == UINT64_MAX)
 				d->live[d->nlive++] = key;
@@ -364,11 +440,23 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 {
 	struct mp_prefetch *pf = &d->pf;
 	uint64_t t0 = mp_prefetch_cpu_ns();
+	uint32_t ids[MP_TRAJ_MAX_K], k = 0;
+	float w[MP_TRAJ_MAX_K];
 	struct pf_req *rq;
 
 	if (ev->has_logits)
 		softmax(probs, d->J);
 	pthread_mutex_lock(&d->lock);
+	if (!ev->begin) {
+		const uint32_t *const *m = d->nmaps ? map_of(d, ev->request) : NULL;
+
+		/* Rerouted rows back to the router's ids; rows of no known map are left out. */
+		for (uint32_t i = 0; i < ev->k; i++)
+			if (router_id(d, m, ev->layer, ev->ids[i], &ids[k]))
+				w[k++] = ev->has_weights ? ev->weights[i] : 0.0f;
+		if (!k)
+			goto out;
+	}
 	rq = &d->reqs[mp_prefetch_switch(pf, ev->request)];
 	if (ev->begin) {
 		mp_prefetch_begin(pf, ev->request, ev->token, sem);
@@ -386,7 +474,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 	}
 	rq->early = false;
 	d->cur_step = ev->step;
-	if (!mp_prefetch_gate(pf, ev->layer, ev->ids, ev->has_weights ? ev->weights : NULL, ev->k,
+	if (!mp_prefetch_gate(pf, ev->layer, ids, ev->has_weights ? w : NULL, k,
 			      ev->has_probs || ev->has_logits ? probs : NULL,
 			      ev->has_x ? speculate(d, ev->layer, x) : NULL))
 		issue(d, ev->step);
@@ -523,8 +611,9 @@ static int gate_at(struct mp_prefetcher *d, uint32_t request, uint32_t token, ui
 
 	if (!d || !ids || !k || k > MP_TRAJ_MAX_K || layer >= d->L)
 		return mp_err(-EINVAL, "prefetcher: gate of layer %u with %u experts", layer, k);
+	/* Rows past the experts (an adapter's) come from the source, mapped on the thread. */
 	for (uint32_t i = 0; i < k; i++)
-		if (ids[i] >= d->J)
+		if (ids[i] >= d->spl)
 			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
 				      layer, ids[i]);
 	pthread_mutex_lock(&d->plock);
@@ -572,6 +661,10 @@ int mp_prefetcher_gate(struct mp_prefetcher *d, uint32_t request, uint32_t token
 		       uint32_t layer, const uint32_t *ids, const float *weights, uint32_t k,
 		       const float *probs, const float *x)
 {
+	for (uint32_t i = 0; d && ids && i < k && i < MP_TRAJ_MAX_K; i++)
+		if (ids[i] >= d->J)
+			return mp_err(-EINVAL, "prefetcher: layer %u: expert %u out of range",
+				      layer, ids[i]);
 	return gate_at(d, request, token, layer, ids, weights, k, probs, false, x, mp_now_ns());
 }
 
@@ -732,6 +825,8 @@ void mp_prefetcher_stats(struct mp_prefetcher *d, struct mp_prefetcher_stats *ou
 	out->predicted = atomic_load(&d->predicted);
 	out->issued = atomic_load(&d->issued);
 	out->policy_ns = atomic_load(&d->policy_ns);
+	out->row_predicted = atomic_load(&d->row_predicted);
+	out->row_issued = atomic_load(&d->row_issued);
 	pthread_mutex_lock(&d->lock);
 	out->expired = d->expired;
 	out->load_ratio = d->pf.load_ratio;
@@ -791,6 +886,10 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->live);
 	free(d->gaps);
 	free(d->reqs);
+	free(d->maps);
+	free(d->h_none);
+	free(d->h_only);
+	free(d->h_n);
 	free(d->future);
 	free(d->next_use_true);
 	free(d->emap_path);
@@ -903,10 +1002,13 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
 	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
 	d->live = malloc(d->nkeys * sizeof(uint32_t));
+	d->h_none = malloc(d->spl * sizeof(*d->h_none));
+	d->h_only = malloc(d->spl * sizeof(*d->h_only));
+	d->h_n = malloc(d->spl * sizeof(*d->h_n));
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
 	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
-	    !d->live ||
+	    !d->live || !d->h_none || !d->h_only || !d->h_n ||
 	    !d->pend_logits || !d->pend_x || !d->spec ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
@@ -1008,27 +1110,10 @@ static void src_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 	d->pend = true;
 }
 
-/* Copies the ids below the model's experts (and their weights); returns how many. */
-static uint32_t base_rows(const struct mp_prefetcher *d, const uint32_t *ids, const float *w,
-			  uint32_t k, uint32_t *out_ids, float *out_w)
-{
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < k && i < MP_MAX_TOPK; i++) {
-		if (ids[i] >= d->J)
-			continue;
-		out_ids[n] = ids[i];
-		out_w[n++] = w ? w[i] : 0.0f;
-	}
-	return n;
-}
-
 static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		     const uint32_t *ids, const float *weights, uint32_t k)
 {
 	struct mp_prefetcher *d = ctx;
-	uint32_t base_ids[MP_MAX_TOPK];
-	float base_w[MP_MAX_TOPK];
 	int err = mp_pager_source_ops()->route(d->pager, request, token, layer, ids, weights, k);
 	bool pend;
 
@@ -1040,17 +1125,48 @@ static int src_route(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 	       d->pend_layer == layer;
 	d->pend = false;
 	/*
-	 * The policies predict the model's own experts: rows past them (an
-	 * adapter's, bound in the pager) are paged on demand and by the
-	 * eviction policy, and left out of the policies' trajectories.
+	 * Rows as routed (an adapter's rows past the model's experts): the
+	 * thread maps them back through the request's map (src_seq_map).
+	 * A dropped event only loses a prediction; the softmax is the thread's.
 	 */
-	k = base_rows(d, ids, weights, k, base_ids, base_w);
-	if (!k)
-		return 0;
-	/* A dropped event only loses a prediction; the softmax is the prefetch thread's. */
-	gate_at(d, request, token, layer, base_ids, weights ? base_w : NULL, k,
-		pend ? d->pend_logits : NULL, true, pend ? d->pend_x : NULL, mp_now_ns());
+	gate_at(d, request, token, layer, ids, weights, k, pend ? d->pend_logits : NULL, true,
+		pend ? d->pend_x : NULL, mp_now_ns());
 	return 0;
+}
+
+/*
+ * A request's map, kept while its sequence is open; taken under the
+ * thread's lock, so once a close returns no prediction uses the map (the
+ * adapter behind it may then be unloaded and its rows unbound).
+ */
+static void src_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
+{
+	struct mp_prefetcher *d = ctx;
+	uint32_t i;
+
+	pthread_mutex_lock(&d->lock);
+	for (i = 0; i < d->nmaps && d->maps[i].request != request; i++)
+		;
+	if (!map) {
+		if (i < d->nmaps)
+			d->maps[i] = d->maps[--d->nmaps];
+	} else if (i < d->nmaps) {
+		d->maps[i].map = map;
+	} else {
+		if (d->nmaps == d->cap_maps) {
+			uint32_t cap = d->cap_maps ? 2 * d->cap_maps : 16;
+			struct pf_map *n = realloc(d->maps, cap * sizeof(*n));
+
+			/* Out of memory: this request's rows are paged on demand only. */
+			if (!n)
+				goto unlock;
+			d->maps = n;
+			d->cap_maps = cap;
+		}
+		d->maps[d->nmaps++] = (struct pf_map){ request, map };
+	}
+unlock:
+	pthread_mutex_unlock(&d->lock);
 }
 
 /* The token's embedding is the iteration's semantic vector (when the sizes agree). */
@@ -1076,6 +1192,7 @@ static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.guard = src_guard,
 	.gate = src_gate,
 	.embed = src_embed,
+	.seq_map = src_seq_map,
 };
 
 const struct mp_expert_source_ops *mp_prefetcher_source_ops(void)

@@ -483,12 +483,26 @@ static void set_embed(void *ctx, uint32_t request, uint32_t token, const float *
 		set->cfg.source->embed(set->cfg.source_ctx, request, token, e, hidden);
 }
 
+/*
+ * Paged, a request's map reaches the source (a prefetcher predicts the
+ * adapter rows it will read); else its adapter rows are the set's memory,
+ * which the source never sees.
+ */
+static void set_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
+{
+	struct mp_adapters *set = ctx;
+
+	if (set->cfg.rows && set->cfg.source->seq_map)
+		set->cfg.source->seq_map(set->cfg.source_ctx, request, map);
+}
+
 static const struct mp_expert_source_ops adapters_ops = {
 	.expert = set_expert,
 	.route = set_route,
 	.guard = set_guard,
 	.gate = set_gate,
 	.embed = set_embed,
+	.seq_map = set_seq_map,
 };
 
 const struct mp_expert_source_ops *mp_adapters_source_ops(void)

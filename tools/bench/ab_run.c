@@ -163,6 +163,7 @@ int ab_run_alone(struct ab_setup **s, uint32_t n, int base, double (*fig)[F_COUN
 struct counters {
 	uint64_t bytes, steps, seqs;
 	double step_s;
+	uint64_t hits, misses, pf_issued, pf_row_issued, pf_used;	/* paged */
 };
 
 static void count(const struct ab_setup *s, struct counters *c)
@@ -178,6 +179,21 @@ static void count(const struct ab_setup *s, struct counters *c)
 		c->steps += rs.steps;
 		c->seqs += ss.batch_seqs;
 		c->step_s += ss.step_seconds;
+		if (s->inst[i].pager) {
+			struct mp_pager_stats ps;
+
+			mp_pager_stats(s->inst[i].pager, &ps);
+			c->hits += ps.hits;
+			c->misses += ps.misses;
+			c->pf_issued += ps.prefetch_issued;
+			c->pf_used += ps.prefetch_used;
+		}
+		if (s->inst[i].prefetcher) {
+			struct mp_prefetcher_stats fs;
+
+			mp_prefetcher_stats(s->inst[i].prefetcher, &fs);
+			c->pf_row_issued += fs.row_issued;
+		}
 	}
 }
 
@@ -218,6 +234,12 @@ static void mixed_figures(struct ab_setup *s, const struct out *outs, uint64_t t
 	fig[F_BYTES_STEP] = steps ? (double)(c1->bytes - c0->bytes) / steps : 0;
 	fig[F_BOUND_MS] = fig[F_BYTES_STEP] / (fig[F_MEMBW] * 1e9) * 1e3;
 	fig[F_ERRORS] = failed;
+	fig[F_HIT_RATE] = c1->hits + c1->misses > c0->hits + c0->misses ?
+			  (double)(c1->hits - c0->hits) /
+			  (double)(c1->hits + c1->misses - c0->hits - c0->misses) : 0;
+	fig[F_PF_ISSUED] = (double)(c1->pf_issued - c0->pf_issued);
+	fig[F_PF_ROW_ISSUED] = (double)(c1->pf_row_issued - c0->pf_row_issued);
+	fig[F_PF_USED] = (double)(c1->pf_used - c0->pf_used);
 }
 
 int ab_run_mixed(struct ab_setup *s, double *fig)

@@ -205,11 +205,33 @@ static int check_memory(enum ab_kind kind, uint64_t need)
 	return -ENOMEM;
 }
 
+/* With --prefetch, a prefetcher between the runner and the instance's pager. */
+static int inst_prefetcher(struct ab_bench *b, struct ab_inst *in)
+{
+	struct mp_prefetcher_config fc = { .policy = b->o->prefetch,
+					   .requests = b->o->max_batch };
+	int err;
+
+	if (!b->o->prefetch)
+		return 0;
+	/* Each request's token embedding is its iteration's semantic vector, as serve does. */
+	fc.sem.dim = mp_store_geometry(in->store)->hidden;
+	err = mp_prefetcher_open(in->pager, &fc, &in->prefetcher);
+	if (err)
+		return err;
+	b->pf_no_rows = *mp_prefetcher_source_ops();
+	b->pf_no_rows.seq_map = NULL;
+	in->source = b->o->no_row_prefetch ? &b->pf_no_rows : mp_prefetcher_source_ops();
+	in->source_ctx = in->prefetcher;
+	return 0;
+}
+
 /*
  * The instance's experts: resident (the base's shared by the setups over
- * it), or paged under budget bytes (from the file, O_DIRECT).
+ * it), or paged under budget bytes (from the file, O_DIRECT) in a range of
+ * rows per layer (0: the pager's default).
  */
-static int inst_source(struct ab_bench *b, struct ab_inst *in, uint64_t budget)
+static int inst_source(struct ab_bench *b, struct ab_inst *in, uint64_t budget, uint32_t rows)
 {
 	int err = 0;
 
@@ -223,10 +245,12 @@ static int inst_source(struct ab_bench *b, struct ab_inst *in, uint64_t budget)
 		in->source = mp_resident_source_ops();
 		in->source_ctx = in->resident;
 	} else {
-		err = mp_pager_open(in->store, &(struct mp_pager_config){ .budget_bytes = budget },
-				    &in->pager);
+		err = mp_pager_open(in->store, &(struct mp_pager_config){
+					.budget_bytes = budget, .slots_per_layer = rows }, &in->pager);
 		in->source = mp_pager_source_ops();
 		in->source_ctx = in->pager;
+		if (!err)
+			err = inst_prefetcher(b, in);
 	}
 	return err;
 }
@@ -283,7 +307,9 @@ static int load_adapters(struct ab_setup *s)
 
 /*
  * The base and its adapter slots (padded or not). Under a budget the pager
- * gets what the adapters' rows leave of it, so the whole setup lives in it.
+ * gets what the adapters' rows leave of it, so the whole setup lives in it;
+ * with --paged-rows (weave) the adapter rows are the pager's, under the
+ * whole budget, and prefetched with the base's.
  */
 static int open_weave(struct ab_setup *s)
 {
@@ -291,20 +317,32 @@ static int open_weave(struct ab_setup *s)
 	uint64_t base_bytes = mp_store_total_expert_bytes(b->base);
 	struct mp_adapters_config ac = { .base = b->base, .slots = b->n_adapters,
 					 .e_max = b->e_max, .padded = s->kind == AB_PADDED };
+	bool paged_rows = b->budget && b->o->paged_rows && !ac.padded;
+	uint32_t rows = mp_store_geometry(b->base)->experts + b->n_adapters * b->e_max;
 	int err = check_memory(s->kind, b->budget ? b->budget : adapters_need(b, ac.padded) +
 					(b->resident ? 0 : base_bytes));
 
 	if (!err)
 		err = one_inst(s);
 	if (!err)
-		err = inst_source(b, s->inst, b->budget);
+		err = inst_source(b, s->inst, b->budget, paged_rows ? rows : 0);
 	if (err)
 		return err;
 	ac.source = s->inst->source;
 	ac.source_ctx = s->inst->source_ctx;
+	if (paged_rows) {
+		ac.rows = mp_pager_row_ops();
+		ac.rows_ctx = s->inst->pager;
+	}
 	err = mp_adapters_open(&ac, &s->set);
 	if (!err)
 		err = load_adapters(s);
+	if (!err && paged_rows) {
+		s->inst->source = mp_adapters_source_ops();
+		s->inst->source_ctx = s->set;
+		s->memory = b->budget;
+		return inst_runner(b, s->inst, mp_adapters_rows(s->set));
+	}
 	if (!err && b->budget && s->stats.held_bytes + mp_store_expert_bytes(b->base) > b->budget) {
 		fprintf(stderr, "moepager bench-adapters: --budget %s leaves no room for the base's "
 			"experts beside the %.1f MB the adapters hold\n", b->o->budget,
@@ -332,7 +370,7 @@ static int open_base(struct ab_setup *s)
 	if (!err)
 		err = one_inst(s);
 	if (!err)
-		err = inst_source(b, s->inst, b->budget);
+		err = inst_source(b, s->inst, b->budget, 0);
 	return err ? err : inst_runner(b, s->inst, 0);
 }
 
@@ -409,7 +447,7 @@ static int open_merged(struct ab_setup *s)
 			err = mp_engine_open(b->o->eng.engine ? b->o->eng.engine : "ref", &ec,
 					     &in->engine);
 		if (!err)
-			err = inst_source(b, in, share);
+			err = inst_source(b, in, share, 0);
 		if (!err)
 			err = inst_runner(b, in, 0);
 	}
@@ -458,6 +496,7 @@ void ab_setup_close(struct ab_setup *s)
 	for (uint32_t i = 0; i < s->n_inst; i++) {
 		struct ab_inst *in = &s->inst[i];
 
+		mp_prefetcher_close(in->prefetcher);
 		mp_pager_close(in->pager);
 		mp_resident_close(in->resident);
 		if (in->engine != s->b->engine)

@@ -27,6 +27,9 @@ struct ab_opts {
 	const char *model;
 	const char *adapters;		/* the directory of .mpa files */
 	const char *budget;		/* NULL: resident */
+	const char *prefetch;		/* paged: a prefetch policy over each pager; NULL: none */
+	bool paged_rows;		/* paged: weave's adapter rows are pager rows (one budget) */
+	bool no_row_prefetch;		/* paged rows: the prefetcher is not told requests' maps */
 	struct cli_engine_opts eng;
 	uint32_t replicate;		/* adapters to reach (0: one per file) */
 	uint32_t requests, alone, max_tokens, prompt_tokens, max_batch, e_max, repeat;
@@ -72,6 +75,8 @@ struct ab_bench {
 	struct ab_adapter *adapters;
 	uint32_t n_adapters;
 	struct ab_req *reqs;
+	/* The prefetcher's source without seq_map (--no-row-prefetch): adapter rows on demand. */
+	struct mp_expert_source_ops pf_no_rows;
 	char tmpdir[256];		/* the merged models; "" until made */
 };
 
@@ -85,6 +90,7 @@ struct ab_inst {
 	struct mp_engine *engine;	/* owned by merged instances but the first */
 	struct mp_resident *resident;	/* a merged model's */
 	struct mp_pager *pager;
+	struct mp_prefetcher *prefetcher;	/* over pager, with --prefetch */
 	struct mp_runner *runner;
 	struct mp_sched *sched;
 	const struct mp_expert_source_ops *source;	/* what the runner reads through */
@@ -124,6 +130,8 @@ enum ab_fig {
 	F_TTFT50, F_TTFT90, F_TPOT50, F_TPOT90,
 	F_TOK_S, F_MEAN_BATCH, F_STEP_MS, F_BYTES_STEP, F_MEMBW, F_BOUND_MS,
 	F_PROBE_STEP_MS, F_PROBE_BYTES, F_REROUTE_NS, F_LOOKUP_NS, F_ERRORS,
+	/* Paged, over the mixed run: routed experts found mapped, prefetches queued and used. */
+	F_HIT_RATE, F_PF_ISSUED, F_PF_ROW_ISSUED, F_PF_USED,
 	F_COUNT
 };
 

@@ -20,7 +20,7 @@ static struct ab_opts env;
 enum {
 	OPT_ADAPTERS = 0x100, OPT_REPLICATE, OPT_SETUPS, OPT_BUDGET, OPT_REQUESTS, OPT_ALONE,
 	OPT_RATE, OPT_MAX_TOKENS, OPT_PROMPT_TOKENS, OPT_MAX_BATCH, OPT_MIX_ALPHA, OPT_E_MAX,
-	OPT_REPEAT, OPT_SEED, OPT_JSON,
+	OPT_REPEAT, OPT_SEED, OPT_JSON, OPT_PREFETCH, OPT_PAGED_ROWS, OPT_NO_ROW_PREFETCH,
 };
 
 static const char doc[] =
@@ -40,7 +40,10 @@ static const char doc[] =
 	"expert lookups, as a share of the step. --replicate N loads the files\n"
 	"round-robin under distinct names (legal#2): replicas are copies. Under\n"
 	"--budget every setup's experts live in B bytes: weave's pager gets what the\n"
-	"adapters leave, each merged model B / adapters. Figures are medians over\n"
+	"adapters leave, each merged model B / adapters; with --paged-rows weave's\n"
+	"adapter rows are pager rows under the whole budget, and --prefetch POLICY\n"
+	"puts a prefetcher over every pager (adapter rows predicted through each\n"
+	"request's map unless --no-row-prefetch). Figures are medians over\n"
 	"--repeat runs; ratios are against base.\n"
 	"\n"
 	"EXAMPLES:\n"
@@ -68,6 +71,12 @@ static const struct argp_option opts[] = {
 	  "Rows per slot and layer (default: the most an adapter replaces in a layer)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs of each setup (default 3)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "Arrivals, adapters and prompts drawn from it (default 1)", 0 },
+	{ "prefetch", OPT_PREFETCH, "POLICY", 0,
+	  "Paged: a prefetcher over each pager (finemoe, nextlayer, ...)", 0 },
+	{ "paged-rows", OPT_PAGED_ROWS, NULL, 0,
+	  "Paged: weave's adapter rows are pager rows under the one budget", 0 },
+	{ "no-row-prefetch", OPT_NO_ROW_PREFETCH, NULL, 0,
+	  "Paged rows: the prefetcher predicts base rows only (the comparison)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -135,6 +144,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_ADAPTERS: env.adapters = arg; break;
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_JSON: env.json = true; break;
+	case OPT_PREFETCH: env.prefetch = arg; break;
+	case OPT_PAGED_ROWS: env.paged_rows = true; break;
+	case OPT_NO_ROW_PREFETCH: env.no_row_prefetch = true; break;
 	case OPT_SETUPS:
 		if (parse_setups(arg, &env.setups))
 			argp_error(state, "--setups: '%s' is not a list of weave, base, padded, merged",
@@ -149,6 +161,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.model || !env.adapters)
 			argp_error(state, "--model FILE and --adapters DIR are required");
+		if (!env.budget && (env.prefetch || env.paged_rows))
+			argp_error(state, "--prefetch and --paged-rows page the experts: give --budget");
+		if (env.no_row_prefetch && (!env.prefetch || !env.paged_rows))
+			argp_error(state, "--no-row-prefetch compares prefetchers of paged rows: give "
+				   "--prefetch and --paged-rows");
 		break;
 	default:
 		return parse_num(key, arg, state);
@@ -284,6 +301,10 @@ static json_t *row_json(const struct ab_row *row, const struct ab_row *base)
 			"held_bytes", (json_int_t)row->stats.held_bytes,
 			"padded_bytes", (json_int_t)row->stats.padded_bytes,
 			"slots", (int)row->stats.slots, "e_max", (int)row->stats.e_max));
+	if (env.budget)
+		json_object_set_new(o, "paging", json_pack("{s:f, s:f, s:f, s:f}",
+			"hit_rate", f[F_HIT_RATE], "prefetch_issued", f[F_PF_ISSUED],
+			"prefetch_row_issued", f[F_PF_ROW_ISSUED], "prefetch_used", f[F_PF_USED]));
 	if (row->probed)
 		json_object_update_new(o, json_pack("{s:{s:f, s:f, s:f, s:f}, s:f, s:f, s:f}",
 			"probe", "step_ms", f[F_PROBE_STEP_MS], "bytes_per_step", f[F_PROBE_BYTES],
@@ -340,6 +361,10 @@ static void print_json(const struct ab_bench *b, const struct ab_row *rows, cons
 	json_object_set_new(o, "membw_gbps", json_real(rows[AB_BASE].ran ?
 						      rows[AB_BASE].fig[F_MEMBW] : 0));
 	json_object_set_new(o, "loadavg", json_pack("[f, f]", load[0], load[1]));
+	json_object_update_new(o, json_pack("{s:s?, s:b, s:b}", "prefetch", env.prefetch,
+					    "paged_rows", env.paged_rows && env.budget,
+					    "row_prefetch", env.prefetch && env.paged_rows &&
+					    !env.no_row_prefetch));
 	json_dumpf(o, stdout, JSON_INDENT(1));
 	putchar('\n');
 	json_decref(o);
@@ -367,6 +392,9 @@ static void print_text(const struct ab_bench *b, const struct ab_row *rows)
 		if (r->has_stats)
 			printf(", adapters %.1f MB held of %.1f padded, F_mem %.2f",
 			       r->stats.held_bytes / 1e6, r->stats.padded_bytes / 1e6, r->stats.f_mem);
+		if (b->budget)
+			printf(" | hit rate %.3f, prefetches %.0f (adapter rows %.0f), used %.0f",
+			       f[F_HIT_RATE], f[F_PF_ISSUED], f[F_PF_ROW_ISSUED], f[F_PF_USED]);
 		if (r->probed)
 			printf(" | full batch: step %.2f ms (x%.3f), %.2f x its bound, rerouting and "
 			       "lookups %.4f%% of it", f[F_PROBE_STEP_MS], v[F_PROBE_STEP_MS],

@@ -66,6 +66,17 @@ struct mp_expert_source_ops {
 	 */
 	void (*embed)(void *ctx, uint32_t request, uint32_t token, const float *e,
 		      uint32_t hidden);
+	/*
+	 * For prefetchers: request `request` routes through map
+	 * (mp_seq_config.map: the row that layer l's routed expert e is read
+	 * from is map[l][e], map[l] NULL for an unmapped layer), told when its
+	 * sequence opens, before its first route(), and again with map NULL
+	 * when it closes; the map stays valid in between. route() then reports
+	 * rows: a prefetcher maps them back to the router's ids to learn, and
+	 * its predictions forward to the rows this request will read. Only for
+	 * sequences opened with a map. May be NULL.
+	 */
+	void (*seq_map)(void *ctx, uint32_t request, const uint32_t *const *map);
 };
 
 struct mp_store;

@@ -191,7 +191,12 @@ struct mp_prefetcher_stats {
 	 * finemoe prefetches an expert only when worth a read (docs/prefetch.md).
 	 */
 	float load_ratio;
-	MP_RESERVED(8);
+	/*
+	 * Of predicted and issued: rows past the model's experts (adapter rows,
+	 * reached through a request's routed-id map, source op seq_map).
+	 */
+	uint64_t row_predicted, row_issued;
+	MP_RESERVED(6);
 };
 
 MP_API void mp_prefetcher_stats(struct mp_prefetcher *pf, struct mp_prefetcher_stats *out);
