@@ -276,15 +276,15 @@ static void two_stage_evicts_orphaned_successors_largest_first_then_least_used(v
 	c->archs[1].slots = 16;
 	c->slot_bytes = 1;
 	/* d's preliminaries a and b are resident: stage 2, the lowest usage (c, .2). */
-	assert_int_equal(coe_evict_pick(c, resident, in_use, 4, mask), 2);
+	assert_int_equal(coe_evict_pick(c, resident, in_use, 4, mask, NULL), 2);
 	/* Without a and b, d cannot run: stage 1 takes it though its usage is higher. */
 	mask[0] = mask[1] = false;
-	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask), 3);
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, NULL), 3);
 	/* In use: never. */
 	in_use[3] = true;
-	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask), 2);
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, NULL), 2);
 	in_use[2] = true;
-	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask), -ENOENT);
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, NULL), -ENOENT);
 	mp_coe_close(c);
 }
 

@@ -68,10 +68,12 @@ uint32_t coe_max_batch(const double *lat, uint32_t n, double gain);
  * Two-stage eviction (CoServe §4.3) over models: the next victim among the
  * n resident models that in_use does not protect. Stage 1: subsequent
  * models none of whose preliminaries is resident (resident_mask, by model),
- * largest first; stage 2: the lowest usage. -ENOENT when none may go.
+ * largest first; stage 2: the lowest usage. Models with requests queued
+ * (queued, by model; NULL: none) go only when no other may: the assigner
+ * counted no load for them. -ENOENT when none may go.
  */
 int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
-		   uint32_t n, const bool *resident_mask);
+		   uint32_t n, const bool *resident_mask, const uint32_t *queued);
 
 /*
  * Request assigning (CoServe §4.2, Fig. 8): with T[i] the predicted finish

@@ -63,7 +63,8 @@ static int pick_victim(const struct coe_pool *pl)
 	case MP_COE_EVICT_FIFO:
 		return oldest(pl, pl->loaded_at);
 	case MP_COE_EVICT_TWO_STAGE:
-		return coe_evict_pick(pl->c, pl->list, pl->in_use, pl->n_list, pl->resident);
+		return coe_evict_pick(pl->c, pl->list, pl->in_use, pl->n_list, pl->resident,
+				      pl->queued);
 	default:
 		return oldest(pl, pl->last_use);
 	}
@@ -125,6 +126,7 @@ static int load(struct coe_pool *pl, uint32_t m, bool demand)
 	pl->used += bytes;
 	pl->loaded_at[m] = ++pl->tick;
 	pl->loads++;
+	pl->prefetched += !demand;
 	pl->loads_host += host;
 	pl->loads_file += !host;
 	pl->bytes_loaded += bytes;
@@ -140,7 +142,8 @@ int coe_pool_acquire(struct coe_pool *pl, uint32_t m, bool demand)
 		if (loaded < 0)
 			return loaded;
 	}
-	pl->refs[m]++;
+	if (!pl->refs[m]++)
+		pl->in_use_bytes += coe_model_bytes(pl->c, m);
 	pl->in_use[m] = true;
 	pl->last_use[m] = ++pl->tick;
 	return loaded;
@@ -148,8 +151,10 @@ int coe_pool_acquire(struct coe_pool *pl, uint32_t m, bool demand)
 
 void coe_pool_release(struct coe_pool *pl, uint32_t m)
 {
-	if (pl->refs[m] && !--pl->refs[m])
+	if (pl->refs[m] && !--pl->refs[m]) {
 		pl->in_use[m] = false;
+		pl->in_use_bytes -= coe_model_bytes(pl->c, m);
+	}
 	pl->last_use[m] = ++pl->tick;
 }
 

@@ -6,8 +6,8 @@
  * least added latency; no load cost when its model is resident or already
  * queued there), arranged behind the queue's requests of the same model,
  * and run in batches the splitter cuts (the profile's largest useful batch,
- * and what the batch memory holds). While a batch runs, the model of the
- * queue's next group is loaded. A finished model's output picks the next
+ * and what the batch memory holds). While a batch runs, the models of the
+ * queue's coming groups are loaded, as far ahead as a load takes. A finished model's output picks the next
  * model of the request's chain, which is scheduled the same way.
  * The baselines (FCFS, round robin, LRU, FIFO) are the same machine with
  * those parts switched off.
@@ -24,6 +24,7 @@
 
 #define DEFAULT_MAX_BATCH	8u
 #define DEFAULT_TOKENS		4u
+#define MAX_HELD		8u	/* models an executor holds for its coming groups */
 
 struct creq {
 	uint32_t id;			/* the board request (its input) */
@@ -42,7 +43,9 @@ struct executor {
 	uint32_t *count;		/* per model: its requests in this queue */
 	struct creq **last;		/* per model: the last of them */
 	double T;			/* predicted ns of the queued work */
-	int held;			/* model loaded for the next group, -1: none */
+	int running;			/* the model of the batch running now, -1: none */
+	uint32_t held[MAX_HELD];	/* models loaded (or kept) for coming groups */
+	uint32_t n_held;
 	uint64_t *ids;			/* a batch's request ids and outputs */
 	uint32_t *out;
 	struct creq **batch;
@@ -54,6 +57,8 @@ struct mp_coe_sched {
 	struct mp_coe_sched_config cfg;
 	uint32_t *cap;			/* per executor x arch: the splitter's batch cap */
 	double *T, *add;		/* per executor: assign's scratch */
+	uint32_t *queued;		/* per model: its requests in every queue */
+	uint64_t reserve;		/* bytes prefetches leave for the executors' demand loads */
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;		/* executors: a request queued, or stop */
 	pthread_cond_t room_cv;		/* a model released: room may be made */
@@ -118,6 +123,7 @@ static void queue_insert(struct executor *x, struct creq *r, struct creq *after)
 	else
 		x->head = r;
 	x->count[r->model]++;
+	x->s->queued[r->model]++;
 	/* Requests go at the end or right behind their model's last one: it is the last now. */
 	x->last[r->model] = r;
 	x->T += r->pred;
@@ -136,6 +142,7 @@ static void queue_remove(struct executor *x, struct creq *r)
 	/* Requests leave from the head: the model's last one stays while any is left. */
 	if (!--x->count[r->model])
 		x->last[r->model] = NULL;
+	x->s->queued[r->model]--;
 	x->T -= r->pred;
 }
 
@@ -211,8 +218,15 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 	r->id = id;
 	r->model = m;
 	x = assign(s, r);
-	/* Request arranging: behind the last queued request of the same model, else at the end. */
-	queue_insert(x, r, s->cfg.arrange && x->last[m] ? x->last[m] : x->tail);
+	/*
+	 * Request arranging: behind the last queued request of the same model, else
+	 * at the end. The batch running is the group's last part: when it runs m,
+	 * the request goes first, to run while m is still in memory.
+	 */
+	if (!s->cfg.arrange)
+		queue_insert(x, r, x->tail);
+	else
+		queue_insert(x, r, x->last[m] ? x->last[m] : x->running == (int)m ? NULL : x->tail);
 	pthread_cond_broadcast(&s->work_cv);
 	s->st.sched_ns += mp_now_ns() - t0;
 	return 0;
@@ -255,22 +269,61 @@ static int acquire_demand(struct mp_coe_sched *s, uint32_t m)
 	return ret;
 }
 
-/*
- * Prefetch: load the model of the queue's next group while this batch runs,
- * and hold it (resident already or not) so that nobody evicts it before.
- */
-static void prefetch_next(struct mp_coe_sched *s, struct executor *x, uint32_t running)
+static bool is_held(const struct executor *x, uint32_t m)
 {
-	int next = x->head ? (int)x->head->model : -1;
+	for (uint32_t i = 0; i < x->n_held; i++)
+		if (x->held[i] == m)
+			return true;
+	return false;
+}
 
-	if (next < 0 || next == (int)running || next == x->held)
-		return;
-	if (x->held >= 0) {
-		coe_pool_release(&s->pool, (uint32_t)x->held);
-		x->held = -1;
+/* Gives up the hold on m (its group's batch took a reference of its own). */
+static void unhold(struct mp_coe_sched *s, struct executor *x, uint32_t m)
+{
+	for (uint32_t i = 0; i < x->n_held; i++) {
+		if (x->held[i] == m) {
+			x->held[i] = x->held[--x->n_held];
+			coe_pool_release(&s->pool, m);
+			return;
+		}
 	}
-	if (coe_pool_acquire(&s->pool, (uint32_t)next, false) >= 0)
-		x->held = next;
+}
+
+/*
+ * Prefetch (called locked when a batch of `running` starts): walks the
+ * queue's coming groups and holds their models (loading the missing ones as
+ * prefetches) while the predicted compute ahead of a group is shorter than
+ * its model's load: a group further away can start its load at a later
+ * batch and still find it done. Holding keeps a model from eviction until
+ * its group runs. Prefetches leave `reserve` bytes of the budget free of
+ * holds, so every executor's demand load finds room.
+ */
+static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t running,
+			   uint32_t n_running)
+{
+	struct cost k = cost_of(s, s->c->models[running].arch);
+	double ahead = k.k * n_running + k.b;
+
+	for (struct creq *r = x->head; r && x->n_held < MAX_HELD; ) {
+		uint32_t g = r->model, n = 0;
+
+		k = cost_of(s, s->c->models[g].arch);
+		if (ahead > k.load)
+			break;
+		while (r && r->model == g) {
+			n++;
+			r = r->next;
+		}
+		ahead += k.k * n + k.b;
+		if (g == running || is_held(x, g))
+			continue;
+		if (s->pool.in_use_bytes + (s->pool.in_use[g] ? 0 : coe_model_bytes(s->c, g)) +
+		    s->reserve > s->pool.budget)
+			break;
+		if (coe_pool_acquire(&s->pool, g, false) < 0)
+			break;
+		x->held[x->n_held++] = g;
+	}
 }
 
 /* After a batch (locked): each request's next model, or the end of its chain. */
@@ -334,8 +387,12 @@ static void *executor_main(void *arg)
 		bool acquired;
 		int err;
 
+		t0 = mp_now_ns();
 		while (!x->head && !s->stop)
 			pthread_cond_wait(&s->work_cv, &s->lock);
+		/* Before the first arrival and after the last completion it is no one's idle. */
+		if (s->t0 && s->outstanding)
+			s->st.idle_ns += mp_now_ns() - t0;
 		if (s->stop)
 			break;
 		t0 = mp_now_ns();
@@ -345,14 +402,14 @@ static void *executor_main(void *arg)
 		err = acquire_demand(s, m);
 		acquired = err >= 0;
 		t0 = mp_now_ns();
-		if (acquired && x->held == (int)m) {
-			coe_pool_release(&s->pool, m);
-			x->held = -1;
+		if (acquired) {
+			unhold(s, x, m);
+			x->running = (int)m;
 		}
 		if (err >= 0 && s->cfg.prefetch) {
 			uint64_t managed = s->pool.manage_ns;
 
-			prefetch_next(s, x, m);
+			prefetch_ahead(s, x, m, n);
 			t0 += s->pool.manage_ns - managed;
 		}
 		s->st.sched_ns += mp_now_ns() - t0;
@@ -364,6 +421,7 @@ static void *executor_main(void *arg)
 		if (err < 0 && !s->err)
 			s->err = err;
 		finish_batch(s, x, n, m, err < 0 ? err : 0, acquired);
+		x->running = -1;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -381,7 +439,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 
 	x->s = s;
 	x->idx = i;
-	x->held = -1;
+	x->running = -1;
 	x->count = calloc(s->c->n_models, sizeof(*x->count));
 	x->last = calloc(s->c->n_models, sizeof(*x->last));
 	if (!x->count || !x->last)
@@ -405,7 +463,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 	return x->ids && x->out && x->batch ? 0 : -ENOMEM;
 }
 
-static int check_config(const struct mp_coe_sched *s)
+static int check_config(struct mp_coe_sched *s)
 {
 	uint64_t largest = 0, pinned = 0;
 
@@ -415,7 +473,9 @@ static int check_config(const struct mp_coe_sched *s)
 		largest = MP_MAX(largest, coe_model_bytes(s->c, m));
 		pinned += s->c->models[m].pinned ? coe_model_bytes(s->c, m) : 0;
 	}
-	/* Each executor holds at most its batch's model and the next group's, beside the pinned. */
+	/* Prefetches leave room for a demand load per executor (and the pinned are in use). */
+	s->reserve = (uint64_t)s->cfg.executors * largest;
+	/* Each executor runs one model and may need room for its next, beside the pinned. */
 	if (s->pool.budget < 2ull * s->cfg.executors * largest + pinned)
 		return mp_err(-EINVAL, "coe scheduler: a budget of %llu bytes cannot hold two "
 			      "models of %llu bytes per executor (%u executors) and the %llu bytes "
@@ -437,6 +497,7 @@ static void warm(struct mp_coe_sched *s)
 	/* The pinned and warm models are loaded before the run: not switches. */
 	s->st.warm_loads = s->pool.loads;
 	s->pool.loads = s->pool.loads_file = s->pool.loads_host = s->pool.bytes_loaded = 0;
+	s->pool.prefetched = 0;
 }
 
 int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
@@ -474,7 +535,9 @@ int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 	s->cap = calloc((size_t)cfg->executors * c->n_archs, sizeof(*s->cap));
 	s->T = calloc(cfg->executors, sizeof(*s->T));
 	s->add = calloc(cfg->executors, sizeof(*s->add));
-	if (!s->ex || !s->cap || !s->T || !s->add) {
+	s->queued = calloc(c->n_models, sizeof(*s->queued));
+	s->pool.queued = s->queued;
+	if (!s->ex || !s->cap || !s->T || !s->add || !s->queued) {
 		err = mp_err(-ENOMEM, "coe scheduler: out of memory");
 		goto close;
 	}
@@ -549,6 +612,7 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	out->bytes_loaded = s->pool.bytes_loaded;
 	out->evictions = s->pool.evictions;
 	out->manage_ns = s->pool.manage_ns;
+	out->prefetched = s->pool.prefetched;
 	memset(out->reserved, 0, sizeof(out->reserved));
 	pthread_mutex_unlock(&s->lock);
 }
@@ -594,5 +658,6 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 	free(s->cap);
 	free(s->T);
 	free(s->add);
+	free(s->queued);
 	free(s);
 }
