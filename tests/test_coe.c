@@ -288,6 +288,53 @@ static void two_stage_evicts_orphaned_successors_largest_first_then_least_used(v
 	mp_coe_close(c);
 }
 
+/* A model with queued requests goes only when every other model is in use or queued too. */
+static void two_stage_keeps_queued_models_until_no_other_may_go(void **state)
+{
+	struct mp_coe *c;
+	uint32_t resident[4] = { 0, 1, 2, 3 }, queued[4] = { 0 };
+	bool in_use[4] = { false }, mask[4] = { true, true, true, true };
+
+	(void)state;
+	assert_int_equal(parse("0.5", "8", "", false, &c), 0);
+	c->archs[0].slots = 8;
+	c->archs[1].slots = 16;
+	c->slot_bytes = 1;
+	/* c (usage .2) is the least used, but requests wait for it: b (.3 + ...) goes. */
+	queued[2] = 1;
+	assert_int_equal(coe_evict_pick(c, resident, in_use, 4, mask, queued), 1);
+	/* Stage 1 among the idle ones first: d is orphaned without a and b. */
+	mask[0] = mask[1] = false;
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, queued), 3);
+	/* Every candidate queued for: the two stages among them, as without queues. */
+	queued[3] = 2;
+	mask[0] = mask[1] = true;
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, queued), 2);
+	/* In use still never, queued or not. */
+	in_use[2] = true;
+	assert_int_equal(coe_evict_pick(c, (uint32_t[]){ 2, 3 }, in_use, 2, mask, queued), 3);
+	mp_coe_close(c);
+}
+
+/* A group's load starts when the compute ahead of it no longer covers the load. */
+static void prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover(void **state)
+{
+	double work[4] = { 4, 4, 4, 4 }, load[4] = { 10, 10, 10, 10 };
+
+	(void)state;
+	/* 2, 6, 10 ahead of the first three (<= 10): due; 14 ahead of the fourth: later. */
+	assert_int_equal(coe_prefetch_due(work, load, 4, 2), 3);
+	/* A batch longer than every load: none is due yet. */
+	assert_int_equal(coe_prefetch_due(work, load, 4, 11), 0);
+	/* It stops at the first group not due, though a later one's load is longer. */
+	load[1] = 5;
+	load[2] = 100;
+	assert_int_equal(coe_prefetch_due(work, load, 4, 2), 1);
+	/* Loads that take no time: only a group with no work ahead of it is due. */
+	assert_int_equal(coe_prefetch_due(work, (double[]){ 0, 0, 0, 0 }, 4, 0), 1);
+	assert_int_equal(coe_prefetch_due(work, load, 0, 0), 0);
+}
+
 /* CoServe Fig. 8: queue 3 sets the total; queues 1 and 2 keep it; 2 adds less. */
 static void assign_keeps_the_longest_queue_lowest_then_adds_least(void **state)
 {
@@ -594,6 +641,8 @@ int main(void)
 		cmocka_unit_test(start_probabilities_must_sum_to_one),
 		cmocka_unit_test(bad_fields_are_refused_naming_them),
 		cmocka_unit_test(two_stage_evicts_orphaned_successors_largest_first_then_least_used),
+		cmocka_unit_test(two_stage_keeps_queued_models_until_no_other_may_go),
+		cmocka_unit_test(prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover),
 		cmocka_unit_test(assign_keeps_the_longest_queue_lowest_then_adds_least),
 		cmocka_unit_test(decay_window_slides_as_the_paper_says),
 		cmocka_unit_test(decay_window_keeps_sliding_while_throughput_keeps_its_line),

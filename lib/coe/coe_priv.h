@@ -82,6 +82,16 @@ int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool 
  */
 uint32_t coe_assign_pick(const double *T, const double *add, uint32_t n);
 
+/*
+ * Prefetch timing: with work[i] the predicted compute of the queue's i-th
+ * coming group and load[i] its model's load latency, and `ahead` the
+ * compute before the first (the batch starting), how many of the first
+ * groups must start their loads now: group i is due while the compute ahead
+ * of it is no longer than its load (a later one can start at a later batch
+ * and still be in time). Stops at the first not due.
+ */
+uint32_t coe_prefetch_due(const double *work, const double *load, uint32_t n, double ahead);
+
 /* 64-bit mix of two values (splitmix64's finaliser), for draws that must not depend on order. */
 uint64_t coe_mix(uint64_t a, uint64_t b);
 

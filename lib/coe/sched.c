@@ -289,32 +289,44 @@ static void unhold(struct mp_coe_sched *s, struct executor *x, uint32_t m)
 	}
 }
 
+uint32_t coe_prefetch_due(const double *work, const double *load, uint32_t n, double ahead)
+{
+	uint32_t i;
+
+	for (i = 0; i < n && ahead <= load[i]; i++)
+		ahead += work[i];
+	return i;
+}
+
 /*
- * Prefetch (called locked when a batch of `running` starts): walks the
- * queue's coming groups and holds their models (loading the missing ones as
- * prefetches) while the predicted compute ahead of a group is shorter than
- * its model's load: a group further away can start its load at a later
- * batch and still find it done. Holding keeps a model from eviction until
- * its group runs. Prefetches leave `reserve` bytes of the budget free of
- * holds, so every executor's demand load finds room.
+ * Prefetch (called locked when a batch of `running` starts): holds the
+ * models of the queue's coming groups that are due (coe_prefetch_due()),
+ * loading the missing ones as prefetches. Holding keeps a model from
+ * eviction until its group runs. Holds leave `reserve` bytes of the budget,
+ * so every executor's demand load finds room.
  */
 static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t running,
 			   uint32_t n_running)
 {
 	struct cost k = cost_of(s, s->c->models[running].arch);
-	double ahead = k.k * n_running + k.b;
+	double work[2 * MAX_HELD], load[2 * MAX_HELD];
+	uint32_t model[2 * MAX_HELD], n = 0, due;
 
-	for (struct creq *r = x->head; r && x->n_held < MAX_HELD; ) {
-		uint32_t g = r->model, n = 0;
+	/* The coming groups, as many as could be due: each holds at most one. */
+	for (struct creq *r = x->head; r && n < 2 * MAX_HELD; n++) {
+		struct cost g = cost_of(s, s->c->models[r->model].arch);
+		uint32_t cnt = 0;
 
-		k = cost_of(s, s->c->models[g].arch);
-		if (ahead > k.load)
-			break;
-		while (r && r->model == g) {
-			n++;
-			r = r->next;
-		}
-		ahead += k.k * n + k.b;
+		model[n] = r->model;
+		for (; r && r->model == model[n]; r = r->next)
+			cnt++;
+		work[n] = g.k * cnt + g.b;
+		load[n] = g.load;
+	}
+	due = coe_prefetch_due(work, load, n, k.k * n_running + k.b);
+	for (uint32_t i = 0; i < due && x->n_held < MAX_HELD; i++) {
+		uint32_t g = model[i];
+
 		if (g == running || is_held(x, g))
 			continue;
 		if (s->pool.in_use_bytes + (s->pool.in_use[g] ? 0 : coe_model_bytes(s->c, g)) +
