@@ -15,6 +15,7 @@
 #include "helpers.h"
 #include "base/base.h"
 #include "coe/coe_priv.h"
+#include "coe/queue.h"
 #include "store/gen.h"
 
 /* A manifest with three classifiers and a detector; {P0} etc. are filled in. */
@@ -335,6 +336,59 @@ static void prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover(
 	assert_int_equal(coe_prefetch_due(work, load, 0, 0), 0);
 }
 
+static void queue_models(struct coe_queue *q, const uint32_t *models, uint32_t n, bool arrange)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct creq *r = calloc(1, sizeof(*r));
+
+		assert_non_null(r);
+		r->id = i;
+		r->model = models[i];
+		r->pred = 1;
+		coe_queue_add(q, r, arrange);
+	}
+}
+
+/* The queue's models in order, popping every request. */
+static void assert_order(struct coe_queue *q, const uint32_t *models, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct creq *r = coe_queue_pop(q);
+
+		assert_int_equal(r->model, models[i]);
+		free(r);
+	}
+	assert_null(q->head);
+	assert_null(q->tail);
+}
+
+/* Arranged, each model's requests are one group (one load); in first-come order otherwise. */
+static void arranging_makes_one_group_per_model(void **state)
+{
+	uint32_t queued[4] = { 0 };
+	struct coe_queue q;
+
+	(void)state;
+	assert_int_equal(coe_queue_init(&q, 4, queued), 0);
+	queue_models(&q, (uint32_t[]){ 0, 1, 0, 2, 1, 0 }, 6, true);
+	/* Groups keep the order their first requests came in; every count is kept. */
+	assert_int_equal(queued[0], 3);
+	assert_true(q.T == 6);
+	assert_order(&q, (uint32_t[]){ 0, 0, 0, 1, 1, 2 }, 6);
+	assert_int_equal(queued[0] + queued[1] + queued[2], 0);
+	assert_true(q.T == 0);
+	/* The batch running on model 3 is its group's last part: a request of 3 goes first. */
+	q.running = 3;
+	queue_models(&q, (uint32_t[]){ 1, 2, 3, 2 }, 4, true);
+	assert_order(&q, (uint32_t[]){ 3, 1, 2, 2 }, 4);
+	/* Without arranging: the order they came in, whatever runs. */
+	queue_models(&q, (uint32_t[]){ 0, 1, 0, 3 }, 4, false);
+	assert_order(&q, (uint32_t[]){ 0, 1, 0, 3 }, 4);
+	/* Requests left are freed with the queue. */
+	queue_models(&q, (uint32_t[]){ 2, 2 }, 2, true);
+	coe_queue_fini(&q);
+}
+
 /* CoServe Fig. 8: queue 3 sets the total; queues 1 and 2 keep it; 2 adds less. */
 static void assign_keeps_the_longest_queue_lowest_then_adds_least(void **state)
 {
@@ -643,6 +697,7 @@ int main(void)
 		cmocka_unit_test(two_stage_evicts_orphaned_successors_largest_first_then_least_used),
 		cmocka_unit_test(two_stage_keeps_queued_models_until_no_other_may_go),
 		cmocka_unit_test(prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover),
+		cmocka_unit_test(arranging_makes_one_group_per_model),
 		cmocka_unit_test(assign_keeps_the_longest_queue_lowest_then_adds_least),
 		cmocka_unit_test(decay_window_slides_as_the_paper_says),
 		cmocka_unit_test(decay_window_keeps_sliding_while_throughput_keeps_its_line),

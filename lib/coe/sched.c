@@ -21,17 +21,11 @@
 #include "base/base.h"
 #include "coe/exec.h"
 #include "coe/pool.h"
+#include "coe/queue.h"
 
 #define DEFAULT_MAX_BATCH	8u
 #define DEFAULT_TOKENS		4u
 #define MAX_HELD		8u	/* models an executor holds for its coming groups */
-
-struct creq {
-	uint32_t id;			/* the board request (its input) */
-	uint32_t model;
-	double pred;			/* predicted ns it adds to its queue */
-	struct creq *prev, *next;
-};
 
 struct executor {
 	struct mp_coe_sched *s;
@@ -39,11 +33,7 @@ struct executor {
 	pthread_t thread;
 	bool started;
 	struct coe_exec *ex;
-	struct creq *head, *tail;
-	uint32_t *count;		/* per model: its requests in this queue */
-	struct creq **last;		/* per model: the last of them */
-	double T;			/* predicted ns of the queued work */
-	int running;			/* the model of the batch running now, -1: none */
+	struct coe_queue q;
 	uint32_t held[MAX_HELD];	/* models loaded (or kept) for coming groups */
 	uint32_t n_held;
 	uint64_t *ids;			/* a batch's request ids and outputs */
@@ -106,52 +96,12 @@ static uint32_t batch_cap(const struct mp_coe_sched *s, const struct coe_exec *e
 	return MP_MAX(cap, 1u);
 }
 
-/*
- * Queues
- */
-
-static void queue_insert(struct executor *x, struct creq *r, struct creq *after)
-{
-	r->prev = after;
-	r->next = after ? after->next : x->head;
-	if (r->next)
-		r->next->prev = r;
-	else
-		x->tail = r;
-	if (after)
-		after->next = r;
-	else
-		x->head = r;
-	x->count[r->model]++;
-	x->s->queued[r->model]++;
-	/* Requests go at the end or right behind their model's last one: it is the last now. */
-	x->last[r->model] = r;
-	x->T += r->pred;
-}
-
-static void queue_remove(struct executor *x, struct creq *r)
-{
-	if (r->prev)
-		r->prev->next = r->next;
-	else
-		x->head = r->next;
-	if (r->next)
-		r->next->prev = r->prev;
-	else
-		x->tail = r->prev;
-	/* Requests leave from the head: the model's last one stays while any is left. */
-	if (!--x->count[r->model])
-		x->last[r->model] = NULL;
-	x->s->queued[r->model]--;
-	x->T -= r->pred;
-}
-
 /* The latency a request of model m adds to executor x's queue (CoServe §4.2). */
 static double added_latency(const struct mp_coe_sched *s, const struct executor *x, uint32_t m)
 {
 	uint32_t arch = s->c->models[m].arch;
 	struct cost k = cost_of(s, arch);
-	uint32_t queued = x->count[m];
+	uint32_t queued = x->q.count[m];
 	/* It joins a queued batch of its model, or starts one (paying B). */
 	double exec = k.k + (queued % s->cap[x->idx * s->c->n_archs + arch] ? 0 : k.b);
 	/* No load when the model is in memory or a request queued here loads it first. */
@@ -198,7 +148,7 @@ static struct executor *assign(struct mp_coe_sched *s, struct creq *r)
 		return x;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		s->T[i] = s->ex[i].T;
+		s->T[i] = s->ex[i].q.T;
 		s->add[i] = added_latency(s, &s->ex[i], r->model);
 	}
 	best = coe_assign_pick(s->T, s->add, n);
@@ -218,15 +168,7 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 	r->id = id;
 	r->model = m;
 	x = assign(s, r);
-	/*
-	 * Request arranging: behind the last queued request of the same model, else
-	 * at the end. The batch running is the group's last part: when it runs m,
-	 * the request goes first, to run while m is still in memory.
-	 */
-	if (!s->cfg.arrange)
-		queue_insert(x, r, x->tail);
-	else
-		queue_insert(x, r, x->last[m] ? x->last[m] : x->running == (int)m ? NULL : x->tail);
+	coe_queue_add(&x->q, r, s->cfg.arrange);
 	pthread_cond_broadcast(&s->work_cv);
 	s->st.sched_ns += mp_now_ns() - t0;
 	return 0;
@@ -239,15 +181,11 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 /* Takes the head group's first requests (one model) up to the splitter's cap. */
 static uint32_t take_batch(struct mp_coe_sched *s, struct executor *x)
 {
-	uint32_t m = x->head->model, n = 0;
+	uint32_t m = x->q.head->model, n = 0;
 	uint32_t cap = s->cap[x->idx * s->c->n_archs + s->c->models[m].arch];
 
-	while (x->head && x->head->model == m && n < cap) {
-		struct creq *r = x->head;
-
-		queue_remove(x, r);
-		x->batch[n++] = r;
-	}
+	while (x->q.head && x->q.head->model == m && n < cap)
+		x->batch[n++] = coe_queue_pop(&x->q);
 	return n;
 }
 
@@ -313,7 +251,7 @@ static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t 
 	uint32_t model[2 * MAX_HELD], n = 0, due;
 
 	/* The coming groups, as many as could be due: each holds at most one. */
-	for (struct creq *r = x->head; r && n < 2 * MAX_HELD; n++) {
+	for (struct creq *r = x->q.head; r && n < 2 * MAX_HELD; n++) {
 		struct cost g = cost_of(s, s->c->models[r->model].arch);
 		uint32_t cnt = 0;
 
@@ -400,7 +338,7 @@ static void *executor_main(void *arg)
 		int err;
 
 		t0 = mp_now_ns();
-		while (!x->head && !s->stop)
+		while (!x->q.head && !s->stop)
 			pthread_cond_wait(&s->work_cv, &s->lock);
 		/* Before the first arrival and after the last completion it is no one's idle. */
 		if (s->t0 && s->outstanding)
@@ -408,7 +346,7 @@ static void *executor_main(void *arg)
 		if (s->stop)
 			break;
 		t0 = mp_now_ns();
-		m = x->head->model;
+		m = x->q.head->model;
 		n = take_batch(s, x);
 		s->st.sched_ns += mp_now_ns() - t0;
 		err = acquire_demand(s, m);
@@ -416,7 +354,7 @@ static void *executor_main(void *arg)
 		t0 = mp_now_ns();
 		if (acquired) {
 			unhold(s, x, m);
-			x->running = (int)m;
+			x->q.running = (int)m;
 		}
 		if (err >= 0 && s->cfg.prefetch) {
 			uint64_t managed = s->pool.manage_ns;
@@ -433,7 +371,7 @@ static void *executor_main(void *arg)
 		if (err < 0 && !s->err)
 			s->err = err;
 		finish_batch(s, x, n, m, err < 0 ? err : 0, acquired);
-		x->running = -1;
+		x->q.running = -1;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -451,10 +389,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 
 	x->s = s;
 	x->idx = i;
-	x->running = -1;
-	x->count = calloc(s->c->n_models, sizeof(*x->count));
-	x->last = calloc(s->c->n_models, sizeof(*x->last));
-	if (!x->count || !x->last)
+	if (coe_queue_init(&x->q, s->c->n_models, s->queued))
 		return -ENOMEM;
 	/* The runners' sequences cover the profile's caps before the memory cap cuts them. */
 	for (uint32_t a = 0; a < s->c->n_archs; a++) {
@@ -629,16 +564,6 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	pthread_mutex_unlock(&s->lock);
 }
 
-static void free_queue(struct executor *x)
-{
-	while (x->head) {
-		struct creq *r = x->head;
-
-		x->head = r->next;
-		free(r);
-	}
-}
-
 void mp_coe_sched_close(struct mp_coe_sched *s)
 {
 	if (!s)
@@ -654,9 +579,7 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 		if (x->started)
 			pthread_join(x->thread, NULL);
 		coe_exec_close(x->ex);
-		free_queue(x);
-		free(x->count);
-		free(x->last);
+		coe_queue_fini(&x->q);
 		free(x->ids);
 		free(x->out);
 		free(x->batch);
