@@ -603,6 +603,11 @@ static void every_policy_runs_every_chain_to_the_same_outputs(void **state)
 		assert_true(o[i].st.runs > 120);	/* some chains went on to a detector */
 		assert_true(o[i].st.batches <= o[i].st.runs);
 		assert_int_equal(o[i].st.loads_file + o[i].st.loads_host, o[i].st.switches);
+		/* Prefetches and first loads are switches; without prefetch no load is one. */
+		assert_true(o[i].st.distinct_loads <= o[i].st.switches);
+		assert_true(o[i].st.prefetched <= o[i].st.switches);
+		if (!sc.prefetch)
+			assert_int_equal(o[i].st.prefetched, 0);
 	}
 	for (int i = 1; i < 4; i++) {
 		assert_int_equal(o[i].st.runs, o[0].st.runs);

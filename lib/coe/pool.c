@@ -23,9 +23,10 @@ int coe_pool_init(struct coe_pool *pl, struct mp_coe *c, struct mp_pager *p,
 	pl->resident = calloc(n, sizeof(*pl->resident));
 	pl->last_use = calloc(n, sizeof(*pl->last_use));
 	pl->loaded_at = calloc(n, sizeof(*pl->loaded_at));
+	pl->loaded_once = calloc(n, sizeof(*pl->loaded_once));
 	pl->list = calloc(n, sizeof(*pl->list));
 	if (!pl->refs || !pl->in_use || !pl->resident || !pl->last_use || !pl->loaded_at ||
-	    !pl->list) {
+	    !pl->loaded_once || !pl->list) {
 		coe_pool_fini(pl);
 		return mp_err(-ENOMEM, "coe pool: out of memory");
 	}
@@ -39,6 +40,7 @@ void coe_pool_fini(struct coe_pool *pl)
 	free(pl->resident);
 	free(pl->last_use);
 	free(pl->loaded_at);
+	free(pl->loaded_once);
 	free(pl->list);
 	memset(pl, 0, sizeof(*pl));
 }
@@ -127,6 +129,8 @@ static int load(struct coe_pool *pl, uint32_t m, bool demand)
 	pl->loaded_at[m] = ++pl->tick;
 	pl->loads++;
 	pl->prefetched += !demand;
+	pl->distinct += !pl->loaded_once[m];
+	pl->loaded_once[m] = true;
 	pl->loads_host += host;
 	pl->loads_file += !host;
 	pl->bytes_loaded += bytes;

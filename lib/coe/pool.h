@@ -26,11 +26,12 @@ struct coe_pool {
 	bool *resident;			/* per model */
 	uint64_t *last_use;		/* LRU ticks */
 	uint64_t *loaded_at;		/* FIFO ticks */
+	bool *loaded_once;		/* per model: loaded since the counters were reset */
 	uint64_t tick;
 	uint32_t *list;			/* resident models, n_list of them */
 	uint32_t n_list;
 	/* counters */
-	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions, prefetched;
+	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions, prefetched, distinct;
 	uint64_t manage_ns;		/* in the pager: evicting, starting loads */
 };
 

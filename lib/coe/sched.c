@@ -444,7 +444,8 @@ static void warm(struct mp_coe_sched *s)
 	/* The pinned and warm models are loaded before the run: not switches. */
 	s->st.warm_loads = s->pool.loads;
 	s->pool.loads = s->pool.loads_file = s->pool.loads_host = s->pool.bytes_loaded = 0;
-	s->pool.prefetched = 0;
+	s->pool.prefetched = s->pool.distinct = 0;
+	memset(s->pool.loaded_once, 0, s->c->n_models * sizeof(*s->pool.loaded_once));
 }
 
 int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
@@ -560,6 +561,7 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	out->evictions = s->pool.evictions;
 	out->manage_ns = s->pool.manage_ns;
 	out->prefetched = s->pool.prefetched;
+	out->distinct_loads = s->pool.distinct;
 	memset(out->reserved, 0, sizeof(out->reserved));
 	pthread_mutex_unlock(&s->lock);
 }

@@ -166,6 +166,8 @@ static json_t *policy_json(const struct coe_run_opts *o, const struct mp_coe_sch
 		"cache", o->cache_mode,
 		"output_hash", (json_int_t)(st->output_hash >> 1));
 	json_object_set_new(j, "time", time_json(o, st, pst));
+	/* A switch beyond a model's first load is one a perfect schedule would not make. */
+	json_object_set_new(j, "distinct_loads", json_integer((json_int_t)st->distinct_loads));
 	json_object_set_new(j, "file_read_s", json_real(pst->file_read_ns / 1e9));
 	return j;
 }

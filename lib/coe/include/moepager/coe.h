@@ -294,7 +294,8 @@ struct mp_coe_sched_stats {
 	uint64_t failed;			/* runs that failed (their chains end) */
 	uint64_t idle_ns;			/* executors with an empty queue, summed */
 	uint64_t prefetched;			/* of the switches, loads started as prefetches */
-	MP_RESERVED(6);
+	uint64_t distinct_loads;		/* of the switches, first loads of a model */
+	MP_RESERVED(5);
 };
 
 struct mp_coe_sched;
