@@ -264,6 +264,15 @@ static void boards_follow_the_start_probabilities(void **state)
  * Two-stage eviction, assigning, the decay window, the fits: pure functions
  */
 
+/* a (p .5), b (.3), c (.2) classifiers of 8 slots; d (usage .325) a detector of 16. */
+static void open_eviction_graph(struct mp_coe **c)
+{
+	assert_int_equal(parse("0.5", "8", "", false, c), 0);
+	(*c)->archs[0].slots = 8;
+	(*c)->archs[1].slots = 16;
+	(*c)->slot_bytes = 1;
+}
+
 static void two_stage_evicts_orphaned_successors_largest_first_then_least_used(void **state)
 {
 	struct mp_coe *c;
@@ -271,11 +280,7 @@ static void two_stage_evicts_orphaned_successors_largest_first_then_least_used(v
 	bool in_use[4] = { false }, mask[4] = { true, true, true, true };
 
 	(void)state;
-	/* a (p .5), b (.3), c (.2) classifiers of 8 slots; d a detector of 16. */
-	assert_int_equal(parse("0.5", "8", "", false, &c), 0);
-	c->archs[0].slots = 8;
-	c->archs[1].slots = 16;
-	c->slot_bytes = 1;
+	open_eviction_graph(&c);
 	/* d's preliminaries a and b are resident: stage 2, the lowest usage (c, .2). */
 	assert_int_equal(coe_evict_pick(c, resident, in_use, 4, mask, NULL), 2);
 	/* Without a and b, d cannot run: stage 1 takes it though its usage is higher. */
@@ -297,10 +302,7 @@ static void two_stage_keeps_queued_models_until_no_other_may_go(void **state)
 	bool in_use[4] = { false }, mask[4] = { true, true, true, true };
 
 	(void)state;
-	assert_int_equal(parse("0.5", "8", "", false, &c), 0);
-	c->archs[0].slots = 8;
-	c->archs[1].slots = 16;
-	c->slot_bytes = 1;
+	open_eviction_graph(&c);
 	/* c (usage .2) is the least used, but requests wait for it: b (.3 + ...) goes. */
 	queued[2] = 1;
 	assert_int_equal(coe_evict_pick(c, resident, in_use, 4, mask, queued), 1);
