@@ -7,8 +7,9 @@
  * queued there), arranged behind the queue's requests of the same model,
  * and run in batches the splitter cuts (the profile's largest useful batch,
  * and what the batch memory holds). While a batch runs, the models of the
- * queue's coming groups are loaded, as far ahead as a load takes. A finished model's output picks the next
- * model of the request's chain, which is scheduled the same way.
+ * queue's coming groups are loaded, as far ahead as a load takes. A
+ * finished model's output picks the next model of the request's chain,
+ * which is scheduled the same way.
  * The baselines (FCFS, round robin, LRU, FIFO) are the same machine with
  * those parts switched off.
  */
@@ -342,7 +343,7 @@ static void *executor_main(void *arg)
 			pthread_cond_wait(&s->work_cv, &s->lock);
 		/* Before the first arrival and after the last completion it is no one's idle. */
 		if (s->t0 && s->outstanding)
-			s->st.idle_ns += mp_now_ns() - t0;
+			s->st.idle_ns += mp_now_ns() - MP_MAX(t0, s->t0);
 		if (s->stop)
 			break;
 		t0 = mp_now_ns();
