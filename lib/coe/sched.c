@@ -532,7 +532,10 @@ int mp_coe_sched_run(struct mp_coe_sched *s, const struct mp_coe_request *reqs, 
 		if (reqs[i].model >= s->c->n_models)
 			return mp_err(-EINVAL, "coe scheduler: request %u: model %u out of range",
 				      reqs[i].id, reqs[i].model);
+	/* Locked: executors read it to count their idle time. */
+	pthread_mutex_lock(&s->lock);
 	s->t0 = mp_now_ns();
+	pthread_mutex_unlock(&s->lock);
 	for (uint32_t i = 0; i < n && !err; i++) {
 		sleep_until(s->t0 + reqs[i].arrival_ns);
 		pthread_mutex_lock(&s->lock);
