@@ -68,10 +68,12 @@ uint32_t coe_max_batch(const double *lat, uint32_t n, double gain);
  * Two-stage eviction (CoServe §4.3) over models: the next victim among the
  * n resident models that in_use does not protect. Stage 1: subsequent
  * models none of whose preliminaries is resident (resident_mask, by model),
- * largest first; stage 2: the lowest usage. -ENOENT when none may go.
+ * largest first; stage 2: the lowest usage. Models with requests queued
+ * (queued, by model; NULL: none) go only when no other may: the assigner
+ * counted no load for them. -ENOENT when none may go.
  */
 int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
-		   uint32_t n, const bool *resident_mask);
+		   uint32_t n, const bool *resident_mask, const uint32_t *queued);
 
 /*
  * Request assigning (CoServe §4.2, Fig. 8): with T[i] the predicted finish
@@ -79,6 +81,16 @@ int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool 
  * that keeps the longest finish time lowest; ties go to the least added.
  */
 uint32_t coe_assign_pick(const double *T, const double *add, uint32_t n);
+
+/*
+ * Prefetch timing: with work[i] the predicted compute of the queue's i-th
+ * coming group and load[i] its model's load latency, and `ahead` the
+ * compute before the first (the batch starting), how many of the first
+ * groups must start their loads now: group i is due while the compute ahead
+ * of it is no longer than its load (a later one can start at a later batch
+ * and still be in time). Stops at the first not due.
+ */
+uint32_t coe_prefetch_due(const double *work, const double *load, uint32_t n, double ahead);
 
 /* 64-bit mix of two values (splitmix64's finaliser), for draws that must not depend on order. */
 uint64_t coe_mix(uint64_t a, uint64_t b);

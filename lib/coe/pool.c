@@ -23,9 +23,10 @@ int coe_pool_init(struct coe_pool *pl, struct mp_coe *c, struct mp_pager *p,
 	pl->resident = calloc(n, sizeof(*pl->resident));
 	pl->last_use = calloc(n, sizeof(*pl->last_use));
 	pl->loaded_at = calloc(n, sizeof(*pl->loaded_at));
+	pl->loaded_once = calloc(n, sizeof(*pl->loaded_once));
 	pl->list = calloc(n, sizeof(*pl->list));
 	if (!pl->refs || !pl->in_use || !pl->resident || !pl->last_use || !pl->loaded_at ||
-	    !pl->list) {
+	    !pl->loaded_once || !pl->list) {
 		coe_pool_fini(pl);
 		return mp_err(-ENOMEM, "coe pool: out of memory");
 	}
@@ -39,6 +40,7 @@ void coe_pool_fini(struct coe_pool *pl)
 	free(pl->resident);
 	free(pl->last_use);
 	free(pl->loaded_at);
+	free(pl->loaded_once);
 	free(pl->list);
 	memset(pl, 0, sizeof(*pl));
 }
@@ -63,7 +65,8 @@ static int pick_victim(const struct coe_pool *pl)
 	case MP_COE_EVICT_FIFO:
 		return oldest(pl, pl->loaded_at);
 	case MP_COE_EVICT_TWO_STAGE:
-		return coe_evict_pick(pl->c, pl->list, pl->in_use, pl->n_list, pl->resident);
+		return coe_evict_pick(pl->c, pl->list, pl->in_use, pl->n_list, pl->resident,
+				      pl->queued);
 	default:
 		return oldest(pl, pl->last_use);
 	}
@@ -125,6 +128,9 @@ static int load(struct coe_pool *pl, uint32_t m, bool demand)
 	pl->used += bytes;
 	pl->loaded_at[m] = ++pl->tick;
 	pl->loads++;
+	pl->prefetched += !demand;
+	pl->distinct += !pl->loaded_once[m];
+	pl->loaded_once[m] = true;
 	pl->loads_host += host;
 	pl->loads_file += !host;
 	pl->bytes_loaded += bytes;
@@ -140,7 +146,8 @@ int coe_pool_acquire(struct coe_pool *pl, uint32_t m, bool demand)
 		if (loaded < 0)
 			return loaded;
 	}
-	pl->refs[m]++;
+	if (!pl->refs[m]++)
+		pl->in_use_bytes += coe_model_bytes(pl->c, m);
 	pl->in_use[m] = true;
 	pl->last_use[m] = ++pl->tick;
 	return loaded;
@@ -148,8 +155,10 @@ int coe_pool_acquire(struct coe_pool *pl, uint32_t m, bool demand)
 
 void coe_pool_release(struct coe_pool *pl, uint32_t m)
 {
-	if (pl->refs[m] && !--pl->refs[m])
+	if (pl->refs[m] && !--pl->refs[m]) {
 		pl->in_use[m] = false;
+		pl->in_use_bytes -= coe_model_bytes(pl->c, m);
+	}
 	pl->last_use[m] = ++pl->tick;
 }
 

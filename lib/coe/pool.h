@@ -19,16 +19,19 @@ struct coe_pool {
 	enum mp_coe_evict policy;
 	uint64_t budget;
 	uint64_t used;			/* bytes of resident and loading models */
+	uint64_t in_use_bytes;		/* of which in use (refs > 0): no victim among them */
+	const uint32_t *queued;		/* per model: requests queued for it, or NULL */
 	uint32_t *refs;			/* per model: batches and held prefetches on it */
 	bool *in_use;			/* refs > 0 */
 	bool *resident;			/* per model */
 	uint64_t *last_use;		/* LRU ticks */
 	uint64_t *loaded_at;		/* FIFO ticks */
+	bool *loaded_once;		/* per model: loaded since the counters were reset */
 	uint64_t tick;
 	uint32_t *list;			/* resident models, n_list of them */
 	uint32_t n_list;
 	/* counters */
-	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions;
+	uint64_t loads, loads_file, loads_host, bytes_loaded, evictions, prefetched, distinct;
 	uint64_t manage_ns;		/* in the pager: evicting, starting loads */
 };
 

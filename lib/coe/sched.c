@@ -6,9 +6,10 @@
  * least added latency; no load cost when its model is resident or already
  * queued there), arranged behind the queue's requests of the same model,
  * and run in batches the splitter cuts (the profile's largest useful batch,
- * and what the batch memory holds). While a batch runs, the model of the
- * queue's next group is loaded. A finished model's output picks the next
- * model of the request's chain, which is scheduled the same way.
+ * and what the batch memory holds). While a batch runs, the models of the
+ * queue's coming groups are loaded, as far ahead as a load takes. A
+ * finished model's output picks the next model of the request's chain,
+ * which is scheduled the same way.
  * The baselines (FCFS, round robin, LRU, FIFO) are the same machine with
  * those parts switched off.
  */
@@ -21,16 +22,11 @@
 #include "base/base.h"
 #include "coe/exec.h"
 #include "coe/pool.h"
+#include "coe/queue.h"
 
 #define DEFAULT_MAX_BATCH	8u
 #define DEFAULT_TOKENS		4u
-
-struct creq {
-	uint32_t id;			/* the board request (its input) */
-	uint32_t model;
-	double pred;			/* predicted ns it adds to its queue */
-	struct creq *prev, *next;
-};
+#define MAX_HELD		8u	/* models an executor holds for its coming groups */
 
 struct executor {
 	struct mp_coe_sched *s;
@@ -38,11 +34,9 @@ struct executor {
 	pthread_t thread;
 	bool started;
 	struct coe_exec *ex;
-	struct creq *head, *tail;
-	uint32_t *count;		/* per model: its requests in this queue */
-	struct creq **last;		/* per model: the last of them */
-	double T;			/* predicted ns of the queued work */
-	int held;			/* model loaded for the next group, -1: none */
+	struct coe_queue q;
+	uint32_t held[MAX_HELD];	/* models loaded (or kept) for coming groups */
+	uint32_t n_held;
 	uint64_t *ids;			/* a batch's request ids and outputs */
 	uint32_t *out;
 	struct creq **batch;
@@ -54,6 +48,8 @@ struct mp_coe_sched {
 	struct mp_coe_sched_config cfg;
 	uint32_t *cap;			/* per executor x arch: the splitter's batch cap */
 	double *T, *add;		/* per executor: assign's scratch */
+	uint32_t *queued;		/* per model: its requests in every queue */
+	uint64_t reserve;		/* bytes prefetches leave for the executors' demand loads */
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;		/* executors: a request queued, or stop */
 	pthread_cond_t room_cv;		/* a model released: room may be made */
@@ -101,50 +97,12 @@ static uint32_t batch_cap(const struct mp_coe_sched *s, const struct coe_exec *e
 	return MP_MAX(cap, 1u);
 }
 
-/*
- * Queues
- */
-
-static void queue_insert(struct executor *x, struct creq *r, struct creq *after)
-{
-	r->prev = after;
-	r->next = after ? after->next : x->head;
-	if (r->next)
-		r->next->prev = r;
-	else
-		x->tail = r;
-	if (after)
-		after->next = r;
-	else
-		x->head = r;
-	x->count[r->model]++;
-	/* Requests go at the end or right behind their model's last one: it is the last now. */
-	x->last[r->model] = r;
-	x->T += r->pred;
-}
-
-static void queue_remove(struct executor *x, struct creq *r)
-{
-	if (r->prev)
-		r->prev->next = r->next;
-	else
-		x->head = r->next;
-	if (r->next)
-		r->next->prev = r->prev;
-	else
-		x->tail = r->prev;
-	/* Requests leave from the head: the model's last one stays while any is left. */
-	if (!--x->count[r->model])
-		x->last[r->model] = NULL;
-	x->T -= r->pred;
-}
-
 /* The latency a request of model m adds to executor x's queue (CoServe §4.2). */
 static double added_latency(const struct mp_coe_sched *s, const struct executor *x, uint32_t m)
 {
 	uint32_t arch = s->c->models[m].arch;
 	struct cost k = cost_of(s, arch);
-	uint32_t queued = x->count[m];
+	uint32_t queued = x->q.count[m];
 	/* It joins a queued batch of its model, or starts one (paying B). */
 	double exec = k.k + (queued % s->cap[x->idx * s->c->n_archs + arch] ? 0 : k.b);
 	/* No load when the model is in memory or a request queued here loads it first. */
@@ -191,7 +149,7 @@ static struct executor *assign(struct mp_coe_sched *s, struct creq *r)
 		return x;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		s->T[i] = s->ex[i].T;
+		s->T[i] = s->ex[i].q.T;
 		s->add[i] = added_latency(s, &s->ex[i], r->model);
 	}
 	best = coe_assign_pick(s->T, s->add, n);
@@ -211,8 +169,7 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 	r->id = id;
 	r->model = m;
 	x = assign(s, r);
-	/* Request arranging: behind the last queued request of the same model, else at the end. */
-	queue_insert(x, r, s->cfg.arrange && x->last[m] ? x->last[m] : x->tail);
+	coe_queue_add(&x->q, r, s->cfg.arrange);
 	pthread_cond_broadcast(&s->work_cv);
 	s->st.sched_ns += mp_now_ns() - t0;
 	return 0;
@@ -225,15 +182,11 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 /* Takes the head group's first requests (one model) up to the splitter's cap. */
 static uint32_t take_batch(struct mp_coe_sched *s, struct executor *x)
 {
-	uint32_t m = x->head->model, n = 0;
+	uint32_t m = x->q.head->model, n = 0;
 	uint32_t cap = s->cap[x->idx * s->c->n_archs + s->c->models[m].arch];
 
-	while (x->head && x->head->model == m && n < cap) {
-		struct creq *r = x->head;
-
-		queue_remove(x, r);
-		x->batch[n++] = r;
-	}
+	while (x->q.head && x->q.head->model == m && n < cap)
+		x->batch[n++] = coe_queue_pop(&x->q);
 	return n;
 }
 
@@ -255,22 +208,73 @@ static int acquire_demand(struct mp_coe_sched *s, uint32_t m)
 	return ret;
 }
 
-/*
- * Prefetch: load the model of the queue's next group while this batch runs,
- * and hold it (resident already or not) so that nobody evicts it before.
- */
-static void prefetch_next(struct mp_coe_sched *s, struct executor *x, uint32_t running)
+static bool is_held(const struct executor *x, uint32_t m)
 {
-	int next = x->head ? (int)x->head->model : -1;
+	for (uint32_t i = 0; i < x->n_held; i++)
+		if (x->held[i] == m)
+			return true;
+	return false;
+}
 
-	if (next < 0 || next == (int)running || next == x->held)
-		return;
-	if (x->held >= 0) {
-		coe_pool_release(&s->pool, (uint32_t)x->held);
-		x->held = -1;
+/* Gives up the hold on m (its group's batch took a reference of its own). */
+static void unhold(struct mp_coe_sched *s, struct executor *x, uint32_t m)
+{
+	for (uint32_t i = 0; i < x->n_held; i++) {
+		if (x->held[i] == m) {
+			x->held[i] = x->held[--x->n_held];
+			coe_pool_release(&s->pool, m);
+			return;
+		}
 	}
-	if (coe_pool_acquire(&s->pool, (uint32_t)next, false) >= 0)
-		x->held = next;
+}
+
+uint32_t coe_prefetch_due(const double *work, const double *load, uint32_t n, double ahead)
+{
+	uint32_t i;
+
+	for (i = 0; i < n && ahead <= load[i]; i++)
+		ahead += work[i];
+	return i;
+}
+
+/*
+ * Prefetch (called locked when a batch of `running` starts): holds the
+ * models of the queue's coming groups that are due (coe_prefetch_due()),
+ * loading the missing ones as prefetches. Holding keeps a model from
+ * eviction until its group runs. Holds leave `reserve` bytes of the budget,
+ * so every executor's demand load finds room.
+ */
+static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t running,
+			   uint32_t n_running)
+{
+	struct cost k = cost_of(s, s->c->models[running].arch);
+	double work[2 * MAX_HELD], load[2 * MAX_HELD];
+	uint32_t model[2 * MAX_HELD], n = 0, due;
+
+	/* The coming groups, as many as could be due: each holds at most one. */
+	for (struct creq *r = x->q.head; r && n < 2 * MAX_HELD; n++) {
+		struct cost g = cost_of(s, s->c->models[r->model].arch);
+		uint32_t cnt = 0;
+
+		model[n] = r->model;
+		for (; r && r->model == model[n]; r = r->next)
+			cnt++;
+		work[n] = g.k * cnt + g.b;
+		load[n] = g.load;
+	}
+	due = coe_prefetch_due(work, load, n, k.k * n_running + k.b);
+	for (uint32_t i = 0; i < due && x->n_held < MAX_HELD; i++) {
+		uint32_t g = model[i];
+
+		if (g == running || is_held(x, g))
+			continue;
+		if (s->pool.in_use_bytes + (s->pool.in_use[g] ? 0 : coe_model_bytes(s->c, g)) +
+		    s->reserve > s->pool.budget)
+			break;
+		if (coe_pool_acquire(&s->pool, g, false) < 0)
+			break;
+		x->held[x->n_held++] = g;
+	}
 }
 
 /* After a batch (locked): each request's next model, or the end of its chain. */
@@ -334,25 +338,29 @@ static void *executor_main(void *arg)
 		bool acquired;
 		int err;
 
-		while (!x->head && !s->stop)
+		t0 = mp_now_ns();
+		while (!x->q.head && !s->stop)
 			pthread_cond_wait(&s->work_cv, &s->lock);
+		/* Before the first arrival and after the last completion it is no one's idle. */
+		if (s->t0 && s->outstanding)
+			s->st.idle_ns += mp_now_ns() - MP_MAX(t0, s->t0);
 		if (s->stop)
 			break;
 		t0 = mp_now_ns();
-		m = x->head->model;
+		m = x->q.head->model;
 		n = take_batch(s, x);
 		s->st.sched_ns += mp_now_ns() - t0;
 		err = acquire_demand(s, m);
 		acquired = err >= 0;
 		t0 = mp_now_ns();
-		if (acquired && x->held == (int)m) {
-			coe_pool_release(&s->pool, m);
-			x->held = -1;
+		if (acquired) {
+			unhold(s, x, m);
+			x->q.running = (int)m;
 		}
 		if (err >= 0 && s->cfg.prefetch) {
 			uint64_t managed = s->pool.manage_ns;
 
-			prefetch_next(s, x, m);
+			prefetch_ahead(s, x, m, n);
 			t0 += s->pool.manage_ns - managed;
 		}
 		s->st.sched_ns += mp_now_ns() - t0;
@@ -364,6 +372,7 @@ static void *executor_main(void *arg)
 		if (err < 0 && !s->err)
 			s->err = err;
 		finish_batch(s, x, n, m, err < 0 ? err : 0, acquired);
+		x->q.running = -1;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -381,10 +390,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 
 	x->s = s;
 	x->idx = i;
-	x->held = -1;
-	x->count = calloc(s->c->n_models, sizeof(*x->count));
-	x->last = calloc(s->c->n_models, sizeof(*x->last));
-	if (!x->count || !x->last)
+	if (coe_queue_init(&x->q, s->c->n_models, s->queued))
 		return -ENOMEM;
 	/* The runners' sequences cover the profile's caps before the memory cap cuts them. */
 	for (uint32_t a = 0; a < s->c->n_archs; a++) {
@@ -405,7 +411,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 	return x->ids && x->out && x->batch ? 0 : -ENOMEM;
 }
 
-static int check_config(const struct mp_coe_sched *s)
+static int check_config(struct mp_coe_sched *s)
 {
 	uint64_t largest = 0, pinned = 0;
 
@@ -415,7 +421,9 @@ static int check_config(const struct mp_coe_sched *s)
 		largest = MP_MAX(largest, coe_model_bytes(s->c, m));
 		pinned += s->c->models[m].pinned ? coe_model_bytes(s->c, m) : 0;
 	}
-	/* Each executor holds at most its batch's model and the next group's, beside the pinned. */
+	/* Prefetches leave room for a demand load per executor (and the pinned are in use). */
+	s->reserve = (uint64_t)s->cfg.executors * largest;
+	/* Each executor runs one model and may need room for its next, beside the pinned. */
 	if (s->pool.budget < 2ull * s->cfg.executors * largest + pinned)
 		return mp_err(-EINVAL, "coe scheduler: a budget of %llu bytes cannot hold two "
 			      "models of %llu bytes per executor (%u executors) and the %llu bytes "
@@ -437,6 +445,8 @@ static void warm(struct mp_coe_sched *s)
 	/* The pinned and warm models are loaded before the run: not switches. */
 	s->st.warm_loads = s->pool.loads;
 	s->pool.loads = s->pool.loads_file = s->pool.loads_host = s->pool.bytes_loaded = 0;
+	s->pool.prefetched = s->pool.distinct = 0;
+	memset(s->pool.loaded_once, 0, s->c->n_models * sizeof(*s->pool.loaded_once));
 }
 
 int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
@@ -474,7 +484,9 @@ int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 	s->cap = calloc((size_t)cfg->executors * c->n_archs, sizeof(*s->cap));
 	s->T = calloc(cfg->executors, sizeof(*s->T));
 	s->add = calloc(cfg->executors, sizeof(*s->add));
-	if (!s->ex || !s->cap || !s->T || !s->add) {
+	s->queued = calloc(c->n_models, sizeof(*s->queued));
+	s->pool.queued = s->queued;
+	if (!s->ex || !s->cap || !s->T || !s->add || !s->queued) {
 		err = mp_err(-ENOMEM, "coe scheduler: out of memory");
 		goto close;
 	}
@@ -520,7 +532,10 @@ int mp_coe_sched_run(struct mp_coe_sched *s, const struct mp_coe_request *reqs, 
 		if (reqs[i].model >= s->c->n_models)
 			return mp_err(-EINVAL, "coe scheduler: request %u: model %u out of range",
 				      reqs[i].id, reqs[i].model);
+	/* Locked: executors read it to count their idle time. */
+	pthread_mutex_lock(&s->lock);
 	s->t0 = mp_now_ns();
+	pthread_mutex_unlock(&s->lock);
 	for (uint32_t i = 0; i < n && !err; i++) {
 		sleep_until(s->t0 + reqs[i].arrival_ns);
 		pthread_mutex_lock(&s->lock);
@@ -549,18 +564,10 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	out->bytes_loaded = s->pool.bytes_loaded;
 	out->evictions = s->pool.evictions;
 	out->manage_ns = s->pool.manage_ns;
+	out->prefetched = s->pool.prefetched;
+	out->distinct_loads = s->pool.distinct;
 	memset(out->reserved, 0, sizeof(out->reserved));
 	pthread_mutex_unlock(&s->lock);
-}
-
-static void free_queue(struct executor *x)
-{
-	while (x->head) {
-		struct creq *r = x->head;
-
-		x->head = r->next;
-		free(r);
-	}
 }
 
 void mp_coe_sched_close(struct mp_coe_sched *s)
@@ -578,9 +585,7 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 		if (x->started)
 			pthread_join(x->thread, NULL);
 		coe_exec_close(x->ex);
-		free_queue(x);
-		free(x->count);
-		free(x->last);
+		coe_queue_fini(&x->q);
 		free(x->ids);
 		free(x->out);
 		free(x->batch);
@@ -594,5 +599,6 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 	free(s->cap);
 	free(s->T);
 	free(s->add);
+	free(s->queued);
 	free(s);
 }

@@ -20,18 +20,21 @@ static bool unrunnable(const struct mp_coe *c, uint32_t m, const bool *resident_
 }
 
 int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
-		   uint32_t n, const bool *resident_mask)
+		   uint32_t n, const bool *resident_mask, const uint32_t *queued)
 {
-	struct mp_two_stage t;
+	struct mp_two_stage idle, waited;
 
-	mp_two_stage_init(&t);
+	mp_two_stage_init(&idle);
+	mp_two_stage_init(&waited);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t m = resident[i];
 
 		if (in_use[m])
 			continue;
-		mp_two_stage_offer(&t, m, coe_model_bytes(c, m), c->models[m].usage,
-				   unrunnable(c, m, resident_mask));
+		/* Queued for: evicting it now costs a load the queue was promised it would not pay. */
+		mp_two_stage_offer(queued && queued[m] ? &waited : &idle, m, coe_model_bytes(c, m),
+				   c->models[m].usage, unrunnable(c, m, resident_mask));
 	}
-	return (int)mp_two_stage_victim(&t);
+	return (int)(mp_two_stage_victim(&idle) >= 0 ? mp_two_stage_victim(&idle) :
+		     mp_two_stage_victim(&waited));
 }

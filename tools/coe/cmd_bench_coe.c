@@ -109,12 +109,40 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	return 0;
 }
 
+/*
+ * Where the executors' time went (each executor's makespan: inference,
+ * stalls on weights, waiting for room, an empty queue, the rest scheduling
+ * and the pager's management under the lock) and whether prefetches were in
+ * time (the pager's counters: a late one was faulted on while being read).
+ */
+static json_t *time_json(const struct coe_run_opts *o, const struct mp_coe_sched_stats *st,
+			 const struct mp_pager_stats *pst)
+{
+	uint32_t execs = o->pol->single ? 1 : o->executors;
+
+	return json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:I, s:I}",
+		"executors", (int)execs,
+		"executor_s", execs * (st->makespan_ns / 1e9),
+		"infer_s", st->infer_ns / 1e9,
+		"stall_s", st->stall_ns / 1e9,
+		"wait_room_s", st->wait_room_ns / 1e9,
+		"idle_s", st->idle_ns / 1e9,
+		"sched_s", st->sched_ns / 1e9,
+		"manage_s", st->manage_ns / 1e9,
+		"prefetched", (json_int_t)st->prefetched,
+		"prefetch_issued", (json_int_t)pst->prefetch_issued,
+		"prefetch_used", (json_int_t)pst->prefetch_used,
+		"prefetch_late", (json_int_t)pst->prefetch_late,
+		"file_reads", (json_int_t)pst->file_reads);
+}
+
 static json_t *policy_json(const struct coe_run_opts *o, const struct mp_coe_sched_stats *st,
 			   const struct mp_pager_stats *pst)
 {
 	double secs = st->makespan_ns / 1e9;
+	json_t *j;
 
-	return json_pack("{s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, "
+	j = json_pack("{s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, "
 			 "s:f, s:f, s:f, s:I, s:I, s:s, s:I}",
 		"what", o->pol->what,
 		"throughput_rps", secs > 0 ? st->requests / secs : 0,
@@ -137,6 +165,11 @@ static json_t *policy_json(const struct coe_run_opts *o, const struct mp_coe_sch
 		"pager_bytes_file", (json_int_t)pst->bytes_file,
 		"cache", o->cache_mode,
 		"output_hash", (json_int_t)(st->output_hash >> 1));
+	json_object_set_new(j, "time", time_json(o, st, pst));
+	/* A switch beyond a model's first load is one a perfect schedule would not make. */
+	json_object_set_new(j, "distinct_loads", json_integer((json_int_t)st->distinct_loads));
+	json_object_set_new(j, "file_read_s", json_real(pst->file_read_ns / 1e9));
+	return j;
 }
 
 static int load_profile(struct mp_coe_profile *pr)

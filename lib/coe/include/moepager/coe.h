@@ -264,7 +264,7 @@ struct mp_coe_sched_config {
 	enum mp_coe_assign assign;
 	enum mp_coe_evict evict;
 	bool arrange;				/* same-model requests adjacent in a queue */
-	bool prefetch;				/* load the next queued group's model during work */
+	bool prefetch;				/* load queued groups' models during work */
 	uint32_t max_batch;			/* cap of the batch splitter; 0: the profile's, else 8 */
 	uint64_t budget;			/* model bytes in memory; 0: the pager's budget */
 	uint64_t batch_memory;			/* bytes for batch items; 0: no memory cap */
@@ -292,7 +292,10 @@ struct mp_coe_sched_stats {
 	uint64_t makespan_ns;			/* first arrival to last completion */
 	uint64_t output_hash;			/* every run's output token, order-independent */
 	uint64_t failed;			/* runs that failed (their chains end) */
-	MP_RESERVED(8);
+	uint64_t idle_ns;			/* executors with an empty queue, summed */
+	uint64_t prefetched;			/* of the switches, loads started as prefetches */
+	uint64_t distinct_loads;		/* of the switches, first loads of a model */
+	MP_RESERVED(5);
 };
 
 struct mp_coe_sched;
