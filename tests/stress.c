@@ -75,8 +75,16 @@ static void *reader(void *arg)
 		} else if (op < 90) {
 			uint32_t other = (uint32_t)rand_r(&w->seed) % (fx.geo->experts - 1);
 			uint32_t ids[2] = { e, (e + 1 + other) % fx.geo->experts };
+			/* As an engine does: route, then ask the source (the caller path reads). */
+			struct touch t = {
+				.bytes = fx.xbytes,
+				.sum = mp_store_expert(s, l, ids[1])->checksum,
+			};
 
 			ret = mp_pager_route(w->p, 0, (uint32_t)w->routes, l, ids, NULL, 2);
+			t.x = mp_pager_source_ops()->expert(w->p, l, ids[1]);
+			if (!ret)
+				ret = mp_pager_guard(w->p, touch_then_check, &t);
 			w->routes++;
 		} else if (op < 95) {
 			ret = mp_pager_prefetch(w->p, l, e, rand_r(&w->seed) % 4);

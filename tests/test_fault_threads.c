@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -217,6 +218,93 @@ static void closing_with_faults_in_flight_releases_every_thread(void **state)
 
 static atomic_ulong signals_seen;
 
+#define FAILS	200	/* failed reads of the expert before its rule runs out (the spec) */
+
+struct churn {
+	struct mp_pager *p;
+	atomic_bool *stop;
+	uint64_t ops;
+	int bad;
+};
+
+/* Reads the one failing expert: errors are expected, wrong bytes never. */
+static void *read_failing(void *arg)
+{
+	struct churn *c = arg;
+
+	while (!atomic_load(c->stop)) {
+		c->bad += fx_read(c->p, 1, 1) == -EILSEQ;
+		c->ops++;
+	}
+	return NULL;
+}
+
+/* Asks for it again and again: each ask clears its poison first. */
+static void *prefetch_failing(void *arg)
+{
+	struct churn *c = arg;
+
+	while (!atomic_load(c->stop)) {
+		mp_pager_prefetch(c->p, 1, 1, 1);
+		c->ops++;
+		sched_yield();
+	}
+	return NULL;
+}
+
+/*
+ * Readers and prefetches clear an expert's poison while another failed
+ * read is putting new markers in. A clear that zapped before those markers
+ * went in would leave them on an empty slot: the next good read could not
+ * be moved into the range (EEXIST) and its readers would get an error.
+ */
+static void clearing_poison_never_races_new_markers(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_fault_counts fc;
+	struct mp_pager_stats st;
+	struct churn c[4];
+	pthread_t th[4];
+	atomic_bool stop = false;
+	struct mp_pager *p;
+	uint64_t deadline = mp_now_ns() + 60ull * 1000 * 1000 * 1000;
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 4 * fx.xbytes;
+	cfg.read_attempts = 1;
+	cfg.no_route_fill = true;
+	fx_log_reset();
+	p = fx_open(NULL, "read:eio:expert=1.1:count=200", 5, 0, &cfg);
+	for (int i = 0; i < 4; i++) {
+		c[i] = (struct churn){ .p = p, .stop = &stop };
+		pthread_create(&th[i], NULL, i < 3 ? read_failing : prefetch_failing, &c[i]);
+	}
+	do {
+		usleep(10 * 1000);
+		fx_counts(p, &fc);
+	} while (fc.eio < FAILS && mp_now_ns() < deadline);
+	atomic_store(&stop, true);
+	for (int i = 0; i < 4; i++) {
+		if (!fx_join(th[i], 60000))
+			fail_msg("thread %d still running 60 s after the stop: a hang", i);
+		assert_int_equal(c[i].bad, 0);
+	}
+	assert_int_equal(fc.eio, FAILS);
+	/* The rule has run out: one read clears the last poison, the next must succeed. */
+	fx_read(p, 1, 1);
+	assert_int_equal(fx_read(p, 1, 1), 0);
+	mp_pager_stats(p, &st);
+	print_message("%llu reads, %llu prefetches; %llu poisoned for %llu failed reads\n",
+		      (unsigned long long)(c[0].ops + c[1].ops + c[2].ops),
+		      (unsigned long long)c[3].ops, (unsigned long long)st.poisoned,
+		      (unsigned long long)fc.eio);
+	/* Every poison is one failed read: none came from markers left behind. */
+	assert_true(st.poisoned <= fc.eio);
+	assert_false(fx_log_contains("into the range"));
+	mp_pager_close(p);
+}
+
 static void on_usr1(int sig)
 {
 	(void)sig;
@@ -262,6 +350,7 @@ int main(void)
 		cmocka_unit_test(one_expert_budget_serves_many_readers),
 		cmocka_unit_test(closing_with_faults_in_flight_releases_every_thread),
 		cmocka_unit_test(signal_storm_during_faults_loses_no_wakeup),
+		cmocka_unit_test(clearing_poison_never_races_new_markers),
 		cmocka_unit_test(dying_handler_releases_faulting_threads_with_an_error),
 		cmocka_unit_test(cancelled_handler_releases_faulting_threads_with_an_error),
 	};

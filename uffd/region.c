@@ -233,6 +233,22 @@ static void spot_release(struct mp_region *r, int cls, uint32_t spot)
 	r->mem.released_bytes += c->size;
 }
 
+uint64_t mp_region_pages_present(void *addr, uint64_t len)
+{
+	unsigned char vec[256];
+	uint64_t n = 0;
+
+	for (uint64_t off = 0; off < len; off += sizeof(vec) * PAGE) {
+		uint64_t chunk = MP_MIN(len - off, (uint64_t)sizeof(vec) * PAGE);
+
+		if (mincore(addr + off, chunk, vec))
+			return 0;
+		for (uint64_t i = 0; i < chunk / PAGE; i++)
+			n += vec[i] & 1;
+	}
+	return n;
+}
+
 static int slot_check(struct mp_region *r, uint32_t slot, enum slot_mem want, const char *op)
 {
 	uint8_t st;
@@ -411,7 +427,13 @@ int mp_region_slot_map(struct mp_region *r, uint32_t slot)
 					"rollback (%s): slot data lost", slot, strerror(-err),
 					strerror(-back));
 		}
-		if (err != -EAGAIN)
+		if (err == -EEXIST)
+			rlog_err(r, err, "slot %u: UFFDIO_MOVE into the range: %s: %llu of its %llu "
+				 "data pages are present there (the rest: poison markers)", slot,
+				 strerror(-err), (unsigned long long)mp_region_pages_present(
+				 r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes),
+				 (unsigned long long)(r->data_bytes / PAGE));
+		else if (err != -EAGAIN)
 			rlog_err(r, err, "slot %u: UFFDIO_MOVE into the range: %s (%s)", slot,
 				 strerror(-err), mp_uffd_outcome_name(mp_uffd_classify(-err)));
 		return err;

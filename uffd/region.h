@@ -152,6 +152,8 @@ int mp_region_slot_poison(struct mp_region *r, uint32_t slot, uint64_t offset);
 int mp_region_slot_clear(struct mp_region *r, uint32_t slot);
 /* Wakes threads waiting on the slot (for a fault that was already resolved). */
 int mp_region_slot_wake(struct mp_region *r, uint32_t slot);
+/* Pages of [addr, addr+len) mapped now (for anonymous memory: the PTE is present). */
+uint64_t mp_region_pages_present(void *addr, uint64_t len);
 /* True when the page at offset of the slot is mapped in the range. */
 bool mp_region_page_present(struct mp_region *r, uint32_t slot, uint64_t offset);
 

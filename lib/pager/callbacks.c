@@ -133,6 +133,9 @@ static void on_removed(void *owner, uint32_t first, uint32_t last, bool unmapped
 		if (s->state == ST_MAPPED) {
 			s->lost = true;
 			mp_pager_enqueue(p, slot, Q_DEMAND, 0);
+		} else if (s->state == ST_POISONED && s->poisoning) {
+			/* Markers going in now land after the zap: put in the rest on the next fault. */
+			s->markers_pending = true;
 		} else if (s->state == ST_POISONED) {
 			/* The markers are gone: accesses reach the handler again. */
 			s->state = ST_EMPTY;

@@ -114,6 +114,15 @@ static int take_chunks(struct worker *w, struct fill_ctx *fh, bool demand)
 	return mp_region_slot_alloc(p->region, fh->slot, w->iov, false);
 }
 
+static uint64_t iov_present(const struct iovec *iov, int n)
+{
+	uint64_t pages = 0;
+
+	for (int i = 0; i < n; i++)
+		pages += mp_region_pages_present(iov[i].iov_base, iov[i].iov_len);
+	return pages;
+}
+
 /*
  * Reads the slot's expert into its chunks with up to read_attempts tries.
  * Every attempt is checked against the store's checksum, whatever the tier.
@@ -167,6 +176,11 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 		}
 		if (!err || err == -ECANCELED || fh->room_err || atomic_load(&p->closing))
 			break;
+		if (err == -EFAULT)
+			plog_err(p, err, "layer %u expert %u: the read's destination is not all "
+				 "there: %llu of %llu pages of its chunks present", s->layer,
+				 s->expert, (unsigned long long)iov_present(w->iov, nseg),
+				 (unsigned long long)(p->data_bytes / 4096));
 		pthread_mutex_lock(&p->lock);
 		p->st.read_errors++;
 		pthread_mutex_unlock(&p->lock);
@@ -243,12 +257,17 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 			   (double)p->expert_bytes / (double)(t_map - t_read),
 			   (double)(mp_now_ns() - t_map) / 1e3);
 
+	/*
+	 * The slot is FILLING: nobody else touches its chunks. Unlocked, as a
+	 * discard of a slot the failed map left in the range zaps it, and the
+	 * handler that must read that REMOVE event may be waiting for the lock.
+	 */
+	if (err && nseg > 0 && err != -EFAULT)
+		mp_region_slot_free(p->region, slot);
+	else if (err == -EFAULT)
+		mp_region_slot_discard(p->region, slot);
 	pthread_mutex_lock(&p->lock);
 	if (err) {
-		if (nseg > 0 && err != -EFAULT)
-			mp_region_slot_free(p->region, slot);
-		else if (err == -EFAULT)
-			mp_region_slot_discard(p->region, slot);
 		if (fh.reserved)
 			mp_pager_unreserve(p, slot);
 		goto failed;

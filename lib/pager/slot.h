@@ -45,6 +45,7 @@ struct slot {
 	bool counted;		/* this fault episode was counted (file or host) */
 	bool tail_poisoned;	/* the padding after the data carries poison markers */
 	bool markers_pending;	/* POISONED, but the markers are not in yet (ioctl refused) */
+	bool poisoning;		/* POISONED, its markers going in now (the lock is dropped) */
 	uint8_t fault_tier;	/* tier of the episode's fault_begin probe */
 	uint32_t layer;
 	uint32_t expert;

@@ -63,11 +63,19 @@ int mp_pager_poison_locked(struct mp_pager *p, uint32_t slot, int err)
 	s->err = err;
 	if (err != -ESHUTDOWN)
 		p->st.poisoned++;
+	/*
+	 * Until the markers are in, nobody may clear them: a zap that ran
+	 * first would leave them behind on an EMPTY slot, and the next fill's
+	 * move into the range would find them (EEXIST) and fail.
+	 */
+	s->poisoning = true;
+	s->markers_pending = false;
 	pthread_mutex_unlock(&p->lock);
 	ret = mp_region_slot_poison(p->region, slot, 0);
 	pthread_mutex_lock(&p->lock);
-	/* Refused (an event pending, on the handler): the handler tries again. */
-	s->markers_pending = ret != 0;
+	s->poisoning = false;
+	/* Refused (an event pending, on the handler), or zapped meanwhile: tried again. */
+	s->markers_pending |= ret != 0;
 	if (!ret)
 		mp_pager_release_waiters(p, s, err);
 	pthread_cond_broadcast(&p->state_cv);
@@ -280,6 +288,8 @@ int mp_pager_clear(struct mp_pager *p, uint32_t slot)
 	int err;
 
 	pthread_mutex_lock(&p->lock);
+	while (s->poisoning)
+		pthread_cond_wait(&p->state_cv, &p->lock);
 	if (s->state != ST_POISONED || atomic_load(&p->closing) || p->broken) {
 		pthread_mutex_unlock(&p->lock);
 		return 0;
