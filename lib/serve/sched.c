@@ -71,6 +71,17 @@ struct mp_sched {
 	/* The thread's own. */
 	struct mp_batch_item *items;
 	struct req **item_req;
+	/*
+	 * Finished requests' sequences, reused by the next ones: a KV cache
+	 * mapped, faulted in and unmapped per request cost more than the
+	 * scheduler's per-step work. At most max_batch, each of the model's
+	 * context; under a KV budget the pages they hold stay within it.
+	 */
+	struct mp_seq **pool;
+	uint64_t *pool_kv;		/* bytes of cache each pooled one has touched */
+	uint32_t npool;
+	uint64_t pooled_kv;
+	uint64_t reused;		/* copied into st.seqs_reused under lock */
 };
 
 static const double hist_bounds[MP_SCHED_HIST_BUCKETS] = {
@@ -128,6 +139,10 @@ static void *loop(void *arg);
 
 static void sched_free(struct mp_sched *s)
 {
+	for (uint32_t i = 0; i < s->npool; i++)
+		mp_seq_close(s->pool[i]);
+	free(s->pool);
+	free(s->pool_kv);
 	free(s->run);
 	free(s->items);
 	free(s->item_req);
@@ -168,7 +183,9 @@ int mp_sched_open(const struct mp_sched_config *cfg, struct mp_sched **out)
 	s->run = calloc(s->cfg.max_batch, sizeof(*s->run));
 	s->items = calloc(s->cfg.max_batch, sizeof(*s->items));
 	s->item_req = calloc(s->cfg.max_batch, sizeof(*s->item_req));
-	if (!s->run || !s->items || !s->item_req) {
+	s->pool = calloc(s->cfg.max_batch, sizeof(*s->pool));
+	s->pool_kv = calloc(s->cfg.max_batch, sizeof(*s->pool_kv));
+	if (!s->run || !s->items || !s->item_req || !s->pool || !s->pool_kv) {
 		sched_free(s);
 		return -ENOMEM;
 	}
@@ -312,8 +329,54 @@ int mp_sched_cancel(struct mp_sched *s, uint64_t id)
  * The thread
  */
 
+/*
+ * Keeps a finished request's sequence for the next one, or closes it (the
+ * pool is full, the KV budget would be exceeded, or its step failed).
+ * Thread only.
+ */
+static void pool_put(struct mp_sched *s, struct mp_seq *seq, bool ok)
+{
+	uint64_t kv;
+
+	if (!seq)
+		return;
+	kv = mp_seq_kv_bytes(s->r, mp_seq_pos(seq));
+	if (!ok || s->npool == s->cfg.max_batch ||
+	    (s->cfg.kv_budget && s->pooled_kv + kv > s->cfg.kv_budget)) {
+		mp_seq_close(seq);
+		return;
+	}
+	/* The pages a sequence touched stay: count the most it ever held. */
+	s->pool_kv[s->npool] = kv;
+	s->pooled_kv += kv;
+	s->pool[s->npool++] = seq;
+}
+
+/* A sequence for cfg: a pooled one reused, else a new one of the model's context. Thread only. */
+static int pool_get(struct mp_sched *s, const struct mp_seq_config *cfg, struct mp_seq **out)
+{
+	struct mp_seq_config c = *cfg;
+	int err;
+
+	if (s->npool) {
+		struct mp_seq *seq = s->pool[s->npool - 1];
+
+		err = mp_seq_reuse(seq, cfg);
+		if (err)
+			return err;
+		s->npool--;
+		s->pooled_kv -= s->pool_kv[s->npool];
+		s->reused++;
+		*out = seq;
+		return 0;
+	}
+	/* The whole context, so that any later request fits: only touched pages are backed. */
+	c.max_seq = s->context;
+	return mp_seq_open(s->r, &c, out);
+}
+
 /* Finishes a request that has left the queue and the batch: done, then freed. Unlocked. */
-static void finish(struct req *q, enum mp_sched_finish why, int err)
+static void finish(struct mp_sched *s, struct req *q, enum mp_sched_finish why, int err)
 {
 	uint64_t now = mp_now_ns();
 	struct mp_sched_timing t = {
@@ -324,8 +387,8 @@ static void finish(struct req *q, enum mp_sched_finish why, int err)
 		.tokens = q->generated,
 	};
 
-	/* Closed first: done may release what the sequence borrowed (its adapter's maps). */
-	mp_seq_close(q->seq);
+	/* Put away first: done may release what the sequence borrowed (its adapter's maps). */
+	pool_put(s, q->seq, why != MP_FINISH_ERROR);
 	q->cb.done(q->cb.arg, why, err, &t);
 	free(q->prompt);
 	free(q);
@@ -501,7 +564,7 @@ static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
 
 		if (q->seq)
 			continue;
-		err = mp_seq_open(s->r, &sc, &q->seq);
+		err = pool_get(s, &sc, &q->seq);
 		if (err)
 			return err;
 	}
@@ -561,6 +624,7 @@ static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct ste
 static void settle(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
 {
 	s->st.step_seconds += out->seconds;
+	s->st.seqs_reused = s->reused;
 	if (!out->err) {
 		s->st.steps++;
 		s->st.tokens += out->tokens;
@@ -593,12 +657,12 @@ static void settle(struct mp_sched *s, struct req **run, uint32_t nrun, struct s
 	}
 }
 
-static void finish_list(struct req *list, enum mp_sched_finish why, int err)
+static void finish_list(struct mp_sched *s, struct req *list, enum mp_sched_finish why, int err)
 {
 	while (list) {
 		struct req *next = list->link;
 
-		finish(list, why, err);
+		finish(s, list, why, err);
 		list = next;
 	}
 }
@@ -615,7 +679,7 @@ static void reap_and_finish(struct mp_sched *s, bool all)
 	for (struct req *q = list; q; q = q->link)
 		account(s, q, why);
 	pthread_mutex_unlock(&s->lock);
-	finish_list(list, why, all ? -ESHUTDOWN : -ECANCELED);
+	finish_list(s, list, why, all ? -ESHUTDOWN : -ECANCELED);
 	pthread_mutex_lock(&s->lock);
 }
 
@@ -653,7 +717,7 @@ static void *loop(void *arg)
 		settle(s, run, nrun, &out);
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
-			finish(out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
+			finish(s, out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
 		c0 = thread_cpu_ns() - c0;
 		t0 = mp_now_ns() - t0;
 		pthread_mutex_lock(&s->lock);
