@@ -585,26 +585,26 @@ struct step_out {
 	uint32_t ndone;
 	uint32_t items, rows, tokens;
 	double seconds;			/* in the runner */
-	double cpu_seconds;		/* this thread's CPU time in the runner */
+	/* The clocks (wall, this thread's CPU) as the runner began and ended. */
+	uint64_t t0, t1, c0, c1;
 	int err;
 };
 
 /* One step over the batch; ended requests go to out->done with their reasons. Unlocked. */
 static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
 {
-	uint64_t t0, c0;
-
 	out->ndone = out->items = out->rows = out->tokens = 0;
-	out->seconds = out->cpu_seconds = 0;
+	out->seconds = 0;
 	out->err = open_seqs(s, run, nrun);
-	if (out->err)
-		return;
-	out->items = build(s, run, nrun);
-	t0 = mp_now_ns();
-	c0 = thread_cpu_ns();
-	out->err = mp_runner_batch(s->r, s->items, out->items);
-	out->cpu_seconds = seconds(thread_cpu_ns() - c0);
-	out->seconds = seconds(mp_now_ns() - t0);
+	if (!out->err)
+		out->items = build(s, run, nrun);
+	out->t0 = mp_now_ns();
+	out->c0 = thread_cpu_ns();
+	if (!out->err)
+		out->err = mp_runner_batch(s->r, s->items, out->items);
+	out->c1 = thread_cpu_ns();
+	out->t1 = mp_now_ns();
+	out->seconds = seconds(out->t1 - out->t0);
 	if (out->err)
 		return;
 	for (uint32_t i = 0; i < out->items; i++) {
@@ -692,37 +692,47 @@ static void *loop(void *arg)
 		.why = calloc(s->cfg.max_batch, sizeof(*out.why)),
 	};
 
+	/*
+	 * The thread's own work is what lies between one runner call and the
+	 * next (the clocks are read twice a step, as the runner begins and
+	 * ends), less the time it sleeps waiting for work.
+	 */
+	uint64_t t_mark = mp_now_ns(), c_mark = thread_cpu_ns();
+
 	pthread_mutex_lock(&s->lock);
 	while (run && out.done && out.why) {
 		uint32_t nrun;
-		uint64_t t0, c0;
 
 		reap_and_finish(s, s->stopping);
 		if (s->stopping)
 			break;
 		admit(s);
 		if (!s->nrun) {
+			uint64_t t = mp_now_ns(), c = thread_cpu_ns();
+
+			s->st.sched_seconds += seconds(t - t_mark);
+			s->st.sched_cpu_seconds += seconds(c - c_mark);
 			pthread_cond_broadcast(&s->idle);
 			pthread_cond_wait(&s->work, &s->lock);
+			t_mark = mp_now_ns();
+			c_mark = c;	/* CPU time asleep is none; waking is the thread's work */
 			continue;
 		}
 		nrun = s->nrun;
 		memcpy(run, s->run, nrun * sizeof(*run));
 		pthread_mutex_unlock(&s->lock);
 
-		t0 = mp_now_ns();
-		c0 = thread_cpu_ns();
 		step(s, run, nrun, &out);
 		pthread_mutex_lock(&s->lock);
+		s->st.sched_seconds += seconds(out.t0 - t_mark);
+		s->st.sched_cpu_seconds += seconds(out.c0 - c_mark);
+		t_mark = out.t1;
+		c_mark = out.c1;
 		settle(s, run, nrun, &out);
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
 			finish(s, out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
-		c0 = thread_cpu_ns() - c0;
-		t0 = mp_now_ns() - t0;
 		pthread_mutex_lock(&s->lock);
-		s->st.sched_seconds += seconds(t0) - out.seconds;
-		s->st.sched_cpu_seconds += seconds(c0) - out.cpu_seconds;
 	}
 	/* Out of memory for the thread's own arrays: nothing can run, so nothing may wait. */
 	s->stopping = true;
