@@ -42,6 +42,7 @@ struct req {
 	uint32_t generated;
 	uint32_t next;			/* the token its next decode runs */
 	uint64_t kv;			/* KV bytes reserved while it runs */
+	uint64_t seq_kv;		/* cache bytes its sequence touched before (reused) */
 	uint64_t t_submit, t_join, t_first, t_last;
 	struct req *link;		/* the queue's */
 };
@@ -334,26 +335,27 @@ int mp_sched_cancel(struct mp_sched *s, uint64_t id)
  * pool is full, the KV budget would be exceeded, or its step failed).
  * Thread only.
  */
-static void pool_put(struct mp_sched *s, struct mp_seq *seq, bool ok)
+static void pool_put(struct mp_sched *s, struct req *q, bool ok)
 {
+	struct mp_seq *seq = q->seq;
 	uint64_t kv;
 
 	if (!seq)
 		return;
-	kv = mp_seq_kv_bytes(s->r, mp_seq_pos(seq));
+	/* The pages a sequence touched stay: count the most it ever held. */
+	kv = MP_MAX(q->seq_kv, mp_seq_kv_bytes(s->r, mp_seq_pos(seq)));
 	if (!ok || s->npool == s->cfg.max_batch ||
 	    (s->cfg.kv_budget && s->pooled_kv + kv > s->cfg.kv_budget)) {
 		mp_seq_close(seq);
 		return;
 	}
-	/* The pages a sequence touched stay: count the most it ever held. */
 	s->pool_kv[s->npool] = kv;
 	s->pooled_kv += kv;
 	s->pool[s->npool++] = seq;
 }
 
 /* A sequence for cfg: a pooled one reused, else a new one of the model's context. Thread only. */
-static int pool_get(struct mp_sched *s, const struct mp_seq_config *cfg, struct mp_seq **out)
+static int pool_get(struct mp_sched *s, const struct mp_seq_config *cfg, struct req *q)
 {
 	struct mp_seq_config c = *cfg;
 	int err;
@@ -367,12 +369,13 @@ static int pool_get(struct mp_sched *s, const struct mp_seq_config *cfg, struct 
 		s->npool--;
 		s->pooled_kv -= s->pool_kv[s->npool];
 		s->reused++;
-		*out = seq;
+		q->seq = seq;
+		q->seq_kv = s->pool_kv[s->npool];
 		return 0;
 	}
 	/* The whole context, so that any later request fits: only touched pages are backed. */
 	c.max_seq = s->context;
-	return mp_seq_open(s->r, &c, out);
+	return mp_seq_open(s->r, &c, &q->seq);
 }
 
 /* Finishes a request that has left the queue and the batch: done, then freed. Unlocked. */
@@ -388,7 +391,7 @@ static void finish(struct mp_sched *s, struct req *q, enum mp_sched_finish why, 
 	};
 
 	/* Put away first: done may release what the sequence borrowed (its adapter's maps). */
-	pool_put(s, q->seq, why != MP_FINISH_ERROR);
+	pool_put(s, q, why != MP_FINISH_ERROR);
 	q->cb.done(q->cb.arg, why, err, &t);
 	free(q->prompt);
 	free(q);
@@ -564,7 +567,7 @@ static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
 
 		if (q->seq)
 			continue;
-		err = pool_get(s, &sc, &q->seq);
+		err = pool_get(s, &sc, q);
 		if (err)
 			return err;
 	}
