@@ -261,6 +261,25 @@ static int check_map(const struct mp_runner *r, const uint32_t *const *map)
 	return 0;
 }
 
+/* What a sequence's config may ask of the runner (its cache's length aside). */
+static int check_seq_config(const struct mp_runner *r, const struct mp_seq_config *cfg,
+			    const char *what)
+{
+	int err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved),
+				    "sequence config");
+
+	if (err)
+		return err;
+	if (cfg->trace && (err = mp_trace_check_geometry(cfg->trace, &r->g)))
+		return err;
+	if (cfg->map && (err = check_map(r, cfg->map)))
+		return err;
+	if (cfg->model >= r->n_models || cfg->reserved32)
+		return mp_err(-EINVAL, "%s: model %u, the runner has %u%s", what, cfg->model,
+			      r->n_models, cfg->reserved32 ? "; reserved32 must be zero" : "");
+	return 0;
+}
+
 int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out)
 {
 	int err;
@@ -269,17 +288,36 @@ int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_
 		return mp_err(-EINVAL, "sequence open: NULL %s", !r ? "runner" : !cfg ? "config" :
 			      "out");
 	*out = NULL;
-	err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved), "sequence config");
+	err = check_seq_config(r, cfg, "sequence open");
+	return err ? err : seq_create(r, cfg, out);
+}
+
+int mp_seq_reuse(struct mp_seq *s, const struct mp_seq_config *cfg)
+{
+	struct mp_runner *r;
+	int err;
+
+	if (!s || !cfg)
+		return mp_err(-EINVAL, "sequence reuse: NULL %s", !s ? "sequence" : "config");
+	r = s->r;
+	if (cfg->max_seq > s->max_seq)
+		return mp_err(-EINVAL, "sequence reuse: %u tokens asked for, its KV cache holds %u",
+			      cfg->max_seq, s->max_seq);
+	if (cfg->trace && cfg->trace_request >= mp_trace_requests(cfg->trace))
+		return mp_err(-EINVAL, "runner: trace has %u requests, request %u asked for",
+			      mp_trace_requests(cfg->trace), cfg->trace_request);
+	err = check_seq_config(r, cfg, "sequence reuse");
 	if (err)
 		return err;
-	if (cfg->trace && (err = mp_trace_check_geometry(cfg->trace, &r->g)))
-		return err;
-	if (cfg->map && (err = check_map(r, cfg->map)))
-		return err;
-	if (cfg->model >= r->n_models || cfg->reserved32)
-		return mp_err(-EINVAL, "sequence open: model %u, the runner has %u%s", cfg->model,
-			      r->n_models, cfg->reserved32 ? "; reserved32 must be zero" : "");
-	return seq_create(r, cfg, out);
+	s->request = cfg->request;
+	s->model = cfg->model;
+	s->map = cfg->map;
+	s->trace = cfg->trace;
+	s->trace_request = cfg->trace_request;
+	/* The cache keeps its pages and their old values: a step reads only positions < pos. */
+	s->pos = 0;
+	s->steps = 0;
+	return 0;
 }
 
 void mp_seq_close(struct mp_seq *s)

@@ -243,6 +243,11 @@ check "loadgen --mix power:1 spreads requests over the base and adapters, with n
 	test "$(json "$T/loadgen.json" "j['errors'] == 0 and sum(m['requests'] > 0 for m in j['models'].values()) >= 2")" = True
 check "loadgen --ignore-eos: every request generated its 8 tokens" \
 	test "$(json "$T/loadgen.json" "all(m['tokens'] == 8 * m['requests'] for m in j['models'].values())")" = True
+check "loadgen reports the server's CPU time: the scheduler's, the HTTP thread's (handlers in it)" \
+	test "$(json "$T/loadgen.json" "(lambda s: s['sched_cpu_seconds'] > 0 and s['http_thread_cpu_seconds'] >= s['http_handler_cpu_seconds'] > 0 and s['overhead_cpu_share'] > 0 and 0 < s['sched_share'] <= s['overhead_share'])(j['server'])")" = True
+curl -s "$URL/metrics" >"$T/metrics"
+check "later requests ran in finished requests' KV caches" \
+	"$PY" -c "import sys; sys.exit(not any(l.startswith('moepager_sequences_reused_total{') and float(l.split()[1]) > 0 for l in open(sys.argv[1])))" "$T/metrics"
 check "the adapter server stops cleanly" stop
 # Paged (--budget): adapter rows are the pager's, under its budget with the base's experts;
 # the texts must not change (checked against the merged models below).

@@ -5,7 +5,10 @@
  * come (with the trained model's tokenizer): it joins into the text decoded
  * at once, never ends inside a UTF-8 character or inside what may become a
  * stop string, keeps the first piece's leading space after a prompt, and is
- * cut before a stop string spread over several tokens; and a stream's token
+ * cut before a stop string spread over several tokens; decoding each token
+ * from the last text piece on gives the whole decode after every token
+ * (random ids: split and stray UTF-8 bytes, control pieces, stop strings);
+ * and a stream's token
  * events, written without building JSON, are the bytes jansson's give.
  */
 #include <errno.h>
@@ -156,6 +159,125 @@ static void a_stop_string_over_several_tokens_cuts_the_text_before_it(void **sta
 	assert_int_equal(stopped, 0);
 }
 
+static uint64_t next_rand(uint64_t *x)
+{
+	*x = *x * 6364136223846793005ull + 1442695040888963407ull;
+	return *x >> 33;
+}
+
+/* A random id: often a character's UTF-8 bytes as byte pieces, or a stray byte, or control. */
+static uint32_t random_ids(uint64_t *x, const uint32_t *byte_id, uint32_t *out)
+{
+	static const uint32_t cps[] = { 0xE9, 0x65E5, 0x1F389, 0x3B1, 0x20AC };
+	uint64_t r = next_rand(x);
+	uint32_t cp;
+
+	switch (r % 8) {
+	case 0:
+	case 1:
+		cp = r % 16 < 8 ? 0xE9 : cps[(r >> 8) % 5];	/* é often: a stop string below */
+		if (cp < 0x800) {
+			out[0] = byte_id[0xC0 | cp >> 6];
+			out[1] = byte_id[0x80 | (cp & 0x3F)];
+			return 2;
+		}
+		if (cp < 0x10000) {
+			out[0] = byte_id[0xE0 | cp >> 12];
+			out[1] = byte_id[0x80 | ((cp >> 6) & 0x3F)];
+			out[2] = byte_id[0x80 | (cp & 0x3F)];
+			return 3;
+		}
+		out[0] = byte_id[0xF0 | cp >> 18];
+		out[1] = byte_id[0x80 | ((cp >> 12) & 0x3F)];
+		out[2] = byte_id[0x80 | ((cp >> 6) & 0x3F)];
+		out[3] = byte_id[0x80 | (cp & 0x3F)];
+		return 4;
+	case 2:
+		out[0] = byte_id[(r >> 8) & 0xFF];		/* often not UTF-8: U+FFFD */
+		return 1;
+	case 3:
+		out[0] = r & 256 ? mp_tokenizer_bos(tok) : mp_tokenizer_eos(tok);
+		return 1;
+	default:
+		out[0] = (uint32_t)((r >> 4) % mp_tokenizer_vocab(tok));
+		return 1;
+	}
+}
+
+/*
+ * Decoding each token only from the last text piece on gives, after every
+ * token, the text decoding all ids at once gives, over random ids rich in
+ * byte pieces (characters split over tokens, stray bytes), control pieces
+ * and pieces with a leading space; what is handed out is that text cut
+ * before the first stop string (é may come as two byte pieces).
+ */
+static void incremental_text_is_the_whole_decode_after_every_token(void **state)
+{
+	static const char *const stops[][2] = { { NULL }, { "e" }, { "\xC3\xA9", "th" } };
+	static char full[16384], out[16384];
+	uint32_t byte_id[256], vocab = mp_tokenizer_vocab(tok), nbytes = 0;
+	uint64_t x = 12345;
+	struct mp_piece pc;
+
+	(void)state;
+	for (uint32_t id = 0; id < vocab; id++) {
+		char t[16];
+		unsigned b;
+
+		if (mp_tokenizer_piece(tok, id, &pc) || pc.type != MP_PIECE_BYTE || pc.len > 15)
+			continue;
+		memcpy(t, pc.text, pc.len);
+		t[pc.len] = '\0';
+		if (sscanf(t, "<0x%2X>", &b) == 1 && b < 256) {
+			byte_id[b] = id;
+			nbytes++;
+		}
+	}
+	assert_int_equal(nbytes, 256);
+	for (int round = 0; round < 60; round++) {
+		const char *const *stop = stops[round % 3];
+		uint32_t nstop = stop[0] ? (stop[1] ? 2 : 1) : 0, prefix, ids[4];
+		size_t olen = 0, dlen, cut;
+		const char *d;
+		struct textgen g;
+		int stopped = 0, n = 0;
+
+		random_ids(&x, byte_id, ids);
+		prefix = ids[0];
+		assert_int_equal(textgen_init(&g, tok, stop, nstop, prefix), 0);
+		for (int i = 0; i < 120 && !stopped; i++) {
+			uint32_t k = random_ids(&x, byte_id, ids);
+
+			for (uint32_t j = 0; j < k && !stopped; j++) {
+				stopped = textgen_push(&g, ids[j], &d, &dlen);
+				assert_true(stopped >= 0);
+				memcpy(out + olen, d, dlen);
+				olen += dlen;
+				n = mp_tokenizer_decode(tok, g.ids, g.n, full, sizeof(full));
+				assert_true(n >= 0 && (size_t)n < sizeof(full));
+				assert_int_equal(g.dlen, n);
+				assert_memory_equal(g.text, full, (size_t)n);
+			}
+		}
+		textgen_flush(&g, &d, &dlen);
+		memcpy(out + olen, d, dlen);
+		olen += dlen;
+		/* The spec: the whole text after the prefix's, before the first stop string. */
+		cut = (size_t)n;
+		for (uint32_t s = 0; s < nstop; s++) {
+			const char *p = memmem(full + g.start, (size_t)n - g.start, stop[s],
+					       strlen(stop[s]));
+
+			if (p && (size_t)(p - full) < cut)
+				cut = (size_t)(p - full);
+		}
+		assert_int_equal(stopped, cut < (size_t)n);
+		assert_int_equal(olen, cut - g.start);
+		assert_memory_equal(out, full + g.start, olen);
+		textgen_fini(&g);
+	}
+}
+
 /* The token event api_chunk_add() writes, or NULL when it refuses the text. */
 static char *fast_event(const char *prefix, const char *text, size_t len, const uint32_t *ids)
 {
@@ -221,6 +343,7 @@ int main(void)
 		cmocka_unit_test(streamed_text_joins_into_the_whole_text),
 		cmocka_unit_test(text_after_a_prompt_keeps_its_leading_space),
 		cmocka_unit_test(a_stop_string_over_several_tokens_cuts_the_text_before_it),
+		cmocka_unit_test(incremental_text_is_the_whole_decode_after_every_token),
 		cmocka_unit_test(token_events_are_the_bytes_jansson_writes),
 	};
 

@@ -2,7 +2,8 @@
 /*
  * Description: the scheduler: requests served together get their lone
  * tokens, the queue is bounded (-EAGAIN), cancel and close end requests and
- * free their sequences, the KV budget holds and no request is overtaken,
+ * free their sequences, a sequence reused in a finished one's KV cache gives
+ * a fresh one's tokens (and reuse stays within its capacity), the KV budget holds and no request is overtaken,
  * finish reasons, a failed step fails its requests and serving goes on, and
  * the sampler.
  */
@@ -229,6 +230,68 @@ static void batched_requests_get_their_lone_tokens(void **state)
 	assert_int_equal(st.ttft.n, 8);
 	assert_int_equal(st.tpot.n, 8);
 	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+/*
+ * A request run in the KV cache a longer one left (reused, not cleared)
+ * produces the tokens it produces in a fresh cache, and the pool is used.
+ */
+static void a_reused_sequence_gives_a_fresh_ones_tokens(void **state)
+{
+	struct mp_sched_params longer = { .max_tokens = 20, .no_eos = true };
+	struct mp_sched_params p = { .max_tokens = 12, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	static struct result first, reused, fresh;
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+
+	(void)state;
+	memset(&first, 0, sizeof(first));
+	memset(&reused, 0, sizeof(reused));
+	memset(&fresh, 0, sizeof(fresh));
+	s = open_sched(r, 1, 16, 0);
+	submit(s, 9, 30, &longer, &first);
+	wait_done(&first, 1);
+	submit(s, 2, 5, &p, &reused);
+	wait_done(&reused, 1);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.seqs_reused, 1);
+	mp_sched_close(s);
+	s = open_sched(r, 1, 16, 0);
+	submit(s, 2, 5, &p, &fresh);
+	wait_done(&fresh, 1);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.seqs_reused, 0);
+	assert_int_equal(reused.n, 12);
+	assert_int_equal(fresh.n, 12);
+	assert_memory_equal(reused.tokens, fresh.tokens, 12 * sizeof(uint32_t));
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+/* Reuse starts the sequence over within its capacity; a config it cannot take changes nothing. */
+static void reuse_refuses_more_than_the_capacity_and_changes_nothing(void **state)
+{
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_seq_config big = { .max_seq = 16 }, bad = { .max_seq = 4, .model = 5 };
+	struct mp_seq_config ok = { .max_seq = 4, .request = 7 };
+	uint32_t toks[3] = { 1, 2, 3 };
+	struct mp_batch_item it;
+	struct mp_seq *q;
+
+	(void)state;
+	assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .max_seq = 8 }, &q), 0);
+	it = (struct mp_batch_item){ q, toks, 3, MP_BATCH_PREFILL };
+	assert_int_equal(mp_runner_batch(r, &it, 1), 0);
+	assert_int_equal(mp_seq_pos(q), 3);
+	assert_int_equal(mp_seq_reuse(q, &big), -EINVAL);
+	assert_int_equal(mp_seq_reuse(q, &bad), -EINVAL);
+	assert_int_equal(mp_seq_pos(q), 3);
+	assert_int_equal(mp_seq_reuse(q, &ok), 0);
+	assert_int_equal(mp_seq_pos(q), 0);
+	assert_int_equal(mp_seq_capacity(q), 8);
+	mp_seq_close(q);
 	mp_runner_close(r);
 }
 
@@ -460,6 +523,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(batched_requests_get_their_lone_tokens),
+		cmocka_unit_test(a_reused_sequence_gives_a_fresh_ones_tokens),
+		cmocka_unit_test(reuse_refuses_more_than_the_capacity_and_changes_nothing),
 		cmocka_unit_test(full_queue_refuses_with_eagain_and_close_ends_every_request),
 		cmocka_unit_test(cancel_ends_a_waiting_or_running_request),
 		cmocka_unit_test(finish_reasons_are_length_eos_and_stop),

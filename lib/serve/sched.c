@@ -42,6 +42,7 @@ struct req {
 	uint32_t generated;
 	uint32_t next;			/* the token its next decode runs */
 	uint64_t kv;			/* KV bytes reserved while it runs */
+	uint64_t seq_kv;		/* cache bytes its sequence touched before (reused) */
 	uint64_t t_submit, t_join, t_first, t_last;
 	struct req *link;		/* the queue's */
 };
@@ -71,6 +72,17 @@ struct mp_sched {
 	/* The thread's own. */
 	struct mp_batch_item *items;
 	struct req **item_req;
+	/*
+	 * Finished requests' sequences, reused by the next ones: a KV cache
+	 * mapped, faulted in and unmapped per request cost more than the
+	 * scheduler's per-step work. At most max_batch, each of the model's
+	 * context; under a KV budget the pages they hold stay within it.
+	 */
+	struct mp_seq **pool;
+	uint64_t *pool_kv;		/* bytes of cache each pooled one has touched */
+	uint32_t npool;
+	uint64_t pooled_kv;
+	uint64_t reused;		/* copied into st.seqs_reused under lock */
 };
 
 static const double hist_bounds[MP_SCHED_HIST_BUCKETS] = {
@@ -128,6 +140,10 @@ static void *loop(void *arg);
 
 static void sched_free(struct mp_sched *s)
 {
+	for (uint32_t i = 0; i < s->npool; i++)
+		mp_seq_close(s->pool[i]);
+	free(s->pool);
+	free(s->pool_kv);
 	free(s->run);
 	free(s->items);
 	free(s->item_req);
@@ -168,7 +184,9 @@ int mp_sched_open(const struct mp_sched_config *cfg, struct mp_sched **out)
 	s->run = calloc(s->cfg.max_batch, sizeof(*s->run));
 	s->items = calloc(s->cfg.max_batch, sizeof(*s->items));
 	s->item_req = calloc(s->cfg.max_batch, sizeof(*s->item_req));
-	if (!s->run || !s->items || !s->item_req) {
+	s->pool = calloc(s->cfg.max_batch, sizeof(*s->pool));
+	s->pool_kv = calloc(s->cfg.max_batch, sizeof(*s->pool_kv));
+	if (!s->run || !s->items || !s->item_req || !s->pool || !s->pool_kv) {
 		sched_free(s);
 		return -ENOMEM;
 	}
@@ -312,8 +330,56 @@ int mp_sched_cancel(struct mp_sched *s, uint64_t id)
  * The thread
  */
 
+/*
+ * Keeps a finished request's sequence for the next one, or closes it (the
+ * pool is full, the KV budget would be exceeded, or its step failed).
+ * Thread only.
+ */
+static void pool_put(struct mp_sched *s, struct req *q, bool ok)
+{
+	struct mp_seq *seq = q->seq;
+	uint64_t kv;
+
+	if (!seq)
+		return;
+	/* The pages a sequence touched stay: count the most it ever held. */
+	kv = MP_MAX(q->seq_kv, mp_seq_kv_bytes(s->r, mp_seq_pos(seq)));
+	if (!ok || s->npool == s->cfg.max_batch ||
+	    (s->cfg.kv_budget && s->pooled_kv + kv > s->cfg.kv_budget)) {
+		mp_seq_close(seq);
+		return;
+	}
+	s->pool_kv[s->npool] = kv;
+	s->pooled_kv += kv;
+	s->pool[s->npool++] = seq;
+}
+
+/* A sequence for cfg: a pooled one reused, else a new one of the model's context. Thread only. */
+static int pool_get(struct mp_sched *s, const struct mp_seq_config *cfg, struct req *q)
+{
+	struct mp_seq_config c = *cfg;
+	int err;
+
+	if (s->npool) {
+		struct mp_seq *seq = s->pool[s->npool - 1];
+
+		err = mp_seq_reuse(seq, cfg);
+		if (err)
+			return err;
+		s->npool--;
+		s->pooled_kv -= s->pool_kv[s->npool];
+		s->reused++;
+		q->seq = seq;
+		q->seq_kv = s->pool_kv[s->npool];
+		return 0;
+	}
+	/* The whole context, so that any later request fits: only touched pages are backed. */
+	c.max_seq = s->context;
+	return mp_seq_open(s->r, &c, &q->seq);
+}
+
 /* Finishes a request that has left the queue and the batch: done, then freed. Unlocked. */
-static void finish(struct req *q, enum mp_sched_finish why, int err)
+static void finish(struct mp_sched *s, struct req *q, enum mp_sched_finish why, int err)
 {
 	uint64_t now = mp_now_ns();
 	struct mp_sched_timing t = {
@@ -324,8 +390,8 @@ static void finish(struct req *q, enum mp_sched_finish why, int err)
 		.tokens = q->generated,
 	};
 
-	/* Closed first: done may release what the sequence borrowed (its adapter's maps). */
-	mp_seq_close(q->seq);
+	/* Put away first: done may release what the sequence borrowed (its adapter's maps). */
+	pool_put(s, q, why != MP_FINISH_ERROR);
 	q->cb.done(q->cb.arg, why, err, &t);
 	free(q->prompt);
 	free(q);
@@ -501,7 +567,7 @@ static int open_seqs(struct mp_sched *s, struct req **run, uint32_t nrun)
 
 		if (q->seq)
 			continue;
-		err = mp_seq_open(s->r, &sc, &q->seq);
+		err = pool_get(s, &sc, q);
 		if (err)
 			return err;
 	}
@@ -522,26 +588,26 @@ struct step_out {
 	uint32_t ndone;
 	uint32_t items, rows, tokens;
 	double seconds;			/* in the runner */
-	double cpu_seconds;		/* this thread's CPU time in the runner */
+	/* The clocks (wall, this thread's CPU) as the runner began and ended. */
+	uint64_t t0, t1, c0, c1;
 	int err;
 };
 
 /* One step over the batch; ended requests go to out->done with their reasons. Unlocked. */
 static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
 {
-	uint64_t t0, c0;
-
 	out->ndone = out->items = out->rows = out->tokens = 0;
-	out->seconds = out->cpu_seconds = 0;
+	out->seconds = 0;
 	out->err = open_seqs(s, run, nrun);
-	if (out->err)
-		return;
-	out->items = build(s, run, nrun);
-	t0 = mp_now_ns();
-	c0 = thread_cpu_ns();
-	out->err = mp_runner_batch(s->r, s->items, out->items);
-	out->cpu_seconds = seconds(thread_cpu_ns() - c0);
-	out->seconds = seconds(mp_now_ns() - t0);
+	if (!out->err)
+		out->items = build(s, run, nrun);
+	out->t0 = mp_now_ns();
+	out->c0 = thread_cpu_ns();
+	if (!out->err)
+		out->err = mp_runner_batch(s->r, s->items, out->items);
+	out->c1 = thread_cpu_ns();
+	out->t1 = mp_now_ns();
+	out->seconds = seconds(out->t1 - out->t0);
 	if (out->err)
 		return;
 	for (uint32_t i = 0; i < out->items; i++) {
@@ -561,6 +627,7 @@ static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct ste
 static void settle(struct mp_sched *s, struct req **run, uint32_t nrun, struct step_out *out)
 {
 	s->st.step_seconds += out->seconds;
+	s->st.seqs_reused = s->reused;
 	if (!out->err) {
 		s->st.steps++;
 		s->st.tokens += out->tokens;
@@ -593,12 +660,12 @@ static void settle(struct mp_sched *s, struct req **run, uint32_t nrun, struct s
 	}
 }
 
-static void finish_list(struct req *list, enum mp_sched_finish why, int err)
+static void finish_list(struct mp_sched *s, struct req *list, enum mp_sched_finish why, int err)
 {
 	while (list) {
 		struct req *next = list->link;
 
-		finish(list, why, err);
+		finish(s, list, why, err);
 		list = next;
 	}
 }
@@ -615,7 +682,7 @@ static void reap_and_finish(struct mp_sched *s, bool all)
 	for (struct req *q = list; q; q = q->link)
 		account(s, q, why);
 	pthread_mutex_unlock(&s->lock);
-	finish_list(list, why, all ? -ESHUTDOWN : -ECANCELED);
+	finish_list(s, list, why, all ? -ESHUTDOWN : -ECANCELED);
 	pthread_mutex_lock(&s->lock);
 }
 
@@ -628,37 +695,47 @@ static void *loop(void *arg)
 		.why = calloc(s->cfg.max_batch, sizeof(*out.why)),
 	};
 
+	/*
+	 * The thread's own work is what lies between one runner call and the
+	 * next (the clocks are read twice a step, as the runner begins and
+	 * ends), less the time it sleeps waiting for work.
+	 */
+	uint64_t t_mark = mp_now_ns(), c_mark = thread_cpu_ns();
+
 	pthread_mutex_lock(&s->lock);
 	while (run && out.done && out.why) {
 		uint32_t nrun;
-		uint64_t t0, c0;
 
 		reap_and_finish(s, s->stopping);
 		if (s->stopping)
 			break;
 		admit(s);
 		if (!s->nrun) {
+			uint64_t t = mp_now_ns(), c = thread_cpu_ns();
+
+			s->st.sched_seconds += seconds(t - t_mark);
+			s->st.sched_cpu_seconds += seconds(c - c_mark);
 			pthread_cond_broadcast(&s->idle);
 			pthread_cond_wait(&s->work, &s->lock);
+			t_mark = mp_now_ns();
+			c_mark = c;	/* CPU time asleep is none; waking is the thread's work */
 			continue;
 		}
 		nrun = s->nrun;
 		memcpy(run, s->run, nrun * sizeof(*run));
 		pthread_mutex_unlock(&s->lock);
 
-		t0 = mp_now_ns();
-		c0 = thread_cpu_ns();
 		step(s, run, nrun, &out);
 		pthread_mutex_lock(&s->lock);
+		s->st.sched_seconds += seconds(out.t0 - t_mark);
+		s->st.sched_cpu_seconds += seconds(out.c0 - c_mark);
+		t_mark = out.t1;
+		c_mark = out.c1;
 		settle(s, run, nrun, &out);
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
-			finish(out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
-		c0 = thread_cpu_ns() - c0;
-		t0 = mp_now_ns() - t0;
+			finish(s, out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
 		pthread_mutex_lock(&s->lock);
-		s->st.sched_seconds += seconds(t0) - out.seconds;
-		s->st.sched_cpu_seconds += seconds(c0) - out.cpu_seconds;
 	}
 	/* Out of memory for the thread's own arrays: nothing can run, so nothing may wait. */
 	s->stopping = true;

@@ -219,6 +219,9 @@ void lg_scrape(const char *url, struct lg_metrics *out)
 	out->step_s = family_sum(t, "moepager_step_seconds_total");
 	out->sched_s = family_sum(t, "moepager_sched_seconds_total");
 	out->http_s = family_sum(t, "moepager_http_handler_seconds_total");
+	out->sched_cpu_s = family_sum(t, "moepager_sched_cpu_seconds_total");
+	out->http_cpu_s = family_sum(t, "moepager_http_handler_cpu_seconds_total");
+	out->http_thread_cpu_s = family_sum(t, "moepager_http_thread_cpu_seconds_total");
 	out->tokens = family_sum(t, "moepager_generation_tokens_total");
 	out->batch_sum = family_sum(t, "moepager_batch_size_sum");
 	out->batch_count = family_sum(t, "moepager_batch_size_count");

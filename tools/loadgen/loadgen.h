@@ -35,6 +35,7 @@ void lg_models_free(struct lg_models *m);
 /* Counters of the server's /metrics, summed over models (-1: absent). */
 struct lg_metrics {
 	double hits, misses, steps, step_s, sched_s, http_s, tokens, batch_sum, batch_count;
+	double sched_cpu_s, http_cpu_s, http_thread_cpu_s;
 	bool ok;
 };
 

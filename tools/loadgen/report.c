@@ -25,20 +25,39 @@ static double delta(const struct lg_metrics *b, const struct lg_metrics *a, size
 
 #define D(field) delta(before, after, offsetof(struct lg_metrics, field))
 
-/* What the server counted during the run (its /metrics before and after). */
+/* a / step, or -1 when a counter is missing. */
+static double share(double a, double b, double step)
+{
+	return step > 0 && a >= 0 && b >= 0 ? (a + b) / step : -1;
+}
+
+/*
+ * What the server counted during the run (its /metrics before and after).
+ * Shares are of the runner's step time: overhead_share the scheduler's own
+ * wall time plus the HTTP handlers' (as before; wall time counts preemption
+ * on a busy machine, and the handlers run beside the steps, on their own
+ * thread); sched_share the scheduler's wall time alone, what every step
+ * waits for; overhead_cpu_share the CPU time of the scheduler's own work
+ * plus all of the HTTP thread's (sockets, libmicrohttpd, handlers): all the
+ * serving costs besides the model.
+ */
 static json_t *server(const struct lg_metrics *before, const struct lg_metrics *after)
 {
 	double hits = D(hits), misses = D(misses), step = D(step_s), sched = D(sched_s);
 	double http = D(http_s), bsum = D(batch_sum), bcount = D(batch_count);
+	double sched_cpu = D(sched_cpu_s), thread_cpu = D(http_thread_cpu_s);
 
 	if (!before->ok || !after->ok)
 		return json_null();
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
 			 "hit_rate", hits >= 0 && hits + misses > 0 ? hits / (hits + misses) : -1,
 			 "steps", D(steps), "mean_batch", bcount > 0 ? bsum / bcount : -1,
 			 "step_seconds", step, "sched_seconds", sched, "http_handler_seconds", http,
-			 "overhead_share", step > 0 && sched >= 0 && http >= 0 ?
-			 (sched + http) / step : -1);
+			 "sched_cpu_seconds", sched_cpu, "http_handler_cpu_seconds", D(http_cpu_s),
+			 "http_thread_cpu_seconds", thread_cpu,
+			 "overhead_share", share(sched, http, step),
+			 "sched_share", share(sched, 0, step),
+			 "overhead_cpu_share", share(sched_cpu, thread_cpu, step));
 }
 
 void lg_report(const struct lg_run *r, const struct lg_metrics *before,

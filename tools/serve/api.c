@@ -289,8 +289,8 @@ int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load
  * Generated text
  */
 
-static int decode_all(struct textgen *g);
 static int add_id(struct textgen *g, uint32_t id);
+static int decode_new(struct textgen *g);
 
 int textgen_init(struct textgen *g, const struct mp_tokenizer *tok, const char *const *stop,
 		 uint32_t nstop, uint32_t prefix)
@@ -298,6 +298,7 @@ int textgen_init(struct textgen *g, const struct mp_tokenizer *tok, const char *
 	int err;
 
 	memset(g, 0, sizeof(*g));
+	g->anchor = UINT32_MAX;
 	g->tok = tok;
 	g->stop = stop;
 	g->nstop = nstop;
@@ -308,7 +309,7 @@ int textgen_init(struct textgen *g, const struct mp_tokenizer *tok, const char *
 		return 0;
 	err = add_id(g, prefix);
 	if (!err)
-		err = decode_all(g);
+		err = decode_new(g);
 	g->start = g->emitted = g->len;
 	return err == -EINVAL ? 0 : err;	/* a prefix the tokenizer does not know: none */
 }
@@ -320,27 +321,76 @@ void textgen_fini(struct textgen *g)
 	memset(g, 0, sizeof(*g));
 }
 
-/* Decodes every id so far into g->text. */
-static int decode_all(struct textgen *g)
+static int text_room(struct textgen *g, size_t need)
 {
-	int n = mp_tokenizer_decode(g->tok, g->ids, g->n, g->text, g->text_cap);
+	size_t cap = need + 256;
+	char *t;
 
-	if (n >= 0 && (size_t)n >= g->text_cap) {
-		size_t cap = (size_t)n + 256;
-		char *t = realloc(g->text, cap);
+	if (need < g->text_cap)
+		return 0;
+	t = realloc(g->text, cap);
+	if (!t)
+		return -ENOMEM;
+	g->text = t;
+	g->text_cap = cap;
+	return 0;
+}
 
-		if (!t)
+/* Decodes ids[from..n) into the text at `at`, after a space when `space`. */
+static int decode_from(struct textgen *g, uint32_t from, size_t at, bool space)
+{
+	int n = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		if (text_room(g, at + (size_t)n))
 			return -ENOMEM;
-		g->text = t;
-		g->text_cap = cap;
-		n = mp_tokenizer_decode(g->tok, g->ids, g->n, g->text, g->text_cap);
+		if (space)
+			g->text[at - 1] = ' ';
+		n = mp_tokenizer_decode(g->tok, g->ids + from, g->n - from, g->text + at,
+					g->text_cap - at);
+		if (n < 0 || at + (size_t)n < g->text_cap)
+			break;
 	}
 	if (n < 0)
 		return n;
-	g->len = (size_t)n;
+	g->dlen = at + (size_t)n;
+	return 0;
+}
+
+/*
+ * The text of every id so far after the last one came: decoded from the
+ * anchor on (or from the start before there is one), as decoding all of
+ * them would give it. A text piece (not a byte, control or unknown one)
+ * becomes the anchor: the text before it is final, and decoding from it
+ * drops only its leading space, which the whole text keeps after text.
+ */
+static int decode_new(struct textgen *g)
+{
+	size_t before = g->dlen;
+	uint32_t last = g->ids[g->n - 1];
+	struct mp_piece pc;
+	int err;
+
+	if (g->anchor == UINT32_MAX)
+		err = decode_from(g, 0, 0, false);
+	else
+		err = decode_from(g, g->anchor, g->anchor_at + g->anchor_space, g->anchor_space);
+	if (err)
+		return err;
+	g->len = g->dlen;
 	/* The prefix's own text never changes (pieces only add); should it, hand out none of it. */
 	if (g->len < g->start)
 		g->len = g->start;
+	if (mp_tokenizer_piece(g->tok, last, &pc))
+		return 0;
+	if (pc.type != MP_PIECE_BYTE && pc.type != MP_PIECE_CONTROL &&
+	    pc.type != MP_PIECE_UNKNOWN) {
+		g->anchor = g->n - 1;
+		g->anchor_at = before;
+		g->anchor_space = g->visible && pc.len >= 3 && !memcmp(pc.text, "\xE2\x96\x81", 3);
+	}
+	if (pc.type != MP_PIECE_CONTROL)
+		g->visible = true;
 	return 0;
 }
 
@@ -401,7 +451,7 @@ int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dle
 	if (!err && !g->tok)
 		return 0;
 	if (!err)
-		err = decode_all(g);
+		err = decode_new(g);
 	if (err)
 		return err;
 	/* A stop string may begin in what was held back, never in what was handed out. */

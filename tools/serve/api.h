@@ -69,9 +69,12 @@ int api_fail(struct api_error *err, int status, const char *param, const char *f
 	__attribute__((format(printf, 4, 5)));
 
 /*
- * The text a request generates, as it comes: tokens decoded as a whole,
- * handed out as deltas that never end inside a UTF-8 character nor inside
- * what may become a stop string, cut before the first stop string.
+ * The text a request generates, as it comes: the text of the tokens so far
+ * as decoding them all at once gives it, handed out as deltas that never end
+ * inside a UTF-8 character nor inside what may become a stop string, cut
+ * before the first stop string. Each token decodes only from the last text
+ * piece on (the anchor): text before it never changes, as only a run of
+ * byte pieces (UTF-8 split over tokens) is decoded as a whole.
  */
 struct textgen {
 	const struct mp_tokenizer *tok;
@@ -79,6 +82,11 @@ struct textgen {
 	uint32_t n, cap;
 	char *text;			/* the decoded text */
 	size_t len, text_cap;
+	size_t dlen;			/* decoded bytes (len may be cut by a stop string) */
+	uint32_t anchor;		/* ids[anchor] is a text piece (UINT32_MAX: none yet) */
+	size_t anchor_at;		/* the text before it */
+	bool anchor_space;		/* its leading space, which decoding from it drops */
+	bool visible;			/* a piece with text came */
 	size_t start;			/* where the generated text starts (after the prefix's) */
 	size_t emitted;			/* bytes handed out (from text[0]) */
 	const char *const *stop;

@@ -67,6 +67,7 @@ struct req {
 	bool too_big;
 	bool answered;			/* the final handler call has run */
 	bool submitted, finished, suspended, stream;
+	bool ended;			/* the last events (or the whole body) are in out */
 	atomic_bool gone;		/* the client left */
 	const struct serve_model *m;	/* acquired from the backend, released with the req */
 	bool admin;			/* POST /v1/adapters, not a completion */
@@ -290,13 +291,20 @@ static int on_token(void *arg, uint32_t tok)
 	return stop;
 }
 
-/* What a finished request sends: the stream's last events, or the whole body. q->lock held. */
+/*
+ * What a finished request sends: the stream's last events, or the whole
+ * body. Built by the HTTP thread when it answers, not by the scheduler's
+ * in on_done(), whose time is taken from every step. q->lock held.
+ */
 static void finish_body(struct req *q)
 {
 	const char *rest;
 	size_t len;
 	char *s;
 
+	if (q->ended || !q->finished || q->why == MP_FINISH_CANCELLED)
+		return;
+	q->ended = true;
 	textgen_flush(&q->tg, &rest, &len);
 	if (!q->stream) {
 		s = api_completion_json(q->cmpl_id, q->created, q->m->name,
@@ -343,8 +351,6 @@ static void on_done(void *arg, enum mp_sched_finish why, int err, const struct m
 	q->finished = true;
 	q->why = why;
 	q->err = err;
-	if (why != MP_FINISH_CANCELLED)
-		finish_body(q);
 	wake = unpark(q);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
@@ -446,6 +452,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 	(void)pos;
 	pthread_mutex_lock(&q->lock);
+	finish_body(q);
 	if (q->out.len) {
 		n = max < q->out.len ? max : q->out.len;
 		memcpy(buf, q->out.s, n);
@@ -505,6 +512,7 @@ static mhd_result answer_finished(struct req *q, struct MHD_Connection *c)
 			 failure_text(q->err));
 		return answer_error(q->h, c, EP_COMPLETIONS, &e);
 	}
+	finish_body(q);
 	body = q->out.s ? strndup(q->out.s, q->out.len) : NULL;
 	return answer_json(q->h, c, EP_COMPLETIONS, 200, body);
 }

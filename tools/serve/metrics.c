@@ -74,11 +74,15 @@ void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_sta
 	one(o, "moepager_step_seconds_total", "counter", "Time in runner steps.", model,
 	    s->step_seconds);
 	one(o, "moepager_sched_seconds_total", "counter",
-	    "The scheduler thread's own time around the steps (batching, sampling, callbacks).",
-	    model, s->sched_seconds);
+	    "The scheduler thread's own time between steps, asleep not counted (admitting, "
+	    "opening sequences, sampling, the token and done callbacks).", model,
+	    s->sched_seconds);
 	one(o, "moepager_sched_cpu_seconds_total", "counter",
 	    "The same as the scheduler thread's CPU time (not counting time it was preempted).",
 	    model, s->sched_cpu_seconds);
+	one(o, "moepager_sequences_reused_total", "counter",
+	    "Requests that ran in a finished request's KV cache instead of a new one.", model,
+	    (double)s->seqs_reused);
 	one(o, "moepager_queue_length", "gauge", "Requests waiting to join the batch.", model,
 	    s->queued);
 	one(o, "moepager_running_requests", "gauge", "Requests in the running batch.", model,

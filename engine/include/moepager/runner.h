@@ -166,6 +166,13 @@ MP_API int mp_runner_active(const struct mp_runner *r);
 /* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
 MP_API int mp_seq_open(struct mp_runner *r, const struct mp_seq_config *cfg, struct mp_seq **out);
 MP_API void mp_seq_close(struct mp_seq *s);
+/*
+ * Starts another stream in s as mp_seq_open() would with cfg (position 0,
+ * cfg's request, model, map and trace), keeping its KV cache's memory: no
+ * mapping, page faults nor zeroing per request. cfg->max_seq may not exceed
+ * the capacity, which stays. Returns 0, or -EINVAL with s unchanged.
+ */
+MP_API int mp_seq_reuse(struct mp_seq *s, const struct mp_seq_config *cfg);
 /* Logits of the sequence's last token run (vocab long). */
 MP_API const float *mp_seq_logits(const struct mp_seq *s);
 /* Tokens in its KV cache, decode steps run, and the cache's length in tokens. */

@@ -159,7 +159,8 @@ struct mp_sched_stats {
 	uint64_t swaps;			/* models activated when the queue's head needed another */
 	double swap_seconds;		/* spent activating them */
 	double sched_cpu_seconds;	/* the same in the thread's CPU time (not preempted) */
-	MP_RESERVED(5);
+	uint64_t seqs_reused;		/* sequences opened in a finished one's KV cache */
+	MP_RESERVED(4);
 };
 
 /* A snapshot of the counters. */
