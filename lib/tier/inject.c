@@ -582,10 +582,13 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		case K_DELAY:
 			delay += r->delay_ns;
 			break;
-		case K_RATE:
+		case K_RATE: {
 			/* Several caps on one read: it waits for the slowest. */
-			capped = MP_MAX(capped, rate_wait(&f->rules[i], rd->bytes, now));
+			uint64_t w = rate_wait(&f->rules[i], rd->bytes, now);
+
+			capped = MP_MAX(capped, w);
 			break;
+		}
 		case K_CORRUPT:
 			if (!flip && rd->bytes) {
 				uint64_t h = draw(f, i, SALT_POS, rd->layer, rd->expert, n);
