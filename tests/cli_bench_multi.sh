@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Description: `moepager bench-multi` on two generated tiny variants: one invocation runs
-# the four setups (single, consolidated, split, timeshare) at each rate and prints the
+# the five setups (single, consolidated, mixed, split, timeshare) at each rate and prints the
 # JSON the docs describe (ttft_s, turnaround_s, throughput_rpm, the runs, the ratios);
-# every request completes; the floor never swaps, the consolidated and time-sharing
+# every request completes; the floor, the split and mixed batches never swap, the consolidated and time-sharing
 # setups do when both models are asked for; time-sharing reads experts again after
 # the warm-up (a swap evicts every expert); and bad command lines are refused with a message.
 #
@@ -31,7 +31,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["results"]
 assert [(r["setup"], r["rate"]) for r in rows] == [
-    (s, r) for r in (20.0, 40.0) for s in ("single", "consolidated", "split", "timeshare")], rows
+    (s, r) for r in (20.0, 40.0)
+    for s in ("single", "consolidated", "mixed", "split", "timeshare")], rows
 for r in rows:
     assert r["offered_rpm"] == r["rate"] * 2 * 60
     assert 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p90"], r
@@ -43,14 +44,15 @@ by = {(r["setup"], r["rate"]): r for r in rows}
 for rate in (20.0, 40.0):
     assert by[("single", rate)]["swaps"] == 0
     assert by[("split", rate)]["swaps"] == 0
+    assert by[("mixed", rate)]["swaps"] == 0    # every model's dense weights in use
 # The warm-up alone asks for both models one after another: both swapping setups swap.
 assert by[("consolidated", 20.0)]["swaps"] >= 1 and by[("timeshare", 20.0)]["swaps"] >= 1
 # A time-sharing swap evicts every expert: the measured run reads them again.
 assert by[("timeshare", 20.0)]["bytes_file"] > 0
 assert [c["rate"] for c in d["compare"]] == [20.0, 40.0]
 for c in d["compare"]:
-    for k in ("consolidated_over_single", "consolidated_over_split",
-              "consolidated_over_timeshare"):
+    for k in ("consolidated_over_single", "consolidated_over_split", "mixed_over_single",
+              "mixed_over_split", "consolidated_over_timeshare"):
         assert c[k] > 0, c
 assert d["owned_bytes"] > 0 and d["budget_bytes"] > d["owned_bytes"]
 assert d["io_rate"] == 256 << 20 and d["models"] == [sys.argv[2], sys.argv[3]]

@@ -32,10 +32,10 @@
 #define MAX_PROMPTS 256
 #define PAGE 4096u
 
-enum setup { S_SINGLE, S_CONSOL, S_SPLIT, S_TIMESHARE, N_SETUPS };
+enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, N_SETUPS };
 
-static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "split",
-						   "timeshare" };
+static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "mixed",
+						   "split", "timeshare" };
 
 static struct mb_env {
 	const char *models[MP_CONSOL_MAX_MODELS];
@@ -75,7 +75,10 @@ static const char doc[] =
 	"\n"
 	"  single        model 0 alone at N x RATE: the floor\n"
 	"  consolidated  the N models over MAP (moepager consolidate): the owned\n"
-	"                experts in memory, the rest paged under what is left\n"
+	"                experts in memory, the rest paged under what is left; one\n"
+	"                model's dense weights active, swapped when the head needs another\n"
+	"  mixed         consolidated with every model's dense weights in use: batches\n"
+	"                mix models, no swaps (serve --mixed-batches)\n"
 	"  split         N servers, one per model, each with 1/N of the memory and\n"
 	"                --io-rate / N (MIG-like); the streams do not share a queue\n"
 	"  timeshare     the N models over a map that shares nothing; a switch to\n"
@@ -87,8 +90,9 @@ static const char doc[] =
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, hit_rate, bytes_file,\n"
-	"runs: [...]}], compare: [{rate, consolidated_over_single, consolidated_over_split,\n"
-	"consolidated_over_timeshare}]}: medians over the repeats; ratios of turnaround\n"
+	"runs: [...]}], compare: [{rate, consolidated_over_single, mixed_over_single,\n"
+	"mixed_over_split, consolidated_over_split, consolidated_over_timeshare}]}:\n"
+	"medians over the repeats; ratios of turnaround\n"
 	"p50 medians. saturated: throughput below 90 % of the offered load.\n"
 	"\n"
 	"EXAMPLES:\n"
@@ -111,8 +115,8 @@ static const struct argp_option opts[] = {
 	  "model 0)", 0 },
 	{ "io-rate", OPT_IO_RATE, "BYTES", 0, "File tier bytes/s per server (default: no cap)",
 	  0 },
-	{ "setups", OPT_SETUPS, "LIST", 0, "Setups to run (default single,consolidated,split,"
-	  "timeshare)", 0 },
+	{ "setups", OPT_SETUPS, "LIST", 0, "Setups to run (default single,consolidated,mixed,"
+	  "split,timeshare)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per setup and rate (default 3)", 0 },
 	{ "max-batch", OPT_MAX_BATCH, "B", 0, "Sequences per batch (default 8)", 0 },
 	{ "threads", OPT_THREADS, "T", 0, "Engine threads per server (default 1)", 0 },
@@ -199,8 +203,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_SETUPS:
 		if (parse_setups(arg))
-			argp_error(state, "--setups wants a list of single, consolidated, split, "
-				   "timeshare");
+			argp_error(state, "--setups wants a list of single, consolidated, mixed, "
+				   "split, timeshare");
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
@@ -481,10 +485,12 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	snprintf(fault, sizeof(fault), "read:rate=%llu", (unsigned long long)(io ? io : 1));
 	c.fault = env.io_rate ? fault : "";
 	snprintf(budget, sizeof(budget), "%llu", (unsigned long long)(
-		s == S_SPLIT ? pl->budget / env.n : s == S_CONSOL ? pl->budget - pl->owned :
+		s == S_SPLIT ? pl->budget / env.n :
+		s == S_CONSOL || s == S_MIXED ? pl->budget - pl->owned :
 		pl->budget));
-	if (s == S_CONSOL || s == S_TIMESHARE) {
-		c.consolidate = s == S_CONSOL ? env.map : pl->share0;
+	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE) {
+		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
+		c.mixed = s == S_MIXED;
 		c.timeshare = s == S_TIMESHARE;
 		for (uint32_t i = 1; i < env.n; i++)
 			c.more[i - 1] = env.models[i];
@@ -841,8 +847,10 @@ int cmd_multibench(int argc, char **argv)
 									env.repeat));
 		}
 		json_array_append_new(compare, json_pack(
-			"{s:f, s:o, s:o, s:o}", "rate", env.rates[r],
+			"{s:f, s:o, s:o, s:o, s:o, s:o}", "rate", env.rates[r],
 			"consolidated_over_single", ratio(t[S_CONSOL], t[S_SINGLE]),
+			"mixed_over_single", ratio(t[S_MIXED], t[S_SINGLE]),
+			"mixed_over_split", ratio(t[S_MIXED], t[S_SPLIT]),
 			"consolidated_over_split", ratio(t[S_CONSOL], t[S_SPLIT]),
 			"consolidated_over_timeshare", ratio(t[S_CONSOL], t[S_TIMESHARE])));
 	}
@@ -868,9 +876,10 @@ int cmd_multibench(int argc, char **argv)
 		json_t *c = json_array_get(compare, i);
 
 		printf("rate %.3g/s per model: turnaround p50 consolidated/single %.3f, "
-		       "/split %.3f, /timeshare %.3f\n",
+		       "mixed/single %.3f, consolidated/split %.3f, /timeshare %.3f\n",
 		       json_real_value(json_object_get(c, "rate")),
 		       json_number_value(json_object_get(c, "consolidated_over_single")),
+		       json_number_value(json_object_get(c, "mixed_over_single")),
 		       json_number_value(json_object_get(c, "consolidated_over_split")),
 		       json_number_value(json_object_get(c, "consolidated_over_timeshare")));
 	}

@@ -102,6 +102,12 @@ struct serve_local_config {
 	 * in memory at a time.
 	 */
 	bool timeshare;
+	/*
+	 * Every model's dense weights stay in use (they are in memory anyway):
+	 * batches mix models and nothing is swapped, so a request of another
+	 * model never waits for the batch to empty. Default: one active, swapped.
+	 */
+	bool mixed;
 	/* The pager's fault spec (docs/fault-injection.md), e.g. an I/O cap "read:rate=8M". */
 	const char *fault;
 };

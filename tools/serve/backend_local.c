@@ -548,7 +548,9 @@ static int add_models(struct local *l, const struct serve_local_config *cfg)
 			err = -EINVAL;
 		}
 	}
-	return err ? err : mp_runner_activate(l->runner, 0);
+	if (err || cfg->mixed)
+		return err;
+	return mp_runner_activate(l->runner, 0);
 }
 
 /*
@@ -616,6 +618,10 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	}
 	if (!err && cfg->consolidate)
 		err = add_models(l, cfg);
+	if (!err && cfg->timeshare && cfg->mixed) {
+		fprintf(stderr, "moepager serve: time-sharing swaps models; mixed batches do not\n");
+		err = -EINVAL;
+	}
 	if (!err && cfg->timeshare && !(l->pager && cfg->consolidate)) {
 		fprintf(stderr, "moepager serve: time-sharing needs several models and a budget\n");
 		err = -EINVAL;
