@@ -5,7 +5,8 @@
 # 0) each model's greedy tokens equal that model served alone; with half the positions
 # shared, requests of every model are served, owned positions are read from memory
 # (no pager I/O for them), the budget holds, and alternating models swaps the dense
-# weights (counted and timed in /metrics); bad command lines and a map of other models
+# weights (counted and timed in /metrics) unless --mixed-batches keeps every model's in use
+# (the same tokens, no swap); bad command lines and a map of other models
 # are refused with a message.
 #
 #   cli_multi.sh MOEPAGER
@@ -60,6 +61,17 @@ check "and times the swaps" \
 check "capacity 0 owns nothing" test "$(metric moepager_multi_owned_positions)" = 0
 check "the server stops cleanly" stop
 
+# Mixed batches: every model's dense weights in use, the same tokens, no swap.
+serve_start "${M[@]}" --consolidate "$T/c0.mpc" --budget 25% --max-batch 4 --mixed-batches ||
+	exit 1
+for v in v1 v2 v3 v1 v2 v3; do
+	complete "$v" "$T/mixed.$v"
+	check "mixed batches: $v gives its tokens alone" cmp -s "$T/mixed.$v" "$T/alone.$v"
+done
+curl -s "$URL/metrics" >"$T/metrics"
+check "mixed batches never swap" test "$(metric moepager_model_swaps_total)" = 0
+check "the mixed-batch server stops cleanly" stop
+
 # Half the positions shared: served, owned reads without I/O, within the budget.
 serve_start "${M[@]}" --consolidate "$T/c16.mpc" --budget 25% || exit 1
 for v in v1 v2 v3; do
@@ -83,6 +95,8 @@ refused() {	# refused MESSAGE ARGS...: serve ARGS fails, saying MESSAGE
 }
 check "several --model without --consolidate are refused" \
 	refused "need --consolidate" "${M[@]}"
+check "--mixed-batches without --consolidate is refused" \
+	refused "needs --consolidate" --model "$T/v1.mpk" --mixed-batches
 check "--consolidate without --budget is refused" \
 	refused "needs --budget" "${M[@]}" --consolidate "$T/c0.mpc"
 if "$MOEPAGER" serve --model "$T/v2.mpk" --model "$T/v1.mpk" --model "$T/v3.mpk" \

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* Description: the fault spec grammar and the fault tier's injections, over an in-memory tier. */
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +137,7 @@ static void issue_examples_parse(void **state)
 		"read:corrupt:expert=0.2", "read:delay=50ms:p=0.1", "alloc:enomem:after=10",
 		"read:enomem:layer=2:count=3", "read:delay=1.5s", "read:delay=200us:every=2",
 		"read:eio:p=1", "read:eio:p=0", "read:eio:after=0:count=1",
+		"read:rate=32M", "read:rate=500K:layer=1", "read:rate=1.5G", "read:rate=4096",
 	};
 
 	(void)state;
@@ -181,6 +183,13 @@ static void bad_specs_name_the_rule_and_position(void **state)
 		{ "read:eio:every=99999999999999999999", "is not a count >= 1" },
 		{ "read:eio:layer=4294967296", "is not a layer number" },
 		{ " read:eio", "unknown operation ' read'" },
+		{ "read:rate=", "position 11: rate '' is not bytes per second" },
+		{ "read:rate=fast", "rate 'fast' is not bytes per second (e.g. 64M, 500K)" },
+		{ "read:rate=8X", "position 12: rate '8X': unknown unit (K, M, G or T)" },
+		{ "read:rate=8MB", "rate '8MB': unknown unit" },
+		{ "read:rate=0.5", "rate '0.5' is below one byte per second" },
+		{ "read:rate=0", "rate '0' is below one byte per second" },
+		{ "alloc:rate=8M", "unknown alloc fault 'rate=8M' (enomem)" },
 	};
 
 	(void)state;
@@ -436,6 +445,34 @@ static void first_failure_in_spec_order_decides_and_delays_add(void **state)
 }
 
 /*
+ * read:rate=: each read waits its turn through a device of that many bytes/s.
+ * Back to back, a read starts once the one before is through, so each
+ * waits exactly its own bytes' time (the counters add the reservations,
+ * not measured sleeps); the bytes are the file's, and other layers pass.
+ */
+static void rate_cap_holds_each_read_for_its_bytes(void **state)
+{
+	struct mp_tier *t = wrap_mem("read:rate=64M:layer=2", 1);
+	uint64_t cost = (uint64_t)llround((double)XBYTES * 1e9 / (64.0 * 1024 * 1024));
+	struct mp_fault_counts c;
+	struct sink k;
+
+	(void)state;
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(read_one(t, 2, (uint32_t)i, &k), 0);
+		assert_int_equal(k.n, XBYTES);
+		assert_true(matches_pattern(2, (uint32_t)i, k.got, k.n));
+	}
+	assert_int_equal(read_one(t, 1, 0, &k), 0);
+	mp_tier_inject_counts(t, &c);
+	assert_int_equal(c.reads, 4);
+	assert_int_equal(c.rate_waits, 3);
+	assert_int_equal(c.rate_wait_ns, 3 * cost);
+	assert_int_equal(c.eio + c.short_reads + c.corrupt + c.delays, 0);
+	mp_tier_destroy(t);
+}
+
+/*
  * The environment
  */
 
@@ -526,6 +563,7 @@ int main(void)
 		cmocka_unit_test(read_enomem_refuses_without_reading),
 		cmocka_unit_test(alloc_rules_fire_after_n_allocations),
 		cmocka_unit_test(first_failure_in_spec_order_decides_and_delays_add),
+		cmocka_unit_test(rate_cap_holds_each_read_for_its_bytes),
 		cmocka_unit_test(wrap_reads_the_environment),
 		cmocka_unit_test(env_seed_equals_api_seed),
 	};

@@ -30,6 +30,8 @@ static const struct cli_command commands[] = {
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
 	{ "bench-adapters", "many expert adapters over one base vs base, padded and merged",
 	  cmd_adapterbench },
+	{ "bench-multi", "model variants consolidated vs one model, a split and time-sharing",
+	  cmd_multibench },
 	{ "pagerd", "the pager daemon: one host tier (memfd) shared by engine processes",
 	  cmd_pagerd },
 	{ "serve", "an OpenAI-style HTTP server over a model, with continuous batching", cmd_serve },

@@ -469,6 +469,8 @@ static bool head_model_ready(struct mp_sched *s)
 	/* A failed swap (no memory) lets it join anyway: its step fails it, nobody hangs. */
 	if (mp_runner_activate(s->r, s->qhead->p.model))
 		return true;
+	if (s->cfg.on_swap)
+		s->cfg.on_swap(s->cfg.on_swap_arg, s->qhead->p.model);
 	s->st.swaps++;
 	s->st.swap_seconds += seconds(mp_now_ns() - t0);
 	return true;

@@ -23,7 +23,7 @@
 
 enum fault_op { OP_READ, OP_ALLOC };
 
-enum fault_kind { K_EIO, K_ENOMEM, K_SHORT, K_CORRUPT, K_DELAY };
+enum fault_kind { K_EIO, K_ENOMEM, K_SHORT, K_CORRUPT, K_DELAY, K_RATE };
 
 /* Salts of the independent draws one rule makes for one operation. */
 enum { SALT_P = 1, SALT_POS = 2 };
@@ -37,6 +37,8 @@ struct rule {
 	bool has_expert;
 	double p;
 	uint64_t delay_ns;
+	double rate;			/* read:rate=: bytes per second */
+	_Atomic uint64_t rate_next_ns;	/* when the capped reads so far are done (mp_now_ns) */
 	uint64_t every;			/* 0: every operation */
 	uint64_t after;
 	uint64_t count;			/* 0: no limit */
@@ -68,6 +70,7 @@ struct tier_fault {
 	struct expert_counts ec;
 	struct {
 		_Atomic uint64_t reads, eio, enomem, short_reads, corrupt, delays, alloc_enomem;
+		_Atomic uint64_t rate_waits, rate_wait_ns;
 	} c;
 };
 
@@ -176,6 +179,27 @@ static int parse_duration(const struct parse_ctx *c, struct slice v, uint64_t *n
 	return bad(c, unit.s, "delay '%.*s' needs a unit: ns, us, ms or s", (int)v.len, v.s);
 }
 
+/* Bytes per second: a decimal with an optional K, M, G or T (powers of 1024), above 0. */
+static int parse_rate(const struct parse_ctx *c, struct slice v, double *out)
+{
+	static const char units[] = "KMGT";
+	size_t used;
+	double x;
+
+	if (parse_decimal(v, &used, &x))
+		return bad(c, v.s, "rate '%.*s' is not bytes per second (e.g. 64M, 500K)",
+			   (int)v.len, v.s);
+	if (used + 1 == v.len && strchr(units, v.s[used]) && v.s[used])
+		x *= (double)(1ull << (10 * (strchr(units, v.s[used]) - units + 1)));
+	else if (used != v.len)
+		return bad(c, v.s + used, "rate '%.*s': unknown unit (K, M, G or T)", (int)v.len,
+			   v.s);
+	if (x < 1.0)
+		return bad(c, v.s, "rate '%.*s' is below one byte per second", (int)v.len, v.s);
+	*out = x;
+	return 0;
+}
+
 static int parse_action(const struct parse_ctx *c, struct slice f, struct rule *r)
 {
 	static const struct { const char *name; uint8_t op; uint8_t kind; } actions[] = {
@@ -192,6 +216,10 @@ static int parse_action(const struct parse_ctx *c, struct slice f, struct rule *
 		r->kind = K_DELAY;
 		return parse_duration(c, (struct slice){ eq + 1, f.len - 6 }, &r->delay_ns);
 	}
+	if (eq && r->op == OP_READ && (size_t)(eq - f.s) == 4 && !memcmp(f.s, "rate", 4)) {
+		r->kind = K_RATE;
+		return parse_rate(c, (struct slice){ eq + 1, f.len - 5 }, &r->rate);
+	}
 	for (size_t i = 0; i < MP_ARRAY_SIZE(actions); i++) {
 		if (actions[i].op == r->op && slice_eq(f, actions[i].name)) {
 			r->kind = actions[i].kind;
@@ -199,7 +227,8 @@ static int parse_action(const struct parse_ctx *c, struct slice f, struct rule *
 		}
 	}
 	return bad(c, f.s, "unknown %s fault '%.*s' (%s)", op_names[r->op], (int)f.len, f.s,
-		   r->op == OP_READ ? "eio, enomem, short, corrupt, delay=DURATION" : "enomem");
+		   r->op == OP_READ ? "eio, enomem, short, corrupt, delay=DURATION, rate=BYTES" :
+		   "enomem");
 }
 
 static int parse_param(const struct parse_ctx *c, struct slice f, struct rule *r, unsigned *seen)
@@ -506,6 +535,23 @@ static int sleep_cancellable(uint64_t ns, const atomic_bool *cancel)
 	return cancel && atomic_load(cancel) ? -ECANCELED : 0;
 }
 
+/*
+ * read:rate=: the reads a rule matches pass one at a time through a device
+ * of that many bytes per second, in arrival order, with no burst: a read
+ * takes its turn after the reads before it and waits until its bytes are
+ * through. Returns how long to wait from now.
+ */
+static uint64_t rate_wait(struct rule *r, uint64_t bytes, uint64_t now)
+{
+	uint64_t cost = (uint64_t)llround((double)bytes * 1e9 / r->rate);
+	uint64_t cur = atomic_load(&r->rate_next_ns), next;
+
+	do {
+		next = MP_MAX(cur, now) + cost;
+	} while (!atomic_compare_exchange_weak(&r->rate_next_ns, &cur, next));
+	return next - now;
+}
+
 /* A page-aligned point strictly inside the expert's bytes (0 for an expert of one page). */
 static uint64_t cut_point(const struct tier_fault *f, uint32_t idx, const struct mp_tier_read *rd,
 			  uint64_t n)
@@ -521,7 +567,7 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 	struct xfer x = { .rd = rd, .cut = UINT64_MAX, .flip = UINT64_MAX };
 	struct mp_tier_read in = *rd;
 	const struct rule *end = NULL, *flip = NULL;
-	uint64_t n, delay = 0;
+	uint64_t n, delay = 0, capped = 0, now = mp_now_ns();
 	int err;
 
 	atomic_fetch_add(&f->c.reads, 1);
@@ -536,6 +582,13 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		case K_DELAY:
 			delay += r->delay_ns;
 			break;
+		case K_RATE: {
+			/* Several caps on one read: it waits for the slowest. */
+			uint64_t w = rate_wait(&f->rules[i], rd->bytes, now);
+
+			capped = MP_MAX(capped, w);
+			break;
+		}
 		case K_CORRUPT:
 			if (!flip && rd->bytes) {
 				uint64_t h = draw(f, i, SALT_POS, rd->layer, rd->expert, n);
@@ -559,6 +612,12 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		mp_debug("fault injection: layer %u expert %u: read delayed %.3f ms", rd->layer,
 			 rd->expert, (double)delay / 1e6);
 		if (sleep_cancellable(delay, rd->cancel))
+			return -ECANCELED;
+	}
+	if (capped) {
+		atomic_fetch_add(&f->c.rate_waits, 1);
+		atomic_fetch_add(&f->c.rate_wait_ns, capped);
+		if (sleep_cancellable(capped, rd->cancel))
 			return -ECANCELED;
 	}
 	if (end && end->kind == K_ENOMEM) {
@@ -650,6 +709,8 @@ void mp_tier_inject_counts(const struct mp_tier *t, struct mp_fault_counts *out)
 	out->corrupt = atomic_load(&f->c.corrupt);
 	out->delays = atomic_load(&f->c.delays);
 	out->alloc_enomem = atomic_load(&f->c.alloc_enomem);
+	out->rate_waits = atomic_load(&f->c.rate_waits);
+	out->rate_wait_ns = atomic_load(&f->c.rate_wait_ns);
 }
 
 static int fault_open(struct mp_tier *inner, const char *src, const char *spec, uint64_t seed,

@@ -37,6 +37,8 @@ struct mp_fault_counts {
 	uint64_t corrupt;
 	uint64_t delays;
 	uint64_t alloc_enomem;
+	uint64_t rate_waits;	/* reads read:rate= held back */
+	uint64_t rate_wait_ns;	/* their waits, summed */
 };
 
 /*

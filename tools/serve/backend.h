@@ -104,8 +104,31 @@ struct serve_local_config {
 	const char *consolidate;
 	const char *more[MP_CONSOL_MAX_MODELS - 1];
 	uint32_t n_more;
+	/*
+	 * Time-sharing (a baseline of `moepager bench-multi`): a swap to another
+	 * model evicts every expert the pager holds, so one model's experts are
+	 * in memory at a time.
+	 */
+	bool timeshare;
+	/*
+	 * Every model's dense weights stay in use (they are in memory anyway):
+	 * batches mix models and nothing is swapped, so a request of another
+	 * model never waits for the batch to empty. Default: one active, swapped.
+	 */
+	bool mixed;
+	/* The pager's fault spec (docs/fault-injection.md), e.g. an I/O cap "read:rate=8M". */
+	const char *fault;
 };
 
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out);
+
+/* The local backend's counters (a benchmark's view): zero where it has no such part. */
+struct serve_local_stats {
+	struct mp_sched_stats sched;
+	struct mp_pager_stats pager;
+	struct mp_multi_stats multi;
+};
+
+void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out);
 
 #endif /* MP_SERVE_BACKEND_H */

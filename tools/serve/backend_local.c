@@ -194,6 +194,21 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 	}
 }
 
+void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
+{
+	struct local *l = (struct local *)b;
+
+	memset(out, 0, sizeof(*out));
+	pthread_rwlock_rdlock(&l->sched_lock);
+	if (l->sched)
+		mp_sched_stats(l->sched, &out->sched);
+	pthread_rwlock_unlock(&l->sched_lock);
+	if (l->pager)
+		mp_pager_stats(l->pager, &out->pager);
+	if (l->multi)
+		mp_multi_stats(l->multi, &out->multi);
+}
+
 /* From the thread that stops the server, while the scheduler is open. */
 static int local_drain(struct serve_backend *b, uint32_t timeout_ms)
 {
@@ -339,7 +354,7 @@ static const char *paper_evict(const char *prefetch)
 static int open_source(struct local *l, const struct serve_local_config *cfg,
 		       struct mp_runner_config *rc)
 {
-	struct mp_pager_config pc = { .budget = cfg->budget };
+	struct mp_pager_config pc = { .budget = cfg->budget, .fault = cfg->fault };
 	struct mp_prefetcher_config fc = { .policy = cfg->prefetch,
 					   .requests = cfg->sched.max_batch ?
 						       cfg->sched.max_batch : 8 };
@@ -534,7 +549,24 @@ static int add_models(struct local *l, const struct serve_local_config *cfg)
 			err = -EINVAL;
 		}
 	}
-	return err ? err : mp_runner_activate(l->runner, 0);
+	if (err || cfg->mixed)
+		return err;
+	return mp_runner_activate(l->runner, 0);
+}
+
+/*
+ * Time-sharing: the model just activated starts from an empty pager (rows
+ * being read or pinned stay; nothing reads them once the batch is empty).
+ */
+static void evict_all(void *arg, uint32_t model)
+{
+	struct local *l = arg;
+	const struct mp_geometry *g = mp_store_geometry(l->store);
+
+	(void)model;
+	for (uint32_t layer = 0; layer < g->layers; layer++)
+		for (uint32_t row = 0; row < l->n_models * g->experts; row++)
+			mp_pager_evict(l->pager, layer, row, 0);
 }
 
 /* The tokenizer beside the model (MODEL.tok), when there is one; else prompts are ids. */
@@ -617,6 +649,18 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	}
 	if (!err && cfg->consolidate)
 		err = add_models(l, cfg);
+	if (!err && cfg->timeshare && cfg->mixed) {
+		fprintf(stderr, "moepager serve: time-sharing swaps models; mixed batches do not\n");
+		err = -EINVAL;
+	}
+	if (!err && cfg->timeshare && !(l->pager && cfg->consolidate)) {
+		fprintf(stderr, "moepager serve: time-sharing needs several models and a budget\n");
+		err = -EINVAL;
+	}
+	if (!err && cfg->timeshare) {
+		sc.on_swap = evict_all;
+		sc.on_swap_arg = l;
+	}
 	if (!err) {
 		sc.runner = l->runner;
 		err = mp_sched_open(&sc, &l->sched);

@@ -33,6 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
+	OPT_MIXED,
 };
 
 static const char doc[] =
@@ -63,7 +64,8 @@ static const char doc[] =
 	"docs/multi.md): a request's \"model\" picks one; at a position the map gives an\n"
 	"owner, every model uses the owner's expert, held in memory; elsewhere each\n"
 	"model pages its own under --budget. One model's dense weights are active at a\n"
-	"time, swapped from memory when the queue's head needs another.\n"
+	"time, swapped from memory when the queue's head needs another; with\n"
+	"--mixed-batches every model's are in use and batches mix models.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager serve --model data/models/tiny-real.mpk\n"
@@ -108,6 +110,9 @@ static const struct argp_option opts[] = {
 	  "Hold every adapter's E rows in every layer (a baseline for benchmarks)", 0 },
 	{ "consolidate", OPT_CONSOLIDATE, "MAP", 0,
 	  "Serve the --model variants together with this .mpc map (needs --budget)", 0 },
+	{ "mixed-batches", OPT_MIXED, NULL, 0,
+	  "With --consolidate: every model's dense weights in use, batches mix models, no "
+	  "swaps", 0 },
 	{ 0 },
 };
 
@@ -141,6 +146,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "at most %u --model", MP_CONSOL_MAX_MODELS);
 		break;
 	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
+	case OPT_MIXED: env.local.mixed = true; break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
@@ -222,6 +228,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (env.local.attach && env.local.budget)
 			argp_error(state, "--attach and --budget exclude each other (the daemon's "
 				   "budget holds)");
+		if (env.local.mixed && !env.local.consolidate)
+			argp_error(state, "--mixed-batches needs --consolidate MAP");
 		if (env.local.n_more && !env.local.consolidate)
 			argp_error(state, "several --model need --consolidate MAP");
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))

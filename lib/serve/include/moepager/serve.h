@@ -31,7 +31,14 @@ struct mp_sched_config {
 	uint64_t kv_budget;
 	uint32_t prefill_chunk;		/* prompt tokens a sequence runs per step; 0: 128 */
 	uint32_t step_tokens;		/* tokens per step at most (decodes go first); 0: 512 */
-	MP_RESERVED(8);
+	/*
+	 * Called from the scheduler's thread, locked, right after a swap
+	 * activated model (its time counts in swap_seconds): e.g. evicting the
+	 * other models' experts to serve them one at a time. NULL: nothing.
+	 */
+	void (*on_swap)(void *arg, uint32_t model);
+	void *on_swap_arg;
+	MP_RESERVED(6);
 };
 
 /* How a request samples its tokens. A zeroed struct means greedy, 16 tokens. */

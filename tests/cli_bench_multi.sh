@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Description: `moepager bench-multi` on two generated tiny variants: one invocation runs
+# the five setups (single, consolidated, mixed, split, timeshare) at each rate and prints the
+# JSON the docs describe (ttft_s, turnaround_s, throughput_rpm, the runs, the ratios);
+# every request completes; the floor, the split and mixed batches never swap, the consolidated and time-sharing
+# setups do when both models are asked for; time-sharing reads experts again after
+# the warm-up (a swap evicts every expert); and bad command lines are refused with a message.
+#
+#   cli_bench_multi.sh MOEPAGER
+set -uo pipefail
+MOEPAGER=$1
+PY=/usr/bin/python3
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/check_lib.sh"
+
+for s in 1 2; do
+	"$MOEPAGER" gen --preset tiny --seed $s --name v$s --out "$T/v$s.mpk" --quiet || exit 1
+done
+"$MOEPAGER" consolidate "$T/v1.mpk" "$T/v2.mpk" --capacity 25% --out "$T/c.mpc" >/dev/null ||
+	exit 1
+M=(--model "$T/v1.mpk" --model "$T/v2.mpk" --consolidate "$T/c.mpc")
+A=(--requests 3 --max-tokens 4 --repeat 1 --warmup 1 --budget 100% --io-rate 256M
+	--tmpdir "$T")
+
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 20,40 --json >"$T/out.json" 2>"$T/err"
+check "bench-multi runs every setup at every rate" test $? = 0
+cat >"$T/check.py" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["results"]
+assert [(r["setup"], r["rate"]) for r in rows] == [
+    (s, r) for r in (20.0, 40.0)
+    for s in ("single", "consolidated", "mixed", "split", "timeshare")], rows
+for r in rows:
+    assert r["offered_rpm"] == r["rate"] * 2 * 60
+    assert 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p90"], r
+    assert r["ttft_s"]["p50"] <= r["turnaround_s"]["p50"] <= r["turnaround_s"]["p90"], r
+    assert r["throughput_rpm"] > 0 and isinstance(r["saturated"], bool)
+    assert len(r["runs"]) == 1 and r["runs"][0]["completed"] == 6, r
+    assert r["runs"][0]["failed"] == 0
+by = {(r["setup"], r["rate"]): r for r in rows}
+for rate in (20.0, 40.0):
+    assert by[("single", rate)]["swaps"] == 0
+    assert by[("split", rate)]["swaps"] == 0
+    assert by[("mixed", rate)]["swaps"] == 0    # every model's dense weights in use
+# The warm-up alone asks for both models one after another: both swapping setups swap.
+assert by[("consolidated", 20.0)]["swaps"] >= 1 and by[("timeshare", 20.0)]["swaps"] >= 1
+# A time-sharing swap evicts every expert: the measured run reads them again.
+assert by[("timeshare", 20.0)]["bytes_file"] > 0
+assert [c["rate"] for c in d["compare"]] == [20.0, 40.0]
+for c in d["compare"]:
+    for k in ("consolidated_over_single", "consolidated_over_split", "mixed_over_single",
+              "mixed_over_split", "consolidated_over_timeshare"):
+        assert c[k] > 0, c
+assert d["owned_bytes"] > 0 and d["budget_bytes"] > d["owned_bytes"]
+assert d["io_rate"] == 256 << 20 and d["models"] == [sys.argv[2], sys.argv[3]]
+EOF
+check "the JSON holds each setup's TTFT, turnaround, throughput, runs and the ratios" \
+	"$PY" "$T/check.py" "$T/out.json" "$T/v1.mpk" "$T/v2.mpk"
+
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 20 --setups single,split >"$T/out.txt" \
+	2>"$T/err"
+check "--setups runs only those, and the text report names the ratios" \
+	grep -q "turnaround p50 consolidated/single" "$T/out.txt"
+check "no time-sharing map is left behind" \
+	test -z "$(find "$T" -name 'moepager-bench-multi-*')"
+
+refused() {	# refused MESSAGE ARGS...: bench-multi ARGS fails, saying MESSAGE
+	local msg=$1
+	shift
+	"$MOEPAGER" bench-multi "$@" >/dev/null 2>"$T/err" && return 1
+	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
+}
+check "one model is refused" \
+	refused "at least two --model" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
+check "no map is refused" refused "--consolidate MAP is required" \
+	--model "$T/v1.mpk" --model "$T/v2.mpk"
+check "an unknown setup is refused" refused "--setups wants" "${M[@]}" --setups single,mig
+check "a zero I/O rate is refused" refused "--io-rate wants" "${M[@]}" --io-rate 0
+check "a bad rate is refused" refused "--rates wants" "${M[@]}" --rates 1,x
+check "a budget without room beyond the owned experts is refused" \
+	refused "must hold the map's" "${M[@]}" --budget 25%
+check "models in another order than the map's are refused" \
+	refused "v2" --model "$T/v2.mpk" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
+
+[[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }
