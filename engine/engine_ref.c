@@ -13,17 +13,17 @@
 /* Chunks per thread: enough to even out a thread that the machine slows down. */
 #define CHUNKS_PER_THREAD	4u
 /*
- * Up to this many vectors a product runs as gemvs over L1-sized row blocks
- * (read once, used by each vector); more go through widened tiles, which
- * reuse each weight load across four vectors (compute-bound prefills).
+ * Past this many bytes of input vectors, a product runs in blocks: rows
+ * whose weights fit in L2 against vectors that fit there too, so a long
+ * prefill reads its weights from memory once and its vectors from L2 (the
+ * kernels stream each weight once per call, over all of its vectors).
  */
-#define FEW_VECTORS		8u
-#define L1_BLOCK_BYTES		(24u << 10)
+#define X_BLOCK_BYTES		(256u << 10)
+#define W_BLOCK_BYTES		(256u << 10)
 
 /* A product over a row range of W: y[t * ystride + r] for t < n. */
 struct rows_job {
 	const struct mp_kernels *k;
-	struct engine_impl *ei;
 	enum mp_dtype dt;
 	const void *w;
 	uint32_t rows;
@@ -61,60 +61,26 @@ static uint32_t chunk_start(uint32_t rows, uint32_t nchunks, uint32_t c)
 }
 
 static void rows_product(const struct rows_job *j, const void *w, float *y, uint32_t r0,
-			 uint32_t r1, uint32_t worker)
+			 uint32_t r1)
 {
 	const struct mp_kernels *k = j->k;
 	const size_t rowb = mp_dtype_bytes(j->dt, j->cols);
-	const uint32_t cols = j->cols;
-	float tmp[16];
+	const size_t xrow = (size_t)j->cols * sizeof(float);
+	uint32_t rblock = r1 - r0, tblock = j->n;
 
-	if (j->n == 1) {
-		k->gemv[j->dt]((const char *)w + r0 * rowb, r1 - r0, cols, j->x, y + r0);
-		return;
+	if (j->n * xrow > X_BLOCK_BYTES) {
+		tblock = MP_MAX(1u, (uint32_t)(X_BLOCK_BYTES / xrow));
+		rblock = MP_MAX(MP_KERN_ROWS, (uint32_t)(W_BLOCK_BYTES / rowb) &
+					      ~(MP_KERN_ROWS - 1));
 	}
-	if (j->n <= FEW_VECTORS) {
-		/*
-		 * A few vectors (a decode batch's rows at an expert): each row
-		 * block is read from memory once, into L1, and every vector's
-		 * gemv runs over it there. Each row's sum does not depend on
-		 * the rows beside it, so this gives gemv's bits for each.
-		 */
-		uint32_t block = MP_MAX(MP_KERN_ROWS, (uint32_t)(L1_BLOCK_BYTES / rowb) &
-						  ~(MP_KERN_ROWS - 1));
+	/* Each product is one kernel call's, whatever the blocks: the same bits. */
+	for (uint32_t r = r0; r < r1; r += rblock) {
+		const uint32_t rr = MP_MIN(rblock, r1 - r);
 
-		for (uint32_t r = r0; r < r1; r += block) {
-			uint32_t rr = MP_MIN(block, r1 - r);
-			const char *src = (const char *)w + r * rowb;
-
-			for (uint32_t t = 0; t < j->n; t++)
-				k->gemv[j->dt](src, rr, cols, j->x + (size_t)t * cols,
-					       y + t * j->ystride + r);
-		}
-		return;
-	}
-	for (uint32_t r = r0; r < r1; r += MP_KERN_ROWS) {
-		uint32_t rr = MP_MIN(MP_KERN_ROWS, r1 - r);
-		const void *src = (const char *)w + r * rowb;
-		const float *wf = src;
-		uint32_t t = 0;
-
-		/* Widen this block once, then use it against every vector. */
-		if (j->dt != MP_DTYPE_F32) {
-			k->widen[j->dt](src, j->ei->wbuf[worker], (size_t)rr * cols);
-			wf = j->ei->wbuf[worker];
-		}
-		if (rr == MP_KERN_ROWS) {
-			for (; t + 4 <= j->n; t += 4) {
-				k->tile4x4(wf, cols, j->x + (size_t)t * cols, cols, cols, tmp, 4);
-				for (uint32_t i = 0; i < 4; i++)
-					memcpy(y + (t + i) * j->ystride + r, tmp + i * 4,
-					       4 * sizeof(float));
-			}
-		}
-		for (; t < j->n; t++) {
-			k->gemv[MP_DTYPE_F32](wf, rr, cols, j->x + (size_t)t * cols, tmp);
-			memcpy(y + t * j->ystride + r, tmp, rr * sizeof(float));
-		}
+		for (uint32_t t = 0; t < j->n; t += tblock)
+			k->gemm[j->dt]((const char *)w + r * rowb, rr, j->cols,
+				       j->x + (size_t)t * j->cols, MP_MIN(tblock, j->n - t),
+				       y + t * j->ystride + r, j->ystride);
 	}
 }
 
@@ -124,8 +90,9 @@ static int rows_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	uint32_t r0 = chunk_start(j->rows, j->nchunks, chunk);
 	uint32_t r1 = chunk_start(j->rows, j->nchunks, chunk + 1);
 
+	(void)worker;
 	if (r1 > r0)
-		rows_product(j, j->w, j->y, r0, r1, worker);
+		rows_product(j, j->w, j->y, r0, r1);
 	return 0;
 }
 
@@ -133,16 +100,9 @@ static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct row
 		    mp_chunk_fn fn)
 {
 	uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
-	int err;
 
 	j->k = ei->kern;
-	j->ei = ei;
 	j->nchunks = chunk_count(ei, j->rows, bytes);
-	if (j->n > FEW_VECTORS && j->dt != MP_DTYPE_F32) {
-		err = engine_worker_scratch(ei, (size_t)MP_KERN_ROWS * j->cols);
-		if (err)
-			return err;
-	}
 	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
 }
 
@@ -176,10 +136,11 @@ static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	uint32_t r0 = chunk_start(j->rows, j->nchunks, chunk);
 	uint32_t r1 = chunk_start(j->rows, j->nchunks, chunk + 1);
 
+	(void)worker;
 	if (r1 <= r0)
 		return 0;
-	rows_product(j, j->w, j->y, r0, r1, worker);
-	rows_product(j, j->w_up, j->y_up, r0, r1, worker);
+	rows_product(j, j->w, j->y, r0, r1);
+	rows_product(j, j->w_up, j->y_up, r0, r1);
 	for (uint32_t t = 0; t < j->n; t++) {
 		const float *gt = j->y + t * j->ystride, *ut = j->y_up + t * j->ystride;
 		float *ht = j->h + t * j->ystride;

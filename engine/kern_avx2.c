@@ -100,79 +100,91 @@ static inline TARGET float hsum(__m256 v)
 }
 
 /*
- * Four rows at a time, one 8-lane accumulator per row over 8-column blocks
- * in order, then the scalar tail: exactly tile4x4()'s order, so a product
- * gives the same bits whether its vector comes alone (gemv) or in a batch
- * (tile4x4 over the widened rows), which batched decoding relies on.
+ * Products of n vectors: every weight row is loaded (and widened) once per
+ * group of up to TOKENS vectors, each load feeding an FMA per vector of the
+ * group (a register tile of 4 rows x T vectors: 8 accumulators, the group's
+ * x and one widened weight register in 16).
+ *
+ * Each product accumulates exactly as a lone vector's does, whatever n and
+ * whichever group it falls in: one 8-lane accumulator per (row, vector)
+ * over 8-column blocks in order, its horizontal sum, then the scalar tail
+ * in order. So a vector gets the same bits alone (n = 1) and in a batch,
+ * which batched decoding needs. The first group prefetches the next 4-row
+ * block, as in kern_avx512.c.
  */
-#define DEFINE_GEMV(type)							\
-static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
-			       const float *x, float *y)			\
+#define TOKENS 2
+
+#define UNROLL _Pragma("GCC unroll 8")
+
+#define DEFINE_GEMM(type)							\
+static inline __attribute__((always_inline)) TARGET void			\
+tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
+	    uint32_t cols, const float *x, float *y, size_t ystride, bool pf)	\
 {										\
-	const size_t rs = MP_ROW_##type(cols);					\
 	const uint32_t vcols = cols & ~7u, pcols = cols & ~15u;			\
-	uint32_t r = 0;								\
+	const char *next = w + R * rs;						\
+	__m256 acc[TOKENS][4], xv[TOKENS];					\
+	uint32_t c = 0;								\
 										\
-	for (; r + 4 <= rows; r += 4) {						\
-		const char *w0 = (const char *)w + r * rs;			\
-		const char *w1 = w0 + rs, *w2 = w1 + rs, *w3 = w2 + rs;		\
-		const char *next = w0 + 4 * rs;					\
-		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;	\
-		uint32_t c = 0;							\
-										\
-		for (; c < pcols; c += 16) {					\
-			__m256 x0 = _mm256_loadu_ps(x + c);			\
-			__m256 x1 = _mm256_loadu_ps(x + c + 8);			\
-										\
-			/* The next 4-row block, as in kern_avx512.c. */	\
+	UNROLL for (uint32_t t = 0; t < T; t++)					\
+		UNROLL for (uint32_t r = 0; r < R; r++)				\
+			acc[t][r] = _mm256_setzero_ps();			\
+	for (; c < vcols; c += 8) {						\
+		if (pf && c < pcols && !(c & 8))				\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
-					     _MM_HINT_T0);				\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
+					     _MM_HINT_T0);			\
+		UNROLL for (uint32_t t = 0; t < T; t++)				\
+			xv[t] = _mm256_loadu_ps(x + (size_t)t * cols + c);	\
+		UNROLL for (uint32_t r = 0; r < R; r++) {			\
+			__m256 wv = ld_##type(w + r * rs, c);			\
 										\
-			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\
-			a1 = _mm256_fmadd_ps(ld_##type(w1, c), x0, a1);		\
-			a2 = _mm256_fmadd_ps(ld_##type(w2, c), x0, a2);		\
-			a3 = _mm256_fmadd_ps(ld_##type(w3, c), x0, a3);		\
-			a0 = _mm256_fmadd_ps(ld_##type(w0, c + 8), x1, a0);	\
-			a1 = _mm256_fmadd_ps(ld_##type(w1, c + 8), x1, a1);	\
-			a2 = _mm256_fmadd_ps(ld_##type(w2, c + 8), x1, a2);	\
-			a3 = _mm256_fmadd_ps(ld_##type(w3, c + 8), x1, a3);	\
+			UNROLL for (uint32_t t = 0; t < T; t++)			\
+				acc[t][r] = _mm256_fmadd_ps(wv, xv[t], acc[t][r]); \
 		}								\
-		if (c < vcols) {						\
-			__m256 x0 = _mm256_loadu_ps(x + c);			\
-										\
-			a0 = _mm256_fmadd_ps(ld_##type(w0, c), x0, a0);		\
-			a1 = _mm256_fmadd_ps(ld_##type(w1, c), x0, a1);		\
-			a2 = _mm256_fmadd_ps(ld_##type(w2, c), x0, a2);		\
-			a3 = _mm256_fmadd_ps(ld_##type(w3, c), x0, a3);		\
-		}								\
-		float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3); \
-										\
-		for (c = vcols; c < cols; c++) {				\
-			s0 += sc_##type(w0, c) * x[c];				\
-			s1 += sc_##type(w1, c) * x[c];				\
-			s2 += sc_##type(w2, c) * x[c];				\
-			s3 += sc_##type(w3, c) * x[c];				\
-		}								\
-		y[r] = s0;							\
-		y[r + 1] = s1;							\
-		y[r + 2] = s2;							\
-		y[r + 3] = s3;							\
 	}									\
-	for (; r < rows; r++) {							\
-		const char *w0 = (const char *)w + r * rs;			\
-		__m256 a0 = _mm256_setzero_ps();				\
+	UNROLL for (uint32_t t = 0; t < T; t++) {				\
+		const float *xt = x + (size_t)t * cols;				\
 										\
-		for (uint32_t c = 0; c < vcols; c += 8)				\
-			a0 = _mm256_fmadd_ps(ld_##type(w0, c), _mm256_loadu_ps(x + c), a0); \
-		float s0 = hsum(a0);						\
+		UNROLL for (uint32_t r = 0; r < R; r++) {			\
+			const char *wr = w + r * rs;				\
+			float s = hsum(acc[t][r]);				\
 										\
-		for (uint32_t c = vcols; c < cols; c++)				\
-			s0 += sc_##type(w0, c) * x[c];				\
-		y[r] = s0;							\
+			for (c = vcols; c < cols; c++)				\
+				s += sc_##type(wr, c) * xt[c];			\
+			y[t * ystride + r] = s;					\
+		}								\
 	}									\
 }										\
 										\
+static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
+			       const float *x, uint32_t n, float *y, size_t ystride) \
+{										\
+	const size_t rs = MP_ROW_##type(cols);					\
+	uint32_t r = 0;								\
+										\
+	for (; r + 4 <= rows; r += 4) {						\
+		const char *wr = (const char *)w + r * rs;			\
+										\
+		for (uint32_t t = 0; t < n; t += TOKENS) {			\
+			const float *xt = x + (size_t)t * cols;			\
+			float *yt = y + t * ystride + r;			\
+										\
+			if (n - t == 1)						\
+				tile_##type(wr, rs, 4, 1, cols, xt, yt, ystride, t == 0); \
+			else							\
+				tile_##type(wr, rs, 4, 2, cols, xt, yt, ystride, t == 0); \
+		}								\
+	}									\
+	/* The last rows one by one, a vector at a time (odd shapes only). */	\
+	for (; r < rows; r++)							\
+		for (uint32_t t = 0; t < n; t++)				\
+			tile_##type((const char *)w + r * rs, rs, 1, 1, cols,	\
+				    x + (size_t)t * cols, y + t * ystride + r, ystride, false); \
+}
+
+/* The same loads into f32 (mp_engine's to_f32). */
+#define DEFINE_WIDEN(type)							\
 static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 {										\
 	size_t i = 0;								\
@@ -183,11 +195,13 @@ static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 		dst[i] = sc_##type(src, i);					\
 }
 
-DEFINE_GEMV(f32)
-DEFINE_GEMV(f16)
-DEFINE_GEMV(bf16)
-DEFINE_GEMV(q8_0)
-DEFINE_GEMV(q4_0)
+#define DEFINE_TYPE(type) DEFINE_GEMM(type) DEFINE_WIDEN(type)
+
+DEFINE_TYPE(f32)
+DEFINE_TYPE(f16)
+DEFINE_TYPE(bf16)
+DEFINE_TYPE(q8_0)
+DEFINE_TYPE(q4_0)
 
 static TARGET float dot(const float *a, const float *b, uint32_t n)
 {
@@ -203,37 +217,6 @@ static TARGET float dot(const float *a, const float *b, uint32_t n)
 	for (; i < n; i++)
 		s += a[i] * b[i];
 	return s;
-}
-
-static TARGET void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
-			   uint32_t cols, float *y, size_t ystride)
-{
-	const uint32_t vcols = cols & ~7u;
-	__m256 acc[4][4];
-
-	for (int t = 0; t < 4; t++)
-		for (int r = 0; r < 4; r++)
-			acc[t][r] = _mm256_setzero_ps();
-	for (uint32_t c = 0; c < vcols; c += 8) {
-		__m256 wv[4], xv;
-
-		for (int r = 0; r < 4; r++)
-			wv[r] = _mm256_loadu_ps(w + r * wstride + c);
-		for (int t = 0; t < 4; t++) {
-			xv = _mm256_loadu_ps(x + t * xstride + c);
-			for (int r = 0; r < 4; r++)
-				acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
-		}
-	}
-	for (int t = 0; t < 4; t++) {
-		for (int r = 0; r < 4; r++) {
-			float s = hsum(acc[t][r]);
-
-			for (uint32_t c = vcols; c < cols; c++)
-				s += w[r * wstride + c] * x[t * xstride + c];
-			y[t * ystride + r] = s;
-		}
-	}
 }
 
 static TARGET void axpy(float a, const float *x, float *y, uint32_t n)

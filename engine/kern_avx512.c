@@ -104,77 +104,106 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
 }
 
 /*
- * Four rows at a time, 32 columns per step: four FMA chains, one 16-lane
- * accumulator per row over 16-column blocks in order (the masked tail
- * last), which is exactly tile4x4()'s order: a product gives the same bits
- * whether its vector comes alone or in a batch, as batched decoding needs.
- * Four weight streams; x stays in L1/L2. The four rows are one
- * contiguous block, and each step prefetches its share of the next block:
- * rows are short (2 KiB for a 1024-wide bf16 row), too short for the
- * hardware prefetcher to ramp up on four interleaved streams (measured
- * here: ~0.6 of a read-sum's bandwidth without, ~1.0 with). Prefetches
- * past the last row do not fault, so they need no bound.
+ * Products of n vectors: every weight row is loaded (and widened) once per
+ * group of up to TOKENS vectors, and each load feeds an FMA per vector of
+ * the group. A register tile is 4 rows x T vectors (T <= TOKENS: 24
+ * accumulators, the group's x and one widened weight register in 32), so a
+ * 4-row block streams from memory once and is used by every vector while it
+ * is in L1.
+ *
+ * Each product accumulates exactly as a lone vector's does, whatever n and
+ * whichever group it falls in: one 16-lane accumulator per (row, vector)
+ * over 16-column blocks in order (the masked tail last), then one
+ * reduction. So a vector gets the same bits alone (n = 1) and in a batch,
+ * which batched decoding needs. Each step prefetches its share of the next
+ * 4-row block (first group only: the others find the block in cache): rows
+ * are short (2 KiB for a 1024-wide bf16 row), too short for the hardware
+ * prefetcher to ramp up on four interleaved streams (measured here: ~0.6
+ * of a read-sum's bandwidth without, ~1.0 with). Prefetches past the last
+ * row do not fault, so they need no bound.
  */
-#define DEFINE_GEMV(type)							\
-static TARGET void gemv_##type(const void *w, uint32_t rows, uint32_t cols,	\
-			       const float *x, float *y)			\
+#define TOKENS 6
+
+#define UNROLL _Pragma("GCC unroll 8")
+
+#define DEFINE_GEMM(type)							\
+static inline __attribute__((always_inline)) TARGET void			\
+tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
+	    uint32_t cols, const float *x, float *y, size_t ystride, bool pf)	\
+{										\
+	const char *next = w + R * rs;						\
+	__m512 acc[TOKENS][4], xv[TOKENS];					\
+	uint32_t c = 0;								\
+										\
+	UNROLL for (uint32_t t = 0; t < T; t++)					\
+		UNROLL for (uint32_t r = 0; r < R; r++)				\
+			acc[t][r] = _mm512_setzero_ps();			\
+	for (; c + 32 <= cols; c += 32) {					\
+		if (pf)								\
+			for (int l = 0; l < PF_LINES_##type; l++)		\
+				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
+					     _MM_HINT_T0);			\
+		UNROLL for (uint32_t h = 0; h < 32; h += 16) {			\
+			UNROLL for (uint32_t t = 0; t < T; t++)			\
+				xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c + h); \
+			UNROLL for (uint32_t r = 0; r < R; r++) {		\
+				__m512 wv = ld_##type(w + r * rs, c + h);	\
+										\
+				UNROLL for (uint32_t t = 0; t < T; t++)		\
+					acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
+			}							\
+		}								\
+	}									\
+	for (; c < cols; c += 16) {						\
+		__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c);	\
+										\
+		UNROLL for (uint32_t t = 0; t < T; t++)				\
+			xv[t] = _mm512_maskz_loadu_ps(m, x + (size_t)t * cols + c); \
+		UNROLL for (uint32_t r = 0; r < R; r++) {			\
+			__m512 wv = ldm_##type(w + r * rs, c, m);		\
+										\
+			UNROLL for (uint32_t t = 0; t < T; t++)			\
+				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
+		}								\
+	}									\
+	UNROLL for (uint32_t t = 0; t < T; t++)					\
+		UNROLL for (uint32_t r = 0; r < R; r++)				\
+			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);	\
+}										\
+										\
+static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
+			       const float *x, uint32_t n, float *y, size_t ystride) \
 {										\
 	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
 	for (; r + 4 <= rows; r += 4) {						\
-		const char *w0 = (const char *)w + r * rs;			\
-		const char *w1 = w0 + rs, *w2 = w1 + rs, *w3 = w2 + rs;		\
-		const char *next = w0 + 4 * rs;					\
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;	\
-		uint32_t c = 0;							\
+		const char *wr = (const char *)w + r * rs;			\
 										\
-		for (; c + 32 <= cols; c += 32) {				\
-			__m512 x0 = _mm512_loadu_ps(x + c);			\
-			__m512 x1 = _mm512_loadu_ps(x + c + 16);		\
+		for (uint32_t t = 0; t < n; t += TOKENS) {			\
+			const float *xt = x + (size_t)t * cols;			\
+			float *yt = y + t * ystride + r;			\
+			const bool pf = t == 0;					\
 										\
-			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l,		\
-					     _MM_HINT_T0);				\
-										\
-			a0 = _mm512_fmadd_ps(ld_##type(w0, c), x0, a0);		\
-			a1 = _mm512_fmadd_ps(ld_##type(w1, c), x0, a1);		\
-			a2 = _mm512_fmadd_ps(ld_##type(w2, c), x0, a2);		\
-			a3 = _mm512_fmadd_ps(ld_##type(w3, c), x0, a3);		\
-			a0 = _mm512_fmadd_ps(ld_##type(w0, c + 16), x1, a0);	\
-			a1 = _mm512_fmadd_ps(ld_##type(w1, c + 16), x1, a1);	\
-			a2 = _mm512_fmadd_ps(ld_##type(w2, c + 16), x1, a2);	\
-			a3 = _mm512_fmadd_ps(ld_##type(w3, c + 16), x1, a3);	\
+			switch (n - t < TOKENS ? n - t : TOKENS) {	\
+			case 1: tile_##type(wr, rs, 4, 1, cols, xt, yt, ystride, pf); break; \
+			case 2: tile_##type(wr, rs, 4, 2, cols, xt, yt, ystride, pf); break; \
+			case 3: tile_##type(wr, rs, 4, 3, cols, xt, yt, ystride, pf); break; \
+			case 4: tile_##type(wr, rs, 4, 4, cols, xt, yt, ystride, pf); break; \
+			case 5: tile_##type(wr, rs, 4, 5, cols, xt, yt, ystride, pf); break; \
+			default: tile_##type(wr, rs, 4, 6, cols, xt, yt, ystride, pf); break; \
+			}							\
 		}								\
-		for (; c < cols; c += 16) {					\
-			__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c); \
-			__m512 x0 = _mm512_maskz_loadu_ps(m, x + c);		\
-										\
-			a0 = _mm512_fmadd_ps(ldm_##type(w0, c, m), x0, a0);	\
-			a1 = _mm512_fmadd_ps(ldm_##type(w1, c, m), x0, a1);	\
-			a2 = _mm512_fmadd_ps(ldm_##type(w2, c, m), x0, a2);	\
-			a3 = _mm512_fmadd_ps(ldm_##type(w3, c, m), x0, a3);	\
-		}								\
-		y[r] = _mm512_reduce_add_ps(a0);				\
-		y[r + 1] = _mm512_reduce_add_ps(a1);				\
-		y[r + 2] = _mm512_reduce_add_ps(a2);				\
-		y[r + 3] = _mm512_reduce_add_ps(a3);				\
 	}									\
-	for (; r < rows; r++) {							\
-		const char *w0 = (const char *)w + r * rs;			\
-		__m512 a0 = _mm512_setzero_ps();				\
-		uint32_t c = 0;							\
-										\
-		for (; c < cols; c += 16) {					\
-			__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c); \
-										\
-			a0 = _mm512_fmadd_ps(ldm_##type(w0, c, m),		\
-					     _mm512_maskz_loadu_ps(m, x + c), a0); \
-		}								\
-		y[r] = _mm512_reduce_add_ps(a0);				\
-	}									\
-}										\
-										\
+	/* The last rows one by one, a vector at a time (odd shapes only). */	\
+	for (; r < rows; r++)							\
+		for (uint32_t t = 0; t < n; t++)				\
+			tile_##type((const char *)w + r * rs, rs, 1, 1, cols,	\
+				    x + (size_t)t * cols, y + t * ystride + r, ystride, false); \
+}
+
+/* The same loads into f32 (mp_engine's to_f32). */
+#define DEFINE_WIDEN(type)							\
 static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 {										\
 	size_t i = 0;								\
@@ -188,36 +217,13 @@ static TARGET void widen_##type(const void *src, float *dst, size_t n)		\
 	}									\
 }
 
-DEFINE_GEMV(f32)
-DEFINE_GEMV(f16)
-DEFINE_GEMV(bf16)
-DEFINE_GEMV(q8_0)
-DEFINE_GEMV(q4_0)
+#define DEFINE_TYPE(type) DEFINE_GEMM(type) DEFINE_WIDEN(type)
 
-static TARGET void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
-			   uint32_t cols, float *y, size_t ystride)
-{
-	__m512 acc[4][4];
-
-	for (int t = 0; t < 4; t++)
-		for (int r = 0; r < 4; r++)
-			acc[t][r] = _mm512_setzero_ps();
-	for (uint32_t c = 0; c < cols; c += 16) {
-		__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c);
-		__m512 wv[4], xv;
-
-		for (int r = 0; r < 4; r++)
-			wv[r] = _mm512_maskz_loadu_ps(m, w + r * wstride + c);
-		for (int t = 0; t < 4; t++) {
-			xv = _mm512_maskz_loadu_ps(m, x + t * xstride + c);
-			for (int r = 0; r < 4; r++)
-				acc[t][r] = _mm512_fmadd_ps(wv[r], xv, acc[t][r]);
-		}
-	}
-	for (int t = 0; t < 4; t++)
-		for (int r = 0; r < 4; r++)
-			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
-}
+DEFINE_TYPE(f32)
+DEFINE_TYPE(f16)
+DEFINE_TYPE(bf16)
+DEFINE_TYPE(q8_0)
+DEFINE_TYPE(q4_0)
 
 static TARGET float dot(const float *a, const float *b, uint32_t n)
 {

@@ -29,24 +29,33 @@ static inline float load_bf16(const void *w, size_t i)
 #define load_q8_0 mp_q8_0_at
 #define load_q4_0 mp_q4_0_at
 
-#define DEFINE_GEMV(type)							\
-static void gemv_##type(const void *w, uint32_t rows, uint32_t cols, const float *x,	\
-			float *y)						\
+/*
+ * Each row is read once and dotted with every vector while it is in L1, in
+ * the same order for each: a vector's products are the same bits alone and
+ * in a batch.
+ */
+#define DEFINE_TYPE(type)							\
+static void gemm_##type(const void *w, uint32_t rows, uint32_t cols, const float *x,	\
+			uint32_t n, float *y, size_t ystride)			\
 {										\
 	for (uint32_t r = 0; r < rows; r++) {					\
 		const char *row = (const char *)w + r * MP_ROW_##type(cols);	\
-		float acc[LANES] = { 0 };					\
-		float sum = 0.0f;						\
-		uint32_t c = 0;							\
 										\
-		for (; c + LANES <= cols; c += LANES)				\
+		for (uint32_t t = 0; t < n; t++) {				\
+			const float *xt = x + (size_t)t * cols;			\
+			float acc[LANES] = { 0 };				\
+			float sum = 0.0f;					\
+			uint32_t c = 0;						\
+										\
+			for (; c + LANES <= cols; c += LANES)			\
+				for (uint32_t l = 0; l < LANES; l++)		\
+					acc[l] += load_##type(row, c + l) * xt[c + l]; \
+			for (; c < cols; c++)					\
+				acc[0] += load_##type(row, c) * xt[c];		\
 			for (uint32_t l = 0; l < LANES; l++)			\
-				acc[l] += load_##type(row, c + l) * x[c + l];	\
-		for (; c < cols; c++)						\
-			acc[0] += load_##type(row, c) * x[c];			\
-		for (uint32_t l = 0; l < LANES; l++)				\
-			sum += acc[l];						\
-		y[r] = sum;							\
+				sum += acc[l];					\
+			y[t * ystride + r] = sum;				\
+		}								\
 	}									\
 }										\
 										\
@@ -56,11 +65,11 @@ static void widen_##type(const void *src, float *dst, size_t n)		\
 		dst[i] = load_##type(src, i);					\
 }
 
-DEFINE_GEMV(f32)
-DEFINE_GEMV(f16)
-DEFINE_GEMV(bf16)
-DEFINE_GEMV(q8_0)
-DEFINE_GEMV(q4_0)
+DEFINE_TYPE(f32)
+DEFINE_TYPE(f16)
+DEFINE_TYPE(bf16)
+DEFINE_TYPE(q8_0)
+DEFINE_TYPE(q4_0)
 
 static float dot(const float *a, const float *b, uint32_t n)
 {
@@ -76,14 +85,6 @@ static float dot(const float *a, const float *b, uint32_t n)
 	for (uint32_t l = 0; l < LANES; l++)
 		sum += acc[l];
 	return sum;
-}
-
-static void tile4x4(const float *w, size_t wstride, const float *x, size_t xstride,
-		    uint32_t cols, float *y, size_t ystride)
-{
-	for (uint32_t t = 0; t < 4; t++)
-		for (uint32_t r = 0; r < 4; r++)
-			y[t * ystride + r] = dot(w + r * wstride, x + t * xstride, cols);
 }
 
 static void axpy(float a, const float *x, float *y, uint32_t n)

@@ -52,17 +52,17 @@ static inline float mp_q4_0_at(const void *w, size_t i)
 
 struct mp_kernels {
 	const char *isa;
-	/* y[r] = <w row r, x> for r < rows; w holds rows x cols elements of one type. */
-	void (*gemv[MP_DTYPE_COUNT])(const void *w, uint32_t rows, uint32_t cols, const float *x,
-				     float *y);
+	/*
+	 * y[t * ystride + r] = <w row r, x + t * cols> for r < rows, t < n; w
+	 * holds rows x cols elements of one type. Each weight is read from
+	 * memory once for all n vectors, and each product adds its terms in
+	 * one order whatever n is: a vector's products are the same bits alone
+	 * (n = 1, the GEMV) and in a batch.
+	 */
+	void (*gemm[MP_DTYPE_COUNT])(const void *w, uint32_t rows, uint32_t cols, const float *x,
+				     uint32_t n, float *y, size_t ystride);
 	/* dst[i] = (float)src[i] */
 	void (*widen[MP_DTYPE_COUNT])(const void *src, float *dst, size_t n);
-	/*
-	 * 4 f32 rows (w, stride wstride) times 4 vectors (x, stride xstride) of
-	 * cols: y[t * ystride + r] = <w_r, x_t> for r, t < 4.
-	 */
-	void (*tile4x4)(const float *w, size_t wstride, const float *x, size_t xstride,
-			uint32_t cols, float *y, size_t ystride);
 	float (*dot)(const float *a, const float *b, uint32_t n);
 	/* y += a * x */
 	void (*axpy)(float a, const float *x, float *y, uint32_t n);
@@ -72,21 +72,20 @@ struct mp_kernels {
 
 /*
  * Defines an ISA's table from the static functions every kern_*.c file
- * names alike (gemv_f32, widen_bf16, tile4x4, dot, axpy, read_sum), so the
- * three tables cannot drift apart. The block types' gemv and widen take
- * rows (and n) in whole blocks of MP_QBLOCK: the engine's entry points
- * refuse other shapes.
+ * names alike (gemm_f32, widen_bf16, dot, axpy, read_sum), so the
+ * three tables cannot drift apart. The block types' gemm takes cols, and
+ * widen n, in whole blocks of MP_QBLOCK: the engine's entry points refuse
+ * other shapes.
  */
 #define MP_KERNELS_DEFINE(sym, isa_name)						\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
-		.gemv = { [MP_DTYPE_F32] = gemv_f32, [MP_DTYPE_F16] = gemv_f16,		\
-			  [MP_DTYPE_BF16] = gemv_bf16, [MP_DTYPE_Q8_0] = gemv_q8_0,	\
-			  [MP_DTYPE_Q4_0] = gemv_q4_0 },				\
+		.gemm = { [MP_DTYPE_F32] = gemm_f32, [MP_DTYPE_F16] = gemm_f16,		\
+			  [MP_DTYPE_BF16] = gemm_bf16, [MP_DTYPE_Q8_0] = gemm_q8_0,	\
+			  [MP_DTYPE_Q4_0] = gemm_q4_0 },				\
 		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
 			   [MP_DTYPE_BF16] = widen_bf16, [MP_DTYPE_Q8_0] = widen_q8_0,	\
 			   [MP_DTYPE_Q4_0] = widen_q4_0 },				\
-		.tile4x4 = tile4x4,							\
 		.dot = dot,								\
 		.axpy = axpy,								\
 		.read_sum = read_sum,							\

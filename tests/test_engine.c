@@ -305,17 +305,20 @@ static void check_batch_invariance(struct mp_engine *e, enum mp_dtype dt, uint32
 static void products_are_the_same_bits_alone_and_batched(void **state)
 {
 	const struct engine_case *c = *state;
-	static const uint32_t ns[] = { 2, 4, 5, 9 };
+	static const uint32_t ns[] = { 2, 4, 5, 7, 9, 13, 17 };
 
 	FOR_EACH_THREADS(c, e, t)
-		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
-			for (size_t i = 0; i < N_ELEMS(ns); i++) {
-				const enum mp_dtype dt = dtypes[d];
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
+			const enum mp_dtype dt = dtypes[d];
 
+			for (size_t i = 0; i < N_ELEMS(ns); i++) {
 				check_batch_invariance(e, dt, 301, fit(dt, 129), ns[i], false);
 				check_batch_invariance(e, dt, 515, fit(dt, 129), ns[i], false);
 				check_batch_invariance(e, dt, fit(dt, 45), fit(dt, 37), ns[i], true);
 			}
+			/* Past the engine's 256 KiB of vectors: a prefill's row and vector blocks. */
+			check_batch_invariance(e, dt, 67, 1024, 70, false);
+		}
 }
 
 static void rmsnorm_matches_f64(void **state)
@@ -675,6 +678,89 @@ static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
 }
 
 /*
+ * Every ISA's gemm over n = 1..17 vectors (across the vector kernels'
+ * token groups of 2 and 6) at odd shapes: each vector's products are the
+ * bits of the same kernel over that vector alone, close to the scalar
+ * reference kernel's, written at their stride and nowhere else.
+ */
+static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t rows, uint32_t cols)
+{
+	const struct mp_kernels *ref = mp_kernels_for(MP_ISA_SCALAR);
+	const uint32_t nmax = 17, ystride = rows + 3;
+	float *x = malloc((size_t)nmax * cols * sizeof(float));
+	float *y = malloc((size_t)nmax * ystride * sizeof(float));
+	float *one = malloc(rows * sizeof(float)), *want = malloc(rows * sizeof(float));
+	void *wq;
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(y);
+	assert_non_null(one);
+	assert_non_null(want);
+	make_weights(dt, (size_t)rows * cols, &wq, &wf);
+	fill(x, (size_t)nmax * cols);
+	for (uint32_t n = 1; n <= nmax; n++) {
+		memset(y, 0xff, (size_t)nmax * ystride * sizeof(float));
+		k->gemm[dt](wq, rows, cols, x, n, y, ystride);
+		for (uint32_t t = 0; t < nmax; t++) {
+			const float *xt = x + (size_t)t * cols, *yt = y + (size_t)t * ystride;
+			char what[96];
+
+			/* Nothing past the n vectors' rows: the padding keeps its NaN bytes. */
+			for (uint32_t r = t < n ? rows : 0; r < ystride; r++)
+				assert_true(isnan(yt[r]));
+			if (t >= n)
+				continue;
+			k->gemm[dt](wq, rows, cols, xt, 1, one, rows);
+			if (memcmp(one, yt, rows * sizeof(float))) {
+				print_error("%s gemm %s %ux%u: vector %u of %u differs from its "
+					    "product alone\n", k->isa, mp_dtype_name(dt), rows, cols,
+					    t, n);
+				fail();
+			}
+			ref->gemm[dt](wq, rows, cols, xt, 1, want, rows);
+			snprintf(what, sizeof(what), "%s gemm %s %ux%u n=%u vector %u", k->isa,
+				 mp_dtype_name(dt), rows, cols, n, t);
+			for (uint32_t r = 0; r < rows; r++) {
+				double scale = 0;
+
+				for (uint32_t c = 0; c < cols; c++)
+					scale += fabs((double)wf[(size_t)r * cols + c] * xt[c]);
+				assert_close(what, r, yt[r], want[r], scale, 1e-5);
+			}
+		}
+	}
+	free(wq);
+	free(wf);
+	free(x);
+	free(y);
+	free(one);
+	free(want);
+}
+
+static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
+{
+	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512 };
+	static const uint32_t rows[] = { 1, 3, 13, 38 };
+	static const uint32_t cols[] = { 7, 45, 129 };
+
+	(void)state;
+	for (size_t i = 0; i < N_ELEMS(isas); i++) {
+		const struct mp_kernels *k = mp_kernels_for(isas[i]);
+
+		if (!k) {
+			printf("# kernels of ISA %d: not on this CPU or build, not run\n",
+			       (int)isas[i]);
+			continue;
+		}
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
+			for (size_t r = 0; r < N_ELEMS(rows); r++)
+				for (size_t c = 0; c < N_ELEMS(cols); c++)
+					check_gemm(k, dtypes[d], rows[r], fit(dtypes[d], cols[c]));
+	}
+}
+
+/*
  * A plug-in is tested when this build made it (meson lists them in the
  * environment); an ISA path when this CPU has it. Either way the output says
  * which cases were left out and why.
@@ -729,6 +815,7 @@ int main(void)
 		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
+		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
 				N_ELEMS(global)];
