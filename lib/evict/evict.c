@@ -15,6 +15,7 @@ static const struct mp_evict_ops *const policies[] = {
 	&mp_evict_finemoe,
 	&mp_evict_coserve,
 	&mp_evict_belady,
+	&mp_evict_ema,
 };
 
 const struct mp_evict_ops *mp_evict_find(const char *name)

@@ -153,6 +153,7 @@ extern const struct mp_evict_ops mp_evict_lfu;
 extern const struct mp_evict_ops mp_evict_finemoe;
 extern const struct mp_evict_ops mp_evict_coserve;
 extern const struct mp_evict_ops mp_evict_belady;
+extern const struct mp_evict_ops mp_evict_ema;
 
 /* The policy called name ("lru", "fifo", ...), or NULL. */
 const struct mp_evict_ops *mp_evict_find(const char *name);
