@@ -1,19 +1,19 @@
 // SPDX-License-Identifier: MIT
 /*
  * Frequency-aware eviction that protects predicted experts: the resident
- * expert whose next use is expected farthest away goes first.
+ * expert with the fewest expected uses in its layer's next two passes goes
+ * first.
  *
  * Each expert has a rate q, an exponential moving average over its layer's
  * passes of "routed in this pass" (the layer's routing frequency, recent
  * passes weighing more), and, when the prefetcher has predicted the layer's
  * next pass, a probability p of being used there (hints->p). Used at the
- * next pass with probability p, else at a rate q after it, its next use is
- * expected 1 + (1 - p) / q passes away; without a prediction p = q. The
- * hint stays until the prefetcher replaces it: after the layer's pass it
- * still marks the experts the prefetcher thought likely, which measured
- * better on the trained model's traces than falling back to q at once
- * (docs/prefetch.md, "Eviction policies"). Ties go to the least recently
- * used.
+ * next pass with probability p and at the one after with q, it is worth
+ * p + q; without a prediction p = q. The hint stays until the prefetcher
+ * replaces it: after the layer's pass it still marks the experts the
+ * prefetcher thought likely, which measured better on the trained model's
+ * traces than falling back to q at once (docs/prefetch.md, "Eviction
+ * policies"). Ties go to the least recently used.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -95,8 +95,8 @@ static void ema_route(struct mp_evict *pol, const struct mp_evict_route *r)
 	}
 }
 
-/* Expected passes of the key's layer until its next use (larger: evict first). */
-static double ema_distance(const struct mp_evict *pol, const struct ema *m, uint32_t key)
+/* Expected uses in the layer's next two passes: p at the next, q at the one after. */
+static double ema_keep(const struct mp_evict *pol, const struct ema *m, uint32_t key)
 {
 	const struct mp_evict_hints *h = pol->env.hints;
 	double q = m->q[key], p = q;
@@ -107,9 +107,7 @@ static double ema_distance(const struct mp_evict *pol, const struct ema *m, uint
 		if (hp >= 0)
 			p = hp > 1 ? 1 : hp;
 	}
-	if (q < 1e-6)
-		q = 1e-6;
-	return 1 + (1 - p) / q;
+	return p + q;
 }
 
 static int64_t ema_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
@@ -118,11 +116,11 @@ static int64_t ema_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *
 	int64_t best = -ENOENT;
 	double best_d = 0;
 
-	/* From the tail, so among equal distances the least recent wins. */
+	/* From the tail, so among equal values the least recent wins. */
 	for (uint32_t k = m->recent.tail; k != MP_KEYLIST_NONE; k = m->recent.prev[k]) {
-		double d = ema_distance(pol, m, k);
+		double d = ema_keep(pol, m, k);
 
-		if ((best < 0 || d > best_d) && evictable(arg, k)) {
+		if ((best < 0 || d < best_d) && evictable(arg, k)) {
 			best = k;
 			best_d = d;
 		}
@@ -145,8 +143,8 @@ static void ema_fini(struct mp_evict *pol)
 
 const struct mp_evict_ops mp_evict_ema = {
 	.name = "ema",
-	.description = "farthest expected next use: 1 + (1 - p)/q, q an EMA of the layer's "
-		       "routing, p the prefetcher's prediction for the layer's next pass",
+	.description = "fewest expected uses p + q: q an EMA of the layer's routing, p the "
+		       "prefetcher's prediction for the layer's next pass (else q)",
 	.init = ema_init,
 	.on_insert = ema_insert,
 	.on_access = ema_access,
