@@ -96,8 +96,9 @@ static void ema_route(struct mp_evict *pol, const struct mp_evict_route *r)
 }
 
 /* Expected uses in the layer's next two passes: p at the next, q at the one after. */
-static double ema_keep(const struct mp_evict *pol, const struct ema *m, uint32_t key)
+static double ema_keep(const struct mp_evict *pol, uint32_t key)
 {
+	const struct ema *m = pol->priv;
 	const struct mp_evict_hints *h = pol->env.hints;
 	double q = m->q[key], p = q;
 	float hp;
@@ -113,19 +114,8 @@ static double ema_keep(const struct mp_evict *pol, const struct ema *m, uint32_t
 static int64_t ema_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
 {
 	struct ema *m = pol->priv;
-	int64_t best = -ENOENT;
-	double best_d = 0;
 
-	/* From the tail, so among equal values the least recent wins. */
-	for (uint32_t k = m->recent.tail; k != MP_KEYLIST_NONE; k = m->recent.prev[k]) {
-		double d = ema_keep(pol, m, k);
-
-		if ((best < 0 || d < best_d) && evictable(arg, k)) {
-			best = k;
-			best_d = d;
-		}
-	}
-	return best;
+	return mp_keylist_min_victim(&m->recent, ema_keep, pol, evictable, arg);
 }
 
 static void ema_fini(struct mp_evict *pol)
