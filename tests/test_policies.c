@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Eviction policies' decisions on hand-made sequences (lfu, finemoe, coserve,
+ * Eviction policies' decisions on hand-made sequences (lfu, finemoe, ema, coserve,
  * belady, prefetch admission), and the simulator: belady and oracle against
  * known optima, and the ranking of policies on a synthetic trace of another
  * geometry than the shipped ones.
@@ -390,6 +390,76 @@ static void ranking_holds_on_a_synthetic_geometry(void **state)
 	mp_trace_close(t);
 }
 
+/* One pass of layer 0 (experts J) routing the k experts in ids. */
+static void pass(struct mp_evict *pol, const uint32_t *ids, uint32_t k)
+{
+	struct mp_evict_route r = { 0, 0, 0, k, ids, NULL };
+
+	pol->ops->on_route(pol, &r);
+}
+
+static void ema_evicts_the_fewest_expected_uses(void **state)
+{
+	const uint32_t J = 8, hot[1] = { 0 }, warm[2] = { 0, 1 }, rare[2] = { 0, 2 };
+	float p[8];
+	struct mp_evict_hints h = { .p = p };
+	struct mp_evict pol;
+
+	(void)state;
+	for (uint32_t k = 0; k < J; k++)
+		p[k] = -1.0f;
+	open_policy(&pol, "ema", 1, J, &h);
+	for (uint32_t k = 0; k < 4; k++)
+		pol.ops->on_insert(&pol, k);
+	/* 40 passes: 0 every pass, 1 every other, 2 every eighth, 3 never. */
+	for (uint32_t i = 0; i < 40; i++)
+		pass(&pol, i % 8 == 7 ? rare : i % 2 ? warm : hot, i % 8 == 7 || i % 2 ? 2 : 1);
+	/* Touched last, 3 would be LRU's keeper; its rate says it goes first. */
+	pol.ops->on_access(&pol, 3);
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 3);
+	assert_int_equal(pol.ops->pick_victim(&pol, not_key3, NULL), 2);
+	/* Predicted for the next pass, the rare ones stay and the warm one goes. */
+	p[2] = 0.9f;
+	p[3] = 0.9f;
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 1);
+	/* Predicted unused, even the hottest expert goes before a likely one. */
+	p[0] = 0.0f;
+	p[1] = 0.95f;
+	assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 0);
+	mp_evict_fini(&pol);
+}
+
+/*
+ * A popular expert between a rotation of rarer ones: two slots, LRU always
+ * keeps the last two and misses everything; the routing rate keeps the
+ * popular one resident.
+ */
+static void ema_keeps_the_popular_expert_that_lru_drops(void **state)
+{
+	const uint32_t seq[] = { 0, 1, 2, 0, 3, 1, 0, 2, 3, 0, 1, 2, 0, 3, 1, 0, 2, 3,
+				 0, 1, 2, 0, 3, 1, 0, 2, 3 };
+	const uint32_t n = sizeof(seq) / sizeof(seq[0]);
+	struct mp_trace *t = one_layer_trace(seq, n);
+	struct mp_sim_config c = { .trace = t, .train_fraction = 0.5, .capacity = 2,
+				   .prefetch = "none", .evict = "ema" };
+	struct mp_sim_result ema, lru;
+	uint32_t zeros = 0;
+
+	(void)state;
+	for (uint32_t i = 0; i < n; i++)
+		zeros += seq[i] == 0;
+	assert_int_equal(mp_prefetch_simulate(&c, &ema), 0);
+	c.evict = "lru";
+	assert_int_equal(mp_prefetch_simulate(&c, &lru), 0);
+	assert_int_equal(lru.hits, lru_hits(seq, n));
+	print_message("hits of %u uses (%u of expert 0): lru %llu ema %llu\n", n, zeros,
+		      (unsigned long long)lru.hits, (unsigned long long)ema.hits);
+	/* Once the rates part (a few passes), expert 0 stays: most of its uses hit. */
+	assert_true(ema.hits >= 2 * zeros / 3);
+	assert_true(ema.hits > lru.hits);
+	mp_trace_close(t);
+}
+
 static struct mp_sim_result simulate(const struct mp_trace *t, const char *prefetch,
 				     const char *evict, uint32_t capacity, double load_cost)
 {
@@ -552,6 +622,8 @@ int main(void)
 		cmocka_unit_test(lfu_evicts_the_least_used),
 		cmocka_unit_test(finemoe_evicts_the_lowest_p_times_freq),
 		cmocka_unit_test(finemoe_wins_when_reads_are_the_bottleneck),
+		cmocka_unit_test(ema_evicts_the_fewest_expected_uses),
+		cmocka_unit_test(ema_keeps_the_popular_expert_that_lru_drops),
 		cmocka_unit_test(coserve_evicts_unrunnable_successors_first),
 		cmocka_unit_test(belady_evicts_the_farthest_next_use),
 		cmocka_unit_test(prefetch_never_evicts_an_expert_needed_sooner),

@@ -15,6 +15,7 @@ static const struct mp_evict_ops *const policies[] = {
 	&mp_evict_finemoe,
 	&mp_evict_coserve,
 	&mp_evict_belady,
+	&mp_evict_ema,
 };
 
 const struct mp_evict_ops *mp_evict_find(const char *name)
@@ -107,4 +108,23 @@ int64_t mp_keylist_victim(const struct mp_keylist *l, mp_evict_ok_fn evictable, 
 		if (evictable(arg, k))
 			return k;
 	return -ENOENT;
+}
+
+int64_t mp_keylist_min_victim(const struct mp_keylist *l,
+			      double (*score)(const struct mp_evict *pol, uint32_t key),
+			      const struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
+{
+	int64_t best = -ENOENT;
+	double best_s = 0;
+
+	/* From the tail, so a later key must score strictly lower to win. */
+	for (uint32_t k = l->tail; k != MP_KEYLIST_NONE; k = l->prev[k]) {
+		double s = score(pol, k);
+
+		if ((best < 0 || s < best_s) && evictable(arg, k)) {
+			best = k;
+			best_s = s;
+		}
+	}
+	return best;
 }

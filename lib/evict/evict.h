@@ -153,6 +153,7 @@ extern const struct mp_evict_ops mp_evict_lfu;
 extern const struct mp_evict_ops mp_evict_finemoe;
 extern const struct mp_evict_ops mp_evict_coserve;
 extern const struct mp_evict_ops mp_evict_belady;
+extern const struct mp_evict_ops mp_evict_ema;
 
 /* The policy called name ("lru", "fifo", ...), or NULL. */
 const struct mp_evict_ops *mp_evict_find(const char *name);
@@ -185,6 +186,13 @@ void mp_keylist_push_head(struct mp_keylist *l, uint32_t key);
 void mp_keylist_remove(struct mp_keylist *l, uint32_t key);
 /* The key nearest the tail that evictable() accepts, or -ENOENT. */
 int64_t mp_keylist_victim(const struct mp_keylist *l, mp_evict_ok_fn evictable, void *arg);
+/*
+ * The key with the lowest score(pol, key) that evictable() accepts, equal
+ * scores going to the one nearest the tail (the least recent), or -ENOENT.
+ */
+int64_t mp_keylist_min_victim(const struct mp_keylist *l,
+			      double (*score)(const struct mp_evict *pol, uint32_t key),
+			      const struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg);
 
 /*
  * LRU's hooks over an mp_keylist in pol->priv, shared by the list-based

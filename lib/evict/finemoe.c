@@ -11,8 +11,9 @@
 #include "evict/evict.h"
 
 /* p · freq; no hint for the key's layer yet: the uniform prior 1/E. */
-static double fm_score(const struct mp_evict *pol, const struct mp_lfu_state *f, uint32_t key)
+static double fm_score(const struct mp_evict *pol, uint32_t key)
 {
+	const struct mp_lfu_state *f = pol->priv;
 	const struct mp_evict_hints *h = pol->env.hints;
 	double p = 1.0 / pol->env.experts;
 	float hp;
@@ -29,18 +30,8 @@ static double fm_score(const struct mp_evict *pol, const struct mp_lfu_state *f,
 static int64_t fm_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)
 {
 	struct mp_lfu_state *f = pol->priv;
-	int64_t best = -ENOENT;
-	double best_s = 0;
 
-	for (uint32_t k = f->recent.tail; k != MP_KEYLIST_NONE; k = f->recent.prev[k]) {
-		double s = fm_score(pol, f, k);
-
-		if ((best < 0 || s < best_s) && evictable(arg, k)) {
-			best = k;
-			best_s = s;
-		}
-	}
-	return best;
+	return mp_keylist_min_victim(&f->recent, fm_score, pol, evictable, arg);
 }
 
 const struct mp_evict_ops mp_evict_finemoe = {

@@ -44,7 +44,7 @@ static const char doc[] =
 	"--policies takes prefetch policies (none, nextlayer, eam, finemoe,\n"
 	"finemoe+nextlayer, dependency, oracle), optionally with an eviction policy\n"
 	"as PREFETCH:EVICT\n"
-	"(lru, lfu, fifo, finemoe, coserve, belady), and the baselines mmap (the\n"
+	"(lru, lfu, fifo, finemoe, coserve, belady, ema), and the baselines mmap (the\n"
 	"model mmapped, the kernel's page cache limited by a memory cgroup (v1\n"
 	"memory controller where mounted, else v2) to the budget plus what the\n"
 	"process holds besides expert pages) and pread-lru (O_DIRECT reads of\n"
