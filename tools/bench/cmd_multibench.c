@@ -461,14 +461,6 @@ static void close_servers(struct servers *sv)
 	memset(sv, 0, sizeof(*sv));
 }
 
-static char *model_id(const char *path)
-{
-	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-	size_t len = strlen(base);
-
-	return strndup(base, len > 4 && !strcmp(base + len - 4, ".mpk") ? len - 4 : len);
-}
-
 static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 {
 	char budget[32], fault[64];
@@ -506,7 +498,8 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	for (uint32_t i = 0; i < env.n && !err; i++) {
 		struct serve_backend *b = sv->b[nb == 1 ? 0 : i];
 		/* The floor serves model 0 alone: every stream's requests are its. */
-		char *name = nb == 1 && i && s != S_SINGLE ? model_id(env.models[i]) : NULL;
+		char *name = nb == 1 && i && s != S_SINGLE ? serve_model_name(env.models[i])
+							     : NULL;
 
 		sv->of[i] = b;
 		sv->m[i] = b->ops->acquire(b, name);

@@ -120,6 +120,8 @@ struct serve_local_config {
 	const char *fault;
 };
 
+/* A model's name as the API lists it: its file's name without the directory and ".mpk". */
+char *serve_model_name(const char *path);
 int serve_local_open(const struct serve_local_config *cfg, struct serve_backend **out);
 
 /* The local backend's counters (a benchmark's view): zero where it has no such part. */

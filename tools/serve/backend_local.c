@@ -518,7 +518,7 @@ static int open_multi(struct local *l, const struct serve_local_config *cfg,
 	return 0;
 }
 
-static char *model_name(const char *path)
+char *serve_model_name(const char *path)
 {
 	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
 	size_t len = strlen(base);
@@ -538,7 +538,7 @@ static int add_models(struct local *l, const struct serve_local_config *cfg)
 		int index = mp_runner_add_model(l->runner, l->more[i - 1]);
 
 		err = index == (int)i ? 0 : index < 0 ? index : -EINVAL;
-		l->mm_names[i] = model_name(cfg->more[i - 1]);
+		l->mm_names[i] = serve_model_name(cfg->more[i - 1]);
 		if (!err && !l->mm_names[i])
 			err = -ENOMEM;
 		for (uint32_t j = 0; !err && j < i; j++) {
@@ -623,7 +623,7 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		return -ENOMEM;
 	l->b.ops = &local_ops;
 	pthread_rwlock_init(&l->sched_lock, NULL);
-	l->name = cfg->name ? strdup(cfg->name) : model_name(cfg->model);
+	l->name = cfg->name ? strdup(cfg->name) : serve_model_name(cfg->model);
 	err = l->name ? mp_store_open(cfg->model, &l->store) : -ENOMEM;
 	if (!err)
 		err = open_tokenizer(l, cfg);
