@@ -442,7 +442,8 @@ int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dle
 	size_t end, from;
 	int err;
 
-	*delta = NULL;
+	/* Never NULL: a caller copies dlen bytes from it, 0 included. */
+	*delta = "";
 	*dlen = 0;
 	if (g->stopped)
 		return 1;
@@ -470,7 +471,7 @@ int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dle
 
 void textgen_flush(struct textgen *g, const char **delta, size_t *dlen)
 {
-	*delta = g->text + g->emitted;
+	*delta = g->text ? g->text + g->emitted : "";
 	*dlen = g->len > g->emitted ? g->len - g->emitted : 0;
 	g->emitted += *dlen;
 }
