@@ -241,7 +241,7 @@ uint64_t mp_region_pages_present(void *addr, uint64_t len)
 	for (uint64_t off = 0; off < len; off += sizeof(vec) * PAGE) {
 		uint64_t chunk = MP_MIN(len - off, (uint64_t)sizeof(vec) * PAGE);
 
-		if (mincore(addr + off, chunk, vec))
+		if (mincore((char *)addr + off, chunk, vec))
 			return 0;
 		for (uint64_t i = 0; i < chunk / PAGE; i++)
 			n += vec[i] & 1;
@@ -558,16 +558,10 @@ int mp_region_slot_wake(struct mp_region *r, uint32_t slot)
 
 bool mp_region_page_present(struct mp_region *r, uint32_t slot, uint64_t offset)
 {
-	unsigned char vec = 0;
-	char *page;
-
 	if (slot >= r->nslots || offset >= r->slot_bytes)
 		return false;
-	page = r->base + (uint64_t)slot * r->slot_bytes + (offset & ~(PAGE - 1));
-	/* For anonymous memory mincore() reports whether the PTE is present. */
-	if (mincore(page, PAGE, &vec))
-		return false;
-	return vec & 1;
+	return mp_region_pages_present(r->base + (uint64_t)slot * r->slot_bytes +
+				       (offset & ~(PAGE - 1)), PAGE) == 1;
 }
 
 uint64_t mp_region_trim(struct mp_region *r, uint64_t keep_bytes)
