@@ -171,6 +171,8 @@ static json_t *policy_json(const struct coe_run_opts *o, const struct mp_coe_sch
 	/* Models run that the warm start had not loaded: no schedule switches fewer times. */
 	json_object_set_new(j, "cold_models", json_integer((json_int_t)st->cold_models));
 	json_object_set_new(j, "file_read_s", json_real(pst->file_read_ns / 1e9));
+	/* Experts the pager dropped: the pool's evictions' slots, and any its own budget took. */
+	json_object_set_new(j, "pager_evictions", json_integer((json_int_t)pst->evictions));
 	return j;
 }
 
