@@ -27,7 +27,8 @@ struct coe_queue {
 	uint32_t *count;		/* per model: its requests in this queue */
 	struct creq **last;		/* per model: the last of them */
 	struct creq *front_tail;	/* the front part's last request, NULL: none */
-	uint32_t *queued;		/* per model: counted in (shared by the queues), or NULL */
+	uint32_t *queued;		/* per model: where the queues count their requests
+					 * (the scheduler's wanted[], shared), or NULL */
 	double T;			/* predicted ns of the queued work */
 	int running;			/* the model of the batch running now, -1: none */
 };

@@ -44,8 +44,8 @@ static const char doc[] =
 	"and the median of each round's ratio.\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  flock /work/scratch/bench.lock moepager bench-coe --coe coe/coe.json \\\n"
-	"      --profile coe/profile.json --budget 10% --json\n";
+	"  moepager bench-coe --coe coe/coe.json --profile coe/profile.json \\\n"
+	"      --budget 10% --interval-us 400 --repeat 3 --json\n";
 
 static const struct argp_option opts[] = {
 	{ "coe", 'c', "FILE", 0, "The CoE manifest (required)", 0 },
