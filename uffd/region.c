@@ -190,42 +190,84 @@ static int chunk_create(struct mp_region *r, int cls, uint32_t spot)
 	return 0;
 }
 
-/* Takes a populated spot of class cls: a spare one, or a new chunk. Called locked. */
-static int spot_take(struct mp_region *r, int cls, uint32_t *out)
+static const char *owner_name(uint32_t owner, char *buf, size_t len)
+{
+	if (owner == OWNER_SPARE)
+		return "the spare stack";
+	if (owner == OWNER_HOLE)
+		return "the holes (no pages)";
+	snprintf(buf, len, "slot %u", owner);
+	return buf;
+}
+
+/*
+ * Hands a spot from one owner to the next. A spot held twice would have its
+ * pages moved from under a read or into the wrong slot: the ledger refuses
+ * the hand-over and says who holds it. Called locked.
+ */
+static int spot_pass(struct mp_region *r, int cls, uint32_t spot, uint32_t from, uint32_t to)
+{
+	uint32_t *owner = &r->cls[cls].owner[spot];
+	char a[32], b[32], c[32];
+
+	if (*owner != from)
+		return rlog_err(r, -EUCLEAN, "accounting bug: class %d spot %u goes from %s to %s, "
+				"but %s holds it", cls, spot, owner_name(from, a, sizeof(a)),
+				owner_name(to, b, sizeof(b)), owner_name(*owner, c, sizeof(c)));
+	*owner = to;
+	return 0;
+}
+
+/* Takes a populated spot of class cls for slot: a spare one, or a new chunk. Called locked. */
+static int spot_take(struct mp_region *r, int cls, uint32_t slot, uint32_t *out)
 {
 	struct spot_class *c = &r->cls[cls];
 	uint32_t spot;
 	int err;
 
 	if (c->nspare) {
-		*out = c->spare[--c->nspare];
+		spot = c->spare[c->nspare - 1];
+		err = spot_pass(r, cls, spot, OWNER_SPARE, slot);
+		if (err)
+			return err;
+		c->nspare--;
 		r->mem.spare_bytes -= c->size;
+		*out = spot;
 		return 0;
 	}
 	if (!c->nholes)
 		return rlog_err(r, -ENOSPC, "no free parking spot (class %d): accounting bug", cls);
 	spot = c->holes[c->nholes - 1];
-	err = chunk_create(r, cls, spot);
+	err = spot_pass(r, cls, spot, OWNER_HOLE, slot);
 	if (err)
 		return err;
+	err = chunk_create(r, cls, spot);
+	if (err) {
+		c->owner[spot] = OWNER_HOLE;
+		return err;
+	}
 	c->nholes--;
 	*out = spot;
 	return 0;
 }
 
-static void spot_put_spare(struct mp_region *r, int cls, uint32_t spot)
+static void spot_put_spare(struct mp_region *r, int cls, uint32_t spot, uint32_t from)
 {
 	struct spot_class *c = &r->cls[cls];
 
+	if (spot_pass(r, cls, spot, from, OWNER_SPARE))
+		return;
 	c->spare[c->nspare++] = spot;
 	r->mem.spare_bytes += c->size;
 }
 
 /* Gives a spot's pages back to the kernel. Called locked. */
-static void spot_release(struct mp_region *r, int cls, uint32_t spot)
+static void spot_release(struct mp_region *r, int cls, uint32_t spot, uint32_t from)
 {
 	struct spot_class *c = &r->cls[cls];
 
+	if (spot_pass(r, cls, spot, from, OWNER_HOLE))
+		return;
 	/* The pool's userfaultfd has no EVENT_REMOVE: this zap raises no event. */
 	madvise(spot_addr(r, cls, spot), c->size, MADV_DONTNEED);
 	c->holes[c->nholes++] = spot;
@@ -305,7 +347,7 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, 
 		return -ENOSPC;
 	}
 	for (j = 0; j < r->nchunks; j++) {
-		err = spot_take(r, chunk_cls(r, j), slot_spot(r, slot, j));
+		err = spot_take(r, chunk_cls(r, j), slot, slot_spot(r, slot, j));
 		if (err)
 			goto put_taken;
 	}
@@ -322,7 +364,7 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, 
 
 put_taken:
 	while (j--) {
-		spot_put_spare(r, chunk_cls(r, j), *slot_spot(r, slot, j));
+		spot_put_spare(r, chunk_cls(r, j), *slot_spot(r, slot, j), slot);
 		*slot_spot(r, slot, j) = SPOT_NONE;
 	}
 	pthread_mutex_unlock(&r->lock);
@@ -427,13 +469,22 @@ int mp_region_slot_map(struct mp_region *r, uint32_t slot)
 					"rollback (%s): slot data lost", slot, strerror(-err),
 					strerror(-back));
 		}
-		if (err == -EEXIST)
-			rlog_err(r, err, "slot %u: UFFDIO_MOVE into the range: %s: %llu of its %llu "
-				 "data pages are present there (the rest: poison markers)", slot,
-				 strerror(-err), (unsigned long long)mp_region_pages_present(
-				 r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes),
-				 (unsigned long long)(r->data_bytes / PAGE));
-		else if (err != -EAGAIN)
+		if (err == -EEXIST) {
+			/*
+			 * Pages where the range should have none: left by an
+			 * earlier move, or a move that did more than it said.
+			 * Either way the spots may have holes: the slot is lost,
+			 * so the caller discards it rather than recycle them.
+			 */
+			atomic_store(&r->slot_mem[slot], SLOT_MAPPED);
+			return rlog_err(r, -EFAULT, "slot %u: UFFDIO_MOVE into the range: %s: "
+					"%llu of its %llu data pages are present there (the rest: "
+					"poison markers); slot data lost", slot, strerror(-err),
+					(unsigned long long)mp_region_pages_present(
+					r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes),
+					(unsigned long long)(r->data_bytes / PAGE));
+		}
+		if (err != -EAGAIN)
 			rlog_err(r, err, "slot %u: UFFDIO_MOVE into the range: %s (%s)", slot,
 				 strerror(-err), mp_uffd_outcome_name(mp_uffd_classify(-err)));
 		return err;
@@ -476,7 +527,7 @@ int mp_region_slot_free(struct mp_region *r, uint32_t slot)
 		return err;
 	pthread_mutex_lock(&r->lock);
 	for (uint32_t j = 0; j < r->nchunks; j++) {
-		spot_put_spare(r, chunk_cls(r, j), *slot_spot(r, slot, j));
+		spot_put_spare(r, chunk_cls(r, j), *slot_spot(r, slot, j), slot);
 		*slot_spot(r, slot, j) = SPOT_NONE;
 	}
 	atomic_store(&r->slot_mem[slot], SLOT_EMPTY);
@@ -505,7 +556,7 @@ int mp_region_slot_discard(struct mp_region *r, uint32_t slot)
 		if (st == SLOT_MAPPED)
 			mp_uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), chunk_dst(r, slot, j),
 				   r->cls[cls].size, UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES, NULL);
-		spot_release(r, cls, spot);
+		spot_release(r, cls, spot, slot);
 		*slot_spot(r, slot, j) = SPOT_NONE;
 	}
 	atomic_store(&r->slot_mem[slot], SLOT_EMPTY);
@@ -576,7 +627,7 @@ uint64_t mp_region_trim(struct mp_region *r, uint64_t keep_bytes)
 			uint32_t spot = c->spare[--c->nspare];
 
 			r->mem.spare_bytes -= c->size;
-			spot_release(r, cls, spot);
+			spot_release(r, cls, spot, OWNER_SPARE);
 			released += c->size;
 		}
 	}
@@ -659,11 +710,14 @@ static int spots_init(struct mp_region *r)
 
 		c->spare = calloc(c->count + 1, sizeof(*c->spare));
 		c->holes = calloc(c->count + 1, sizeof(*c->holes));
-		if (!c->spare || !c->holes)
+		c->owner = calloc(c->count + 1, sizeof(*c->owner));
+		if (!c->spare || !c->holes || !c->owner)
 			return -ENOMEM;
 		/* Lowest spots on top: early fills get adjacent spots and merge their moves. */
-		for (uint32_t i = 0; i < c->count; i++)
+		for (uint32_t i = 0; i < c->count; i++) {
 			c->holes[i] = c->count - 1 - i;
+			c->owner[i] = OWNER_HOLE;
+		}
 		c->nholes = c->count;
 		off += (uint64_t)c->count * c->size;
 	}
@@ -738,6 +792,15 @@ int mp_region_create(const struct mp_region_config *cfg, const struct mp_region_
 	madvise(r->nursery + MP_REGION_CHUNK, MP_REGION_CHUNK, MADV_NOHUGEPAGE);
 	r->cls[CLS_FULL].base = r->pool;
 	r->cls[CLS_TAIL].base = r->pool + (uint64_t)r->cls[CLS_FULL].count * MP_REGION_CHUNK;
+	/*
+	 * Tail spots are not 2 MiB aligned: khugepaged would collapse two
+	 * neighbours' pages into one THP, and every move of either then splits
+	 * it; on 6.18 such a move once reported less than it moved (the pages
+	 * were found in the range, missing from the spot). 4 KiB pages only.
+	 */
+	if (r->cls[CLS_TAIL].count)
+		madvise(r->cls[CLS_TAIL].base, r->pool + r->pool_bytes - r->cls[CLS_TAIL].base,
+			MADV_NOHUGEPAGE);
 	place_on_node(r, r->nursery, r->nursery_bytes);
 
 	err = mp_uffd_register(r, r->uffd, r->base, r->bytes, need | (1ull << _UFFDIO_POISON));
@@ -791,6 +854,7 @@ void mp_region_destroy(struct mp_region *r)
 	for (int cls = 0; cls < NCLS; cls++) {
 		free(r->cls[cls].spare);
 		free(r->cls[cls].holes);
+		free(r->cls[cls].owner);
 	}
 	free(r->slot_spots);
 	free((void *)r->slot_mem);

@@ -22,7 +22,12 @@ struct spot_class {
 	uint32_t nspare;
 	uint32_t *holes;	/* stack of spots with no pages */
 	uint32_t nholes;
+	uint32_t *owner;	/* per spot: the slot holding it, or OWNER_SPARE / OWNER_HOLE */
 };
+
+/* A spot on the spare stack, or on the holes stack, rather than held by a slot. */
+#define OWNER_SPARE	UINT32_MAX
+#define OWNER_HOLE	(UINT32_MAX - 1)
 
 enum slot_mem {
 	SLOT_EMPTY = 0,		/* no chunks */

@@ -118,8 +118,12 @@ static void on_removed(void *owner, uint32_t first, uint32_t last, bool unmapped
 	for (uint32_t slot = first; slot <= last && slot < p->nslots; slot++) {
 		struct slot *s = &p->slots[slot];
 
-		/* Our own zaps: clearing poison, discarding a lost slot. */
-		if (s->state == ST_CLEARING || s->state == ST_BUSY)
+		/*
+		 * Our own zaps: clearing poison, discarding a lost slot, or a
+		 * fill whose map failed (a FILLING slot's range is the fill's
+		 * alone: before its map there is nothing there to zap).
+		 */
+		if (s->state == ST_CLEARING || s->state == ST_BUSY || s->state == ST_FILLING)
 			continue;
 		if (!told) {
 			plog_warn(p, "the application %s slots %u..%u of the range; their "
