@@ -55,29 +55,31 @@ static void *reader(void *arg)
 {
 	struct stressor *w = arg;
 	struct mp_store *s = mp_pager_store(w->p);
+	const struct mp_geometry *geo = mp_store_geometry(s);
+	uint64_t xbytes = mp_store_expert_bytes(s);
 
 	while (mp_now_ns() < w->deadline) {
 		uint32_t op = (uint32_t)rand_r(&w->seed) % 100;
-		uint32_t l = (uint32_t)rand_r(&w->seed) % fx.geo->layers;
-		uint32_t e = (uint32_t)rand_r(&w->seed) % fx.geo->experts;
+		uint32_t l = (uint32_t)rand_r(&w->seed) % geo->layers;
+		uint32_t e = (uint32_t)rand_r(&w->seed) % geo->experts;
 		int ret = 0;
 
 		if (op < 80) {
 			struct touch t = {
 				.x = mp_pager_expert(w->p, l, e),
-				.bytes = fx.xbytes,
+				.bytes = xbytes,
 				.sum = mp_store_expert(s, l, e)->checksum,
-				.first = (uint64_t)rand_r(&w->seed) % fx.xbytes,
+				.first = (uint64_t)rand_r(&w->seed) % xbytes,
 			};
 
 			ret = mp_pager_guard(w->p, touch_then_check, &t);
 			w->reads++;
 		} else if (op < 90) {
-			uint32_t other = (uint32_t)rand_r(&w->seed) % (fx.geo->experts - 1);
-			uint32_t ids[2] = { e, (e + 1 + other) % fx.geo->experts };
+			uint32_t other = (uint32_t)rand_r(&w->seed) % (geo->experts - 1);
+			uint32_t ids[2] = { e, (e + 1 + other) % geo->experts };
 			/* As an engine does: route, then ask the source (the caller path reads). */
 			struct touch t = {
-				.bytes = fx.xbytes,
+				.bytes = xbytes,
 				.sum = mp_store_expert(s, l, ids[1])->checksum,
 			};
 
@@ -111,6 +113,7 @@ static void *reader(void *arg)
 
 struct budgeter {
 	struct mp_pager *p;
+	uint64_t xbytes;
 	uint64_t deadline;
 	unsigned seed;
 	uint64_t changes;
@@ -123,7 +126,7 @@ static void *change_budget(void *arg)
 
 	while (mp_now_ns() < b->deadline) {
 		uint64_t experts = 1 + (uint64_t)rand_r(&b->seed) % MAX_BUDGET;
-		int err = mp_pager_set_budget(b->p, experts * fx.xbytes);
+		int err = mp_pager_set_budget(b->p, experts * b->xbytes);
 
 		if (err && !b->err)
 			b->err = err;
@@ -133,7 +136,11 @@ static void *change_budget(void *arg)
 	return NULL;
 }
 
-static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **state)
+/*
+ * Readers, routes, prefetches and evictions of random experts of store s under
+ * a changing budget of a few experts, resolved as resolve says.
+ */
+static void stress(struct mp_store *s, uint32_t resolve)
 {
 	const char *env_s = getenv("MOEPAGER_STRESS_SECONDS");
 	const char *spec = getenv("MOEPAGER_STRESS_FAULT");
@@ -147,21 +154,22 @@ static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **stat
 	struct mp_pager *p;
 	uint64_t deadline, reads = 0;
 
-	(void)state;
 	if (!spec)
 		spec = DEFAULT_SPEC;
 	mp_pager_config_init(&cfg);
-	cfg.budget_bytes = 2 * fx.xbytes;
+	cfg.budget_bytes = 2 * mp_store_expert_bytes(s);
 	cfg.read_attempts = 8;
 	cfg.fill_threads = 3;
-	p = fx_open(NULL, spec, 2024, 0, &cfg);
+	cfg.resolve = resolve;
+	p = fx_open(s, spec, 2024, 0, &cfg);
 	deadline = mp_now_ns() + (uint64_t)(seconds * 1e9);
 	for (int i = 0; i < READERS; i++) {
 		w[i] = (struct stressor){ .p = p, .deadline = deadline,
 					  .seed = 17u * (unsigned)i + 3 };
 		pthread_create(&th[i], NULL, reader, &w[i]);
 	}
-	b = (struct budgeter){ .p = p, .deadline = deadline, .seed = 99 };
+	b = (struct budgeter){ .p = p, .xbytes = mp_store_expert_bytes(s), .deadline = deadline,
+			       .seed = 99 };
 	pthread_create(&bt, NULL, change_budget, &b);
 	for (int i = 0; i < READERS; i++)
 		if (!fx_join(th[i], (uint32_t)(seconds * 1000) + 60000))
@@ -206,10 +214,44 @@ static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **stat
 	mp_pager_close(p);
 }
 
+/* The tiny model's experts, 2 MiB chunks: faults resolve them, the engine's way reads them. */
+static void threads_random_experts_and_budgets_never_see_wrong_bytes(void **state)
+{
+	(void)state;
+	stress(fx.store, MP_RESOLVE_FAULT);
+}
+
+/*
+ * Experts of 1.5 MiB, each one chunk short of 2 MiB, many to a layer (a CoE
+ * container's shape), read on the asking thread: the path bench-coe's
+ * executors take, where a pool chunk once ended up owned twice.
+ */
+static void small_experts_on_the_caller_path_never_see_wrong_bytes(void **state)
+{
+	const char *path = t_path("small-experts.mpk");
+	struct mp_geometry g;
+	struct mp_store *s;
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.layers = 1;
+	g.experts = 48;
+	g.topk = 2;
+	g.hidden = 512;
+	g.ffn = 512;
+	g.dtype = MP_DTYPE_BF16;
+	assert_int_equal(mp_gen_model(path, &g, 5, "small-experts", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(path, &s), 0);
+	assert_int_equal(mp_store_expert_bytes(s), 1536 * 1024);
+	stress(s, MP_RESOLVE_CALLER);
+	mp_store_close(s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(threads_random_experts_and_budgets_never_see_wrong_bytes),
+		cmocka_unit_test(small_experts_on_the_caller_path_never_see_wrong_bytes),
 	};
 
 	return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
