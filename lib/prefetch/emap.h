@@ -22,6 +22,12 @@ struct mp_emap;
 
 /* Longest semantic vector a store (and the prefetcher's queue) takes. */
 #define MP_EMAP_MAX_SEM		(1u << 16)
+/*
+ * Searches compare semantic vectors longer than this by their sketches of
+ * this many floats (feature hashing): cosines within about 1/sqrt of it,
+ * and a search's cost no longer grows with the model's hidden size.
+ */
+#define MP_EMAP_SKETCH_DIM	128u
 /* A map row keeps its ROW_KEEP x topk largest values. */
 #define MP_EMAP_ROW_KEEP	2u
 
