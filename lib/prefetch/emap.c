@@ -1072,24 +1072,32 @@ static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb,
 	finish_use(m, acc, wsum, out);
 }
 
-int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
-			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
+int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			   uint32_t prefix_layers, uint32_t target, uint32_t n, float *out,
+			   float *score)
 {
 	struct neighbours nb = { 0 };
 
-	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
-	    m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
+	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || !n ||
+	    target + n > m->cfg.layers || m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
 	q = query_of(m, q);
 	if (query_traj(m, q, map, prefix_layers))
 		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
 		neighbour_add(&nb, y, cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers));
-	neighbour_vote(m, &nb, target, out);
+	for (uint32_t i = 0; i < n; i++)
+		neighbour_vote(m, &nb, target + i, out + (size_t)i * m->cfg.experts);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
+}
+
+int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
+{
+	return mp_emap_predict_traj_n(m, q, map, prefix_layers, target, 1, out, score);
 }
 
 int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,

@@ -168,6 +168,10 @@ int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float
 			 uint32_t prefix_layers, uint32_t target, float *out, float *score);
 int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
 			float *out, float *score);
+/* mp_emap_predict_traj() for layers target..target+n-1 at once, one search: out n x experts. */
+int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			   uint32_t prefix_layers, uint32_t target, uint32_t n, float *out,
+			   float *score);
 
 /*
  * Copies record idx's map (layers x experts floats: each row's kept values,
