@@ -34,8 +34,6 @@ struct mp_evict_hints {
 	float *miss_w;
 };
 
-
-
 struct mp_evict_env {
 	uint32_t nkeys;
 	uint32_t layers;
