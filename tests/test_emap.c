@@ -456,6 +456,51 @@ static void predict_sem_votes_the_nearest_records_for_every_layer(void **state)
 	mp_emap_destroy(m);
 }
 
+/*
+ * Vectors longer than MP_EMAP_SKETCH_DIM are compared by their sketches:
+ * each still scores 1 against itself, a vector close to one record finds
+ * it (cosine 0.875 here, within the sketch's error), and the record keeps
+ * its own values.
+ */
+static void long_semantic_vectors_are_searched_by_their_sketches(void **state)
+{
+	const uint32_t D = 4 * MP_EMAP_SKETCH_DIM, N = 24;
+	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = D,
+				    .capacity = 64, .distance = 1 };
+	float map[L * J], *sem = malloc(N * D * sizeof(float)), *got = malloc(D * sizeof(float));
+	struct mp_emap *m = NULL;
+	uint32_t seed = 12345;
+	float score;
+
+	(void)state;
+	assert_non_null(sem);
+	assert_non_null(got);
+	assert_int_equal(mp_emap_create(&c, &m), 0);
+	for (uint32_t i = 0; i < N * D; i++) {
+		seed = seed * 1103515245u + 12345u;
+		sem[i] = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+	}
+	for (uint32_t s = 0; s < N; s++) {
+		top2_map(s, map);
+		assert_int_equal(mp_emap_insert(m, NULL, map, sem + (size_t)s * D), (int)s);
+	}
+	for (uint32_t s = 0; s < N; s++) {
+		assert_int_equal(mp_emap_search_sem(m, NULL, sem + (size_t)s * D, &score), (int)s);
+		assert_true(score > 0.99999f);
+		/* A few values changed: still nearest its record. */
+		memcpy(got, sem + (size_t)s * D, D * sizeof(float));
+		for (uint32_t i = 0; i < D; i += 16)
+			got[i] = -got[i];
+		assert_int_equal(mp_emap_search_sem(m, NULL, got, &score), (int)s);
+		assert_true(score > 0.6f && score < 0.99f);
+		assert_int_equal(mp_emap_record(m, s, NULL, got), 0);
+		assert_memory_equal(got, sem + (size_t)s * D, D * sizeof(float));
+	}
+	mp_emap_destroy(m);
+	free(sem);
+	free(got);
+}
+
 static void a_topk_outside_the_experts_is_refused(void **state)
 {
 	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 0, .capacity = 4 };
@@ -610,6 +655,7 @@ int main(void)
 		cmocka_unit_test(predict_layer_learns_the_layer_transition),
 		cmocka_unit_test(predict_traj_votes_the_nearest_records),
 		cmocka_unit_test(predict_sem_votes_the_nearest_records_for_every_layer),
+		cmocka_unit_test(long_semantic_vectors_are_searched_by_their_sketches),
 		cmocka_unit_test(a_topk_outside_the_experts_is_refused),
 		cmocka_unit_test(a_query_finds_what_a_search_from_scratch_finds),
 		cmocka_unit_test(gated_rows_become_the_next_iterations_semantic_search),

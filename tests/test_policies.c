@@ -430,6 +430,35 @@ static void ema_evicts_the_fewest_expected_uses(void **state)
 }
 
 /*
+ * ema and finemoe weigh each key by its layer's miss weight (hints
+ * miss_w): of two equally likely experts, the one in a layer no prefetch
+ * brings back in time stays.
+ */
+static void eviction_keeps_the_layer_no_prefetch_reaches(void **state)
+{
+	const char *names[] = { "ema", "finemoe" };
+	float p[4] = { 0.5f, 0.5f, 0.5f, 0.5f }, w[2] = { 1.0f, 1.0f };
+	struct mp_evict_hints h = { .p = p, .miss_w = w };
+
+	(void)state;
+	for (uint32_t i = 0; i < 2; i++) {
+		struct mp_evict pol;
+
+		/* Layers 0 and 1 of 2 experts; keys 0 (layer 0) and 2 (layer 1), 0 the older. */
+		open_policy(&pol, names[i], 2, 2, &h);
+		pol.ops->on_insert(&pol, 0);
+		pol.ops->on_insert(&pol, 2);
+		pol.ops->on_access(&pol, 0);
+		pol.ops->on_access(&pol, 2);
+		w[0] = w[1] = 1.0f;
+		assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 0);
+		w[0] = 2.0f;
+		assert_int_equal(pol.ops->pick_victim(&pol, all_ok, NULL), 2);
+		mp_evict_fini(&pol);
+	}
+}
+
+/*
  * A popular expert between a rotation of rarer ones: two slots, LRU always
  * keeps the last two and misses everything; the routing rate keeps the
  * popular one resident.
@@ -539,14 +568,15 @@ static void simulator_gives_every_iteration_its_semantic_vector(void **state)
 	mp_trace_close(t);
 }
 
-/* Speculative gates for the simulator: the trace's own next layer, counted, failing on cue. */
+/* Speculative gates for the simulator: the trace's own target layer, counted, failing on cue. */
 struct spec_calls {
 	const struct mp_trace *t;
 	uint32_t calls;
 	uint32_t fail_at;	/* 0: never */
 };
 
-static int spec_true(void *arg, uint32_t r, uint32_t tok, uint32_t layer, float *out)
+static int spec_true(void *arg, uint32_t r, uint32_t tok, uint32_t layer, uint32_t target,
+		     float *out)
 {
 	struct spec_calls *c = arg;
 	uint32_t J = mp_trace_experts(c->t), K = mp_trace_topk(c->t);
@@ -555,7 +585,8 @@ static int spec_true(void *arg, uint32_t r, uint32_t tok, uint32_t layer, float 
 
 	if (++c->calls == c->fail_at)
 		return -EIO;
-	assert_int_equal(mp_trace_route(c->t, r, tok, layer + 1, &ids, &w), 0);
+	assert_true(target > layer);
+	assert_int_equal(mp_trace_route(c->t, r, tok, target, &ids, &w), 0);
 	memset(out, 0, J * sizeof(float));
 	for (uint32_t i = 0; i < K; i++)
 		out[ids[i]] = 1.0f / K;
@@ -592,7 +623,7 @@ static void simulator_gives_nextlayer_its_speculative_gates(void **state)
 	calls = (struct spec_calls){ .t = t, .fail_at = 8 };
 	t_log_reset();
 	assert_int_equal(mp_prefetch_simulate(&c, &r), -EIO);
-	assert_true(t_log_contains("speculative gate of request 3 token 2 layer 1"));
+	assert_true(t_log_contains("speculative gate of request 3 token 2 layer 1 for layer 2"));
 	mp_trace_close(t);
 }
 
@@ -623,6 +654,7 @@ int main(void)
 		cmocka_unit_test(finemoe_evicts_the_lowest_p_times_freq),
 		cmocka_unit_test(finemoe_wins_when_reads_are_the_bottleneck),
 		cmocka_unit_test(ema_evicts_the_fewest_expected_uses),
+		cmocka_unit_test(eviction_keeps_the_layer_no_prefetch_reaches),
 		cmocka_unit_test(ema_keeps_the_popular_expert_that_lru_drops),
 		cmocka_unit_test(coserve_evicts_unrunnable_successors_first),
 		cmocka_unit_test(belady_evicts_the_farthest_next_use),

@@ -644,44 +644,107 @@ static float item_p(const struct mp_prefetch *pf, uint32_t layer, uint32_t exper
 }
 
 /*
- * finemoe+nextlayer reads the speculative top-k of the next layer when a
- * read lands within a layer, each as likely as the speculation has turned
- * out to be (1/2 before any check, then counted as the layers route); when
- * reads are slower, or unmeasured, it does what finemoe does.
+ * finemoe+nextlayer takes the routers of the next d layers (spec_rows = d)
+ * and plans each of those layers from its lookahead: its top-k each as
+ * likely as the router's top-k that far ahead has turned out to be routed
+ * (1/2 before any check, counted per distance as the layers route), the
+ * rest of k shared by the other experts' speculative probabilities; read
+ * when worth a read (mp_prefetch_min_p()), hinted either way. With an empty
+ * store there is no trajectory vote to combine it with.
  */
-static void finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast(void **state)
+static void finemoe_nextlayer_plans_every_layer_within_reach(void **state)
 {
-	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2 };
-	const float spec[6] = { 0.05f, 0.1f, 0.5f, 0.05f, 0.25f, 0.05f };
-	const uint32_t ids[2] = { 2, 4 }, other[2] = { 0, 1 };
+	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2, .distance = 2 };
+	const float spec[12] = { 0.05f, 0.1f, 0.5f, 0.05f, 0.25f, 0.05f,	/* layer + 1 */
+				 0.4f, 0.3f, 0.1f, 0.1f, 0.05f, 0.05f };	/* layer + 2 */
+	const uint32_t ids[2] = { 2, 4 }, far[2] = { 0, 1 }, other[2] = { 3, 5 }, mid[2] = { 2, 3 };
 	struct mp_prefetch pf;
 	uint32_t got[6], n;
 
 	(void)state;
 	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe_nextlayer, &env), 0);
 	assert_true(pf.ops->layer_input);
+	assert_int_equal(pf.spec_rows, 2);
 	assert_ptr_equal(mp_prefetch_find("finemoe+nextlayer"), &mp_prefetch_finemoe_nextlayer);
 	assert_non_null(mp_prefetch_finemoe_emap(&pf));
 	mp_prefetch_begin(&pf, 0, 0, NULL);
-	/* Unmeasured reads: no lookahead read. */
+	pf.load_ratio = 0.5f;
+	/* Both rows' top-2, each 1/2 likely. */
 	assert_int_equal(mp_prefetch_gate(&pf, 0, ids, NULL, 2, NULL, spec), 0);
 	collect(&pf, 1, got, &n);
-	assert_int_equal(n, 0);
-	pf.load_ratio = 0.5f;
+	assert_true(same_set(got, n, ids, 2));
+	collect(&pf, 2, got, &n);
+	assert_true(same_set(got, n, far, 2));
+	assert_float_equal(item_p(&pf, 2, 0), 0.5, 1e-6);
+	/* Layer 1 routed as speculated one layer ahead: 2 of 2, p = (2 + 1) / (2 + 2). */
 	assert_int_equal(mp_prefetch_gate(&pf, 1, ids, NULL, 2, NULL, spec), 0);
 	collect(&pf, 2, got, &n);
-	assert_int_equal(n, 2);
 	assert_true(same_set(got, n, ids, 2));
-	/* Layer 1 routed to the speculated pair: 2 of 2 so far, p = (2 + 1) / (2 + 2). */
 	assert_float_equal(item_p(&pf, 2, 2), 0.75, 1e-6);
-	/* Layer 2 routes elsewhere: 2 of 4, p = 3 / 6. */
+	assert_float_equal(item_p(&pf, 3, 0), 0.5, 1e-6);
+	/* Layer 2 routes elsewhere: 2 of 4 one layer ahead, 0 of 2 two layers ahead. */
 	assert_int_equal(mp_prefetch_gate(&pf, 2, other, NULL, 2, NULL, spec), 0);
-	assert_float_equal(item_p(&pf, 3, 4), 0.5, 1e-6);
-	/* A read two layers of compute long would land after its use. */
+	assert_float_equal(item_p(&pf, 3, 2), 0.5, 1e-6);
+	/*
+	 * Reads two layers of compute long. Layer 3 routes as speculated one
+	 * layer ahead (4 of 6: p = 5/8, below 2/3: not worth it, but hinted),
+	 * not two (0 of 4: p = 1/6, and the other four share 5/3 by their
+	 * speculative probabilities: 5/9 for experts 2 and 3, worth it at 1/2).
+	 */
 	pf.load_ratio = 2.0f;
 	assert_int_equal(mp_prefetch_gate(&pf, 3, ids, NULL, 2, NULL, spec), 0);
 	collect(&pf, 4, got, &n);
 	assert_int_equal(n, 0);
+	assert_float_equal(pf.it->hint_p[4 * 6 + 2], 0.625, 1e-6);
+	collect(&pf, 5, got, &n);
+	assert_true(same_set(got, n, mid, 2));
+	assert_float_equal(item_p(&pf, 5, 2), 5.0 / 9, 1e-6);
+	mp_prefetch_fini(&pf);
+}
+
+/*
+ * The eviction hints' miss weights: a layer finemoe predicts less than a
+ * read's time before its use costs MP_PREFETCH_MISS_W; without semantic
+ * vectors its first layers are predicted a layer earlier. Nothing before
+ * the load ratio is known, or when every layer is alike; none never
+ * predicts, so its layers are all alike.
+ */
+static void miss_weights_mark_the_layers_no_prefetch_reaches_in_time(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2, .distance = 3,
+				       .sem_dim = 4 };
+	const float W = MP_PREFETCH_MISS_W;
+	struct mp_prefetch pf;
+	float w[6];
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	mp_prefetch_miss_weights(&pf, w);
+	for (uint32_t l = 0; l < 6; l++)
+		assert_float_equal(w[l], 1.0, 0);
+	/* Leads 0, 1, 2, 3, 3, 3 layers: a read of 1.5 layers is late for layers 0 and 1. */
+	pf.load_ratio = 1.5f;
+	mp_prefetch_miss_weights(&pf, w);
+	for (uint32_t l = 0; l < 6; l++)
+		assert_float_equal(w[l], l < 2 ? W : 1.0, 0);
+	/* Slower than every lead: all alike. */
+	pf.load_ratio = 4.0f;
+	mp_prefetch_miss_weights(&pf, w);
+	for (uint32_t l = 0; l < 6; l++)
+		assert_float_equal(w[l], 1.0, 0);
+	mp_prefetch_fini(&pf);
+	env.sem_dim = 0;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	pf.load_ratio = 1.5f;
+	mp_prefetch_miss_weights(&pf, w);
+	for (uint32_t l = 0; l < 6; l++)
+		assert_float_equal(w[l], l < 1 ? W : 1.0, 0);
+	mp_prefetch_fini(&pf);
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_none, &env), 0);
+	pf.load_ratio = 1.5f;
+	mp_prefetch_miss_weights(&pf, w);
+	for (uint32_t l = 0; l < 6; l++)
+		assert_float_equal(w[l], 1.0, 0);
 	mp_prefetch_fini(&pf);
 }
 
@@ -1189,7 +1252,8 @@ int main(void)
 		cmocka_unit_test(dependency_follows_recorded_transitions),
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
-		cmocka_unit_test(finemoe_nextlayer_reads_the_lookahead_when_reads_are_fast),
+		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_within_reach),
+		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),

@@ -95,7 +95,10 @@ static void ema_route(struct mp_evict *pol, const struct mp_evict_route *r)
 	}
 }
 
-/* Expected uses in the layer's next two passes: p at the next, q at the one after. */
+/*
+ * Expected uses in the layer's next two passes, p at the next and q at the
+ * one after, times what a miss in the layer costs (hints->miss_w).
+ */
 static double ema_keep(const struct mp_evict *pol, uint32_t key)
 {
 	const struct ema *m = pol->priv;
@@ -108,7 +111,7 @@ static double ema_keep(const struct mp_evict *pol, uint32_t key)
 		if (hp >= 0)
 			p = hp > 1 ? 1 : hp;
 	}
-	return p + q;
+	return (p + q) * mp_evict_miss_w(pol, key);
 }
 
 static int64_t ema_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)

@@ -24,6 +24,14 @@ struct mp_evict_hints {
 	float *p;		/* probability of use from the last searched map, < 0: none */
 	uint64_t *next_use;	/* position of the next (predicted) use, UINT64_MAX: unknown */
 	uint64_t now;		/* the current position: next_use below it is stale */
+	/*
+	 * [layers], may be NULL: what losing one of the layer's experts costs,
+	 * relative to the others. Above 1 for a layer no prefetch can bring
+	 * back in time (its prediction comes less than a read's time before
+	 * its use), so the policies that weigh it (ema, finemoe) keep that
+	 * layer's experts over those a prefetch would bring back.
+	 */
+	float *miss_w;
 };
 
 struct mp_evict_env {
@@ -146,6 +154,22 @@ struct mp_evict {
 	struct mp_evict_env env;
 	void *priv;
 };
+
+/* The miss weight of key's layer (hints->miss_w; 1 without one). */
+static inline double mp_evict_miss_w(const struct mp_evict *pol, uint32_t key)
+{
+	const struct mp_evict_hints *h = pol->env.hints;
+	uint32_t layer;
+	float w;
+
+	if (!h || !h->miss_w || !pol->env.slots_per_layer)
+		return 1.0;
+	layer = key / pol->env.slots_per_layer;
+	if (layer >= pol->env.layers)
+		return 1.0;
+	__atomic_load(&h->miss_w[layer], &w, __ATOMIC_RELAXED);
+	return w > 0 ? w : 1.0;
+}
 
 extern const struct mp_evict_ops mp_evict_lru;
 extern const struct mp_evict_ops mp_evict_fifo;

@@ -10,7 +10,10 @@
 
 #include "evict/evict.h"
 
-/* p · freq; no hint for the key's layer yet: the uniform prior 1/E. */
+/*
+ * p · freq, times what a miss in the key's layer costs (hints->miss_w); no
+ * hint for the key's layer yet: p the uniform prior 1/E.
+ */
 static double fm_score(const struct mp_evict *pol, uint32_t key)
 {
 	const struct mp_lfu_state *f = pol->priv;
@@ -24,7 +27,7 @@ static double fm_score(const struct mp_evict *pol, uint32_t key)
 			p = hp;
 	}
 
-	return p * (double)f->freq[key];
+	return p * (double)f->freq[key] * mp_evict_miss_w(pol, key);
 }
 
 static int64_t fm_victim(struct mp_evict *pol, mp_evict_ok_fn evictable, void *arg)

@@ -365,15 +365,23 @@ void mp_pager_set_hints(struct mp_pager *p, const struct mp_evict_hints *h)
 uint32_t mp_pager_drop_prefetches(struct mp_pager *p, bool (*drop)(void *arg, uint32_t key),
 				  void *arg)
 {
-	uint32_t n = 0;
+	uint32_t n = 0, m, batch[64];
 
 	pthread_mutex_lock(&p->lock);
-	for (uint32_t k = 0; k < p->nslots; k++) {
-		if (p->slots[k].queued == Q_PREFETCH && drop(arg, k)) {
-			mp_pager_unqueue(p, k);
-			n++;
-		}
-	}
+	/*
+	 * The heap's entries, not every slot: the driver calls this at nearly
+	 * every gate. A removal reorders the heap, so the keys to drop are
+	 * picked first, then unqueued, until a pass finds no more.
+	 */
+	do {
+		m = 0;
+		for (uint32_t i = 0; i < p->q.heap_n && m < MP_ARRAY_SIZE(batch); i++)
+			if (drop(arg, p->q.heap[i]))
+				batch[m++] = p->q.heap[i];
+		for (uint32_t i = 0; i < m; i++)
+			mp_pager_unqueue(p, batch[i]);
+		n += m;
+	} while (m == MP_ARRAY_SIZE(batch));
 	mp_pager_after_idle(p);
 	pthread_mutex_unlock(&p->lock);
 	return n;

@@ -78,8 +78,16 @@ struct mp_prefetcher {
 	float *ring_sem;	/* [queue][sem.dim], with semantic vectors only */
 	float *train_sem;	/* [sem.dim]: mp_prefetcher_train()'s vector */
 	uint32_t hidden;
-	float *routers;		/* the same: [L][J][hidden] router weights as f32 */
-	float *spec;		/* [J] scratch: the speculative gate */
+	/*
+	 * [L][J][hidden]: each layer's router as f32, its columns scaled by
+	 * the layer's FFN norm weights; what a layer's input divided by its
+	 * own norm weights is multiplied with (speculate()).
+	 */
+	float *routers;
+	float *norms;		/* [L][hidden] the FFN norm weights, NULL: none */
+	float *xs;		/* [hidden] scratch: the layer input without its norm weights */
+	float *spec;		/* [spec_rows][J] scratch: the speculative gates */
+	float *miss_w;		/* [L] scratch: the hints' next miss weights */
 
 	/* The source's stash between gate() and route() of one (request, token, layer). */
 	float *pend_logits;	/* [J] */
@@ -370,17 +378,30 @@ static float dot8(const float *restrict w, const float *restrict x, uint32_t n)
 	return (float)acc;
 }
 
-/* Layer l + 1's router applied to layer l's input x, as a softmax (Mixtral-offloading). */
+/*
+ * The routers of the next pf.spec_rows layers applied to layer's input x,
+ * each a softmax (Mixtral-offloading's lookahead, one or more layers deep).
+ * x is the residual stream through layer's FFN norm; dividing out its
+ * weights and applying a later layer's (folded into d->routers) makes it
+ * that layer's norm of the same stream, the rest of its input, as the model
+ * would compute it if the layers between added nothing.
+ */
 static const float *speculate(struct mp_prefetcher *d, uint32_t layer, const float *x)
 {
-	const float *W;
+	const float *w = d->norms ? d->norms + (size_t)layer * d->hidden : NULL;
 
 	if (!d->routers || !x || layer + 1 >= d->L)
 		return NULL;
-	W = d->routers + (size_t)(layer + 1) * d->J * d->hidden;
-	for (uint32_t j = 0; j < d->J; j++)
-		d->spec[j] = dot8(W + (size_t)j * d->hidden, x, d->hidden);
-	softmax(d->spec, d->J);
+	for (uint32_t i = 0; i < d->hidden; i++)
+		d->xs[i] = !w ? x[i] : w[i] != 0 ? x[i] / w[i] : 0.0f;
+	for (uint32_t r = 0; r < d->pf.spec_rows && layer + 1 + r < d->L; r++) {
+		const float *W = d->routers + (size_t)(layer + 1 + r) * d->J * d->hidden;
+		float *out = d->spec + (size_t)r * d->J;
+
+		for (uint32_t j = 0; j < d->J; j++)
+			out[j] = dot8(W + (size_t)j * d->hidden, d->xs, d->hidden);
+		softmax(out, d->J);
+	}
 	return d->spec;
 }
 
@@ -389,6 +410,14 @@ static int by_value(const void *a, const void *b)
 	float x = *(const float *)a, y = *(const float *)b;
 
 	return (x > y) - (x < y);
+}
+
+/* The eviction hints' miss weights for the current load ratio (mp_prefetch_miss_weights()). */
+static void publish_miss_weights(struct mp_prefetcher *d)
+{
+	mp_prefetch_miss_weights(&d->pf, d->miss_w);
+	for (uint32_t l = 0; l < d->L; l++)
+		__atomic_store(&d->hints.miss_w[l], &d->miss_w[l], __ATOMIC_RELAXED);
 }
 
 /*
@@ -433,6 +462,7 @@ static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_
 	d->read_ns0 = st.file_read_ns;
 	if (d->t_layer > 0 && d->t_load > 0)
 		d->pf.load_ratio = (float)(d->t_load / d->t_layer);
+	publish_miss_weights(d);
 }
 
 static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *probs,
@@ -877,11 +907,15 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->ring_sem);
 	free(d->train_sem);
 	free(d->routers);
+	free(d->norms);
+	free(d->xs);
 	free(d->spec);
 	free(d->pend_logits);
 	free(d->pend_x);
 	free(d->hints.p);
 	free(d->hints.next_use);
+	free(d->hints.miss_w);
+	free(d->miss_w);
 	free(d->issued_pos);
 	free(d->live);
 	free(d->gaps);
@@ -896,35 +930,59 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d);
 }
 
-/* For speculation: every layer's router as f32, read once from the store. */
+/* Reads tensor name of n floats as f32 into out. Returns 0, -ENOENT (no such tensor) or -errno. */
+static int read_f32(struct mp_store *s, const char *name, size_t n, float *out, void *buf)
+{
+	const struct mp_tensor_info *t = mp_store_tensor(s, name);
+	int err;
+
+	if (!t || t->bytes != n * mp_dtype_size(t->dtype))
+		return -ENOENT;
+	err = mp_store_read_tensor(s, t, buf);
+	if (!err)
+		mp_dtype_to_f32(t->dtype, buf, out, n);
+	return err;
+}
+
+/*
+ * For speculation: every layer's router as f32 with its FFN norm weights
+ * folded in (speculate()), read once from the store. A model without norm
+ * weights is speculated on as its inputs come.
+ */
 static int load_routers(struct mp_prefetcher *d, const char *policy)
 {
 	struct mp_store *s = mp_pager_store(d->pager);
 	size_t per = (size_t)d->J * d->hidden;
+	char name[MP_TENSOR_NAME_MAX];
 	void *buf;
 	int err = 0;
 
 	d->routers = malloc((size_t)d->L * per * sizeof(float));
+	d->norms = malloc((size_t)d->L * d->hidden * sizeof(float));
+	d->xs = malloc(d->hidden * sizeof(float));
 	buf = malloc(per * sizeof(float));
-	if (!d->routers || !buf) {
+	if (!d->routers || !d->norms || !d->xs || !buf) {
 		free(buf);
 		return -ENOMEM;
 	}
 	for (uint32_t l = 0; l < d->L && !err; l++) {
-		const struct mp_tensor_info *t;
-		char name[MP_TENSOR_NAME_MAX];
-
 		snprintf(name, sizeof(name), "blk.%u.router", l);
-		t = mp_store_tensor(s, name);
-		if (!t || t->bytes != per * mp_dtype_size(t->dtype)) {
+		err = read_f32(s, name, per, d->routers + l * per, buf);
+		if (err == -ENOENT)
 			err = mp_err(-EINVAL, "prefetch %s: %s: no %u x %u router", policy, name,
 				     d->J, d->hidden);
-			break;
+		snprintf(name, sizeof(name), "blk.%u.ffn_norm", l);
+		if (!err && d->norms &&
+		    read_f32(s, name, d->hidden, d->norms + (size_t)l * d->hidden, buf)) {
+			free(d->norms);
+			d->norms = NULL;
 		}
-		err = mp_store_read_tensor(s, t, buf);
-		if (!err)
-			mp_dtype_to_f32(t->dtype, buf, d->routers + l * per, per);
 	}
+	for (uint32_t l = 0; !err && d->norms && l < d->L; l++)
+		for (uint32_t j = 0; j < d->J; j++)
+			for (uint32_t i = 0; i < d->hidden; i++)
+				d->routers[l * per + (size_t)j * d->hidden + i] *=
+					d->norms[(size_t)l * d->hidden + i];
 	free(buf);
 	return err;
 }
@@ -997,9 +1055,10 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->hidden = geo->hidden;
 	d->pend_logits = calloc(d->J, sizeof(float));
 	d->pend_x = calloc(d->hidden, sizeof(float));
-	d->spec = calloc(d->J, sizeof(float));
 	d->hints.p = malloc(d->nkeys * sizeof(float));
 	d->hints.next_use = malloc(d->nkeys * sizeof(uint64_t));
+	d->hints.miss_w = malloc(d->L * sizeof(float));
+	d->miss_w = malloc(d->L * sizeof(float));
 	d->issued_pos = malloc(d->nkeys * sizeof(uint64_t));
 	d->live = malloc(d->nkeys * sizeof(uint32_t));
 	d->h_none = malloc(d->spl * sizeof(*d->h_none));
@@ -1007,9 +1066,10 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->h_n = malloc(d->spl * sizeof(*d->h_n));
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
-	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->issued_pos ||
+	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->hints.miss_w ||
+	    !d->miss_w || !d->issued_pos ||
 	    !d->live || !d->h_none || !d->h_only || !d->h_n ||
-	    !d->pend_logits || !d->pend_x || !d->spec ||
+	    !d->pend_logits || !d->pend_x ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
 	if (d->cfg.sem.dim) {
@@ -1031,6 +1091,8 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 		if (err)
 			goto close;
 	}
+	for (uint32_t l = 0; l < d->L; l++)
+		d->hints.miss_w[l] = 1.0f;
 	for (uint32_t k = 0; k < d->nkeys; k++) {
 		d->hints.p[k] = -1.0f;
 		d->hints.next_use[k] = UINT64_MAX;
@@ -1049,9 +1111,10 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	if (err)
 		goto close;
 	d->pf_ok = true;
+	d->spec = calloc((size_t)MP_MAX(d->pf.spec_rows, 1u) * d->J, sizeof(float));
 	d->reqs = calloc(d->pf.niters, sizeof(*d->reqs));
 	d->gaps = malloc((size_t)d->L * d->pf.niters * sizeof(*d->gaps));
-	if (!d->reqs || !d->gaps) {
+	if (!d->reqs || !d->gaps || !d->spec) {
 		err = -ENOMEM;
 		goto close;
 	}

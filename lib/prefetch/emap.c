@@ -84,7 +84,14 @@ struct mp_emap {
 	struct rows maps;
 	struct rows ctx;	/* sem_is_map: the records' semantic maps */
 	float *sem;		/* otherwise: [sem_dim][cap], by columns */
-	float *sem_norm;	/* [cap] */
+	/*
+	 * What searches compare: sem itself, or (sem_dim above
+	 * MP_EMAP_SKETCH_DIM) each vector's sketch, sdim floats by columns.
+	 */
+	uint32_t sdim;
+	float *sk;		/* [sdim][cap], NULL: searches read sem */
+	float *qsk;		/* [sdim] scratch: the sketch of a query's vector */
+	float *sem_norm;	/* [cap]: of what searches compare */
 	uint16_t *top;		/* [layers][cap][topk]: each row's top-k, in vote order */
 	uint32_t *gen;		/* [cap]: changes with every write of the record */
 	uint32_t writes;
@@ -201,6 +208,13 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	if (!err && cfg->sem_is_map)
 		err = rows_alloc(&m->ctx, cap, cfg->layers, cfg->experts, m->kept);
 	m->sem = sem ? calloc(cap * sem, sizeof(float)) : NULL;
+	m->sdim = sem > MP_EMAP_SKETCH_DIM ? MP_EMAP_SKETCH_DIM : (uint32_t)sem;
+	if (m->sdim < sem) {
+		m->sk = calloc(cap * m->sdim, sizeof(float));
+		m->qsk = calloc(m->sdim, sizeof(float));
+		if (!m->sk || !m->qsk)
+			err = -ENOMEM;
+	}
 	m->sem_norm = calloc(cap, sizeof(float));
 	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
 	m->gen = calloc(cap, sizeof(uint32_t));
@@ -231,6 +245,8 @@ void mp_emap_destroy(struct mp_emap *m)
 	rows_free(&m->maps, m->lj);
 	rows_free(&m->ctx, m->lj);
 	free(m->sem);
+	free(m->sk);
+	free(m->qsk);
 	free(m->sem_norm);
 	free(m->top);
 	free(m->gen);
@@ -265,6 +281,7 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
 		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
 		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
+		     (m->sk ? (cap + 1) * m->sdim * sizeof(float) : 0) +
 		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
 			    sizeof(uint16_t) + sizeof(uint32_t)) +
 		     (m->lj + m->cfg.experts + 1) * sizeof(float) +
@@ -430,6 +447,37 @@ static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
 }
 
 /*
+ * A long semantic vector's sketch (feature hashing): each of its values is
+ * added, with a sign, into one of sdim buckets, both picked by a fixed hash
+ * of its index. Inner products, and so cosines, are kept in expectation,
+ * within about 1/sqrt(sdim) of a unit vector's: enough to rank neighbours,
+ * at sdim instead of sem_dim floats per record read by every search.
+ */
+static uint32_t sketch_hash(uint32_t i)
+{
+	i ^= i >> 16;
+	i *= 0x7feb352du;
+	i ^= i >> 15;
+	i *= 0x846ca68bu;
+	i ^= i >> 16;
+	return i;
+}
+
+/* What searches compare for sem: sem, or its sketch in m->qsk (NULL stays NULL). */
+static const float *search_vec(struct mp_emap *m, const float *sem)
+{
+	if (!m->sk || !sem)
+		return sem;
+	memset(m->qsk, 0, m->sdim * sizeof(float));
+	for (uint32_t i = 0; i < m->cfg.sem_dim; i++) {
+		uint32_t h = sketch_hash(i);
+
+		m->qsk[h % m->sdim] += h & 0x80000000u ? -sem[i] : sem[i];
+	}
+	return m->qsk;
+}
+
+/*
  * Writes record y from a normalised map and its semantic vector (NULL:
  * zeros), with everything derived from them: kept rows and their lists,
  * norms, top-k, a new generation. Returns 0, or -ENOMEM with the record as
@@ -453,11 +501,18 @@ static int put_record(struct mp_emap *m, uint32_t y, const float *map, const flo
 		put_rows(m, &m->ctx, y, &m->kctx);
 		s = m->kctx.sq;
 	}
-	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++) {
-		float v = sem ? sem[i] : 0.0f;
+	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++)
+		m->sem[(size_t)i * m->cap + y] = sem ? sem[i] : 0.0f;
+	if (m->sem) {
+		const float *v = search_vec(m, sem);
 
-		m->sem[(size_t)i * m->cap + y] = v;
-		s += (double)v * v;
+		for (uint32_t i = 0; i < m->sdim; i++) {
+			float x = v ? v[i] : 0.0f;
+
+			if (m->sk)
+				m->sk[(size_t)i * m->cap + y] = x;
+			s += (double)x * x;
+		}
 	}
 	m->sem_norm[y] = (float)sqrt(s);
 	if (!++m->writes)
@@ -592,18 +647,21 @@ static void fold(double *restrict acc, double a, const float *restrict col, uint
  */
 static void sem_dots(const struct mp_emap *m, double *acc, const float *v)
 {
+	const float *cols = m->sk ? m->sk : m->sem;
+
 	memset(acc, 0, m->count * sizeof(*acc));
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
+	for (uint32_t i = 0; i < m->sdim; i++)
 		if (v[i] != 0)
-			fold(acc, v[i], m->sem + (size_t)i * m->cap, m->count);
+			fold(acc, v[i], cols + (size_t)i * m->cap, m->count);
 }
 
 static double record_sem_dot(const struct mp_emap *m, uint32_t y, const float *v)
 {
+	const float *cols = m->sk ? m->sk : m->sem;
 	double dot = 0;
 
-	for (uint32_t i = 0; i < m->cfg.sem_dim; i++)
-		dot += (double)v[i] * m->sem[(size_t)i * m->cap + y];
+	for (uint32_t i = 0; i < m->sdim; i++)
+		dot += (double)v[i] * cols[(size_t)i * m->cap + y];
 	return dot;
 }
 
@@ -720,6 +778,8 @@ static int query_sem(struct mp_emap *m, struct mp_emap_query *q, const float *se
 
 	if (err)
 		return err;
+	if (!map)
+		sem = search_vec(m, sem);
 	if (q->sem_store != m->id) {
 		double sq = 0;
 
@@ -730,7 +790,7 @@ static int query_sem(struct mp_emap *m, struct mp_emap_query *q, const float *se
 				fold_map_row(m, &m->ctx, sem + (size_t)l * m->cfg.experts, l,
 					     q->sdot, &sq);
 		} else {
-			sq = sumsq(sem, m->cfg.sem_dim);
+			sq = sumsq(sem, m->sdim);
 			sem_dots(m, q->sdot, sem);
 		}
 		q->snorm = sqrt(sq);
@@ -1012,24 +1072,32 @@ static void neighbour_vote(const struct mp_emap *m, const struct neighbours *nb,
 	finish_use(m, acc, wsum, out);
 }
 
-int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
-			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
+int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			   uint32_t prefix_layers, uint32_t target, uint32_t n, float *out,
+			   float *score)
 {
 	struct neighbours nb = { 0 };
 
-	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || target >= m->cfg.layers ||
-	    m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
+	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || !n ||
+	    target + n > m->cfg.layers || m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
 	q = query_of(m, q);
 	if (query_traj(m, q, map, prefix_layers))
 		return -ENOMEM;
 	for (uint32_t y = 0; y < m->count; y++)
 		neighbour_add(&nb, y, cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers));
-	neighbour_vote(m, &nb, target, out);
+	for (uint32_t i = 0; i < n; i++)
+		neighbour_vote(m, &nb, target + i, out + (size_t)i * m->cfg.experts);
 	if (score)
 		*score = nb.n ? nb.c[0] : 0.0f;
 	m->searches++;
 	return 0;
+}
+
+int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			 uint32_t prefix_layers, uint32_t target, float *out, float *score)
+{
+	return mp_emap_predict_traj_n(m, q, map, prefix_layers, target, 1, out, score);
 }
 
 int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,

@@ -22,6 +22,12 @@ struct mp_emap;
 
 /* Longest semantic vector a store (and the prefetcher's queue) takes. */
 #define MP_EMAP_MAX_SEM		(1u << 16)
+/*
+ * Searches compare semantic vectors longer than this by their sketches of
+ * this many floats (feature hashing): cosines within about 1/sqrt of it,
+ * and a search's cost no longer grows with the model's hidden size.
+ */
+#define MP_EMAP_SKETCH_DIM	128u
 /* A map row keeps its ROW_KEEP x topk largest values. */
 #define MP_EMAP_ROW_KEEP	2u
 
@@ -162,6 +168,10 @@ int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float
 			 uint32_t prefix_layers, uint32_t target, float *out, float *score);
 int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float *sem,
 			float *out, float *score);
+/* mp_emap_predict_traj() for layers target..target+n-1 at once, one search: out n x experts. */
+int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const float *map,
+			   uint32_t prefix_layers, uint32_t target, uint32_t n, float *out,
+			   float *score);
 
 /*
  * Copies record idx's map (layers x experts floats: each row's kept values,

@@ -9,29 +9,42 @@
  * eviction hint. Every finished iteration goes into the expert-map store.
  *
  * finemoe+nextlayer adds the router's lookahead when the engine gives the
- * layer inputs: layer l + 1's router on layer l's input predicts l + 1, the
- * set read at once when a read lands within a layer (docs/prefetch.md).
+ * layer inputs: the routers of layers l + 1 .. l + d on layer l's input,
+ * each combined with the trajectory vote for its layer (docs/prefetch.md,
+ * "Router lookahead").
  */
 #include <stdlib.h>
 
 #include "base/base.h"
 #include "prefetch/policy.h"
 
+/* finemoe+nextlayer's two predictors of a layer d layers ahead. */
+enum { SRC_ROUTER = 0, SRC_TRAJ, NSRC };
+
 struct finemoe {
 	struct mp_emap *emap;
 	float *sem_use;		/* [layers][experts]: the semantic vote (with sem_dim) */
-	/* finemoe+nextlayer: how often the speculative top-k was routed, for its p */
-	double spec_hits, spec_total;
+	/*
+	 * finemoe+nextlayer: [NSRC][distance], how many of each predictor's
+	 * top-k d + 1 layers ahead were routed, of how many: its precision.
+	 */
+	double *hits, *total;
+	float *traj_use;	/* [distance][experts] scratch: the trajectory votes */
 };
 
 /* A request's own state: its iteration's running similarity to the store's records. */
 struct finemoe_req {
 	struct mp_emap_query query;
-	/* finemoe+nextlayer: the speculative top-k of spec_layer, to score when it routes */
-	uint32_t spec_top[MP_MAX_TOPK];
-	uint32_t spec_layer;
-	bool spec_open;
+	/*
+	 * finemoe+nextlayer: each predictor's top-k for layer m made d + 1
+	 * layers before it, [layers][distance][NSRC][topk], scored when m
+	 * routes; made[] flags which were made this iteration.
+	 */
+	uint16_t *top;
+	uint8_t *made;		/* [layers][distance]: bit s for predictor s */
 };
+
+static void finemoe_fini(struct mp_prefetch *pf);
 
 static int finemoe_init(struct mp_prefetch *pf)
 {
@@ -64,6 +77,15 @@ static int finemoe_init(struct mp_prefetch *pf)
 		return err;
 	}
 	pf->priv = f;
+	if (pf->spec_rows) {
+		f->hits = calloc((size_t)NSRC * pf->env.distance, sizeof(double));
+		f->total = calloc((size_t)NSRC * pf->env.distance, sizeof(double));
+		f->traj_use = calloc((size_t)pf->env.distance * c.experts, sizeof(float));
+		if (!f->hits || !f->total || !f->traj_use) {
+			finemoe_fini(pf);
+			return -ENOMEM;
+		}
+	}
 	return 0;
 }
 
@@ -155,60 +177,143 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
 
-/* Scores the last speculation against the experts layer routed to (when it was about layer). */
-static void score_spec(struct finemoe *f, struct finemoe_req *q, uint32_t layer,
-		       const uint32_t *ids, uint32_t k)
+/* The top-k of p into out, in decreasing p. */
+static void top_of(const float *p, uint32_t J, uint32_t K, uint16_t *out)
 {
-	if (!q->spec_open || q->spec_layer != layer)
-		return;
-	for (uint32_t i = 0; i < k; i++)
-		for (uint32_t t = 0; t < k; t++)
-			f->spec_hits += q->spec_top[t] == ids[i];
-	f->spec_total += k;
-	q->spec_open = false;
+	uint32_t ids[MP_MAX_EXPERTS];
+
+	mp_prefetch_select(p, J, K, 1.0f, ids);
+	for (uint32_t t = 0; t < K; t++)
+		out[t] = (uint16_t)ids[t];
+}
+
+/* Where request q keeps predictor src's top-k for layer m, made dist layers before it. */
+static uint16_t *top_at(const struct mp_prefetch *pf, struct finemoe_req *q, uint32_t m,
+			uint32_t dist, uint32_t src)
+{
+	const uint32_t D = pf->env.distance, K = pf->env.topk;
+
+	return q->top + ((((size_t)m * D + dist - 1) * NSRC) + src) * K;
+}
+
+/* Scores every prediction made for layer against the experts it routed to. */
+static void score_layer(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k)
+{
+	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
+	const uint32_t D = pf->env.distance, K = pf->env.topk;
+
+	for (uint32_t dist = 1; dist <= D; dist++) {
+		uint8_t *made = &q->made[(size_t)layer * D + dist - 1];
+
+		for (uint32_t src = 0; src < NSRC; src++) {
+			const uint16_t *top = top_at(pf, q, layer, dist, src);
+
+			if (!(*made & (1u << src)))
+				continue;
+			for (uint32_t t = 0; t < K; t++)
+				for (uint32_t i = 0; i < k; i++)
+					f->hits[src * D + dist - 1] += top[t] == ids[i];
+			f->total[src * D + dist - 1] += K;
+		}
+		*made = 0;
+	}
+}
+
+/* Predictor src's precision dist layers ahead: (hits + 1) / (total + 2), 1/2 before any. */
+static float precision(const struct finemoe *f, uint32_t D, uint32_t src, uint32_t dist)
+{
+	return (float)((f->hits[src * D + dist - 1] + 1) / (f->total[src * D + dist - 1] + 2));
 }
 
 /*
  * The router's lookahead as probabilities of use: its top-k each as likely
- * as a speculative top-k member has turned out to be routed (r, counted as
- * gates come, 1/2 before any), the rest of k shared by the speculative
- * probabilities. Read only when a read lands within the layer of compute
- * before its use (load ratio at most 1): a later one only takes the
- * bandwidth of reads that can be on time.
+ * as its top-k this far ahead has turned out to be routed (r), the rest of
+ * k shared by the speculative probabilities.
  */
-static void lookahead(struct mp_prefetch *pf, uint32_t layer, const float *spec)
+static void router_use(const float *spec, uint32_t J, uint32_t K, const uint16_t *top, float r,
+		       float *use)
 {
-	struct finemoe *f = pf->priv;
-	struct finemoe_req *q = pf->it->priv;
-	const uint32_t J = pf->env.experts, K = pf->env.topk;
-	float use[MP_MAX_EXPERTS], r = (float)((f->spec_hits + 1) / (f->spec_total + 2));
-	uint32_t top[MP_MAX_EXPERTS];
 	bool in[MP_MAX_EXPERTS] = { 0 };
 	double rest = 0;
 
-	mp_prefetch_select(spec, J, K, 1.0f, top);
-	for (uint32_t t = 0; t < K; t++) {
+	for (uint32_t t = 0; t < K; t++)
 		in[top[t]] = true;
-		q->spec_top[t] = top[t];
-	}
-	q->spec_layer = layer + 1;
-	q->spec_open = true;
-	if (!(pf->load_ratio > 0 && pf->load_ratio <= 1))
-		return;
 	for (uint32_t j = 0; j < J; j++)
 		rest += in[j] ? 0 : spec[j];
 	for (uint32_t j = 0; j < J; j++)
 		use[j] = in[j] ? r : rest > 0 ? (float)(K * (1 - r) * spec[j] / rest) : 0.0f;
-	mp_prefetch_plan_use(pf, layer + 1, use, r, (int32_t)layer);
 }
 
+/*
+ * Layer m = layer + dist: the router's lookahead and the trajectory vote
+ * (traj, NULL: none), each weighted by its measured precision this far
+ * ahead, as one probability of use; planned (worth-a-read rule) when the
+ * layer is within the prefetch distance, and its hints either way.
+ */
+static void plan_ahead(struct mp_prefetch *pf, uint32_t layer, uint32_t dist, const float *spec,
+		       const float *traj, float score)
+{
+	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
+	const uint32_t J = pf->env.experts, K = pf->env.topk, D = pf->env.distance;
+	const uint32_t m = layer + dist;
+	uint16_t *rtop = top_at(pf, q, m, dist, SRC_ROUTER);
+	float use[MP_MAX_EXPERTS], r = precision(f, D, SRC_ROUTER, dist), e, best = r;
+
+	top_of(spec, J, K, rtop);
+	q->made[(size_t)m * D + dist - 1] |= 1u << SRC_ROUTER;
+	router_use(spec, J, K, rtop, r, use);
+	if (traj) {
+		top_of(traj, J, K, top_at(pf, q, m, dist, SRC_TRAJ));
+		q->made[(size_t)m * D + dist - 1] |= 1u << SRC_TRAJ;
+		e = precision(f, D, SRC_TRAJ, dist);
+		for (uint32_t j = 0; j < J; j++)
+			use[j] = (r * use[j] + e * traj[j]) / (r + e);
+		best = MP_MAX(r, MP_MIN(score, e));
+	}
+	mp_prefetch_plan_use(pf, m, use, best, (int32_t)layer);
+}
+
+/*
+ * After gate l: the trajectory's votes for layers l + 1 .. l + d (one
+ * search), each combined with the router's lookahead for it, replace what
+ * was planned for them before.
+ */
 static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids,
 			    uint32_t k, const float *spec)
 {
-	score_spec(pf->priv, pf->it->priv, layer, ids, k);
-	finemoe_gate(pf, layer, ids, k, spec);
-	if (spec && layer + 1 < pf->env.layers)
-		lookahead(pf, layer, spec);
+	struct finemoe *f = pf->priv;
+	struct finemoe_req *q = pf->it->priv;
+	const uint32_t J = pf->env.experts, L = pf->env.layers;
+	uint32_t n = MP_MIN(pf->spec_rows, L - 1 - layer);
+	float use[MP_MAX_EXPERTS], score = 0;
+	bool traj;
+
+	score_layer(pf, layer, ids, k);
+	if (!spec || !n) {
+		finemoe_gate(pf, layer, ids, k, spec);
+		return;
+	}
+	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
+		mp_prefetch_hint(pf, layer, use);
+	traj = !mp_emap_predict_traj_n(f->emap, &q->query, pf->it->traj, layer + 1, layer + 1, n,
+				       f->traj_use, &score) && score > 0;
+	for (uint32_t i = 0; i < n; i++)
+		plan_ahead(pf, layer, i + 1, spec + (size_t)i * J,
+			   traj ? f->traj_use + (size_t)i * J : NULL, score);
+}
+
+/*
+ * The first d layers are predicted at the iteration's begin: with semantic
+ * vectors when the step starts, without them right after the previous
+ * iteration's last layer (about a layer earlier); the others d layers ahead.
+ */
+static float finemoe_lead(const struct mp_prefetch *pf, uint32_t layer)
+{
+	if (layer >= pf->env.distance)
+		return (float)pf->env.distance;
+	return (float)layer + (pf->env.sem_dim ? 0.0f : 1.0f);
 }
 
 static void finemoe_end(struct mp_prefetch *pf)
@@ -227,6 +332,9 @@ static void finemoe_fini(struct mp_prefetch *pf)
 		return;
 	mp_emap_destroy(f->emap);
 	free(f->sem_use);
+	free(f->hits);
+	free(f->total);
+	free(f->traj_use);
 	free(f);
 	pf->priv = NULL;
 }
@@ -237,6 +345,19 @@ static void finemoe_iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *i
 
 	(void)pf;
 	mp_emap_query_fini(&q->query);
+	free(q->top);
+	free(q->made);
+}
+
+/* finemoe+nextlayer's per-request record of its predictions, to score them. */
+static int finemoe_la_iter_init(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
+{
+	struct finemoe_req *q = it->priv;
+	size_t n = (size_t)pf->env.layers * pf->env.distance;
+
+	q->top = calloc(n * NSRC * pf->env.topk, sizeof(*q->top));
+	q->made = calloc(n, 1);
+	return q->top && q->made ? 0 : -ENOMEM;
 }
 
 static bool is_finemoe(const struct mp_prefetch *pf)
@@ -270,6 +391,7 @@ const struct mp_prefetch_ops mp_prefetch_finemoe = {
 	.init = finemoe_init,
 	.begin = finemoe_begin,
 	.gate = finemoe_gate,
+	.lead = finemoe_lead,
 	.end = finemoe_end,
 	.fini = finemoe_fini,
 	.iter_size = sizeof(struct finemoe_req),
@@ -278,14 +400,17 @@ const struct mp_prefetch_ops mp_prefetch_finemoe = {
 
 const struct mp_prefetch_ops mp_prefetch_finemoe_nextlayer = {
 	.name = "finemoe+nextlayer",
-	.description = "finemoe, and layer l+1's router on layer l's input for l+1 when reads "
-		       "land within a layer",
+	.description = "finemoe, with the routers of layers l+1..l+d on layer l's input "
+		       "combined with the trajectory vote for each",
 	.init = finemoe_init,
 	.begin = finemoe_begin,
 	.gate = finemoe_la_gate,
+	.lead = finemoe_lead,
 	.end = finemoe_end,
 	.fini = finemoe_fini,
 	.layer_input = true,
+	.deep_input = true,
 	.iter_size = sizeof(struct finemoe_req),
+	.iter_init = finemoe_la_iter_init,
 	.iter_fini = finemoe_iter_fini,
 };

@@ -17,9 +17,17 @@ static void nextlayer_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_
 	mp_prefetch_plan(pf, layer + 1, spec, 1.0f, (int32_t)layer);
 }
 
+/* Layer l is predicted at layer l - 1's gate; layer 0 never. */
+static float nextlayer_lead(const struct mp_prefetch *pf, uint32_t layer)
+{
+	(void)pf;
+	return layer ? 1.0f : -1.0f;
+}
+
 const struct mp_prefetch_ops mp_prefetch_nextlayer = {
 	.name = "nextlayer",
 	.description = "top-k of layer l+1's router applied to layer l's hidden state (d = 1)",
 	.gate = nextlayer_gate,
+	.lead = nextlayer_lead,
 	.layer_input = true,
 };

@@ -113,6 +113,7 @@ int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 	if (pf->env.distance > env->layers)
 		return mp_err(-EINVAL, "prefetch %s: distance %u above the model's %u layers",
 			      ops->name, pf->env.distance, env->layers);
+	pf->spec_rows = !ops->layer_input ? 0 : ops->deep_input ? pf->env.distance : 1;
 	pf->niters = pf->env.requests ? pf->env.requests : 1;
 	pf->iters = calloc(pf->niters, sizeof(*pf->iters));
 	pf->hint_dirty = calloc(env->layers, 1);
@@ -336,6 +337,22 @@ float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist)
 	if (!(c > 0))
 		return 0.0f;
 	return c / (c + (float)(dist > 0 ? dist : 1));
+}
+
+void mp_prefetch_miss_weights(const struct mp_prefetch *pf, float *w)
+{
+	const uint32_t L = pf->env.layers;
+	uint32_t late = 0;
+
+	for (uint32_t l = 0; l < L; l++) {
+		float lead = pf->ops->lead ? pf->ops->lead(pf, l) : -1.0f;
+
+		w[l] = pf->load_ratio > 0 && lead < pf->load_ratio ? MP_PREFETCH_MISS_W : 1.0f;
+		late += w[l] != 1.0f;
+	}
+	if (late == L)
+		for (uint32_t l = 0; l < L; l++)
+			w[l] = 1.0f;
 }
 
 void mp_prefetch_plan_use(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,

@@ -83,16 +83,26 @@ struct mp_prefetch_ops {
 	/*
 	 * The gate of `layer` chose ids/weights; pf->it->traj row `layer` holds
 	 * the layer's distribution (the full softmax when given, else the top-k
-	 * weights); spec, when not NULL, is layer + 1's router applied to this
-	 * layer's hidden state (experts floats, a softmax).
+	 * weights); spec, when not NULL, holds pf->spec_rows rows of experts
+	 * floats: row i is layer + 1 + i's router applied to this layer's
+	 * hidden state, a softmax (rows past the last layer are not set).
 	 */
 	void (*gate)(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
 		     const float *spec);
 	/*
 	 * gate() uses spec: the driver reads the routers and speculates, the
-	 * simulator asks its mp_spec_source.
+	 * simulator asks its mp_spec_source. With deep_input, the routers of
+	 * the next `distance` layers (spec_rows = distance), else the next
+	 * layer's only.
 	 */
 	bool layer_input;
+	bool deep_input;
+	/*
+	 * How many layers before layer's use the policy first predicts it (an
+	 * iteration's begin counts as layer 0's start), or a negative value
+	 * when it never does; NULL: never (mp_prefetch_miss_weights()).
+	 */
+	float (*lead)(const struct mp_prefetch *pf, uint32_t layer);
 	/* The iteration is over: pf->it->traj is its complete map. */
 	void (*end)(struct mp_prefetch *pf);
 	void (*fini)(struct mp_prefetch *pf);
@@ -125,6 +135,8 @@ struct mp_prefetch {
 	 * driver or simulator measures it; 0: unknown. mp_prefetch_min_p().
 	 */
 	float load_ratio;
+	/* Rows of a gate's spec (see ops->gate): 0 for a policy without layer_input. */
+	uint32_t spec_rows;
 	uint64_t iterations;
 	uint64_t emitted;
 };
@@ -214,6 +226,17 @@ void mp_prefetch_plan(struct mp_prefetch *pf, uint32_t layer, const float *P, fl
  * small and nearly everything predicted is worth it. 0 when c is unknown.
  */
 float mp_prefetch_min_p(const struct mp_prefetch *pf, int32_t dist);
+
+/* What a miss costs in a layer no prefetch brings back in time, against one that does. */
+#define MP_PREFETCH_MISS_W 2.0f
+
+/*
+ * The eviction hints' miss weights (struct mp_evict_hints.miss_w, layers
+ * floats): MP_PREFETCH_MISS_W for each layer the policy predicts less than
+ * a read's time (load_ratio layers) before its use, or never, 1 for the
+ * others. All 1 while load_ratio is unknown or when every layer is alike.
+ */
+void mp_prefetch_miss_weights(const struct mp_prefetch *pf, float *w);
 
 /*
  * Like mp_prefetch_plan() for probabilities of use (summing to topk, e.g.

@@ -46,7 +46,7 @@ struct sim {
 	struct mp_evict_hints hints;
 	bool truth;		/* next_use comes from the trace (oracle/belady) */
 	float *sem;		/* [cfg->sem.dim]: the iteration's semantic vector */
-	float *spec;		/* [J]: a position's speculative gate */
+	float *spec;		/* [spec_rows][J]: a position's speculative gates */
 	int err;		/* the first semantic or speculation source error */
 };
 
@@ -230,19 +230,23 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 }
 
-/* The speculative gate for layer + 1 at this position, when the policy takes one. */
+/* The speculative gates of the next pf.spec_rows layers at this position, when the policy takes them. */
 static const float *speculate(struct sim *s, uint32_t request, uint32_t tok, uint32_t layer)
 {
 	const struct mp_spec_source *src = &s->cfg->spec;
-	int err;
 
-	if (!src->fn || !s->pf.ops->layer_input || layer + 1 >= s->L || s->err)
+	if (!src->fn || !s->pf.spec_rows || layer + 1 >= s->L || s->err)
 		return NULL;
-	err = src->fn(src->arg, request, tok, layer, s->spec);
-	if (err) {
-		s->err = mp_err(err, "simulate: speculative gate of request %u token %u layer %u: "
-				"%s", request, tok, layer, strerror(-err));
-		return NULL;
+	for (uint32_t r = 0; r < s->pf.spec_rows && layer + 1 + r < s->L; r++) {
+		int err = src->fn(src->arg, request, tok, layer, layer + 1 + r,
+				  s->spec + (size_t)r * s->J);
+
+		if (err) {
+			s->err = mp_err(err, "simulate: speculative gate of request %u token %u "
+					"layer %u for layer %u: %s", request, tok, layer,
+					layer + 1 + r, strerror(-err));
+			return NULL;
+		}
 	}
 	return s->spec;
 }
@@ -413,6 +417,7 @@ static void sim_free(struct sim *s)
 	free(s->q);
 	free(s->qidx);
 	free(s->hints.next_use);
+	free(s->hints.miss_w);
 	free(s->sem);
 	free(s->spec);
 }
@@ -471,11 +476,9 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.qidx = malloc(s.nkeys * sizeof(*s.qidx));
 	s.hints.next_use = malloc(s.nkeys * sizeof(uint64_t));
 	s.sem = cfg.sem.dim ? malloc(cfg.sem.dim * sizeof(float)) : NULL;
-	s.spec = malloc(s.J * sizeof(float));
 	err = -ENOMEM;
 	if (!train || !eval || !s.state || !s.prefetched || !s.pinned || !s.done ||
-	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem) ||
-	    !s.spec)
+	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem))
 		goto out;
 	for (uint32_t k = 0; k < s.nkeys; k++)
 		s.qidx[k] = -1;
@@ -494,9 +497,18 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	if (err)
 		goto out;
 	s.pf_ok = true;
+	s.spec = malloc((size_t)MP_MAX(s.pf.spec_rows, 1u) * s.J * sizeof(float));
+	err = -ENOMEM;
+	if (!s.spec)
+		goto out;
 	/* A layer's compute: its dense part and k expert FFNs of one unit each. */
 	s.pf.load_ratio = (float)(cfg.load_cost / (cfg.dense_cost + s.K));
 	s.hints.p = s.pf.it->hint_p;
+	s.hints.miss_w = malloc(s.L * sizeof(float));
+	err = -ENOMEM;
+	if (!s.hints.miss_w)
+		goto out;
+	mp_prefetch_miss_weights(&s.pf, s.hints.miss_w);
 	struct mp_evict_env eenv = {
 		.nkeys = s.nkeys, .layers = s.L, .experts = s.J, .slots_per_layer = s.J,
 		.hints = &s.hints,

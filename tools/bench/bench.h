@@ -131,8 +131,8 @@ int bench_sem_fn(void *arg, uint32_t request, uint32_t token, float *out);
 
 /*
  * The speculative gates of a trace's positions for --simulate (struct
- * mp_spec_source): layer l + 1's router on layer l's FFN input, as the model
- * computes them running the trace's own tokens (sem: its token ids) with
+ * mp_spec_source): a later layer's router on layer l's FFN input, as the model
+ * computes it running the trace's own tokens (sem: its token ids) with
  * every expert in memory. Computed a request at a time when first asked.
  * bench_look_fn() returns 0, or -errno (printed).
  */
@@ -140,7 +140,8 @@ struct bench_look;
 int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
 		    const struct cli_engine_opts *eng, struct bench_look **out);
 void bench_look_close(struct bench_look *b);
-int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, float *out);
+int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, uint32_t target,
+		  float *out);
 
 /*
  * Runs one policy or baseline over one trace's evaluation part. With sem

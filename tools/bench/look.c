@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
  * moepager bench --simulate: the speculative gates of a trace's positions,
- * layer l + 1's router applied to layer l's FFN input as the model computes
- * it running the trace's own tokens (routing forced to the trace's): what
- * nextlayer reads in a real run. A request's gates are computed the first
- * time the simulator asks for one of them, with every expert in memory, so
- * only policies that use them pay for running the model.
+ * a later layer's router applied to layer l's FFN input (through the later
+ * layer's FFN norm) as the model computes it running the trace's own tokens
+ * (routing forced to the trace's): what nextlayer and finemoe+nextlayer read
+ * in a real run. A request's layer inputs are computed the first time the
+ * simulator asks for one of its gates, with every expert in memory, so only
+ * policies that use them pay for running the model.
  */
 #include <errno.h>
 #include <math.h>
@@ -24,7 +25,8 @@ struct bench_look {
 	struct mp_resident *res;
 	uint32_t L, J, hidden, nreq;
 	float *routers;		/* [L][J][hidden] */
-	float **spec;		/* [request]: [tokens][L][J], NULL until computed */
+	float *norms;		/* [L][hidden]: the FFN norm weights */
+	float **xs;		/* [request]: [tokens][L][hidden] layer inputs, NULL until computed */
 	float *cur;		/* the request being computed */
 };
 
@@ -32,10 +34,11 @@ void bench_look_close(struct bench_look *b)
 {
 	if (!b)
 		return;
-	for (uint32_t r = 0; b->spec && r < b->nreq; r++)
-		free(b->spec[r]);
-	free(b->spec);
+	for (uint32_t r = 0; b->xs && r < b->nreq; r++)
+		free(b->xs[r]);
+	free(b->xs);
 	free(b->routers);
+	free(b->norms);
 	mp_resident_close(b->res);
 	mp_engine_close(b->e);
 	free(b);
@@ -58,8 +61,8 @@ int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct b
 	b->J = g->experts;
 	b->hidden = g->hidden;
 	b->nreq = mp_trace_requests(t);
-	b->spec = calloc(b->nreq, sizeof(*b->spec));
-	if (!b->spec) {
+	b->xs = calloc(b->nreq, sizeof(*b->xs));
+	if (!b->xs) {
 		bench_look_close(b);
 		return -ENOMEM;
 	}
@@ -67,7 +70,28 @@ int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct b
 	return 0;
 }
 
-/* The engine, every expert in memory and the routers as f32, the first time they are needed. */
+/* Tensor blk.<layer>.<what> of n floats as f32 into out. Returns 0 or -errno (printed). */
+static int read_f32(struct bench_look *b, const char *what, uint32_t layer, size_t n, float *out,
+		    void *buf)
+{
+	const struct mp_tensor_info *ti;
+	char name[MP_TENSOR_NAME_MAX];
+	int err;
+
+	snprintf(name, sizeof(name), "blk.%u.%s", layer, what);
+	ti = mp_store_tensor(b->store, name);
+	if (!ti || ti->bytes != n * mp_dtype_size(ti->dtype)) {
+		fprintf(stderr, "moepager bench: %s: no %s of %zu values\n",
+			mp_store_path(b->store), name, n);
+		return -EINVAL;
+	}
+	err = mp_store_read_tensor(b->store, ti, buf);
+	if (!err)
+		mp_dtype_to_f32(ti->dtype, buf, out, n);
+	return err;
+}
+
+/* The engine, every expert in memory, the routers and norms as f32, the first time they are needed. */
 static int prepare(struct bench_look *b)
 {
 	struct mp_engine_config ec = { .threads = b->eng->threads };
@@ -85,23 +109,14 @@ static int prepare(struct bench_look *b)
 		return err;
 	}
 	b->routers = malloc((size_t)b->L * per * sizeof(float));
+	b->norms = malloc((size_t)b->L * b->hidden * sizeof(float));
 	buf = malloc(per * sizeof(float));
-	err = b->routers && buf ? 0 : -ENOMEM;
+	err = b->routers && b->norms && buf ? 0 : -ENOMEM;
 	for (uint32_t l = 0; !err && l < b->L; l++) {
-		char name[MP_TENSOR_NAME_MAX];
-		const struct mp_tensor_info *ti;
-
-		snprintf(name, sizeof(name), "blk.%u.router", l);
-		ti = mp_store_tensor(b->store, name);
-		if (!ti || ti->bytes != per * mp_dtype_size(ti->dtype)) {
-			fprintf(stderr, "moepager bench: %s: no %u x %u %s\n",
-				mp_store_path(b->store), b->J, b->hidden, name);
-			err = -EINVAL;
-			break;
-		}
-		err = mp_store_read_tensor(b->store, ti, buf);
+		err = read_f32(b, "router", l, per, b->routers + l * per, buf);
 		if (!err)
-			mp_dtype_to_f32(ti->dtype, buf, b->routers + l * per, per);
+			err = read_f32(b, "ffn_norm", l, b->hidden,
+				       b->norms + (size_t)l * b->hidden, buf);
 	}
 	free(buf);
 	if (err) {
@@ -118,36 +133,17 @@ static const void *look_expert(void *ctx, uint32_t layer, uint32_t expert)
 	return mp_resident_source_ops()->expert(b->res, layer, expert);
 }
 
-/* Layer + 1's router on x, as a softmax, into the request's row of (token, layer). */
+/* Keeps layer's FFN input x at the request's (token, layer). */
 static void look_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer,
 		      const float *logits, uint32_t experts, const float *x, uint32_t hidden)
 {
 	struct bench_look *b = ctx;
-	float *out, max = -INFINITY;
-	const float *W;
-	double sum = 0;
 
 	(void)request;
 	(void)logits;
-	if (layer + 1 >= b->L || experts != b->J || hidden != b->hidden ||
-	    token >= mp_trace_tokens(b->t, request))
+	if (experts != b->J || hidden != b->hidden || token >= mp_trace_tokens(b->t, request))
 		return;
-	out = b->cur + ((size_t)token * b->L + layer) * b->J;
-	W = b->routers + (size_t)(layer + 1) * b->J * b->hidden;
-	for (uint32_t j = 0; j < b->J; j++) {
-		double acc = 0;
-
-		for (uint32_t i = 0; i < b->hidden; i++)
-			acc += (double)W[(size_t)j * b->hidden + i] * x[i];
-		out[j] = (float)acc;
-		max = fmaxf(max, out[j]);
-	}
-	for (uint32_t j = 0; j < b->J; j++) {
-		out[j] = expf(out[j] - max);
-		sum += out[j];
-	}
-	for (uint32_t j = 0; j < b->J; j++)
-		out[j] = (float)(out[j] / sum);
+	memcpy(b->cur + ((size_t)token * b->L + layer) * b->hidden, x, hidden * sizeof(float));
 }
 
 static const struct mp_expert_source_ops look_ops = {
@@ -166,7 +162,7 @@ static int compute(struct bench_look *b, uint32_t r)
 
 	if (err)
 		return err;
-	b->cur = calloc((size_t)n * b->L * b->J, sizeof(float));
+	b->cur = calloc((size_t)n * b->L * b->hidden, sizeof(float));
 	if (!b->cur)
 		return -ENOMEM;
 	rc.engine = b->e;
@@ -183,21 +179,47 @@ static int compute(struct bench_look *b, uint32_t r)
 		b->cur = NULL;
 		return err;
 	}
-	b->spec[r] = b->cur;
+	b->xs[r] = b->cur;
 	b->cur = NULL;
 	return 0;
 }
 
-int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, float *out)
+/*
+ * Layer target's router on layer's input through target's norm (x / w_layer
+ * x w_target), as a softmax: what the prefetcher's speculate() computes.
+ */
+int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, uint32_t target,
+		  float *out)
 {
 	struct bench_look *b = arg;
+	const float *x, *W, *wl, *wt;
+	float max = -INFINITY;
+	double sum = 0;
 	int err;
 
-	if (request >= b->nreq || token >= mp_trace_tokens(b->t, request) || layer + 1 >= b->L)
+	if (request >= b->nreq || token >= mp_trace_tokens(b->t, request) || target <= layer ||
+	    target >= b->L)
 		return -ERANGE;
-	if (!b->spec[request] && (err = compute(b, request)))
+	if (!b->xs[request] && (err = compute(b, request)))
 		return err;
-	memcpy(out, b->spec[request] + ((size_t)token * b->L + layer) * b->J,
-	       b->J * sizeof(float));
+	x = b->xs[request] + ((size_t)token * b->L + layer) * b->hidden;
+	W = b->routers + (size_t)target * b->J * b->hidden;
+	wl = b->norms + (size_t)layer * b->hidden;
+	wt = b->norms + (size_t)target * b->hidden;
+	for (uint32_t j = 0; j < b->J; j++) {
+		double acc = 0;
+
+		for (uint32_t i = 0; i < b->hidden; i++)
+			if (wl[i] != 0)
+				acc += (double)W[(size_t)j * b->hidden + i] * (x[i] / wl[i] * wt[i]);
+		out[j] = (float)acc;
+		max = fmaxf(max, out[j]);
+	}
+	for (uint32_t j = 0; j < b->J; j++) {
+		out[j] = expf(out[j] - max);
+		sum += out[j];
+	}
+	for (uint32_t j = 0; j < b->J; j++)
+		out[j] = (float)(out[j] / sum);
 	return 0;
 }

@@ -26,15 +26,17 @@ MP_API int mp_replay_split(const struct mp_trace *t, double fraction, struct mp_
 			   uint32_t *ntrain, struct mp_replay_seg *eval, uint32_t *neval);
 
 /*
- * The speculative gate of a trace position, for policies that use the
- * router's lookahead (nextlayer): layer + 1's router applied to layer's FFN
- * input as the model computed it at that position, a softmax over the
- * experts (what the runner hands a prefetcher through the source's gate op).
+ * The speculative gates of a trace position, for policies that use the
+ * router's lookahead (nextlayer, finemoe+nextlayer): layer `target`'s
+ * router (target > layer) applied to layer's FFN input as the model
+ * computed it at that position, through target's FFN norm, a softmax over
+ * the experts (what the prefetcher computes from the runner's gate op).
  * fn writes `experts` floats to out and returns 0, or -errno (the
  * simulation fails with it).
  */
 struct mp_spec_source {
-	int (*fn)(void *arg, uint32_t request, uint32_t token, uint32_t layer, float *out);
+	int (*fn)(void *arg, uint32_t request, uint32_t token, uint32_t layer, uint32_t target,
+		  float *out);
 	void *arg;
 };
 
