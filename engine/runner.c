@@ -309,6 +309,9 @@ int mp_seq_reuse(struct mp_seq *s, const struct mp_seq_config *cfg)
 	err = check_seq_config(r, cfg, "sequence reuse");
 	if (err)
 		return err;
+	/* The source lets the old request's map go, as at a close (its adapter may go next). */
+	if (s->map && r->src->seq_map)
+		r->src->seq_map(r->src_ctx, s->request, NULL);
 	s->request = cfg->request;
 	s->model = cfg->model;
 	s->map = cfg->map;
@@ -317,6 +320,8 @@ int mp_seq_reuse(struct mp_seq *s, const struct mp_seq_config *cfg)
 	/* The cache keeps its pages and their old values: a step reads only positions < pos. */
 	s->pos = 0;
 	s->steps = 0;
+	if (s->map && r->src->seq_map)
+		r->src->seq_map(r->src_ctx, s->request, s->map);
 	return 0;
 }
 

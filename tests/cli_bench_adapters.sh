@@ -57,7 +57,12 @@ check "every setup has latency, throughput, bytes per step and its bound" holds 
 	"all(s['ttft_ms']['p50'] > 0 and s['ttft_ms']['p90'] >= s['ttft_ms']['p50'] and
 	     s['tpot_ms']['p90'] >= s['tpot_ms']['p50'] > 0 and s['throughput_tok_s'] > 0 and
 	     s['alone']['ttft_ms'] > 0 and s['bytes_per_step'] > 0 and s['bound_tpot_ms'] > 0 and
+	     s['decode_bytes_per_step'] > 0 and s['membw_gbps'] > 0 and
 	     s['tpot_bound_ratio'] > 0 and s['errors'] == 0 for s in j['setups'].values())"
+check "each request's bound is its own steps' bytes at the run's bandwidth" holds "$T/all.json" \
+	"all(abs(s['bound_tpot_ms'] - s['decode_bytes_per_step'] / s['membw_gbps'] / 1e6) <=
+	     1e-6 * s['bound_tpot_ms'] and s['probe']['membw_gbps'] > 0
+	     for k, s in j['setups'].items() if k != 'merged')"
 check "weave holds only its adapters' experts: F_mem 1, less than padded" holds "$T/all.json" \
 	"(lambda w: w['f_mem'] == 1 and w['held_bytes'] == w['adapter_bytes'] > 0 and
 	  w['padded_bytes'] > w['held_bytes'])(j['setups']['weave'])"

@@ -36,6 +36,10 @@ struct spy {
 	float embed_vec[1024];
 	uint32_t embed_hidden;
 	uint32_t routes_at_embed;
+	/* The seq_map op's calls: request, and whether a map came (else its close). */
+	uint32_t map_req[8];
+	bool map_set[8];
+	uint32_t maps;
 };
 
 static const void *spy_expert(void *ctx, uint32_t layer, uint32_t expert)
@@ -90,11 +94,23 @@ static void spy_embed(void *ctx, uint32_t request, uint32_t token, const float *
 	memcpy(s->embed_vec, e, (hidden < 1024 ? hidden : 1024) * sizeof(float));
 }
 
+static void spy_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
+{
+	struct spy *s = ctx;
+
+	if (s->maps < 8) {
+		s->map_req[s->maps] = request;
+		s->map_set[s->maps] = map != NULL;
+	}
+	s->maps++;
+}
+
 static const struct mp_expert_source_ops spy_ops = {
 	.expert = spy_expert,
 	.route = spy_route,
 	.guard = spy_guard,
 	.embed = spy_embed,
+	.seq_map = spy_seq_map,
 };
 
 struct fixture {
@@ -572,6 +588,40 @@ static void paged_runs_give_the_resident_tokens(void **state)
 	free(got);
 }
 
+/* Reusing a sequence closes the old request's map at the source and opens the new one's. */
+static void reuse_hands_the_source_each_requests_map(void **state)
+{
+	struct fixture *f = *state;
+	struct mp_runner *r = open_runner(f, NULL, 0, 0);
+	const struct mp_geometry *g = mp_store_geometry(f->store);
+	uint32_t ident[MP_MAX_EXPERTS];
+	const uint32_t *map[64] = { 0 };
+	static const uint32_t want_req[] = { 7, 7, 8, 8, 10, 10 };
+	static const bool want_set[] = { true, false, true, false, true, false };
+	struct mp_seq *q;
+
+	for (uint32_t e = 0; e < g->experts; e++)
+		ident[e] = e;
+	for (uint32_t l = 0; l < g->layers; l++)
+		map[l] = ident;
+	assert_int_equal(mp_seq_open(r, &(struct mp_seq_config){ .request = 7, .map = map }, &q),
+			 0);
+	assert_int_equal(mp_seq_reuse(q, &(struct mp_seq_config){ .request = 8, .map = map }), 0);
+	assert_int_equal(mp_seq_reuse(q, &(struct mp_seq_config){ .request = 9 }), 0);
+	assert_int_equal(mp_seq_reuse(q, &(struct mp_seq_config){ .request = 10, .map = map }),
+			 0);
+	/* A refused reuse changes nothing, the source's view included. */
+	assert_int_equal(mp_seq_reuse(q, &(struct mp_seq_config){ .request = 11, .model = 5 }),
+			 -EINVAL);
+	mp_seq_close(q);
+	assert_int_equal(f->spy->maps, 6);
+	for (uint32_t i = 0; i < 6; i++) {
+		assert_int_equal(f->spy->map_req[i], want_req[i]);
+		assert_int_equal(f->spy->map_set[i], want_set[i]);
+	}
+	mp_runner_close(r);
+}
+
 static void resident_source_serves_the_files_expert_bytes(void **state)
 {
 	struct fixture *f = *state;
@@ -601,6 +651,7 @@ int main(void)
 		cmocka_unit_test(trace_without_weights_uses_router_softmax_over_its_experts),
 		cmocka_unit_test(trace_of_another_geometry_is_refused),
 		cmocka_unit_test(bad_tokens_and_a_full_cache_are_errors),
+		cmocka_unit_test(reuse_hands_the_source_each_requests_map),
 		cmocka_unit_test(resident_source_serves_the_files_expert_bytes),
 		cmocka_unit_test(paged_runs_give_the_resident_tokens),
 	};

@@ -270,6 +270,102 @@ static void a_reused_sequence_gives_a_fresh_ones_tokens(void **state)
 	mp_runner_close(r);
 }
 
+/*
+ * A source that keeps the requests whose maps it holds (seq_map), as a
+ * prefetcher does; a request's done callback notes whether its map was
+ * still held.
+ */
+static struct {
+	uint32_t live[MAXREQ];
+	uint32_t nlive, opens, closes;
+} held;
+
+static void held_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
+{
+	uint32_t i = 0;
+
+	(void)ctx;
+	while (i < held.nlive && held.live[i] != request)
+		i++;
+	if (map && i == held.nlive && held.nlive < MAXREQ) {
+		held.live[held.nlive++] = request;
+		held.opens++;
+	} else if (!map && i < held.nlive) {
+		held.live[i] = held.live[--held.nlive];
+		held.closes++;
+	}
+}
+
+static const void *held_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	return mp_resident_source_ops()->expert(ctx, layer, expert);
+}
+
+static const struct mp_expert_source_ops held_ops = {
+	.expert = held_expert,
+	.seq_map = held_seq_map,
+};
+
+struct map_result {
+	struct result r;
+	uint64_t id;
+	bool held_at_done;
+};
+
+static void map_done(void *arg, enum mp_sched_finish why, int err,
+		     const struct mp_sched_timing *t)
+{
+	struct map_result *m = arg;
+
+	for (uint32_t i = 0; i < held.nlive; i++)
+		m->held_at_done |= held.live[i] == (uint32_t)m->id;
+	on_done(&m->r, why, err, t);
+}
+
+/*
+ * A request's map is let go before its done callback (which may release the
+ * adapter behind it), also when its sequence is kept for the next request,
+ * and a reused sequence hands the source the next request's map.
+ */
+static void a_finished_requests_map_is_let_go_before_done(void **state)
+{
+	struct mp_runner *r = open_runner(&held_ops, fx.res);
+	const uint32_t g_layers = mp_store_geometry(fx.store)->layers;
+	uint32_t ident[MP_MAX_EXPERTS];
+	const uint32_t *map[64] = { 0 };
+	static struct map_result res[3];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	memset(&held, 0, sizeof(held));
+	for (uint32_t e = 0; e < mp_store_geometry(fx.store)->experts; e++)
+		ident[e] = e;
+	for (uint32_t l = 0; l < g_layers; l++)
+		map[l] = ident;
+	s = open_sched(r, 1, 16, 0);
+	for (uint32_t i = 0; i < 3; i++) {
+		struct mp_sched_params p = { .max_tokens = 4, .no_eos = true,
+					     .map = i < 2 ? map : NULL };
+		struct mp_sched_callbacks cb = { on_token, map_done, &res[i] };
+		uint32_t prompt[5];
+
+		prompt_of(i, prompt, 5);
+		assert_int_equal(mp_sched_submit(s, prompt, 5, &p, &cb, &res[i].id), 0);
+		wait_done(&res[i].r, 1);
+		assert_false(res[i].held_at_done);
+		assert_int_equal(res[i].r.n, 4);
+	}
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.seqs_reused, 2);
+	assert_int_equal(held.opens, 2);
+	assert_int_equal(held.closes, 2);
+	assert_int_equal(held.nlive, 0);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
 /* Reuse starts the sequence over within its capacity; a config it cannot take changes nothing. */
 static void reuse_refuses_more_than_the_capacity_and_changes_nothing(void **state)
 {
@@ -524,6 +620,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(batched_requests_get_their_lone_tokens),
 		cmocka_unit_test(a_reused_sequence_gives_a_fresh_ones_tokens),
+		cmocka_unit_test(a_finished_requests_map_is_let_go_before_done),
 		cmocka_unit_test(reuse_refuses_more_than_the_capacity_and_changes_nothing),
 		cmocka_unit_test(full_queue_refuses_with_eagain_and_close_ends_every_request),
 		cmocka_unit_test(cancel_ends_a_waiting_or_running_request),

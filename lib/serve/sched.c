@@ -331,9 +331,9 @@ int mp_sched_cancel(struct mp_sched *s, uint64_t id)
  */
 
 /*
- * Keeps a finished request's sequence for the next one, or closes it (the
- * pool is full, the KV budget would be exceeded, or its step failed).
- * Thread only.
+ * Keeps a finished request's sequence, its map let go, for the next one, or
+ * closes it (the pool is full, the KV budget would be exceeded, or its step
+ * failed). Thread only.
  */
 static void pool_put(struct mp_sched *s, struct req *q, bool ok)
 {
@@ -345,7 +345,9 @@ static void pool_put(struct mp_sched *s, struct req *q, bool ok)
 	/* The pages a sequence touched stay: count the most it ever held. */
 	kv = MP_MAX(q->seq_kv, mp_seq_kv_bytes(s->r, mp_seq_pos(seq)));
 	if (!ok || s->npool == s->cfg.max_batch ||
-	    (s->cfg.kv_budget && s->pooled_kv + kv > s->cfg.kv_budget)) {
+	    (s->cfg.kv_budget && s->pooled_kv + kv > s->cfg.kv_budget) ||
+	    /* Kept with no request's map: done may release the adapter behind it. */
+	    mp_seq_reuse(seq, &(struct mp_seq_config){ .request = (uint32_t)q->id })) {
 		mp_seq_close(seq);
 		return;
 	}

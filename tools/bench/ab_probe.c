@@ -202,7 +202,7 @@ int ab_run_probe(struct ab_setup *s, double *fig)
 	};
 	struct mp_runner *r = NULL;
 	uint32_t *scratch = NULL;
-	double step[2];
+	double step[2], bw[2];
 	int err;
 
 	for (uint32_t i = 0; i < B; i++)
@@ -210,8 +210,13 @@ int ab_run_probe(struct ab_setup *s, double *fig)
 	err = tap_alloc(s, &t, B);
 	if (!err)
 		err = mp_runner_open(s->inst->store, &rc, &r);
+	/* The bandwidth around the timed decode: the bound of its bytes at that moment. */
+	if (!err)
+		err = ab_membw(s->b->membw, &bw[0]);
 	if (!err)
 		err = decode(s, r, &t, B, false, step);
+	if (!err)
+		err = ab_membw(s->b->membw, &bw[1]);
 	if (!err)
 		err = decode(s, r, &t, B, true, NULL);
 	scratch = err ? NULL : malloc((size_t)t.rows * t.k * sizeof(*scratch) + 1);
@@ -220,6 +225,7 @@ int ab_run_probe(struct ab_setup *s, double *fig)
 	if (!err) {
 		fig[F_PROBE_STEP_MS] = step[0] / 1e6;
 		fig[F_PROBE_BYTES] = step[1];
+		fig[F_PROBE_MEMBW] = (bw[0] + bw[1]) / 2;
 		fig[F_REROUTE_NS] = time_reroute(&t, B, scratch) / (o->max_tokens - 1);
 		fig[F_LOOKUP_NS] = time_lookups(&t) / (o->max_tokens - 1);
 	} else {

@@ -21,23 +21,41 @@ struct track {
 	uint32_t pending;
 };
 
-/* One request of a run, as it went (ns on cli_now_ns()). */
+/*
+ * One request of a run, as it went (ns on cli_now_ns()), and the weight
+ * bytes its runner had read by its first and last token: the steps that
+ * made its tokens after the first, whoever else they served.
+ */
 struct out {
 	struct track *t;
+	const struct mp_runner *runner;
 	uint64_t t_submit, t_first, t_last;
+	uint64_t b_first, b_last;
 	uint32_t tokens;
 	bool failed;
 };
 
+static uint64_t weight_bytes(const struct mp_runner *r)
+{
+	struct mp_runner_stats rs;
+
+	mp_runner_stats(r, &rs);
+	return rs.dense_bytes + rs.expert_bytes;
+}
+
+/* On the scheduler's thread, between steps: the runner's counters are still. */
 static int on_token(void *arg, uint32_t token)
 {
 	struct out *o = arg;
-	uint64_t now = cli_now_ns();
+	uint64_t now = cli_now_ns(), bytes = weight_bytes(o->runner);
 
 	(void)token;
-	if (!o->tokens++)
+	if (!o->tokens++) {
 		o->t_first = now;
+		o->b_first = bytes;
+	}
 	o->t_last = now;
+	o->b_last = bytes;
 	return 0;
 }
 
@@ -65,6 +83,7 @@ static int submit(struct ab_setup *s, uint32_t r, struct out *o)
 	uint64_t id;
 	int err;
 
+	o->runner = ab_setup_inst(s, q->adapter)->runner;
 	pthread_mutex_lock(&o->t->lock);
 	o->t->pending++;
 	pthread_mutex_unlock(&o->t->lock);
@@ -206,6 +225,33 @@ static void sleep_until(uint64_t ns)
 		;
 }
 
+/*
+ * Each request's TPOT against the TPOT its steps' bytes allow at gbps: the
+ * bytes its runner read from its first token to its last, over the tokens
+ * after the first (the steps that made them, prefill chunks of others
+ * included), give its bound; its ratio is its TPOT over that. Medians over
+ * the requests that made two tokens or more.
+ */
+static void request_bounds(const struct out *outs, uint32_t n, double gbps, double *fig)
+{
+	double bytes[n], bound[n], ratio[n];
+	uint32_t m = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct out *o = &outs[i];
+
+		if (o->tokens < 2 || o->b_last <= o->b_first)
+			continue;
+		bytes[m] = (double)(o->b_last - o->b_first) / (o->tokens - 1);
+		bound[m] = bytes[m] / (gbps * 1e9) * 1e3;
+		ratio[m] = tpot_ms(o) / bound[m];
+		m++;
+	}
+	fig[F_DECODE_BYTES] = m ? cli_median(bytes, m) : 0;
+	fig[F_BOUND_MS] = m ? cli_median(bound, m) : 0;
+	fig[F_TPOT_BOUND] = m ? cli_median(ratio, m) : 0;
+}
+
 /* Latency percentiles, throughput and what the steps read, of a finished mixed run. */
 static void mixed_figures(struct ab_setup *s, const struct out *outs, uint64_t t0,
 			  const struct counters *c0, const struct counters *c1, double *fig)
@@ -232,7 +278,7 @@ static void mixed_figures(struct ab_setup *s, const struct out *outs, uint64_t t
 	fig[F_MEAN_BATCH] = steps ? (double)(c1->seqs - c0->seqs) / steps : 0;
 	fig[F_STEP_MS] = steps ? (c1->step_s - c0->step_s) * 1e3 / steps : 0;
 	fig[F_BYTES_STEP] = steps ? (double)(c1->bytes - c0->bytes) / steps : 0;
-	fig[F_BOUND_MS] = fig[F_BYTES_STEP] / (fig[F_MEMBW] * 1e9) * 1e3;
+	request_bounds(outs, n, fig[F_MEMBW], fig);
 	fig[F_ERRORS] = failed;
 	fig[F_HIT_RATE] = c1->hits + c1->misses > c0->hits + c0->misses ?
 			  (double)(c1->hits - c0->hits) /
@@ -240,6 +286,18 @@ static void mixed_figures(struct ab_setup *s, const struct out *outs, uint64_t t
 	fig[F_PF_ISSUED] = (double)(c1->pf_issued - c0->pf_issued);
 	fig[F_PF_ROW_ISSUED] = (double)(c1->pf_row_issued - c0->pf_row_issued);
 	fig[F_PF_USED] = (double)(c1->pf_used - c0->pf_used);
+}
+
+int ab_membw(struct mp_membw *m, double *gbps)
+{
+	double v[AB_MEMBW_SAMPLES];
+	int err = 0;
+
+	for (uint32_t i = 0; i < AB_MEMBW_SAMPLES && !err; i++)
+		err = mp_membw_sample(m, &v[i]);
+	if (!err)
+		*gbps = cli_median(v, AB_MEMBW_SAMPLES);
+	return err;
 }
 
 int ab_run_mixed(struct ab_setup *s, double *fig)
@@ -250,7 +308,7 @@ int ab_run_mixed(struct ab_setup *s, double *fig)
 	struct counters c0, c1;
 	double bw[2];
 	uint64_t t0;
-	int err = outs ? mp_membw_sample(b->membw, &bw[0]) : -ENOMEM;
+	int err = outs ? ab_membw(b->membw, &bw[0]) : -ENOMEM;
 
 	count(s, &c0);
 	t0 = cli_now_ns();
@@ -262,7 +320,7 @@ int ab_run_mixed(struct ab_setup *s, double *fig)
 	wait_all(&t);
 	count(s, &c1);
 	if (!err)
-		err = mp_membw_sample(b->membw, &bw[1]);
+		err = ab_membw(b->membw, &bw[1]);
 	if (!err) {
 		fig[F_MEMBW] = (bw[0] + bw[1]) / 2;
 		mixed_figures(s, outs, t0, &c0, &c1, fig);

@@ -129,7 +129,9 @@ enum ab_fig {
 	F_ALONE_TTFT, F_ALONE_TPOT, F_ALONE_TTFT_X, F_ALONE_TPOT_X,
 	F_TTFT50, F_TTFT90, F_TPOT50, F_TPOT90,
 	F_TOK_S, F_MEAN_BATCH, F_STEP_MS, F_BYTES_STEP, F_MEMBW, F_BOUND_MS,
-	F_PROBE_STEP_MS, F_PROBE_BYTES, F_REROUTE_NS, F_LOOKUP_NS, F_ERRORS,
+	/* Per request: bytes per step of its decode, their bound, its TPOT over it (medians). */
+	F_DECODE_BYTES, F_TPOT_BOUND,
+	F_PROBE_STEP_MS, F_PROBE_BYTES, F_PROBE_MEMBW, F_REROUTE_NS, F_LOOKUP_NS, F_ERRORS,
 	/* Paged, over the mixed run: routed experts found mapped, prefetches queued and used. */
 	F_HIT_RATE, F_PF_ISSUED, F_PF_ROW_ISSUED, F_PF_USED,
 	F_COUNT
@@ -143,6 +145,9 @@ enum ab_fig {
 int ab_run_alone(struct ab_setup **s, uint32_t n, int base, double (*fig)[F_COUNT]);
 /* Phase 2: the whole stream at its arrival times, batched by the setup's schedulers. */
 int ab_run_mixed(struct ab_setup *s, double *fig);
+/* The memory read bandwidth now (GB/s): the median of AB_MEMBW_SAMPLES passes. */
+#define AB_MEMBW_SAMPLES 3
+int ab_membw(struct mp_membw *m, double *gbps);
 /* Phase 3: rerouting and slot lookups against a step (one-instance setups). */
 int ab_run_probe(struct ab_setup *s, double *fig);
 

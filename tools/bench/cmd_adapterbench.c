@@ -274,7 +274,7 @@ static double reroute_share(const double *f)
 /* The probe's full decode batches: the step time their bytes allow at the run's bandwidth. */
 static double probe_bound_ms(const double *f)
 {
-	return f[F_MEMBW] > 0 ? f[F_PROBE_BYTES] / (f[F_MEMBW] * 1e9) * 1e3 : 0;
+	return f[F_PROBE_MEMBW] > 0 ? f[F_PROBE_BYTES] / (f[F_PROBE_MEMBW] * 1e9) * 1e3 : 0;
 }
 
 static json_t *p50_p90(double p50, double p90)
@@ -286,13 +286,14 @@ static json_t *row_json(const struct ab_row *row, const struct ab_row *base)
 {
 	const double *f = row->fig, *v = row->vs;
 	json_t *o = json_pack(
-		"{s:{s:f, s:f}, s:o, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:i}",
+		"{s:{s:f, s:f}, s:o, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:i}",
 		"alone", "ttft_ms", f[F_ALONE_TTFT], "tpot_ms", f[F_ALONE_TPOT],
 		"ttft_ms", p50_p90(f[F_TTFT50], f[F_TTFT90]),
 		"tpot_ms", p50_p90(f[F_TPOT50], f[F_TPOT90]),
 		"throughput_tok_s", f[F_TOK_S], "mean_batch", f[F_MEAN_BATCH],
 		"step_ms", f[F_STEP_MS], "bytes_per_step", f[F_BYTES_STEP],
-		"bound_tpot_ms", f[F_BOUND_MS], "tpot_bound_ratio", ratio(f[F_TPOT50], f[F_BOUND_MS]),
+		"decode_bytes_per_step", f[F_DECODE_BYTES], "membw_gbps", f[F_MEMBW],
+		"bound_tpot_ms", f[F_BOUND_MS], "tpot_bound_ratio", f[F_TPOT_BOUND],
 		"memory_bytes", (json_int_t)row->memory, "errors", (int)f[F_ERRORS]);
 
 	if (row->has_stats)
@@ -306,17 +307,18 @@ static json_t *row_json(const struct ab_row *row, const struct ab_row *base)
 			"hit_rate", f[F_HIT_RATE], "prefetch_issued", f[F_PF_ISSUED],
 			"prefetch_row_issued", f[F_PF_ROW_ISSUED], "prefetch_used", f[F_PF_USED]));
 	if (row->probed)
-		json_object_update_new(o, json_pack("{s:{s:f, s:f, s:f, s:f}, s:f, s:f, s:f}",
+		json_object_update_new(o, json_pack("{s:{s:f, s:f, s:f, s:f, s:f}, s:f, s:f, s:f}",
 			"probe", "step_ms", f[F_PROBE_STEP_MS], "bytes_per_step", f[F_PROBE_BYTES],
-			"bound_ms", probe_bound_ms(f),
+			"membw_gbps", f[F_PROBE_MEMBW], "bound_ms", probe_bound_ms(f),
 			"step_bound_ratio", ratio(f[F_PROBE_STEP_MS], probe_bound_ms(f)),
 			"reroute_ns_per_step", f[F_REROUTE_NS], "lookup_ns_per_step", f[F_LOOKUP_NS],
 			"reroute_share", reroute_share(f)));
 	if (base->ran) {
-		json_t *vs = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}",
+		json_t *vs = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
 			"alone_ttft", f[F_ALONE_TTFT_X], "alone_tpot", f[F_ALONE_TPOT_X],
 			"ttft_p50", v[F_TTFT50], "tpot_p50", v[F_TPOT50], "throughput", v[F_TOK_S],
-			"bytes_per_step", v[F_BYTES_STEP]);
+			"bytes_per_step", v[F_BYTES_STEP],
+			"decode_bytes_per_step", v[F_DECODE_BYTES]);
 
 		if (row->probed)
 			json_object_set_new(vs, "probe_step", json_real(v[F_PROBE_STEP_MS]));
@@ -386,8 +388,8 @@ static void print_text(const struct ab_bench *b, const struct ab_row *rows)
 		       "%.1f MB/step (x%.3f), tpot/bound %.2f\n", ab_kind_names[k],
 		       f[F_ALONE_TTFT], f[F_ALONE_TTFT_X], f[F_ALONE_TPOT], f[F_ALONE_TPOT_X],
 		       f[F_TTFT50], f[F_TTFT90], f[F_TPOT50], f[F_TPOT90], v[F_TPOT50], f[F_TOK_S],
-		       v[F_TOK_S], f[F_MEAN_BATCH], f[F_BYTES_STEP] / 1e6, v[F_BYTES_STEP],
-		       ratio(f[F_TPOT50], f[F_BOUND_MS]));
+		       v[F_TOK_S], f[F_MEAN_BATCH], f[F_DECODE_BYTES] / 1e6, v[F_DECODE_BYTES],
+		       f[F_TPOT_BOUND]);
 		printf("        memory %.1f MB", r->memory / 1e6);
 		if (r->has_stats)
 			printf(", adapters %.1f MB held of %.1f padded, F_mem %.2f",

@@ -169,8 +169,10 @@ MP_API void mp_seq_close(struct mp_seq *s);
 /*
  * Starts another stream in s as mp_seq_open() would with cfg (position 0,
  * cfg's request, model, map and trace), keeping its KV cache's memory: no
- * mapping, page faults nor zeroing per request. cfg->max_seq may not exceed
- * the capacity, which stays. Returns 0, or -EINVAL with s unchanged.
+ * mapping, page faults nor zeroing per request. The source's seq_map op
+ * sees a close of the old request's map and an open of cfg's. cfg->max_seq
+ * may not exceed the capacity, which stays. Returns 0, or -EINVAL with s
+ * unchanged.
  */
 MP_API int mp_seq_reuse(struct mp_seq *s, const struct mp_seq_config *cfg);
 /* Logits of the sequence's last token run (vocab long). */
