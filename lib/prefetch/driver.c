@@ -1186,6 +1186,13 @@ static int src_guard(void *ctx, int (*fn)(void *arg), void *arg)
 	return mp_pager_source_ops()->guard(d->pager, fn, arg);
 }
 
+static int src_resident(void *ctx, uint32_t layer, uint32_t expert)
+{
+	struct mp_prefetcher *d = ctx;
+
+	return mp_pager_source_ops()->resident(d->pager, layer, expert);
+}
+
 static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.expert = src_expert,
 	.route = src_route,
@@ -1193,6 +1200,7 @@ static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.gate = src_gate,
 	.embed = src_embed,
 	.seq_map = src_seq_map,
+	.resident = src_resident,
 };
 
 const struct mp_expert_source_ops *mp_prefetcher_source_ops(void)

@@ -25,7 +25,7 @@ struct mp_multi {
 	uint32_t *tables;		/* [n][layers][experts] */
 	const uint32_t **maps;		/* [n][layers] */
 	uint32_t owned_n, bound;
-	uint64_t owned_reads, paged_reads;
+	uint64_t owned_reads, paged_reads, owned_routes;
 };
 
 /* Reads the owned positions' experts into host memory (one block). */
@@ -187,6 +187,7 @@ void mp_multi_stats(struct mp_multi *m, struct mp_multi_stats *out)
 	out->bound = m->bound;
 	out->owned_reads = __atomic_load_n(&m->owned_reads, __ATOMIC_RELAXED);
 	out->paged_reads = __atomic_load_n(&m->paged_reads, __ATOMIC_RELAXED);
+	out->owned_routes = __atomic_load_n(&m->owned_routes, __ATOMIC_RELAXED);
 }
 
 /* The owned bytes row stands for, or NULL when the row is paged. */
@@ -220,15 +221,14 @@ static int multi_route(void *ctx, uint32_t request, uint32_t token, uint32_t lay
 	uint32_t paged[MP_MAX_TOPK], n = 0;
 	float w[MP_MAX_TOPK];
 
-	if (!m->cfg.source->route)
-		return 0;
 	for (uint32_t j = 0; j < k && j < MP_MAX_TOPK; j++) {
 		if (owned_row(m, layer, ids[j]))
 			continue;
 		paged[n] = ids[j];
 		w[n++] = weights ? weights[j] : 0.0f;
 	}
-	if (!n)
+	__atomic_fetch_add(&m->owned_routes, MP_MIN(k, MP_MAX_TOPK) - n, __ATOMIC_RELAXED);
+	if (!n || !m->cfg.source->route)
 		return 0;
 	return m->cfg.source->route(m->cfg.source_ctx, request, token, layer, paged,
 				    weights ? w : NULL, n);
@@ -260,12 +260,24 @@ static void multi_embed(void *ctx, uint32_t request, uint32_t token, const float
 		m->cfg.source->embed(m->cfg.source_ctx, request, token, e, hidden);
 }
 
+/* Owned rows are the set's memory; the others are the source's to say. */
+static int multi_resident(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct mp_multi *m = ctx;
+
+	if (owned_row(m, layer, row))
+		return 1;
+	return m->cfg.source->resident ? m->cfg.source->resident(m->cfg.source_ctx, layer, row)
+				       : -EOPNOTSUPP;
+}
+
 static const struct mp_expert_source_ops multi_ops = {
 	.expert = multi_expert,
 	.route = multi_route,
 	.guard = multi_guard,
 	.gate = multi_gate,
 	.embed = multi_embed,
+	.resident = multi_resident,
 };
 
 const struct mp_expert_source_ops *mp_multi_source_ops(void)

@@ -129,6 +129,7 @@ struct serve_local_stats {
 	struct mp_sched_stats sched;
 	struct mp_pager_stats pager;
 	struct mp_multi_stats multi;
+	struct mp_runner_layer_times layers;
 };
 
 void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out);

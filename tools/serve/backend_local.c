@@ -207,6 +207,8 @@ void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
 		mp_pager_stats(l->pager, &out->pager);
 	if (l->multi)
 		mp_multi_stats(l->multi, &out->multi);
+	if (l->runner)
+		mp_runner_layer_times(l->runner, &out->layers);
 }
 
 /* From the thread that stops the server, while the scheduler is open. */

@@ -77,6 +77,13 @@ struct mp_expert_source_ops {
 	 * sequences opened with a map. May be NULL.
 	 */
 	void (*seq_map)(void *ctx, uint32_t request, const uint32_t *const *map);
+	/*
+	 * For statistics (the runner's per-layer times by hits): whether the
+	 * expert is in memory now, so reading it waits for no tier (1), or
+	 * not (0), or a negative errno when it cannot say. A snapshot, asked
+	 * before route() reports it. May be NULL.
+	 */
+	int (*resident)(void *ctx, uint32_t layer, uint32_t expert);
 };
 
 struct mp_store;

@@ -63,7 +63,13 @@ struct mp_multi_stats {
 	uint32_t reserved32;
 	uint64_t owned_reads;		/* expert reads served from owned rows */
 	uint64_t paged_reads;		/* expert reads asked of the pager */
-	MP_RESERVED(4);
+	/*
+	 * Routed experts at owned positions, per token as the pager counts its
+	 * hits and misses (a read above serves every token of a step routed
+	 * to the expert).
+	 */
+	uint64_t owned_routes;
+	MP_RESERVED(3);
 };
 
 MP_API void mp_multi_stats(struct mp_multi *m, struct mp_multi_stats *out);
