@@ -250,6 +250,9 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 		double prio = (double)it->prio * 1e6;
 		int r;
 
+		/* A row the pager does not page (a variant's owned expert, in memory). */
+		if (row >= d->spl)
+			continue;
 		if (!d->truth && d->hints.next_use) {
 			uint64_t cur = __atomic_load_n(&d->hints.next_use[key], __ATOMIC_RELAXED);
 

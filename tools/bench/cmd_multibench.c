@@ -35,10 +35,10 @@
 /* Hit buckets of the layer times: 0..k hits of a token's k experts. */
 #define HIT_BUCKETS (MP_MAX_TOPK + 1)
 
-enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, N_SETUPS };
+enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, N_SETUPS };
 
 static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "mixed",
-						   "split", "timeshare" };
+						   "split", "timeshare", "paged" };
 
 static struct mb_env {
 	const char *models[MP_CONSOL_MAX_MODELS];
@@ -49,6 +49,7 @@ static struct mb_env {
 	const char *prompts;
 	const char *tmpdir;
 	const char *prefetch;
+	const char *evict;
 	const char *merge[MAX_MERGE];
 	uint32_t nmerge;
 	double rates[MAX_RATES];
@@ -71,7 +72,7 @@ enum {
 	OPT_MAP = 0x100, OPT_BUDGET, OPT_RATES, OPT_REQUESTS, OPT_MAX_TOKENS, OPT_PROMPTS,
 	OPT_PROMPT_TOKENS, OPT_TOKENIZER, OPT_IO_RATE, OPT_SETUPS, OPT_REPEAT, OPT_MAX_BATCH,
 	OPT_THREADS, OPT_SEED, OPT_TIMEOUT, OPT_TMPDIR, OPT_WARMUP, OPT_JSON, OPT_PREFETCH,
-	OPT_MERGE,
+	OPT_MERGE, OPT_EVICT,
 };
 
 static const char doc[] =
@@ -90,6 +91,9 @@ static const char doc[] =
 	"                --io-rate / N (MIG-like); the streams do not share a queue\n"
 	"  timeshare     the N models over a map that shares nothing; a switch to\n"
 	"                another model evicts every expert (whole models swapped)\n"
+	"  paged         consolidated with the owned experts paged under the whole\n"
+	"                budget like the rest (serve --owned-paged): one row serves\n"
+	"                every model at a shared position, memory follows use\n"
 	"\n"
 	"--io-rate caps the file tier's reads (docs/fault-injection.md, read:rate=) at\n"
 	"that many bytes/s per server: the split's servers get 1/N each.\n"
@@ -101,10 +105,13 @@ static const char doc[] =
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, hit_rate, bytes_file,\n"
 	"layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]}, runs: [...]}],\n"
-	"compare: [{rate, consolidated_over_single, mixed_over_single, mixed_over_split,\n"
-	"consolidated_over_split, consolidated_over_timeshare, split_saturated}]}:\n"
+	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
+	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
+	"consolidated_over_timeshare, split_saturated}]}:\n"
 	"medians over the repeats; ratios of turnaround p50 medians. saturated:\n"
-	"throughput below 90 % of the offered load. layer_ms: the steps of one token\n"
+	"throughput below 90 % of the load the arrivals offered (arrival_rpm: the\n"
+	"requests over the time of the last arrival; offered_rpm is the nominal\n"
+	"N x RATE). layer_ms: the steps of one token\n"
 	"(batch of one) summed over the repeats: ms per layer of attention, and of the\n"
 	"MoE part by how many of the token's experts were in memory (Multi-MoE's Table 1).\n"
 	"\n"
@@ -134,7 +141,7 @@ static const struct argp_option opts[] = {
 	{ "io-rate", OPT_IO_RATE, "BYTES", 0, "File tier bytes/s per server (default: no cap)",
 	  0 },
 	{ "setups", OPT_SETUPS, "LIST", 0, "Setups to run (default single,consolidated,mixed,"
-	  "split,timeshare)", 0 },
+	  "split,timeshare,paged)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per setup and rate (default 3)", 0 },
 	{ "max-batch", OPT_MAX_BATCH, "B", 0, "Sequences per batch (default 8)", 0 },
 	{ "threads", OPT_THREADS, "T", 0, "Engine threads per server (default 1)", 0 },
@@ -144,6 +151,8 @@ static const struct argp_option opts[] = {
 	  0 },
 	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy of every setup's pager "
 	  "(default none)", 0 },
+	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy of every setup's pager (default: "
+	  "the prefetch policy's, else lru)", 0 },
 	{ "merge", OPT_MERGE, NULL, 0, "Merge the --json outputs given as arguments", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
@@ -225,7 +234,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SETUPS:
 		if (parse_setups(arg))
 			argp_error(state, "--setups wants a list of single, consolidated, mixed, "
-				   "split, timeshare");
+				   "split, timeshare, paged");
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
@@ -249,6 +258,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
+	case OPT_EVICT: env.evict = arg; break;
 	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_ARG:
@@ -303,6 +313,7 @@ struct prompts {
 /* What one setup gave at one rate in one run. */
 struct outcome {
 	double ttft_p50, ttft_p90, turn_p50, turn_p90, turn_mean, rpm, wall;
+	double arrival_rpm;		/* the load these arrivals offered: n over the last one */
 	uint32_t completed, failed;
 	uint64_t swaps, hits, misses, bytes_file;
 	double swap_seconds;
@@ -332,16 +343,17 @@ static int by_arrival(const void *a, const void *b)
 }
 
 /*
- * The arrivals: n_streams Poisson streams of `rate` (model i's stream is
- * model i, or all model 0 with one stream at n x rate for the floor),
- * merged in time order. The same seed gives the same times to every setup.
+ * The arrivals: N Poisson streams of `rate`, model i's stream of model i,
+ * merged in time order; for the floor, the same requests all of model 0
+ * (the merged streams are one Poisson stream at N x rate). The same seed
+ * gives every setup the same times and prompts.
  */
-static uint32_t make_arrivals(struct req *reqs, uint32_t streams, double rate, bool single,
-			      uint64_t seed, uint32_t nprompts)
+static uint32_t make_arrivals(struct req *reqs, double rate, bool single, uint64_t seed,
+			      uint32_t nprompts)
 {
 	uint32_t n = 0;
 
-	for (uint32_t s = 0; s < streams; s++) {
+	for (uint32_t s = 0; s < env.n; s++) {
 		uint64_t st = seed * 1000003u + s + 1;
 		double t = 0;
 
@@ -461,6 +473,7 @@ static int drive(struct servers *sv, struct req *reqs, uint32_t n, const struct 
 	}
 	o->wall = last;
 	o->rpm = last > 0 ? o->completed / last * 60 : 0;
+	o->arrival_rpm = n && reqs[n - 1].at > 0 ? n / reqs[n - 1].at * 60 : 0;
 	o->ttft_p50 = quantile_of(reqs, n, true, 0.5);
 	o->ttft_p90 = quantile_of(reqs, n, true, 0.9);
 	o->turn_p50 = quantile_of(reqs, n, false, 0.5);
@@ -498,7 +511,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	char budget[32], fault[64];
 	struct serve_local_config c = {
 		.model = env.models[0], .tokenizer = env.tokenizer, .budget = budget,
-		.threads = env.threads, .prefetch = env.prefetch,
+		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
 		.sched = { .max_batch = env.max_batch, .max_queue = 4096 },
 	};
 	uint32_t nb = s == S_SPLIT ? env.n : 1;
@@ -512,10 +525,11 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 		s == S_SPLIT ? pl->budget / env.n :
 		s == S_CONSOL || s == S_MIXED ? pl->budget - pl->owned :
 		pl->budget));
-	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE) {
+	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE || s == S_PAGED) {
 		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
 		c.mixed = s == S_MIXED;
 		c.timeshare = s == S_TIMESHARE;
+		c.owned_paged = s == S_PAGED;
 		for (uint32_t i = 1; i < env.n; i++)
 			c.more[i - 1] = env.models[i];
 		c.n_more = env.n - 1;
@@ -611,8 +625,6 @@ static int warm_up(struct servers *sv, const struct prompts *pr)
 static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t rep,
 		   const struct prompts *pr, struct outcome *o)
 {
-	uint32_t streams = s == S_SINGLE ? 1 : env.n;
-	uint32_t per = env.requests * (s == S_SINGLE ? env.n : 1);
 	struct req *reqs = calloc((size_t)env.n * env.requests, sizeof(*reqs));
 	struct servers sv;
 	uint32_t n;
@@ -620,16 +632,7 @@ static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t re
 
 	if (!reqs)
 		return -ENOMEM;
-	/* The floor: one stream of N x K requests at N x rate, all to model 0. */
-	if (s == S_SINGLE) {
-		uint32_t k = env.requests;
-
-		env.requests = per;
-		n = make_arrivals(reqs, 1, rate * env.n, true, env.seed + rep, pr->n);
-		env.requests = k;
-	} else {
-		n = make_arrivals(reqs, streams, rate, false, env.seed + rep, pr->n);
-	}
+	n = make_arrivals(reqs, rate, s == S_SINGLE, env.seed + rep, pr->n);
 	err = open_setup(s, pl, &sv);
 	if (err) {
 		fprintf(stderr, "moepager bench-multi: %s: cannot open: %s (%s)\n",
@@ -800,10 +803,12 @@ static double med(struct outcome *o, uint32_t n, size_t off)
 
 static json_t *run_json(const struct outcome *o)
 {
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:I}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, "
+			 "s:I}",
 			 "ttft_p50", o->ttft_p50, "ttft_p90", o->ttft_p90, "turnaround_p50",
 			 o->turn_p50, "turnaround_p90", o->turn_p90, "turnaround_mean",
-			 o->turn_mean, "throughput_rpm", o->rpm, "wall_s", o->wall, "completed",
+			 o->turn_mean, "throughput_rpm", o->rpm, "arrival_rpm", o->arrival_rpm,
+			 "wall_s", o->wall, "completed",
 			 (int)o->completed, "failed", (int)o->failed, "swaps",
 			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "hits",
 			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "bytes_file",
@@ -839,6 +844,7 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 {
 	json_t *runs = json_array();
 	double offered = rate * env.n * 60, rpm = MED(o, n, rpm);
+	double arrived = MED(o, n, arrival_rpm);
 	double hits = 0, uses = 0, swaps[MAX_REPEAT], bytes[MAX_REPEAT];
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -848,13 +854,14 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 		swaps[i] = (double)o[i].swaps;
 		bytes[i] = (double)o[i].bytes_file;
 	}
-	return json_pack("{s:s, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, s:f, "
-			 "s:f, s:f, s:o, s:o}",
+	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
+			 "s:f, s:f, s:f, s:o, s:o}",
 			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
+			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
 			 "mean", MED(o, n, turn_mean), "throughput_rpm", rpm, "saturated",
-			 rpm < 0.9 * offered, "swaps", cli_median(swaps, n), "swap_seconds",
+			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
 			 MED(o, n, swap_seconds), "hit_rate", uses > 0 ? hits / uses : 0.0,
 			 "bytes_file", cli_median(bytes, n), "layer_ms", layers_json(o, n, topk),
 			 "runs", runs);
@@ -904,8 +911,10 @@ static json_t *compare_json(json_t *results)
 		}
 		split = find_row(results, setup_names[S_SPLIT], rate);
 		json_array_append_new(compare, json_pack(
-			"{s:f, s:o, s:o, s:o, s:o, s:o, s:o}", "rate", rate,
+			"{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "rate", rate,
 			"consolidated_over_single", ratio(t[S_CONSOL], t[S_SINGLE]),
+			"paged_over_single", ratio(t[S_PAGED], t[S_SINGLE]),
+			"paged_over_split", ratio(t[S_PAGED], t[S_SPLIT]),
 			"mixed_over_single", ratio(t[S_MIXED], t[S_SINGLE]),
 			"mixed_over_split", ratio(t[S_MIXED], t[S_SPLIT]),
 			"consolidated_over_split", ratio(t[S_CONSOL], t[S_SPLIT]),
@@ -922,9 +931,11 @@ static void print_compare(json_t *compare)
 		json_t *c = json_array_get(compare, i);
 
 		printf("rate %.3g/s per model: turnaround p50 consolidated/single %.3f, "
-		       "mixed/single %.3f, consolidated/split %.3f, /timeshare %.3f\n",
+		       "paged/single %.3f, mixed/single %.3f, consolidated/split %.3f, "
+		       "/timeshare %.3f\n",
 		       json_real_value(json_object_get(c, "rate")),
 		       json_number_value(json_object_get(c, "consolidated_over_single")),
+		       json_number_value(json_object_get(c, "paged_over_single")),
 		       json_number_value(json_object_get(c, "mixed_over_single")),
 		       json_number_value(json_object_get(c, "consolidated_over_split")),
 		       json_number_value(json_object_get(c, "consolidated_over_timeshare")));
@@ -934,7 +945,7 @@ static void print_compare(json_t *compare)
 /* The parameters two runs to merge must share. */
 static const char *const same_keys[] = { "models", "map", "budget_bytes", "owned_bytes",
 					 "io_rate", "requests", "max_tokens", "max_batch",
-					 "prefetch" };
+					 "prefetch", "evict" };
 
 /* --merge: one object of several runs' rows, the ratios taken again. */
 static int merge(void)
@@ -1049,14 +1060,15 @@ int cmd_multibench(int argc, char **argv)
 
 		for (uint32_t i = 0; i < env.n; i++)
 			json_array_append_new(models, json_string(env.models[i]));
-		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:s?, s:o, "
-					 "s:o}",
+		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:s?, s:s?, "
+					 "s:o, s:o}",
 					 "models", models, "map", env.map, "budget_bytes",
 					 (json_int_t)pl.budget, "owned_bytes", (json_int_t)pl.owned,
 					 "io_rate", (json_int_t)env.io_rate, "requests",
 					 (int)env.requests, "max_tokens", (int)env.max_tokens,
 					 "repeat", (int)env.repeat, "max_batch", (int)env.max_batch,
-					 "prefetch", env.prefetch, "results", results, "compare",
+					 "prefetch", env.prefetch, "evict", env.evict, "results",
+					 results, "compare",
 					 compare);
 
 		json_dumpf(root, stdout, JSON_INDENT(1));
