@@ -221,6 +221,39 @@ static int force_route(struct mp_runner *r, const struct mp_seq *s, uint32_t l,
 	return 0;
 }
 
+/* A one-token step's routed experts in memory, before they are reported (layer times). */
+static void pass_hits(struct mp_runner *r, uint32_t l, const struct step_item *items,
+		      uint32_t count)
+{
+	r->pass_hits = -1;
+	if (count != 1 || items[0].n != 1 || !r->src->resident)
+		return;
+	r->pass_hits = 0;
+	for (uint32_t j = 0; j < r->g.topk && r->pass_hits >= 0; j++) {
+		int in = r->src->resident(r->src_ctx, l, r->ids[j]);
+
+		r->pass_hits = in < 0 ? -1 : r->pass_hits + (in > 0);
+	}
+}
+
+static void count_ns(uint64_t *c, uint64_t v)
+{
+	__atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
+
+/* A one-token step's layer: its attention and MoE times, the MoE's by the hits. */
+static void layer_time(struct mp_runner *r, uint64_t t0, uint64_t t1, uint64_t t2)
+{
+	struct mp_runner_layer_times *lt = &r->lt;
+
+	count_ns(&lt->attn_passes, 1);
+	count_ns(&lt->attn_ns, t1 - t0);
+	if (r->pass_hits < 0)
+		return;
+	count_ns(&lt->moe_passes[r->pass_hits], 1);
+	count_ns(&lt->moe_ns[r->pass_hits], t2 - t1);
+}
+
 /* The router's top-k of every row (a trace's for traced decode rows), reported to the source. */
 static int route(struct mp_runner *r, uint32_t l, const struct step_item *items, uint32_t count)
 {
@@ -246,6 +279,7 @@ static int route(struct mp_runner *r, uint32_t l, const struct step_item *items,
 	}
 	/* A sequence's map sends its rows to its own experts (an adapter's, a variant's). */
 	mp_reroute(r->ids, items[count - 1].first + items[count - 1].n, k, r->maps);
+	pass_hits(r, l, items, count);
 	/* Every decision of the layer is reported before any of its experts is read. */
 	for (uint32_t i = 0; i < count; i++) {
 		const struct step_item *it = &items[i];
@@ -451,9 +485,17 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 				      r->x + (size_t)items[i].first * g->hidden, g->hidden);
 	}
 	for (uint32_t l = 0; l < g->layers && !err; l++) {
+		/* Two clock reads a layer, for one-token steps only (Table 1 is per token). */
+		bool timed = rows == 1;
+		uint64_t t0 = timed ? mp_now_ns() : 0, t1 = 0;
+
 		err = attention(r, l, items, count, rows);
+		if (!err && timed)
+			t1 = mp_now_ns();
 		if (!err)
 			err = moe(r, l, items, count, rows);
+		if (!err && timed)
+			layer_time(r, t0, t1, mp_now_ns());
 	}
 	if (!err)
 		err = logits(r, items, count);

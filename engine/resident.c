@@ -86,8 +86,18 @@ static const void *resident_expert(void *ctx, uint32_t layer, uint32_t expert)
 	return (const char *)r->mem + ((uint64_t)layer * r->experts + expert) * r->stride;
 }
 
+/* Every expert is in memory. */
+static int resident_resident(void *ctx, uint32_t layer, uint32_t expert)
+{
+	(void)ctx;
+	(void)layer;
+	(void)expert;
+	return 1;
+}
+
 static const struct mp_expert_source_ops resident_ops = {
 	.expert = resident_expert,
+	.resident = resident_resident,
 };
 
 const struct mp_expert_source_ops *mp_resident_source_ops(void)

@@ -669,5 +669,18 @@ void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out)
 
 void mp_runner_stats_reset(struct mp_runner *r)
 {
+	uint64_t *c = (uint64_t *)&r->lt;
+
 	memset(&r->st, 0, sizeof(r->st));
+	for (size_t i = 0; i < sizeof(r->lt) / sizeof(*c); i++)
+		__atomic_store_n(&c[i], 0, __ATOMIC_RELAXED);
+}
+
+void mp_runner_layer_times(const struct mp_runner *r, struct mp_runner_layer_times *out)
+{
+	const uint64_t *c = (const uint64_t *)&r->lt;
+	uint64_t *o = (uint64_t *)out;
+
+	for (size_t i = 0; i < sizeof(*out) / sizeof(*o); i++)
+		o[i] = __atomic_load_n(&c[i], __ATOMIC_RELAXED);
 }

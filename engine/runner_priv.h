@@ -107,6 +107,8 @@ struct mp_runner {
 	uint32_t n_runs;
 
 	struct mp_runner_stats st;
+	struct mp_runner_layer_times lt;	/* relaxed atomics: read from other threads */
+	int32_t pass_hits;			/* this layer's, one-token steps; -1: not known */
 };
 
 /* forward.c: runs one step over items (validated); advances nothing on error. */

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Description: `moepager bench-multi` on two generated tiny variants: one invocation runs
-# the five setups (single, consolidated, mixed, split, timeshare) at each rate and prints the
-# JSON the docs describe (ttft_s, turnaround_s, throughput_rpm, the runs, the ratios);
-# every request completes; the floor, the split and mixed batches never swap, the consolidated and time-sharing
-# setups do when both models are asked for; time-sharing reads experts again after
-# the warm-up (a swap evicts every expert); and bad command lines are refused with a message.
+# the six setups (single, consolidated, mixed, split, timeshare, paged) at each rate and
+# prints the JSON the docs describe (ttft_s, turnaround_s, throughput_rpm, the layer times
+# by hits, the runs, the ratios); every request completes; the floor, the split and mixed
+# batches never swap, the consolidated, paged and time-sharing setups do when both models are
+# asked for; time-sharing reads experts again after the warm-up (a swap evicts every
+# expert); runs of one rate each merge into the JSON of one run of both; bad command lines
+# and runs that do not compare are refused with a message.
 #
 #   cli_bench_multi.sh MOEPAGER
 set -uo pipefail
@@ -15,6 +17,12 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/check_lib.sh"
 
+refused() {	# refused MESSAGE ARGS...: bench-multi ARGS fails, saying MESSAGE
+	local msg=$1
+	shift
+	"$MOEPAGER" bench-multi "$@" >/dev/null 2>"$T/err" && return 1
+	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
+}
 for s in 1 2; do
 	"$MOEPAGER" gen --preset tiny --seed $s --name v$s --out "$T/v$s.mpk" --quiet || exit 1
 done
@@ -32,9 +40,16 @@ d = json.load(open(sys.argv[1]))
 rows = d["results"]
 assert [(r["setup"], r["rate"]) for r in rows] == [
     (s, r) for r in (20.0, 40.0)
-    for s in ("single", "consolidated", "mixed", "split", "timeshare")], rows
+    for s in ("single", "consolidated", "mixed", "split", "timeshare", "paged")], rows
 for r in rows:
     assert r["offered_rpm"] == r["rate"] * 2 * 60
+    assert r["arrival_rpm"] > 0
+    lm = r["layer_ms"]      # the tiny preset: top-2, so buckets of 0, 1 and 2 hits
+    assert [b["hits"] for b in lm["moe_by_hits"]] == [0, 1, 2], lm
+    assert sum(b["passes"] for b in lm["moe_by_hits"]) == lm["passes"] > 0, lm
+    assert lm["attention"] > 0
+    for b in lm["moe_by_hits"]:
+        assert (b["ms"] is None) == (b["passes"] == 0) and (b["ms"] is None or b["ms"] > 0)
     assert 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p90"], r
     assert r["ttft_s"]["p50"] <= r["turnaround_s"]["p50"] <= r["turnaround_s"]["p90"], r
     assert r["throughput_rpm"] > 0 and isinstance(r["saturated"], bool)
@@ -46,19 +61,58 @@ for rate in (20.0, 40.0):
     assert by[("split", rate)]["swaps"] == 0
     assert by[("mixed", rate)]["swaps"] == 0    # every model's dense weights in use
 # The warm-up alone asks for both models one after another: both swapping setups swap.
-assert by[("consolidated", 20.0)]["swaps"] >= 1 and by[("timeshare", 20.0)]["swaps"] >= 1
+for s in ("consolidated", "timeshare", "paged"):
+    assert by[(s, 20.0)]["swaps"] >= 1, s
 # A time-sharing swap evicts every expert: the measured run reads them again.
 assert by[("timeshare", 20.0)]["bytes_file"] > 0
 assert [c["rate"] for c in d["compare"]] == [20.0, 40.0]
 for c in d["compare"]:
     for k in ("consolidated_over_single", "consolidated_over_split", "mixed_over_single",
-              "mixed_over_split", "consolidated_over_timeshare"):
+              "mixed_over_split", "consolidated_over_timeshare", "paged_over_single",
+              "paged_over_split"):
         assert c[k] > 0, c
+    assert isinstance(c["split_saturated"], bool)
 assert d["owned_bytes"] > 0 and d["budget_bytes"] > d["owned_bytes"]
 assert d["io_rate"] == 256 << 20 and d["models"] == [sys.argv[2], sys.argv[3]]
 EOF
 check "the JSON holds each setup's TTFT, turnaround, throughput, runs and the ratios" \
 	"$PY" "$T/check.py" "$T/out.json" "$T/v1.mpk" "$T/v2.mpk"
+
+for r in 20 40; do
+	"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates $r --json >"$T/r$r.json" 2>"$T/err" ||
+		cat "$T/err"
+done
+"$MOEPAGER" bench-multi --merge "$T/r20.json" "$T/r40.json" >"$T/merged.json" 2>"$T/err"
+check "runs of one rate each merge" test $? = 0
+cat >"$T/merge.py" <<'EOF'
+import json, sys
+one, merged = (json.load(open(f)) for f in sys.argv[1:3])
+assert merged["merged"] == 2
+assert [(r["setup"], r["rate"]) for r in merged["results"]] == \
+    [(r["setup"], r["rate"]) for r in one["results"]]
+assert [c["rate"] for c in merged["compare"]] == [20.0, 40.0]
+for c in merged["compare"]:
+    row = {r["setup"]: r for r in merged["results"] if r["rate"] == c["rate"]}
+    t = lambda s: row[s]["turnaround_s"]["p50"]
+    assert abs(c["consolidated_over_single"] - t("consolidated") / t("single")) < 1e-9
+    assert abs(c["paged_over_split"] - t("paged") / t("split")) < 1e-9
+for k in ("models", "map", "budget_bytes", "io_rate", "requests", "max_tokens"):
+    assert merged[k] == one[k], k
+EOF
+check "the merged JSON holds both rates' rows and their ratios, taken again" \
+	"$PY" "$T/merge.py" "$T/out.json" "$T/merged.json"
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 20 --setups single --budget 90% \
+	--json >"$T/b90.json" 2>/dev/null
+check "runs of another budget do not merge" \
+	refused "another budget_bytes" --merge "$T/r20.json" "$T/b90.json"
+check "a rate twice does not merge" refused "is in an earlier file" --merge "$T/r20.json" \
+	"$T/r20.json"
+echo '{"results": 1}' >"$T/other.json"
+check "a file that is no bench-multi output does not merge" \
+	refused "not a bench-multi --json output" --merge "$T/r20.json" "$T/other.json"
+check "a file that is no JSON does not merge" \
+	refused "check.py: '\[' or '{' expected" --merge "$T/r20.json" "$T/check.py"
+check "--merge wants files" refused "--merge wants" --merge
 
 "$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 20 --setups single,split >"$T/out.txt" \
 	2>"$T/err"
@@ -67,12 +121,6 @@ check "--setups runs only those, and the text report names the ratios" \
 check "no time-sharing map is left behind" \
 	test -z "$(find "$T" -name 'moepager-bench-multi-*')"
 
-refused() {	# refused MESSAGE ARGS...: bench-multi ARGS fails, saying MESSAGE
-	local msg=$1
-	shift
-	"$MOEPAGER" bench-multi "$@" >/dev/null 2>"$T/err" && return 1
-	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
-}
 check "one model is refused" \
 	refused "at least two --model" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
 check "no map is refused" refused "--consolidate MAP is required" \

@@ -473,6 +473,46 @@ static void rate_cap_holds_each_read_for_its_bytes(void **state)
 }
 
 /*
+ * A tier sharing another's rules reads its own file through the same
+ * device: one reservation chain (a read of each file back to back waits
+ * its own bytes' time after the other's), one set of counters; the rules
+ * outlive the tier they were opened on; a tier without rules shares none.
+ */
+static void shared_rules_put_two_files_behind_one_device(void **state)
+{
+	static struct mem_tier other;
+	struct mp_tier *t = wrap_mem("read:rate=64M", 1), *s = &other.t, *plain = &other.t;
+	uint64_t cost = (uint64_t)llround((double)XBYTES * 1e9 / (64.0 * 1024 * 1024));
+	struct mp_fault_counts c;
+	struct sink k;
+
+	(void)state;
+	other.t.ops = &mem_ops;
+	other.t.number = 1;
+	snprintf(other.t.name, sizeof(other.t.name), "other");
+	assert_int_equal(mp_tier_inject_share(&mem.t, &plain), 0);
+	assert_ptr_equal(plain, &other.t);
+	assert_int_equal(mp_tier_inject_share(t, &s), 0);
+	assert_ptr_not_equal(s, &other.t);
+	assert_string_equal(s->name, "other with faults");
+	assert_int_equal(read_one(t, 0, 0, &k), 0);
+	assert_int_equal(read_one(s, 0, 1, &k), 0);
+	assert_int_equal(k.n, XBYTES);
+	assert_true(matches_pattern(0, 1, k.got, k.n));
+	assert_int_equal(atomic_load(&other.reads), 1);
+	mp_tier_inject_counts(t, &c);
+	assert_int_equal(c.reads, 2);
+	assert_int_equal(c.rate_waits, 2);
+	assert_int_equal(c.rate_wait_ns, 2 * cost);
+	mp_tier_destroy(t);
+	assert_true(mem.destroyed);
+	assert_int_equal(read_one(s, 0, 2, &k), 0);
+	assert_true(matches_pattern(0, 2, k.got, k.n));
+	mp_tier_destroy(s);
+	assert_true(other.destroyed);
+}
+
+/*
  * The environment
  */
 
@@ -564,6 +604,7 @@ int main(void)
 		cmocka_unit_test(alloc_rules_fire_after_n_allocations),
 		cmocka_unit_test(first_failure_in_spec_order_decides_and_delays_add),
 		cmocka_unit_test(rate_cap_holds_each_read_for_its_bytes),
+		cmocka_unit_test(shared_rules_put_two_files_behind_one_device),
 		cmocka_unit_test(wrap_reads_the_environment),
 		cmocka_unit_test(env_seed_equals_api_seed),
 	};

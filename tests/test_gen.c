@@ -340,6 +340,78 @@ static void weights_have_variance_one_over_fan_in(void **state)
 	free(buf);
 }
 
+static double l2(const float *a, const float *b, size_t n)
+{
+	double s = 0;
+
+	for (size_t i = 0; i < n; i++)
+		s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+	return sqrt(s);
+}
+
+/*
+ * A variant is its base plus noise within spread x the values' range: two
+ * variants' experts at one position are spread times as far apart as a
+ * model's experts at two positions; variant 0 is the base itself; norms
+ * stay ones; a spread out of (0, 1] is refused.
+ */
+static void variants_are_their_base_plus_spread_noise(void **state)
+{
+	const char *base = t_path("base.mpk"), *v0 = t_path("v0.mpk");
+	const char *v1 = t_path("v1.mpk"), *v2 = t_path("v2.mpk");
+	struct mp_store *s1, *s2;
+	struct mp_geometry g;
+	size_t la, lb, n;
+	char *x, *y;
+	float *a, *b, *c;
+	double same = 0, across = 0;
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	assert_int_equal(mp_gen_model(base, &g, 5, "tiny", NULL, NULL), 0);
+	assert_int_equal(mp_gen_variant(v0, &g, 5, 0, 0.5f, "tiny", NULL, NULL), 0);
+	x = slurp(base, &la);
+	y = slurp(v0, &lb);
+	assert_int_equal(la, lb);
+	assert_memory_equal(x, y, la);
+	free(x);
+	free(y);
+	assert_int_equal(mp_gen_variant(v1, &g, 5, 1, 0.03f, "tiny", NULL, NULL), 0);
+	assert_int_equal(mp_gen_variant(v2, &g, 5, 2, 0.03f, "tiny", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(v1, &s1), 0);
+	assert_int_equal(mp_store_open(v2, &s2), 0);
+	n = mp_store_expert_bytes(s1) / sizeof(float);
+	a = malloc(n * sizeof(float));
+	b = malloc(n * sizeof(float));
+	c = malloc(n * sizeof(float));
+	for (uint32_t l = 0; l < g.layers; l++) {
+		assert_int_equal(mp_store_read_expert(s1, l, 0, a), 0);
+		assert_int_equal(mp_store_read_expert(s2, l, 0, b), 0);
+		assert_int_equal(mp_store_read_expert(s1, l, 1, c), 0);
+		same += l2(a, b, n);
+		across += l2(a, c, n);
+	}
+	/* 0.03 x (sqrt(2) x the weights' norm) against sqrt(2) x it; the norms differ a little */
+	assert_true(same / across > 0.027 && same / across < 0.033);
+	for (uint32_t i = 0; i < mp_store_tensor_count(s1); i++) {
+		const struct mp_tensor_info *t1 = mp_store_tensor_at(s1, i);
+		const struct mp_tensor_info *t2 = mp_store_tensor_at(s2, i);
+
+		if (t1->ndim == 1)
+			assert_int_equal(t1->checksum, t2->checksum);
+		else
+			assert_int_not_equal(t1->checksum, t2->checksum);
+	}
+	mp_store_close(s1);
+	mp_store_close(s2);
+	free(a);
+	free(b);
+	free(c);
+	assert_int_equal(mp_gen_variant(v1, &g, 5, 1, 0.0f, "tiny", NULL, NULL), -EINVAL);
+	assert_int_equal(mp_gen_variant(v1, &g, 5, 1, 1.5f, "tiny", NULL, NULL), -EINVAL);
+	assert_non_null(strstr(mp_last_error(), "spread"));
+}
+
 static void progress(uint64_t done, uint64_t total, void *arg)
 {
 	uint64_t *last = arg;
@@ -415,6 +487,7 @@ int main(void)
 		cmocka_unit_test(narrow_types_round_the_f32_values),
 		cmocka_unit_test(block_types_quantize_the_f32_values),
 		cmocka_unit_test(weights_have_variance_one_over_fan_in),
+		cmocka_unit_test(variants_are_their_base_plus_spread_noise),
 		cmocka_unit_test(progress_reaches_total),
 		cmocka_unit_test(gen_rejects_bad_geometry),
 	};

@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "pager/pager_priv.h"
 #include "uffd/region_priv.h"
+#include "tier/inject.h"
 #include "tier/tier.h"
 
 static struct mp_store *store;
@@ -1336,6 +1337,33 @@ static void bad_sources_and_bindings_are_refused(void **state)
 	mp_store_close(third);
 }
 
+/* A read:rate= cap is the device's: a variant row's reads pass it as the model's own do. */
+static void rows_of_other_files_pass_the_fault_rules(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_fault_counts c;
+	struct mp_pager *p;
+	uint8_t *buf = malloc(xbytes);
+	int src_v, src_a;
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.fault = "read:rate=1G";
+	p = open_pager_cfg(4, NULL, &cfg);
+	assert_true(mp_tier_is_fault(p->fault_tier));
+	bind_sources(p, &src_v, &src_a);
+	assert_memory_equal(get(p, 0, 0), want(0, 0), xbytes);
+	row_bytes(1, geo->experts + 2, buf);
+	assert_memory_equal(get(p, 1, geo->experts + 2), buf, xbytes);
+	row_bytes(1, 2 * geo->experts - 1, buf);
+	assert_memory_equal(get(p, 1, 2 * geo->experts - 1), buf, xbytes);
+	mp_tier_inject_counts(p->fault_tier, &c);
+	assert_int_equal(c.reads, 3);
+	assert_int_equal(c.rate_waits, 3);
+	mp_pager_close(p);
+	free(buf);
+}
+
 static void corrupt_adapter_row_errors_through_guard(void **state)
 {
 	struct mp_pager *p = open_pager(2, NULL);
@@ -1455,6 +1483,7 @@ int main(void)
 		cmocka_unit_test(resolution_follows_the_expert_size_unless_configured),
 		cmocka_unit_test(routed_and_prefetched_rows_are_read_by_row_id),
 		cmocka_unit_test(bad_sources_and_bindings_are_refused),
+		cmocka_unit_test(rows_of_other_files_pass_the_fault_rules),
 		cmocka_unit_test(corrupt_adapter_row_errors_through_guard),
 		cmocka_unit_test(budget_strings_parse),
 		cmocka_unit_test(latency_quantiles_interpolate_log2_buckets),

@@ -15,6 +15,8 @@ static struct gen_env {
 	const char *out;
 	const char *name;
 	uint64_t seed;
+	uint32_t variant;
+	double spread;
 	bool quiet;
 	/* geometry overrides: applied after the preset is loaded */
 	struct mp_geometry g;
@@ -25,7 +27,8 @@ static struct gen_env {
 
 enum {
 	OPT_LAYERS = 0x100, OPT_EXPERTS, OPT_TOPK, OPT_HIDDEN, OPT_FFN, OPT_HEADS,
-	OPT_KV_HEADS, OPT_HEAD_DIM, OPT_VOCAB, OPT_MAX_SEQ, OPT_DTYPE, OPT_NAME,
+	OPT_KV_HEADS, OPT_HEAD_DIM, OPT_VOCAB, OPT_MAX_SEQ, OPT_DTYPE, OPT_NAME, OPT_VARIANT,
+	OPT_SPREAD,
 };
 
 static const char doc[] =
@@ -34,12 +37,19 @@ static const char doc[] =
 	"the preset's values. Presets: tiny, mixtral-mini, deepseek-lite-mini,\n"
 	"deepseek-v2-lite-mini, qwen3-moe-mini, olmoe-mini (README lists them).\n"
 	"\n"
+	"--variant V (V >= 1) writes a variant of the model --seed gives, as a fine-tune\n"
+	"would be: every matrix value plus noise within --spread times its range\n"
+	"(default 0.03), from the variant's own stream. Same-position experts of two\n"
+	"variants are then --spread times as far apart as experts at different\n"
+	"positions (docs/multi.md).\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager gen --preset tiny --out /tmp/tiny.mpk\n"
 	"  moepager gen --preset mixtral-mini --out mixtral-mini.mpk --seed 7\n"
 	"  moepager gen --preset tiny --dtype bf16 --layers 2 --out /tmp/t2.mpk\n"
 	"  moepager gen --preset qwen3-moe-mini --out qwen3-moe-mini.mpk\n"
-	"  moepager gen --preset mixtral-mini --dtype q8_0 --out mixtral-q8.mpk\n";
+	"  moepager gen --preset mixtral-mini --dtype q8_0 --out mixtral-q8.mpk\n"
+	"  moepager gen --preset tiny --seed 7 --variant 2 --spread 0.03 --out v2.mpk\n";
 
 static const struct argp_option opts[] = {
 	{ "preset", 'p', "NAME", 0, "Preset geometry (default: tiny)", 0 },
@@ -47,6 +57,9 @@ static const struct argp_option opts[] = {
 	{ "seed", 's', "N", 0, "Random seed (default: 1)", 0 },
 	{ "name", OPT_NAME, "NAME", 0, "Model name recorded in the header (default: preset)", 0 },
 	{ "quiet", 'q', NULL, 0, "No summary line", 0 },
+	{ "variant", OPT_VARIANT, "V", 0, "Write variant V (>= 1) of the seed's model", 0 },
+	{ "spread", OPT_SPREAD, "S", 0, "A variant's noise relative to the weights (default "
+	  "0.03)", 0 },
 	{ NULL, 0, NULL, 0, "Geometry overrides:", 1 },
 	{ "layers", OPT_LAYERS, "N", 0, "MoE decoder layers", 1 },
 	{ "experts", OPT_EXPERTS, "N", 0, "Experts per layer", 1 },
@@ -102,6 +115,14 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_NAME:
 		env.name = arg;
 		break;
+	case OPT_VARIANT:
+		if (cli_parse_u32("--variant", arg, 1, UINT32_MAX, &env.variant))
+			argp_usage(state);
+		break;
+	case OPT_SPREAD:
+		if (cli_parse_double("--spread", arg, 1e-6, 1, &env.spread))
+			argp_usage(state);
+		break;
 	case OPT_DTYPE:
 		if (mp_dtype_parse(arg, &env.dtype))
 			argp_usage(state);
@@ -156,6 +177,7 @@ int cmd_gen(int argc, char **argv)
 	memset(&env, 0, sizeof(env));
 	env.preset = "tiny";
 	env.seed = 1;
+	env.spread = 0.03;
 	argv[0] = prog;		/* argp's usage lines name the whole command */
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -167,8 +189,9 @@ int cmd_gen(int argc, char **argv)
 	}
 	apply_overrides(&g);
 	t0 = cli_now_ns();
-	err = mp_gen_model(env.out, &g, env.seed, env.name ? env.name : env.preset,
-			   cli_progress_enabled() ? on_progress : NULL, NULL);
+	err = mp_gen_variant(env.out, &g, env.seed, env.variant, (float)env.spread,
+			     env.name ? env.name : env.preset,
+			     cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
 	if (err) {
 		fprintf(stderr, "moepager gen: %s: %s (%s)\n", env.out, strerror(-err),

@@ -183,6 +183,8 @@ static int open_tier(struct mp_pager *p, const struct mp_pager_config *cfg,
 	err = mp_tier_file_open(p->store, &p->tier_cfg, &p->tier);
 	if (!err)
 		err = mp_tier_inject_wrap(&p->tier, cfg->fault, cfg->fault_seed);
+	if (!err && mp_tier_is_fault(p->tier))
+		p->fault_tier = p->tier;
 	if (err || !hooks || !hooks->wrap_tier)
 		return err;
 	err = hooks->wrap_tier(hooks->arg, p->tier, &top);

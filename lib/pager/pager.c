@@ -335,10 +335,19 @@ static int source_guard(void *ctx, int (*fn)(void *arg), void *arg)
 	return mp_pager_guard(ctx, fn, arg);
 }
 
+/* In memory: mapped, or in host memory (a touch maps it back without a tier read). */
+static int source_resident(void *ctx, uint32_t layer, uint32_t expert)
+{
+	int r = mp_pager_residency(ctx, layer, expert);
+
+	return r == MP_RES_MAPPED || r == MP_RES_HOST;
+}
+
 static const struct mp_expert_source_ops pager_source_ops = {
 	.expert = source_expert,
 	.route = source_route,
 	.guard = source_guard,
+	.resident = source_resident,
 };
 
 const struct mp_expert_source_ops *mp_pager_source_ops(void)

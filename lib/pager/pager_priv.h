@@ -93,6 +93,7 @@ struct mp_pager {
 
 	struct mp_region *region;
 	struct mp_tier *tier;
+	struct mp_tier *fault_tier;	/* in tier's chain: the fault rules, or NULL */
 	struct mp_tier_file_config tier_cfg;	/* for the sources' tiers */
 	struct worker *workers;
 	struct worker caller;	/* what a thread resolving its own request reads with */

@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "pager/pager_priv.h"
+#include "tier/inject.h"
 
 void mp_pager_rows_init(struct mp_pager *p)
 {
@@ -49,6 +50,12 @@ static int add_source(struct mp_pager *p, const char *path, struct mp_store *s,
 	err = mp_tier_file_open_path(path, &p->tier_cfg, &t);
 	if (err)
 		return err;
+	/* Fault rules (a read:rate= cap) are the device's: every source's reads pass them. */
+	err = mp_tier_inject_share(p->fault_tier, &t);
+	if (err) {
+		mp_tier_destroy(t);
+		return plog_err(p, err, "%s: out of memory", path);
+	}
 	pthread_mutex_lock(&p->lock);
 	for (i = 1; i <= MP_PAGER_MAX_SOURCES && p->srcs[i].tier; i++)
 		;

@@ -258,6 +258,9 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 		double prio = (double)it->prio * 1e6;
 		int r;
 
+		/* A row the pager does not page (a variant's owned expert, in memory). */
+		if (row >= d->spl)
+			continue;
 		if (!d->truth && d->hints.next_use) {
 			uint64_t cur = __atomic_load_n(&d->hints.next_use[key], __ATOMIC_RELAXED);
 
@@ -1249,6 +1252,13 @@ static int src_guard(void *ctx, int (*fn)(void *arg), void *arg)
 	return mp_pager_source_ops()->guard(d->pager, fn, arg);
 }
 
+static int src_resident(void *ctx, uint32_t layer, uint32_t expert)
+{
+	struct mp_prefetcher *d = ctx;
+
+	return mp_pager_source_ops()->resident(d->pager, layer, expert);
+}
+
 static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.expert = src_expert,
 	.route = src_route,
@@ -1256,6 +1266,7 @@ static const struct mp_expert_source_ops prefetcher_source_ops = {
 	.gate = src_gate,
 	.embed = src_embed,
 	.seq_map = src_seq_map,
+	.resident = src_resident,
 };
 
 const struct mp_expert_source_ops *mp_prefetcher_source_ops(void)

@@ -498,6 +498,17 @@ static void set_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
 		set->cfg.source->seq_map(set->cfg.source_ctx, request, map);
 }
 
+/* Unpaged adapter rows are the set's memory; paged rows and the base's are the source's. */
+static int set_resident(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct mp_adapters *set = ctx;
+
+	if (row >= set->experts && !set->cfg.rows)
+		return 1;
+	return set->cfg.source->resident ?
+	       set->cfg.source->resident(set->cfg.source_ctx, layer, row) : -EOPNOTSUPP;
+}
+
 static const struct mp_expert_source_ops adapters_ops = {
 	.expert = set_expert,
 	.route = set_route,
@@ -505,6 +516,7 @@ static const struct mp_expert_source_ops adapters_ops = {
 	.gate = set_gate,
 	.embed = set_embed,
 	.seq_map = set_seq_map,
+	.resident = set_resident,
 };
 
 const struct mp_expert_source_ops *mp_adapters_source_ops(void)

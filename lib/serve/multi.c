@@ -24,8 +24,11 @@ struct mp_multi {
 	const void **owned;		/* [layers x experts]: the owner's bytes, or NULL */
 	uint32_t *tables;		/* [n][layers][experts] */
 	const uint32_t **maps;		/* [n][layers] */
+	/* The same for the source's prefetcher: owned rows in memory as UINT32_MAX. */
+	uint32_t *pf_tables;
+	const uint32_t **pf_maps;
 	uint32_t owned_n, bound;
-	uint64_t owned_reads, paged_reads;
+	uint64_t owned_reads, paged_reads, owned_routes;
 };
 
 /* Reads the owned positions' experts into host memory (one block). */
@@ -39,7 +42,8 @@ static int read_owned(struct mp_multi *m)
 	m->owned = calloc((size_t)m->layers * m->experts, sizeof(*m->owned));
 	if (!m->owned)
 		return mp_err(-ENOMEM, "multi: out of memory");
-	if (!m->owned_n)
+	/* Paged: the owner's row is read like any other (owned[] stays NULL). */
+	if (!m->owned_n || (m->cfg.flags & MP_MULTI_OWNED_PAGED))
 		return 0;
 	m->owned_len = (size_t)m->owned_n * m->stride;
 	m->owned_mem = mmap(NULL, m->owned_len, PROT_READ | PROT_WRITE,
@@ -65,7 +69,17 @@ static int read_owned(struct mp_multi *m)
 	return 0;
 }
 
-/* Model x's maps, and its unowned experts bound as rows x * E + e (x > 0). */
+/*
+ * Whether row x * E + e of a layer whose position e has owner y is model
+ * x's to bind (x > 0): its unowned experts, and, paged, its owned ones.
+ */
+static bool binds(const struct mp_multi *m, uint32_t x, int y)
+{
+	return x && (y == MP_CONSOL_NONE ||
+		     ((m->cfg.flags & MP_MULTI_OWNED_PAGED) && y == (int)x));
+}
+
+/* Model x's maps, and its rows bound (binds()) as x * E + e. */
 static int map_model(struct mp_multi *m, uint32_t x)
 {
 	const struct mp_row_ops *ops = m->cfg.rows;
@@ -79,12 +93,16 @@ static int map_model(struct mp_multi *m, uint32_t x)
 	for (uint32_t l = 0; l < m->layers; l++) {
 		uint32_t *t = m->tables + ((size_t)x * m->layers + l) * m->experts;
 
+		uint32_t *pt = m->pf_tables + (t - m->tables);
+
 		m->maps[(size_t)x * m->layers + l] = t;
+		m->pf_maps[(size_t)x * m->layers + l] = pt;
 		for (uint32_t e = 0; e < m->experts; e++) {
 			int y = mp_consolidation_owner(m->cfg.map, l, e);
 
 			t[e] = (y == MP_CONSOL_NONE ? x : (uint32_t)y) * m->experts + e;
-			if (y != MP_CONSOL_NONE || !x)
+			pt[e] = m->owned[(size_t)l * m->experts + e] ? UINT32_MAX : t[e];
+			if (!binds(m, x, y))
 				continue;
 			err = ops->bind(m->cfg.rows_ctx, l, t[e], m->src[x], e);
 			if (err)
@@ -99,9 +117,9 @@ static int check_config(const struct mp_multi_config *c)
 {
 	if (!c || !c->models || !c->n || c->n > MP_CONSOL_MAX_MODELS || !c->map || !c->source ||
 	    !c->source->expert || !c->rows || !c->rows->add_store || !c->rows->bind ||
-	    !c->rows->unbind || !c->rows->remove_source || c->reserved32)
+	    !c->rows->unbind || !c->rows->remove_source || (c->flags & ~MP_MULTI_OWNED_PAGED))
 		return mp_err(-EINVAL, "multi: a config without models (1..%u), map, source or "
-			      "row ops", MP_CONSOL_MAX_MODELS);
+			      "row ops, or with unknown flags", MP_CONSOL_MAX_MODELS);
 	if (mp_consolidation_models(c->map) != c->n)
 		return mp_err(-EMEDIUMTYPE, "multi: the map consolidates %u models, %u given",
 			      mp_consolidation_models(c->map), c->n);
@@ -132,7 +150,10 @@ int mp_multi_open(const struct mp_multi_config *cfg, struct mp_multi **out)
 	m->stride = MP_ALIGN_UP(m->expert_bytes, PAGE);
 	m->tables = malloc((size_t)m->n * m->layers * m->experts * sizeof(*m->tables));
 	m->maps = calloc((size_t)m->n * m->layers, sizeof(*m->maps));
-	err = m->tables && m->maps ? read_owned(m) : mp_err(-ENOMEM, "multi: out of memory");
+	m->pf_tables = malloc((size_t)m->n * m->layers * m->experts * sizeof(*m->pf_tables));
+	m->pf_maps = calloc((size_t)m->n * m->layers, sizeof(*m->pf_maps));
+	err = m->tables && m->maps && m->pf_tables && m->pf_maps ?
+	      read_owned(m) : mp_err(-ENOMEM, "multi: out of memory");
 	for (uint32_t x = 0; x < m->n && !err; x++)
 		err = map_model(m, x);
 	if (err) {
@@ -150,13 +171,13 @@ void mp_multi_close(struct mp_multi *m)
 {
 	if (!m)
 		return;
-	/* Rows bound so far: every unowned position of each model with a source. */
+	/* Rows bound so far: binds() of each layer mapped, for each model with a source. */
 	for (uint32_t x = 1; x < m->n && m->maps; x++) {
 		if (m->src[x] <= 0)
 			continue;
 		for (uint32_t l = 0; l < m->layers && m->maps[(size_t)x * m->layers + l]; l++)
 			for (uint32_t e = 0; e < m->experts; e++)
-				if (mp_consolidation_owner(m->cfg.map, l, e) == MP_CONSOL_NONE)
+				if (binds(m, x, mp_consolidation_owner(m->cfg.map, l, e)))
 					m->cfg.rows->unbind(m->cfg.rows_ctx, l, x * m->experts + e);
 		m->cfg.rows->remove_source(m->cfg.rows_ctx, m->src[x]);
 	}
@@ -165,6 +186,8 @@ void mp_multi_close(struct mp_multi *m)
 	free(m->owned);
 	free(m->tables);
 	free(m->maps);
+	free(m->pf_tables);
+	free(m->pf_maps);
 	free(m);
 }
 
@@ -187,6 +210,7 @@ void mp_multi_stats(struct mp_multi *m, struct mp_multi_stats *out)
 	out->bound = m->bound;
 	out->owned_reads = __atomic_load_n(&m->owned_reads, __ATOMIC_RELAXED);
 	out->paged_reads = __atomic_load_n(&m->paged_reads, __ATOMIC_RELAXED);
+	out->owned_routes = __atomic_load_n(&m->owned_routes, __ATOMIC_RELAXED);
 }
 
 /* The owned bytes row stands for, or NULL when the row is paged. */
@@ -220,15 +244,14 @@ static int multi_route(void *ctx, uint32_t request, uint32_t token, uint32_t lay
 	uint32_t paged[MP_MAX_TOPK], n = 0;
 	float w[MP_MAX_TOPK];
 
-	if (!m->cfg.source->route)
-		return 0;
 	for (uint32_t j = 0; j < k && j < MP_MAX_TOPK; j++) {
 		if (owned_row(m, layer, ids[j]))
 			continue;
 		paged[n] = ids[j];
 		w[n++] = weights ? weights[j] : 0.0f;
 	}
-	if (!n)
+	__atomic_fetch_add(&m->owned_routes, MP_MIN(k, MP_MAX_TOPK) - n, __ATOMIC_RELAXED);
+	if (!n || !m->cfg.source->route)
 		return 0;
 	return m->cfg.source->route(m->cfg.source_ctx, request, token, layer, paged,
 				    weights ? w : NULL, n);
@@ -260,12 +283,43 @@ static void multi_embed(void *ctx, uint32_t request, uint32_t token, const float
 		m->cfg.source->embed(m->cfg.source_ctx, request, token, e, hidden);
 }
 
+/*
+ * A request's map reaches the source's prefetcher as its twin without the
+ * owned rows in memory, so predictions fetch the model's own unowned rows
+ * (any model's: the paper has no prefetch) and never an owned position.
+ */
+static void multi_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
+{
+	struct mp_multi *m = ctx;
+	const uint32_t *const *pf = map;
+
+	if (!m->cfg.source->seq_map)
+		return;
+	for (uint32_t x = 0; map && x < m->n; x++)
+		if (map == (const uint32_t *const *)m->maps + (size_t)x * m->layers)
+			pf = m->pf_maps + (size_t)x * m->layers;
+	m->cfg.source->seq_map(m->cfg.source_ctx, request, pf);
+}
+
+/* Owned rows are the set's memory; the others are the source's to say. */
+static int multi_resident(void *ctx, uint32_t layer, uint32_t row)
+{
+	struct mp_multi *m = ctx;
+
+	if (owned_row(m, layer, row))
+		return 1;
+	return m->cfg.source->resident ? m->cfg.source->resident(m->cfg.source_ctx, layer, row)
+				       : -EOPNOTSUPP;
+}
+
 static const struct mp_expert_source_ops multi_ops = {
 	.expert = multi_expert,
 	.route = multi_route,
 	.guard = multi_guard,
 	.gate = multi_gate,
 	.embed = multi_embed,
+	.seq_map = multi_seq_map,
+	.resident = multi_resident,
 };
 
 const struct mp_expert_source_ops *mp_multi_source_ops(void)

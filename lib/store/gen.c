@@ -154,6 +154,31 @@ static inline uint16_t bf16_finite(float f)
 }
 
 /*
+ * A variant's values: the base's plus noise uniform in [-spread x scale,
+ * spread x scale] from the variant's own stream, converted a chunk (one
+ * quantization block) at a time. Relative to the weights' own spread, two
+ * variants are then sqrt(2) x spread apart at one position and sqrt(2)
+ * apart across positions: spread is their ratio (fine-tunes: 0.02-0.03).
+ */
+static void fill_noisy(struct rng *r, struct rng *nz, float spread, enum mp_dtype t,
+		       float scale, void *dst, uint64_t n)
+{
+	float v[MP_QBLOCK], d[BLOCK];
+
+	for (uint64_t i = 0; i < n; i += MP_QBLOCK) {
+		size_t m = (size_t)MP_MIN((uint64_t)MP_QBLOCK, n - i);
+
+		for (uint32_t j = 0; j < MP_QBLOCK; j += BLOCK) {
+			rng_block(r, scale, v + j);
+			rng_block(nz, scale * spread, d);
+			for (uint32_t k = 0; k < BLOCK; k++)
+				v[j + k] += d[k];
+		}
+		mp_dtype_from_f32(t, v, (char *)dst + mp_dtype_bytes(t, i), m);
+	}
+}
+
+/*
  * Fills n values of type t at dst, uniform in [-scale, scale]. The AVX2 clone
  * doubles the rate (~2 GB/s); both clones do the same integer and
  * single-rounding float operations, so the bytes are identical.
@@ -234,32 +259,55 @@ static float uniform_scale(uint64_t fan_in)
 	return sqrtf(3.0f / (float)fan_in);
 }
 
+/* A stream's values: the base model's, or a variant's (the base's plus its noise). */
+static void fill_stream(const struct mpk_gen_spec *sp, uint64_t stream, enum mp_dtype t,
+			float scale, void *dst, uint64_t n)
+{
+	struct rng r, nz;
+
+	rng_seed(&r, sp->seed, stream);
+	if (!sp->variant) {
+		fill_uniform(&r, t, scale, dst, n);
+		return;
+	}
+	/* The variant's noise: its own stream, unrelated to any seed's base. */
+	rng_seed(&nz, sp->seed ^ (0xa0761d6478bd642full * sp->variant), ~stream);
+	fill_noisy(&r, &nz, sp->spread, t, scale, dst, n);
+}
+
+void mpk_gen_tensor_spec(const struct mp_tensor_info *t, uint32_t index,
+			 const struct mpk_gen_spec *sp, void *buf)
+{
+	uint64_t n = mp_dtype_elems(t->dtype, t->bytes);
+
+	if (t->ndim == 1)
+		fill_ones(t->dtype, buf, n);
+	else
+		fill_stream(sp, index, t->dtype, uniform_scale(t->dims[t->ndim - 1]), buf, n);
+}
+
+void mpk_gen_expert_spec(const struct mp_geometry *g, uint32_t layer, uint32_t expert,
+			 const struct mpk_gen_spec *sp, void *buf)
+{
+	uint64_t n = (uint64_t)g->ffn * g->hidden;
+
+	for (uint32_t p = 0; p < 3; p++)
+		fill_stream(sp, expert_stream(layer, expert, p), g->dtype,
+			    uniform_scale(p < 2 ? g->hidden : g->ffn),
+			    (char *)buf + mp_dtype_bytes(g->dtype, p * n), n);
+}
+
 /* A tensor's bytes: norms (1-D) are ones, matrices uniform with variance 1/fan_in. */
 void mpk_gen_tensor(const struct mp_tensor_info *t, uint32_t index, uint64_t seed, void *buf)
 {
-	uint64_t n = mp_dtype_elems(t->dtype, t->bytes);
-	struct rng r;
-
-	if (t->ndim == 1) {
-		fill_ones(t->dtype, buf, n);
-		return;
-	}
-	rng_seed(&r, seed, index);
-	fill_uniform(&r, t->dtype, uniform_scale(t->dims[t->ndim - 1]), buf, n);
+	mpk_gen_tensor_spec(t, index, &(struct mpk_gen_spec){ .seed = seed }, buf);
 }
 
 /* gate [ffn x hidden] | up [ffn x hidden] | down [hidden x ffn]. */
 void mpk_gen_expert(const struct mp_geometry *g, uint32_t layer, uint32_t expert,
 		       uint64_t seed, void *buf)
 {
-	uint64_t n = (uint64_t)g->ffn * g->hidden;
-	struct rng r;
-
-	for (uint32_t p = 0; p < 3; p++) {
-		rng_seed(&r, seed, expert_stream(layer, expert, p));
-		fill_uniform(&r, g->dtype, uniform_scale(p < 2 ? g->hidden : g->ffn),
-			     (char *)buf + mp_dtype_bytes(g->dtype, p * n), n);
-	}
+	mpk_gen_expert_spec(g, layer, expert, &(struct mpk_gen_spec){ .seed = seed }, buf);
 }
 
 /*
@@ -273,7 +321,7 @@ struct gen_pipe {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	const struct mp_geometry *g;
-	uint64_t seed;
+	const struct mpk_gen_spec *sp;
 	void *buf[2];
 	bool full[2];		/* slot holds an expert not yet written */
 	bool stop;		/* the writer failed: make no more */
@@ -295,7 +343,7 @@ static void *pipe_maker(void *arg)
 			break;
 		}
 		pthread_mutex_unlock(&p->lock);
-		mpk_gen_expert(p->g, i / p->g->experts, i % p->g->experts, p->seed, p->buf[slot]);
+		mpk_gen_expert_spec(p->g, i / p->g->experts, i % p->g->experts, p->sp, p->buf[slot]);
 		pthread_mutex_lock(&p->lock);
 		p->full[slot] = true;
 		pthread_cond_broadcast(&p->cond);
@@ -323,7 +371,7 @@ static int put_experts(struct mp_store_writer *w, struct gen_pipe *p, uint64_t d
 				pthread_cond_wait(&p->cond, &p->lock);
 			pthread_mutex_unlock(&p->lock);
 		} else {
-			mpk_gen_expert(g, i / g->experts, i % g->experts, p->seed, p->buf[0]);
+			mpk_gen_expert_spec(g, i / g->experts, i % g->experts, p->sp, p->buf[0]);
 		}
 		err = mp_store_writer_put_expert(w, i / g->experts, i % g->experts, p->buf[slot]);
 		if (threaded) {
@@ -345,9 +393,17 @@ static int put_experts(struct mp_store_writer *w, struct gen_pipe *p, uint64_t d
 int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t seed, const char *name,
 		 void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg)
 {
+	return mp_gen_variant(path, g, seed, 0, 0, name, progress, arg);
+}
+
+int mp_gen_variant(const char *path, const struct mp_geometry *g, uint64_t seed,
+		   uint32_t variant, float spread, const char *name,
+		   void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg)
+{
+	const struct mpk_gen_spec sp = { .seed = seed, .variant = variant, .spread = spread };
 	struct gen_pipe pipe = {
 		.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
-		.g = g, .seed = seed,
+		.g = g, .sp = &sp,
 	};
 	struct mp_store_writer *w;
 	uint64_t buf_bytes, done = 0, total;
@@ -356,6 +412,9 @@ int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t seed, c
 
 	if (!path || !g)
 		return mp_err(-EINVAL, "mp_gen_model: NULL argument");
+	if (variant && !(spread > 0 && spread <= 1))
+		return mp_err(-EINVAL, "mp_gen_variant: variant %u wants a spread in (0, 1], not %g",
+			      variant, (double)spread);
 	err = mp_store_writer_create(path, g, name, &w);
 	if (err)
 		return err;
@@ -381,7 +440,7 @@ int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t seed, c
 	for (uint32_t i = 0; i < n_tensors; i++) {
 		const struct mp_tensor_info *t = mp_store_writer_tensor_at(w, i);
 
-		mpk_gen_tensor(t, i, seed, pipe.buf[0]);
+		mpk_gen_tensor_spec(t, i, &sp, pipe.buf[0]);
 		err = mp_store_writer_put_tensor(w, t->name, pipe.buf[0]);
 		if (err)
 			goto free_buf;

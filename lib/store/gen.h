@@ -13,4 +13,16 @@ void mpk_gen_tensor(const struct mp_tensor_info *t, uint32_t index, uint64_t see
 void mpk_gen_expert(const struct mp_geometry *g, uint32_t layer, uint32_t expert, uint64_t seed,
 		    void *buf);
 
+/* A generated model: the base of seed (variant 0), or a variant of it (mp_gen_variant()). */
+struct mpk_gen_spec {
+	uint64_t seed;
+	uint32_t variant;
+	float spread;
+};
+
+void mpk_gen_tensor_spec(const struct mp_tensor_info *t, uint32_t index,
+			 const struct mpk_gen_spec *sp, void *buf);
+void mpk_gen_expert_spec(const struct mp_geometry *g, uint32_t layer, uint32_t expert,
+			 const struct mpk_gen_spec *sp, void *buf);
+
 #endif /* MP_GEN_H */

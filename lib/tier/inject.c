@@ -61,9 +61,15 @@ struct expert_counts {
 #define KEY_NONE	UINT64_MAX
 enum { CNT_READ = 0, CNT_ALLOC = 1 };
 
+/*
+ * The rules and what they counted, with the tier they were opened on;
+ * other files' tiers can share them (mp_tier_inject_share()), so the
+ * state lives until the last tier using it is destroyed.
+ */
 struct tier_fault {
 	struct mp_tier t;
 	struct mp_tier *inner;
+	_Atomic uint32_t refs;
 	uint64_t seed;
 	uint32_t nrules;
 	struct rule *rules;
@@ -561,9 +567,9 @@ static uint64_t cut_point(const struct tier_fault *f, uint32_t idx, const struct
 	return pos - pos % CUT_ALIGN;
 }
 
-static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
+/* f's rules applied to a read of inner (f's own tier, or a tier sharing them). */
+static int fault_apply(struct tier_fault *f, struct mp_tier *inner, const struct mp_tier_read *rd)
 {
-	struct tier_fault *f = container_of(t, struct tier_fault, t);
 	struct xfer x = { .rd = rd, .cut = UINT64_MAX, .flip = UINT64_MAX };
 	struct mp_tier_read in = *rd;
 	const struct rule *end = NULL, *flip = NULL;
@@ -626,11 +632,11 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 			      "of memory (rule '%s')", rd->layer, rd->expert, end->text);
 	}
 	if (!end && !flip)
-		return mp_tier_read(f->inner, rd);
+		return mp_tier_read(inner, rd);
 
 	in.ready = xfer_ready;
 	in.arg = &x;
-	err = mp_tier_read(f->inner, &in);
+	err = mp_tier_read(inner, &in);
 	if (x.flipped) {
 		atomic_fetch_add(&f->c.corrupt, 1);
 		mp_debug("fault injection: layer %u expert %u: bit %#x of byte %llu flipped "
@@ -652,11 +658,17 @@ static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		      (unsigned long long)rd->bytes, end->text);
 }
 
-static void fault_destroy(struct mp_tier *t)
+static int fault_read(struct mp_tier *t, const struct mp_tier_read *rd)
 {
 	struct tier_fault *f = container_of(t, struct tier_fault, t);
 
-	mp_tier_destroy(f->inner);
+	return fault_apply(f, f->inner, rd);
+}
+
+static void fault_unref(struct tier_fault *f)
+{
+	if (atomic_fetch_sub(&f->refs, 1) != 1)
+		return;
 	pthread_mutex_destroy(&f->ec.lock);
 	free(f->ec.keys);
 	free(f->ec.vals);
@@ -664,11 +676,69 @@ static void fault_destroy(struct mp_tier *t)
 	free(f);
 }
 
+/* Its own file's tier goes now; the rules stay while a sharing tier uses them. */
+static void fault_destroy(struct mp_tier *t)
+{
+	struct tier_fault *f = container_of(t, struct tier_fault, t);
+
+	mp_tier_destroy(f->inner);
+	f->inner = NULL;
+	fault_unref(f);
+}
+
 static const struct mp_tier_ops fault_ops = {
 	.name = "fault",
 	.read = fault_read,
 	.destroy = fault_destroy,
 };
+
+/* Another file's tier behind a fault tier's rules. */
+struct tier_share {
+	struct mp_tier t;
+	struct mp_tier *inner;
+	struct tier_fault *f;
+};
+
+static int share_read(struct mp_tier *t, const struct mp_tier_read *rd)
+{
+	struct tier_share *s = container_of(t, struct tier_share, t);
+
+	return fault_apply(s->f, s->inner, rd);
+}
+
+static void share_destroy(struct mp_tier *t)
+{
+	struct tier_share *s = container_of(t, struct tier_share, t);
+
+	mp_tier_destroy(s->inner);
+	fault_unref(s->f);
+	free(s);
+}
+
+static const struct mp_tier_ops share_ops = {
+	.name = "fault-shared",
+	.read = share_read,
+	.destroy = share_destroy,
+};
+
+int mp_tier_inject_share(struct mp_tier *with, struct mp_tier **tier)
+{
+	struct tier_share *s;
+
+	if (!mp_tier_is_fault(with))
+		return 0;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->f = container_of(with, struct tier_fault, t);
+	atomic_fetch_add(&s->f->refs, 1);
+	s->inner = *tier;
+	s->t.ops = &share_ops;
+	s->t.number = s->inner->number;
+	snprintf(s->t.name, sizeof(s->t.name), "%.34s with faults", s->inner->name);
+	*tier = &s->t;
+	return 0;
+}
 
 bool mp_tier_is_fault(const struct mp_tier *t)
 {
@@ -735,6 +805,7 @@ static int fault_open(struct mp_tier *inner, const char *src, const char *spec, 
 	f->nrules = (uint32_t)n;
 	f->seed = seed;
 	f->inner = inner;
+	f->refs = 1;
 	f->t.ops = &fault_ops;
 	f->t.number = inner->number;
 	pthread_mutex_init(&f->ec.lock, NULL);

@@ -67,6 +67,15 @@ int mp_tier_inject_open(struct mp_tier *inner, const char *spec, uint64_t seed,
  */
 int mp_tier_inject_wrap(struct mp_tier **tier, const char *spec, uint64_t seed);
 
+/*
+ * Puts *tier (another file's: a pager's row source) behind the rules of
+ * fault tier `with`: the same rules, draws, counters and read:rate= caps,
+ * so the reads of several files pass through one device. Replaces *tier
+ * with the wrapper (which then owns it); leaves it alone when `with` is
+ * no fault tier. Either may be destroyed first. Returns 0 or -ENOMEM.
+ */
+int mp_tier_inject_share(struct mp_tier *with, struct mp_tier **tier);
+
 /* True when t is a fault-injection tier. */
 bool mp_tier_is_fault(const struct mp_tier *t);
 

@@ -31,11 +31,14 @@
 #define MAX_REPEAT 9
 #define MAX_PROMPTS 256
 #define PAGE 4096u
+#define MAX_MERGE 32
+/* Hit buckets of the layer times: 0..k hits of a token's k experts. */
+#define HIT_BUCKETS (MP_MAX_TOPK + 1)
 
-enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, N_SETUPS };
+enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, N_SETUPS };
 
 static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "mixed",
-						   "split", "timeshare" };
+						   "split", "timeshare", "paged" };
 
 static struct mb_env {
 	const char *models[MP_CONSOL_MAX_MODELS];
@@ -45,6 +48,10 @@ static struct mb_env {
 	const char *tokenizer;
 	const char *prompts;
 	const char *tmpdir;
+	const char *prefetch;
+	const char *evict;
+	const char *merge[MAX_MERGE];
+	uint32_t nmerge;
 	double rates[MAX_RATES];
 	uint32_t nrates;
 	bool setups[N_SETUPS];
@@ -64,7 +71,8 @@ static struct mb_env {
 enum {
 	OPT_MAP = 0x100, OPT_BUDGET, OPT_RATES, OPT_REQUESTS, OPT_MAX_TOKENS, OPT_PROMPTS,
 	OPT_PROMPT_TOKENS, OPT_TOKENIZER, OPT_IO_RATE, OPT_SETUPS, OPT_REPEAT, OPT_MAX_BATCH,
-	OPT_THREADS, OPT_SEED, OPT_TIMEOUT, OPT_TMPDIR, OPT_WARMUP, OPT_JSON,
+	OPT_THREADS, OPT_SEED, OPT_TIMEOUT, OPT_TMPDIR, OPT_WARMUP, OPT_JSON, OPT_PREFETCH,
+	OPT_MERGE, OPT_EVICT,
 };
 
 static const char doc[] =
@@ -83,21 +91,38 @@ static const char doc[] =
 	"                --io-rate / N (MIG-like); the streams do not share a queue\n"
 	"  timeshare     the N models over a map that shares nothing; a switch to\n"
 	"                another model evicts every expert (whole models swapped)\n"
+	"  paged         consolidated with the owned experts paged under the whole\n"
+	"                budget like the rest (serve --owned-paged): one row serves\n"
+	"                every model at a shared position, memory follows use\n"
 	"\n"
 	"--io-rate caps the file tier's reads (docs/fault-injection.md, read:rate=) at\n"
 	"that many bytes/s per server: the split's servers get 1/N each.\n"
 	"\n"
+	"--prefetch POLICY runs every setup's pager with that prefetcher (its\n"
+	"predictions reach each request's own rows: other models' too).\n"
+	"\n"
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, hit_rate, bytes_file,\n"
-	"runs: [...]}], compare: [{rate, consolidated_over_single, mixed_over_single,\n"
-	"mixed_over_split, consolidated_over_split, consolidated_over_timeshare}]}:\n"
-	"medians over the repeats; ratios of turnaround\n"
-	"p50 medians. saturated: throughput below 90 % of the offered load.\n"
+	"layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]}, runs: [...]}],\n"
+	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
+	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
+	"consolidated_over_timeshare, split_saturated}]}:\n"
+	"medians over the repeats; ratios of turnaround p50 medians. saturated:\n"
+	"throughput below 90 % of the load the arrivals offered (arrival_rpm: the\n"
+	"requests over the time of the last arrival; offered_rpm is the nominal\n"
+	"N x RATE). layer_ms: the steps of one token\n"
+	"(batch of one) summed over the repeats: ms per layer of attention, and of the\n"
+	"MoE part by how many of the token's experts were in memory (Multi-MoE's Table 1).\n"
+	"\n"
+	"--merge A.json B.json ... prints one JSON of several runs' (other rates or\n"
+	"setups of the same models, map and parameters), the ratios taken again: a\n"
+	"campaign too long for one sitting, run a rate at a time.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench-multi --model a.mpk --model b.mpk --model c.mpk --consolidate m.mpc\n"
-	"      --budget 50% --rates 0.5,1,2 --io-rate 8M --json\n";
+	"      --budget 50% --rates 0.5,1,2 --io-rate 8M --json\n"
+	"  moepager bench-multi --merge r1.json r2.json > all.json\n";
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "A model variant, in the map's order (2 or more)", 0 },
@@ -116,7 +141,7 @@ static const struct argp_option opts[] = {
 	{ "io-rate", OPT_IO_RATE, "BYTES", 0, "File tier bytes/s per server (default: no cap)",
 	  0 },
 	{ "setups", OPT_SETUPS, "LIST", 0, "Setups to run (default single,consolidated,mixed,"
-	  "split,timeshare)", 0 },
+	  "split,timeshare,paged)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per setup and rate (default 3)", 0 },
 	{ "max-batch", OPT_MAX_BATCH, "B", 0, "Sequences per batch (default 8)", 0 },
 	{ "threads", OPT_THREADS, "T", 0, "Engine threads per server (default 1)", 0 },
@@ -124,6 +149,11 @@ static const struct argp_option opts[] = {
 	{ "timeout", OPT_TIMEOUT, "SECONDS", 0, "Give up on a run after this (default 300)", 0 },
 	{ "tmpdir", OPT_TMPDIR, "DIR", 0, "Where time-sharing's map is written (default /tmp)",
 	  0 },
+	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy of every setup's pager "
+	  "(default none)", 0 },
+	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy of every setup's pager (default: "
+	  "the prefetch policy's, else lru)", 0 },
+	{ "merge", OPT_MERGE, NULL, 0, "Merge the --json outputs given as arguments", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -204,7 +234,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SETUPS:
 		if (parse_setups(arg))
 			argp_error(state, "--setups wants a list of single, consolidated, mixed, "
-				   "split, timeshare");
+				   "split, timeshare, paged");
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
@@ -227,11 +257,21 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
+	case OPT_PREFETCH: env.prefetch = arg; break;
+	case OPT_EVICT: env.evict = arg; break;
+	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		if (!env.nmerge || env.nmerge > MAX_MERGE)
+			argp_error(state, "unexpected argument '%s'%s", arg, env.nmerge ?
+				   ": at most 32 files to merge" : "");
+		env.merge[env.nmerge++ - 1] = arg;
 		break;
 	case ARGP_KEY_END:
+		if (env.nmerge == 1)
+			argp_error(state, "--merge wants the JSON files to merge");
+		if (env.nmerge)
+			break;
 		if (env.n < 2)
 			argp_error(state, "give at least two --model FILE, in the map's order");
 		if (!env.map)
@@ -273,9 +313,11 @@ struct prompts {
 /* What one setup gave at one rate in one run. */
 struct outcome {
 	double ttft_p50, ttft_p90, turn_p50, turn_p90, turn_mean, rpm, wall;
+	double arrival_rpm;		/* the load these arrivals offered: n over the last one */
 	uint32_t completed, failed;
 	uint64_t swaps, hits, misses, bytes_file;
 	double swap_seconds;
+	struct mp_runner_layer_times lt;	/* summed over the setup's servers */
 };
 
 static void req_done(void *arg, enum mp_sched_finish why, int err,
@@ -301,16 +343,17 @@ static int by_arrival(const void *a, const void *b)
 }
 
 /*
- * The arrivals: n_streams Poisson streams of `rate` (model i's stream is
- * model i, or all model 0 with one stream at n x rate for the floor),
- * merged in time order. The same seed gives the same times to every setup.
+ * The arrivals: N Poisson streams of `rate`, model i's stream of model i,
+ * merged in time order; for the floor, the same requests all of model 0
+ * (the merged streams are one Poisson stream at N x rate). The same seed
+ * gives every setup the same times and prompts.
  */
-static uint32_t make_arrivals(struct req *reqs, uint32_t streams, double rate, bool single,
-			      uint64_t seed, uint32_t nprompts)
+static uint32_t make_arrivals(struct req *reqs, double rate, bool single, uint64_t seed,
+			      uint32_t nprompts)
 {
 	uint32_t n = 0;
 
-	for (uint32_t s = 0; s < streams; s++) {
+	for (uint32_t s = 0; s < env.n; s++) {
 		uint64_t st = seed * 1000003u + s + 1;
 		double t = 0;
 
@@ -430,6 +473,7 @@ static int drive(struct servers *sv, struct req *reqs, uint32_t n, const struct 
 	}
 	o->wall = last;
 	o->rpm = last > 0 ? o->completed / last * 60 : 0;
+	o->arrival_rpm = n && reqs[n - 1].at > 0 ? n / reqs[n - 1].at * 60 : 0;
 	o->ttft_p50 = quantile_of(reqs, n, true, 0.5);
 	o->ttft_p90 = quantile_of(reqs, n, true, 0.9);
 	o->turn_p50 = quantile_of(reqs, n, false, 0.5);
@@ -445,6 +489,7 @@ static int drive(struct servers *sv, struct req *reqs, uint32_t n, const struct 
  */
 
 struct plan {
+	uint32_t topk;
 	uint64_t budget;		/* expert memory of every setup */
 	uint64_t owned;			/* the map's owned experts' memory */
 	char share0[4200];		/* time-sharing's map: nothing shared */
@@ -466,7 +511,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	char budget[32], fault[64];
 	struct serve_local_config c = {
 		.model = env.models[0], .tokenizer = env.tokenizer, .budget = budget,
-		.threads = env.threads,
+		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
 		.sched = { .max_batch = env.max_batch, .max_queue = 4096 },
 	};
 	uint32_t nb = s == S_SPLIT ? env.n : 1;
@@ -480,10 +525,11 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 		s == S_SPLIT ? pl->budget / env.n :
 		s == S_CONSOL || s == S_MIXED ? pl->budget - pl->owned :
 		pl->budget));
-	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE) {
+	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE || s == S_PAGED) {
 		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
 		c.mixed = s == S_MIXED;
 		c.timeshare = s == S_TIMESHARE;
+		c.owned_paged = s == S_PAGED;
 		for (uint32_t i = 1; i < env.n; i++)
 			c.more[i - 1] = env.models[i];
 		c.n_more = env.n - 1;
@@ -521,9 +567,32 @@ static void collect(struct servers *sv, struct outcome *o, int sign)
 		serve_local_stats(sv->b[i], &st);
 		o->swaps += (uint64_t)sign * st.sched.swaps;
 		o->swap_seconds += sign * st.sched.swap_seconds;
-		o->hits += (uint64_t)sign * (st.pager.hits + st.multi.owned_reads);
+		/* Per routed expert of a token, as the pager counts: owned ones are hits. */
+		o->hits += (uint64_t)sign * (st.pager.hits + st.multi.owned_routes);
 		o->misses += (uint64_t)sign * st.pager.misses;
 		o->bytes_file += (uint64_t)sign * st.pager.bytes_file;
+		o->lt.attn_passes += (uint64_t)sign * st.layers.attn_passes;
+		o->lt.attn_ns += (uint64_t)sign * st.layers.attn_ns;
+		for (uint32_t h = 0; h < HIT_BUCKETS; h++) {
+			o->lt.moe_passes[h] += (uint64_t)sign * st.layers.moe_passes[h];
+			o->lt.moe_ns[h] += (uint64_t)sign * st.layers.moe_ns[h];
+		}
+	}
+}
+
+/* o's counters plus w's (the warm-up's, negated). */
+static void add_counters(struct outcome *o, const struct outcome *w)
+{
+	o->swaps += w->swaps;
+	o->swap_seconds += w->swap_seconds;
+	o->hits += w->hits;
+	o->misses += w->misses;
+	o->bytes_file += w->bytes_file;
+	o->lt.attn_passes += w->lt.attn_passes;
+	o->lt.attn_ns += w->lt.attn_ns;
+	for (uint32_t h = 0; h < HIT_BUCKETS; h++) {
+		o->lt.moe_passes[h] += w->lt.moe_passes[h];
+		o->lt.moe_ns[h] += w->lt.moe_ns[h];
 	}
 }
 
@@ -556,8 +625,6 @@ static int warm_up(struct servers *sv, const struct prompts *pr)
 static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t rep,
 		   const struct prompts *pr, struct outcome *o)
 {
-	uint32_t streams = s == S_SINGLE ? 1 : env.n;
-	uint32_t per = env.requests * (s == S_SINGLE ? env.n : 1);
 	struct req *reqs = calloc((size_t)env.n * env.requests, sizeof(*reqs));
 	struct servers sv;
 	uint32_t n;
@@ -565,16 +632,7 @@ static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t re
 
 	if (!reqs)
 		return -ENOMEM;
-	/* The floor: one stream of N x K requests at N x rate, all to model 0. */
-	if (s == S_SINGLE) {
-		uint32_t k = env.requests;
-
-		env.requests = per;
-		n = make_arrivals(reqs, 1, rate * env.n, true, env.seed + rep, pr->n);
-		env.requests = k;
-	} else {
-		n = make_arrivals(reqs, streams, rate, false, env.seed + rep, pr->n);
-	}
+	n = make_arrivals(reqs, rate, s == S_SINGLE, env.seed + rep, pr->n);
 	err = open_setup(s, pl, &sv);
 	if (err) {
 		fprintf(stderr, "moepager bench-multi: %s: cannot open: %s (%s)\n",
@@ -586,11 +644,7 @@ static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t re
 	if (!err)
 		err = drive(&sv, reqs, n, pr, o);
 	collect(&sv, o, 1);
-	o->swaps += sv.warm.swaps;
-	o->swap_seconds += sv.warm.swap_seconds;
-	o->hits += sv.warm.hits;
-	o->misses += sv.warm.misses;
-	o->bytes_file += sv.warm.bytes_file;
+	add_counters(o, &sv.warm);
 	close_servers(&sv);
 	free(reqs);
 	if (!env.json)
@@ -625,6 +679,7 @@ static int make_plan(struct plan *pl)
 	if (err)
 		goto out;
 	pl->owned = mp_consolidation_capacity(map) * stride;
+	pl->topk = mp_store_geometry(st[0])->topk;
 	if (pl->budget < pl->owned + stride || pl->budget / env.n < stride) {
 		fprintf(stderr, "moepager bench-multi: --budget %s (%llu bytes) must hold the map's "
 			"%u owned experts and one more, and one expert per split server\n",
@@ -748,20 +803,48 @@ static double med(struct outcome *o, uint32_t n, size_t off)
 
 static json_t *run_json(const struct outcome *o)
 {
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:I}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, "
+			 "s:I}",
 			 "ttft_p50", o->ttft_p50, "ttft_p90", o->ttft_p90, "turnaround_p50",
 			 o->turn_p50, "turnaround_p90", o->turn_p90, "turnaround_mean",
-			 o->turn_mean, "throughput_rpm", o->rpm, "wall_s", o->wall, "completed",
+			 o->turn_mean, "throughput_rpm", o->rpm, "arrival_rpm", o->arrival_rpm,
+			 "wall_s", o->wall, "completed",
 			 (int)o->completed, "failed", (int)o->failed, "swaps",
 			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "hits",
 			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "bytes_file",
 			 (json_int_t)o->bytes_file);
 }
 
-static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n)
+/* Multi-MoE's Table 1: ms per layer of one-token steps, attention and the MoE part by hits. */
+static json_t *layers_json(const struct outcome *o, uint32_t n, uint32_t topk)
+{
+	struct mp_runner_layer_times t = { 0 };
+	json_t *by = json_array();
+
+	for (uint32_t i = 0; i < n; i++) {
+		t.attn_passes += o[i].lt.attn_passes;
+		t.attn_ns += o[i].lt.attn_ns;
+		for (uint32_t h = 0; h <= topk; h++) {
+			t.moe_passes[h] += o[i].lt.moe_passes[h];
+			t.moe_ns[h] += o[i].lt.moe_ns[h];
+		}
+	}
+	for (uint32_t h = 0; h <= topk; h++)
+		json_array_append_new(by, json_pack("{s:i, s:I, s:o}", "hits", (int)h, "passes",
+						    (json_int_t)t.moe_passes[h], "ms",
+						    t.moe_passes[h] ? json_real((double)t.moe_ns[h] / 1e6 /
+									(double)t.moe_passes[h]) :
+								      json_null()));
+	return json_pack("{s:I, s:o, s:o}", "passes", (json_int_t)t.attn_passes, "attention",
+			 t.attn_passes ? json_real((double)t.attn_ns / 1e6 / (double)t.attn_passes) :
+					 json_null(), "moe_by_hits", by);
+}
+
+static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n, uint32_t topk)
 {
 	json_t *runs = json_array();
 	double offered = rate * env.n * 60, rpm = MED(o, n, rpm);
+	double arrived = MED(o, n, arrival_rpm);
 	double hits = 0, uses = 0, swaps[MAX_REPEAT], bytes[MAX_REPEAT];
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -771,15 +854,17 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 		swaps[i] = (double)o[i].swaps;
 		bytes[i] = (double)o[i].bytes_file;
 	}
-	return json_pack("{s:s, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, s:f, "
-			 "s:f, s:f, s:o}",
+	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
+			 "s:f, s:f, s:f, s:o, s:o}",
 			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
+			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
 			 "mean", MED(o, n, turn_mean), "throughput_rpm", rpm, "saturated",
-			 rpm < 0.9 * offered, "swaps", cli_median(swaps, n), "swap_seconds",
+			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
 			 MED(o, n, swap_seconds), "hit_rate", uses > 0 ? hits / uses : 0.0,
-			 "bytes_file", cli_median(bytes, n), "runs", runs);
+			 "bytes_file", cli_median(bytes, n), "layer_ms", layers_json(o, n, topk),
+			 "runs", runs);
 }
 
 static json_t *ratio(double a, double b)
@@ -787,10 +872,143 @@ static json_t *ratio(double a, double b)
 	return isfinite(a) && isfinite(b) && b > 0 ? json_real(a / b) : json_null();
 }
 
+/* The row of (setup, rate) in results, or NULL. */
+static json_t *find_row(json_t *results, const char *setup, double rate)
+{
+	size_t i;
+	json_t *r;
+
+	json_array_foreach(results, i, r)
+		if (!strcmp(json_string_value(json_object_get(r, "setup")) ?: "", setup) &&
+		    json_number_value(json_object_get(r, "rate")) == rate)
+			return r;
+	return NULL;
+}
+
+/* Per rate (in the order the rows have them), the ratios of the turnaround p50 medians. */
+static json_t *compare_json(json_t *results)
+{
+	json_t *compare = json_array(), *r;
+	double seen[MAX_RATES * MAX_MERGE];
+	uint32_t nseen = 0;
+	size_t i;
+
+	json_array_foreach(results, i, r) {
+		double rate = json_number_value(json_object_get(r, "rate")), t[N_SETUPS];
+		json_t *split;
+		uint32_t k = 0;
+
+		while (k < nseen && seen[k] != rate)
+			k++;
+		if (k < nseen || nseen == MAX_RATES * MAX_MERGE)
+			continue;
+		seen[nseen++] = rate;
+		for (int s = 0; s < N_SETUPS; s++) {
+			json_t *row = find_row(results, setup_names[s], rate);
+
+			t[s] = row ? json_number_value(json_object_get(
+					     json_object_get(row, "turnaround_s"), "p50")) : NAN;
+		}
+		split = find_row(results, setup_names[S_SPLIT], rate);
+		json_array_append_new(compare, json_pack(
+			"{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "rate", rate,
+			"consolidated_over_single", ratio(t[S_CONSOL], t[S_SINGLE]),
+			"paged_over_single", ratio(t[S_PAGED], t[S_SINGLE]),
+			"paged_over_split", ratio(t[S_PAGED], t[S_SPLIT]),
+			"mixed_over_single", ratio(t[S_MIXED], t[S_SINGLE]),
+			"mixed_over_split", ratio(t[S_MIXED], t[S_SPLIT]),
+			"consolidated_over_split", ratio(t[S_CONSOL], t[S_SPLIT]),
+			"consolidated_over_timeshare", ratio(t[S_CONSOL], t[S_TIMESHARE]),
+			"split_saturated", split ? json_incref(json_object_get(split, "saturated")) :
+						   json_null()));
+	}
+	return compare;
+}
+
+static void print_compare(json_t *compare)
+{
+	for (size_t i = 0; i < json_array_size(compare); i++) {
+		json_t *c = json_array_get(compare, i);
+
+		printf("rate %.3g/s per model: turnaround p50 consolidated/single %.3f, "
+		       "paged/single %.3f, mixed/single %.3f, consolidated/split %.3f, "
+		       "/timeshare %.3f\n",
+		       json_real_value(json_object_get(c, "rate")),
+		       json_number_value(json_object_get(c, "consolidated_over_single")),
+		       json_number_value(json_object_get(c, "paged_over_single")),
+		       json_number_value(json_object_get(c, "mixed_over_single")),
+		       json_number_value(json_object_get(c, "consolidated_over_split")),
+		       json_number_value(json_object_get(c, "consolidated_over_timeshare")));
+	}
+}
+
+/* The parameters two runs to merge must share. */
+static const char *const same_keys[] = { "models", "map", "budget_bytes", "owned_bytes",
+					 "io_rate", "requests", "max_tokens", "max_batch",
+					 "prefetch", "evict" };
+
+/* --merge: one object of several runs' rows, the ratios taken again. */
+static int merge(void)
+{
+	json_t *root = NULL, *results = json_array();
+	int err = 0;
+
+	for (uint32_t f = 0; f < env.nmerge - 1 && !err; f++) {
+		json_error_t je;
+		json_t *d = json_load_file(env.merge[f], 0, &je), *rows;
+		size_t i;
+		json_t *r;
+
+		rows = d ? json_object_get(d, "results") : NULL;
+		if (!json_is_array(rows)) {
+			fprintf(stderr, "moepager bench-multi: %s: %s\n", env.merge[f],
+				d ? "no results array: not a bench-multi --json output" : je.text);
+			err = -EINVAL;
+		}
+		for (size_t k = 0; !err && root && k < sizeof(same_keys) / sizeof(*same_keys); k++) {
+			json_t *a = json_object_get(root, same_keys[k]);
+			json_t *b = json_object_get(d, same_keys[k]);
+
+			if ((!a && !b) || json_equal(a, b))
+				continue;
+			fprintf(stderr, "moepager bench-multi: %s: another %s than %s's: these runs "
+				"do not compare\n", env.merge[f], same_keys[k], env.merge[0]);
+			err = -EINVAL;
+		}
+		json_array_foreach(rows, i, r) {
+			if (err)
+				break;
+			if (!find_row(results, json_string_value(json_object_get(r, "setup")) ?: "",
+				      json_number_value(json_object_get(r, "rate"))))
+				continue;
+			fprintf(stderr, "moepager bench-multi: %s: %s at rate %g is in an earlier "
+				"file too\n", env.merge[f],
+				json_string_value(json_object_get(r, "setup")),
+				json_number_value(json_object_get(r, "rate")));
+			err = -EINVAL;
+		}
+		if (!err)
+			json_array_extend(results, rows);
+		if (!err && !root)
+			root = json_incref(d);
+		json_decref(d);
+	}
+	if (!err) {
+		json_object_set(root, "results", results);
+		json_object_set_new(root, "compare", compare_json(results));
+		json_object_set_new(root, "merged", json_integer(env.nmerge - 1));
+		json_dumpf(root, stdout, JSON_INDENT(1));
+		putchar('\n');
+	}
+	json_decref(results);
+	json_decref(root);
+	return err ? 1 : 0;
+}
+
 int cmd_multibench(int argc, char **argv)
 {
 	static struct outcome o[N_SETUPS][MAX_RATES][MAX_REPEAT];
-	json_t *results = json_array(), *compare = json_array();
+	json_t *results = json_array(), *compare;
 	struct prompts pr;
 	struct plan pl;
 	int err;
@@ -810,10 +1028,12 @@ int cmd_multibench(int argc, char **argv)
 	parse_rates("0.5,1,2");
 	for (int i = 0; i < N_SETUPS; i++)
 		env.setups[i] = true;
-	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL) || !results)
 		return 1;
-	if (!results || !compare)
-		return 1;
+	if (env.nmerge) {
+		json_decref(results);
+		return merge();
+	}
 	err = load_prompts(&pr);
 	if (!err)
 		err = make_plan(&pl);
@@ -827,55 +1047,36 @@ int cmd_multibench(int argc, char **argv)
 		free(pr.ids[i]);
 	if (err) {
 		json_decref(results);
-		json_decref(compare);
 		return 1;
 	}
-	for (uint32_t r = 0; r < env.nrates; r++) {
-		double t[N_SETUPS];
-
-		for (int s = 0; s < N_SETUPS; s++) {
-			t[s] = env.setups[s] ? MED(o[s][r], env.repeat, turn_p50) : NAN;
+	for (uint32_t r = 0; r < env.nrates; r++)
+		for (int s = 0; s < N_SETUPS; s++)
 			if (env.setups[s])
 				json_array_append_new(results, row_json(s, env.rates[r], o[s][r],
-									env.repeat));
-		}
-		json_array_append_new(compare, json_pack(
-			"{s:f, s:o, s:o, s:o, s:o, s:o}", "rate", env.rates[r],
-			"consolidated_over_single", ratio(t[S_CONSOL], t[S_SINGLE]),
-			"mixed_over_single", ratio(t[S_MIXED], t[S_SINGLE]),
-			"mixed_over_split", ratio(t[S_MIXED], t[S_SPLIT]),
-			"consolidated_over_split", ratio(t[S_CONSOL], t[S_SPLIT]),
-			"consolidated_over_timeshare", ratio(t[S_CONSOL], t[S_TIMESHARE])));
-	}
+									env.repeat, pl.topk));
+	compare = compare_json(results);
 	if (env.json) {
 		json_t *models = json_array();
 
 		for (uint32_t i = 0; i < env.n; i++)
 			json_array_append_new(models, json_string(env.models[i]));
-		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:o, s:o}",
+		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:s?, s:s?, "
+					 "s:o, s:o}",
 					 "models", models, "map", env.map, "budget_bytes",
 					 (json_int_t)pl.budget, "owned_bytes", (json_int_t)pl.owned,
 					 "io_rate", (json_int_t)env.io_rate, "requests",
 					 (int)env.requests, "max_tokens", (int)env.max_tokens,
 					 "repeat", (int)env.repeat, "max_batch", (int)env.max_batch,
-					 "results", results, "compare", compare);
+					 "prefetch", env.prefetch, "evict", env.evict, "results",
+					 results, "compare",
+					 compare);
 
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');
 		json_decref(root);
 		return 0;
 	}
-	for (size_t i = 0; i < json_array_size(compare); i++) {
-		json_t *c = json_array_get(compare, i);
-
-		printf("rate %.3g/s per model: turnaround p50 consolidated/single %.3f, "
-		       "mixed/single %.3f, consolidated/split %.3f, /timeshare %.3f\n",
-		       json_real_value(json_object_get(c, "rate")),
-		       json_number_value(json_object_get(c, "consolidated_over_single")),
-		       json_number_value(json_object_get(c, "mixed_over_single")),
-		       json_number_value(json_object_get(c, "consolidated_over_split")),
-		       json_number_value(json_object_get(c, "consolidated_over_timeshare")));
-	}
+	print_compare(compare);
 	json_decref(results);
 	json_decref(compare);
 	return 0;

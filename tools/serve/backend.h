@@ -116,6 +116,11 @@ struct serve_local_config {
 	 * model never waits for the batch to empty. Default: one active, swapped.
 	 */
 	bool mixed;
+	/*
+	 * The owned positions' experts are paged under the budget like the
+	 * rest (MP_MULTI_OWNED_PAGED), instead of held in memory outside it.
+	 */
+	bool owned_paged;
 	/* The pager's fault spec (docs/fault-injection.md), e.g. an I/O cap "read:rate=8M". */
 	const char *fault;
 };
@@ -129,6 +134,7 @@ struct serve_local_stats {
 	struct mp_sched_stats sched;
 	struct mp_pager_stats pager;
 	struct mp_multi_stats multi;
+	struct mp_runner_layer_times layers;
 };
 
 void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out);

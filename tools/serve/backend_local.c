@@ -207,6 +207,8 @@ void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
 		mp_pager_stats(l->pager, &out->pager);
 	if (l->multi)
 		mp_multi_stats(l->multi, &out->multi);
+	if (l->runner)
+		mp_runner_layer_times(l->runner, &out->layers);
 }
 
 /* From the thread that stops the server, while the scheduler is open. */
@@ -496,6 +498,7 @@ static int open_multi(struct local *l, const struct serve_local_config *cfg,
 {
 	struct mp_store *models[MP_CONSOL_MAX_MODELS] = { l->store };
 	struct mp_multi_config mc = { .models = models, .n = 1 + cfg->n_more,
+				      .flags = cfg->owned_paged ? MP_MULTI_OWNED_PAGED : 0,
 				      .source = rc->source, .source_ctx = rc->source_ctx,
 				      .rows = mp_pager_row_ops(), .rows_ctx = l->pager };
 	int err = 0;

@@ -33,7 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED,
+	OPT_MIXED, OPT_OWNED_PAGED,
 };
 
 static const char doc[] =
@@ -65,7 +65,9 @@ static const char doc[] =
 	"owner, every model uses the owner's expert, held in memory; elsewhere each\n"
 	"model pages its own under --budget. One model's dense weights are active at a\n"
 	"time, swapped from memory when the queue's head needs another; with\n"
-	"--mixed-batches every model's are in use and batches mix models.\n"
+	"--mixed-batches every model's are in use and batches mix models. With\n"
+	"--owned-paged the owners' experts are paged under --budget like the rest\n"
+	"(one row serves every model at a shared position), not held outside it.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager serve --model data/models/tiny-real.mpk\n"
@@ -113,6 +115,8 @@ static const struct argp_option opts[] = {
 	{ "mixed-batches", OPT_MIXED, NULL, 0,
 	  "With --consolidate: every model's dense weights in use, batches mix models, no "
 	  "swaps", 0 },
+	{ "owned-paged", OPT_OWNED_PAGED, NULL, 0,
+	  "With --consolidate: the owned experts are paged under --budget, not held", 0 },
 	{ 0 },
 };
 
@@ -147,6 +151,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
 	case OPT_MIXED: env.local.mixed = true; break;
+	case OPT_OWNED_PAGED: env.local.owned_paged = true; break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
@@ -230,6 +235,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 				   "budget holds)");
 		if (env.local.mixed && !env.local.consolidate)
 			argp_error(state, "--mixed-batches needs --consolidate MAP");
+		if (env.local.owned_paged && !env.local.consolidate)
+			argp_error(state, "--owned-paged needs --consolidate MAP");
 		if (env.local.n_more && !env.local.consolidate)
 			argp_error(state, "several --model need --consolidate MAP");
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))

@@ -120,6 +120,9 @@ void metrics_multi(struct strbuf *o, const char *name, const struct mp_multi_sta
 	one(o, "moepager_multi_paged_reads_total", "counter",
 	    "Expert reads of unowned positions, asked of the pager.", model,
 	    (double)s->paged_reads);
+	one(o, "moepager_multi_owned_routes_total", "counter",
+	    "Routed experts (per token) at owned positions: hits with no I/O.", model,
+	    (double)s->owned_routes);
 }
 
 void metrics_pager(struct strbuf *o, const char *name, const struct mp_pager_stats *s)

@@ -241,7 +241,25 @@ struct mp_runner_stats {
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);
+/* Zeroes the counters and the layer times. */
 MP_API void mp_runner_stats_reset(struct mp_runner *r);
+
+/*
+ * Time per layer of the steps that run one token (one sequence's decode:
+ * Multi-MoE's batch of one, its Table 1): attention, and the MoE part
+ * (norm, router, routing report, expert reads and FFNs) by how many of
+ * the token's k routed experts were in memory when routed (the source's
+ * resident op; without one, only attention is counted). Counted by the
+ * thread that steps; a snapshot may be taken from another.
+ */
+struct mp_runner_layer_times {
+	uint64_t attn_passes;
+	uint64_t attn_ns;
+	uint64_t moe_passes[MP_MAX_TOPK + 1];	/* [hits] */
+	uint64_t moe_ns[MP_MAX_TOPK + 1];
+};
+
+MP_API void mp_runner_layer_times(const struct mp_runner *r, struct mp_runner_layer_times *out);
 
 #ifdef __cplusplus
 }

@@ -73,10 +73,18 @@ struct mp_expert_source_ops {
 	 * sequence opens, before its first route(), and again with map NULL
 	 * when it closes; the map stays valid in between. route() then reports
 	 * rows: a prefetcher maps them back to the router's ids to learn, and
-	 * its predictions forward to the rows this request will read. Only for
-	 * sequences opened with a map. May be NULL.
+	 * its predictions forward to the rows this request will read (an entry
+	 * past the source's rows, e.g. UINT32_MAX: an expert it need not fetch,
+	 * which is in memory). Only for sequences opened with a map. May be NULL.
 	 */
 	void (*seq_map)(void *ctx, uint32_t request, const uint32_t *const *map);
+	/*
+	 * For statistics (the runner's per-layer times by hits): whether the
+	 * expert is in memory now, so reading it waits for no tier (1), or
+	 * not (0), or a negative errno when it cannot say. A snapshot, asked
+	 * before route() reports it. May be NULL.
+	 */
+	int (*resident)(void *ctx, uint32_t layer, uint32_t expert);
 };
 
 struct mp_store;

@@ -6,7 +6,9 @@
  * expert, held in host memory from the start (no I/O); at a position no
  * model owns, each model uses its own expert, paged under the pager's
  * budget (model 0's are the pager's own rows, the others' are bound to
- * their files). Each model's requests run with its routed-id map
+ * their files). With MP_MULTI_OWNED_PAGED the owners' experts are pager
+ * rows too: one row serves every model at a shared position, and the
+ * budget holds whichever rows are in use. Each model's requests run with its routed-id map
  * (mp_seq_config.map) and its dense weights (mp_seq_config.model).
  * docs/multi.md.
  */
@@ -23,11 +25,16 @@ extern "C" {
 
 struct mp_multi;
 
+enum mp_multi_flags {
+	/* Owned positions' experts are paged under the budget, not held outside it. */
+	MP_MULTI_OWNED_PAGED = 1u << 0,
+};
+
 struct mp_multi_config {
 	/* The map's models in its order (borrowed); models[0] is the pager's store. */
 	struct mp_store *const *models;
 	uint32_t n;
-	uint32_t reserved32;			/* zero */
+	uint32_t flags;				/* enum mp_multi_flags */
 	const struct mp_consolidation *map;	/* borrowed */
 	/* The pager's source (or a prefetcher's over it): where paged rows are read. */
 	const struct mp_expert_source_ops *source;
@@ -40,7 +47,8 @@ struct mp_multi_config {
 
 /*
  * Reads every owned position's expert from its owner (checked against its
- * checksum) and binds the other models' unowned experts in the pager.
+ * checksum) and binds the other models' unowned experts in the pager (with
+ * MP_MULTI_OWNED_PAGED: binds every owner's owned experts too, reads none).
  * Returns 0 and sets *out, -EMEDIUMTYPE when the models are not the map's,
  * -EINVAL (bad config, slots too few), -ENOMEM, or the read error.
  */
@@ -59,11 +67,17 @@ struct mp_multi_stats {
 	uint32_t models;
 	uint32_t owned;			/* positions with an owner (C) */
 	uint64_t owned_bytes;		/* host memory holding their experts */
-	uint32_t bound;			/* pager rows bound to the other models' unowned experts */
+	uint32_t bound;			/* pager rows bound to the other models' experts */
 	uint32_t reserved32;
 	uint64_t owned_reads;		/* expert reads served from owned rows */
 	uint64_t paged_reads;		/* expert reads asked of the pager */
-	MP_RESERVED(4);
+	/*
+	 * Routed experts at owned positions, per token as the pager counts its
+	 * hits and misses (a read above serves every token of a step routed
+	 * to the expert).
+	 */
+	uint64_t owned_routes;
+	MP_RESERVED(3);
 };
 
 MP_API void mp_multi_stats(struct mp_multi *m, struct mp_multi_stats *out);

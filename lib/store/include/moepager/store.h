@@ -181,6 +181,19 @@ MP_API int mp_gen_model(const char *path, const struct mp_geometry *g, uint64_t 
 			void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
 
 /*
+ * Writes a variant of the model mp_gen_model() writes from seed, as a
+ * fine-tune of it would be: every matrix value plus noise uniform within
+ * spread (0..1] times the value's own range, from the variant's stream
+ * (variant >= 1; variant 0 is the base itself, spread unused). Two variants'
+ * experts at one position are then spread times as far apart as two
+ * experts at different positions (Multi-MoE: 0.02; fine-tunes of
+ * tiny-real: 0.03). Norms stay ones. -EINVAL for a spread out of range.
+ */
+MP_API int mp_gen_variant(const char *path, const struct mp_geometry *g, uint64_t seed,
+			  uint32_t variant, float spread, const char *name,
+			  void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg);
+
+/*
  * Other tools' model files (docs/gguf.md)
  *
  * GGUF (llama.cpp) in both directions, Hugging Face safetensors in. An import writes an .mpk with the experts in the runner's layout; it refuses,
