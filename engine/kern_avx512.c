@@ -115,12 +115,10 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * whichever group it falls in: one 16-lane accumulator per (row, vector)
  * over 16-column blocks in order (the masked tail last), then one
  * reduction. So a vector gets the same bits alone (n = 1) and in a batch,
- * which batched decoding needs. Each step prefetches its share of the next
- * 4-row block (first group only: the others find the block in cache): rows
- * are short (2 KiB for a 1024-wide bf16 row), too short for the hardware
- * prefetcher to ramp up on four interleaved streams (measured here: ~0.6
- * of a read-sum's bandwidth without, ~1.0 with). Prefetches past the last
- * row do not fault, so they need no bound.
+ * which batched decoding needs. Each step prefetches the weights
+ * MP_PF_AHEAD bytes on into L2 (first group only: the others find the
+ * block in cache). Prefetches past the last row do not fault, so they need
+ * no bound.
  */
 #define TOKENS 6
 
@@ -131,7 +129,6 @@ static inline __attribute__((always_inline)) TARGET void			\
 tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 	    uint32_t cols, const float *x, float *y, size_t ystride, bool pf)	\
 {										\
-	const char *next = w + R * rs;						\
 	__m512 acc[TOKENS][4], xv[TOKENS];					\
 	uint32_t c = 0;								\
 										\
@@ -141,8 +138,8 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 	for (; c + 32 <= cols; c += 32) {					\
 		if (pf)								\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
-					     _MM_HINT_T0);			\
+				_mm_prefetch(w + MP_PF_OFF(type, c) + MP_PF_AHEAD + \
+					     64 * l, _MM_HINT_T1);		\
 		UNROLL for (uint32_t h = 0; h < 32; h += 16) {			\
 			UNROLL for (uint32_t t = 0; t < T; t++)			\
 				xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c + h); \
