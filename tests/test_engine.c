@@ -396,6 +396,54 @@ static void rope_rotates_half_pairs_by_position(void **state)
 	}
 }
 
+/*
+ * The reference engine keeps RoPE's cos and sin in a table that grows with
+ * the positions asked for and is remade when theta or head_dim change;
+ * positions past its cap are computed per call. Every path gives the
+ * floats a per-call computation gives, bit for bit.
+ */
+static void rope_table_gives_the_floats_of_a_direct_computation(void **state)
+{
+	static const struct {
+		uint32_t pos0, n, hd;
+		float theta;
+	} calls[] = {
+		{ 5, 3, 6, 10000.0f }, { 250, 12, 6, 10000.0f }, { 0, 2, 6, 500.0f },
+		{ 1000, 4, 8, 500.0f }, { 40000, 3, 8, 500.0f }, { 7, 2, 8, 500.0f },
+	};
+	const uint32_t heads = 2;
+	struct mp_engine *e;
+	float x[12 * 2 * 8], y[12 * 2 * 8];
+
+	(void)state;
+	assert_int_equal(mp_engine_open("ref", &(struct mp_engine_config){ .threads = 1 }, &e),
+			 0);
+	for (size_t c = 0; c < N_ELEMS(calls); c++) {
+		const uint32_t n = calls[c].n, hd = calls[c].hd, half = hd / 2;
+
+		fill(x, n * heads * hd);
+		memcpy(y, x, sizeof(x));
+		assert_int_equal(mp_engine_rope(e, y, n, heads, hd, calls[c].pos0,
+						calls[c].theta), 0);
+		for (uint32_t i = 0; i < n * heads; i++)
+			for (uint32_t j = 0; j < half; j++) {
+				double pos = (double)calls[c].pos0 + i / heads;
+				double a = pos * pow((double)calls[c].theta, -2.0 * j / hd);
+				float co = (float)cos(a), si = (float)sin(a);
+				float x0 = x[i * hd + j], x1 = x[i * hd + j + half];
+				float w0 = x0 * co - x1 * si, w1 = x0 * si + x1 * co;
+
+				if (memcmp(&w0, &y[i * hd + j], sizeof(w0)) ||
+				    memcmp(&w1, &y[i * hd + j + half], sizeof(w1)))
+					fail_msg("rope call %zu row %u pair %u: %.9g %.9g, want "
+						 "%.9g %.9g", c, i, j, (double)y[i * hd + j],
+						 (double)y[i * hd + j + half], (double)w0,
+						 (double)w1);
+			}
+	}
+	mp_engine_close(e);
+}
+
 static void attention_is_causal_gqa(void **state)
 {
 	const struct engine_case *c = *state;
@@ -816,6 +864,7 @@ int main(void)
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
+		cmocka_unit_test(rope_table_gives_the_floats_of_a_direct_computation),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
 				N_ELEMS(global)];
