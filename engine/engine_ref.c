@@ -97,12 +97,24 @@ static int rows_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	return 0;
 }
 
+/* Floats of scratch the vectors of a product need in the kernels' order (0: none). */
+static size_t xprep_floats(const struct engine_impl *ei, enum mp_dtype dt, uint32_t n,
+			   uint32_t cols)
+{
+	return ei->kern->xprep[dt] ? (size_t)n * cols : 0;
+}
+
+/* Runs a product over the pool, its vectors first put in the kernels' order at xp. */
 static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *j,
-		    mp_chunk_fn fn)
+		    mp_chunk_fn fn, float *xp)
 {
 	uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
 
 	j->k = ei->kern;
+	if (j->k->xprep[j->dt]) {
+		j->k->xprep[j->dt](j->x, j->n, j->cols, xp);
+		j->x = xp;
+	}
 	j->nchunks = chunk_count(ei, j->rows, bytes);
 	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
 }
@@ -111,12 +123,17 @@ static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dty
 		      const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
 		      float *y)
 {
+	struct engine_impl *ei = engine_impl(e);
+	size_t xn = xprep_floats(ei, dt, n, cols);
+	float *xp = xn ? engine_scratch(ei, xn) : NULL;
 	struct rows_job j = {
 		.dt = dt, .w = w, .rows = rows, .cols = cols, .x = x, .n = n, .y = y,
 		.ystride = rows,
 	};
 
-	return run_rows(engine_impl(e), g, &j, rows_chunk);
+	if (xn && !xp)
+		return -ENOMEM;
+	return run_rows(ei, g, &j, rows_chunk, xp);
 }
 
 static int ref_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
@@ -159,7 +176,8 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 	struct engine_impl *ei = engine_impl(e);
 	size_t mat = ffn * mp_dtype_bytes(dt, hidden);
 	size_t act = (size_t)n * ffn;
-	float *buf = engine_scratch(ei, 3 * act);
+	size_t xn = MP_MAX(xprep_floats(ei, dt, n, hidden), xprep_floats(ei, dt, n, ffn));
+	float *buf = engine_scratch(ei, 3 * act + xn);
 	struct rows_job up, down;
 	int err;
 
@@ -170,14 +188,14 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 		.y = buf, .ystride = ffn, .w_up = (const char *)w + mat, .y_up = buf + act,
 		.h = buf + 2 * act,
 	};
-	err = run_rows(ei, g, &up, gate_up_chunk);
+	err = run_rows(ei, g, &up, gate_up_chunk, buf + 3 * act);
 	if (err)
 		return err;
 	down = (struct rows_job){
 		.dt = dt, .w = (const char *)w + 2 * mat, .rows = hidden, .cols = ffn,
 		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden,
 	};
-	return run_rows(ei, g, &down, rows_chunk);
+	return run_rows(ei, g, &down, rows_chunk, buf + 3 * act);
 }
 
 static int ref_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,

@@ -66,10 +66,16 @@ struct mp_kernels {
 	 * holds rows x cols elements of one type. Each weight is read from
 	 * memory once for all n vectors, and each product adds its terms in
 	 * one order whatever n is: a vector's products are the same bits alone
-	 * (n = 1, the GEMV) and in a batch.
+	 * (n = 1, the GEMV) and in a batch. The vectors are in the order
+	 * xprep[type] puts them in, when it is not NULL.
 	 */
 	void (*gemm[MP_DTYPE_COUNT])(const void *w, uint32_t rows, uint32_t cols, const float *x,
 				     uint32_t n, float *y, size_t ystride);
+	/*
+	 * Rearranges n vectors of cols floats (x to out, the same size) into
+	 * the order gemm[type] reads them in; NULL: as they are.
+	 */
+	void (*xprep[MP_DTYPE_COUNT])(const float *x, uint32_t n, uint32_t cols, float *out);
 	/* dst[i] = (float)src[i] */
 	void (*widen[MP_DTYPE_COUNT])(const void *src, float *dst, size_t n);
 	float (*dot)(const float *a, const float *b, uint32_t n);
@@ -82,13 +88,14 @@ struct mp_kernels {
 /*
  * Defines an ISA's table from the static functions every kern_*.c file
  * names alike (gemm_f32, widen_bf16, dot, axpy, read_sum), so the
- * three tables cannot drift apart. The block types' gemm takes cols, and
- * widen n, in whole blocks of MP_QBLOCK: the engine's entry points refuse
- * other shapes.
+ * three tables cannot drift apart; xprep_bf16 is the file's bf16 vector
+ * order (or NULL). The block types' gemm takes cols, and widen n, in whole
+ * blocks of MP_QBLOCK: the engine's entry points refuse other shapes.
  */
-#define MP_KERNELS_DEFINE(sym, isa_name)						\
+#define MP_KERNELS_DEFINE(sym, isa_name, xprep_bf16)					\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
+		.xprep = { [MP_DTYPE_BF16] = xprep_bf16 },				\
 		.gemm = { [MP_DTYPE_F32] = gemm_f32, [MP_DTYPE_F16] = gemm_f16,		\
 			  [MP_DTYPE_BF16] = gemm_bf16, [MP_DTYPE_Q8_0] = gemm_q8_0,	\
 			  [MP_DTYPE_Q4_0] = gemm_q4_0 },				\
