@@ -190,6 +190,7 @@ void mp_engine_close(struct mp_engine *e)
 	free(ei->wbuf);
 	free(ei->wbuf_len);
 	free(ei->buf);
+	free(ei->rope_cs);
 	if (ei->dl)
 		dlclose(ei->dl);
 	free(ei);

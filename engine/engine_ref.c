@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The reference engine: every op over the ISA kernels, split by output rows over the pool. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <moepager/engine.h>
@@ -96,12 +97,24 @@ static int rows_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	return 0;
 }
 
+/* Floats of scratch the vectors of a product need in the kernels' order (0: none). */
+static size_t xprep_floats(const struct engine_impl *ei, enum mp_dtype dt, uint32_t n,
+			   uint32_t cols)
+{
+	return ei->kern->xprep[dt] ? (size_t)n * cols : 0;
+}
+
+/* Runs a product over the pool, its vectors first put in the kernels' order at xp. */
 static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *j,
-		    mp_chunk_fn fn)
+		    mp_chunk_fn fn, float *xp)
 {
 	uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
 
 	j->k = ei->kern;
+	if (j->k->xprep[j->dt]) {
+		j->k->xprep[j->dt](j->x, j->n, j->cols, xp);
+		j->x = xp;
+	}
 	j->nchunks = chunk_count(ei, j->rows, bytes);
 	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
 }
@@ -110,12 +123,17 @@ static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dty
 		      const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
 		      float *y)
 {
+	struct engine_impl *ei = engine_impl(e);
+	size_t xn = xprep_floats(ei, dt, n, cols);
+	float *xp = xn ? engine_scratch(ei, xn) : NULL;
 	struct rows_job j = {
 		.dt = dt, .w = w, .rows = rows, .cols = cols, .x = x, .n = n, .y = y,
 		.ystride = rows,
 	};
 
-	return run_rows(engine_impl(e), g, &j, rows_chunk);
+	if (xn && !xp)
+		return -ENOMEM;
+	return run_rows(ei, g, &j, rows_chunk, xp);
 }
 
 static int ref_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
@@ -158,7 +176,8 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 	struct engine_impl *ei = engine_impl(e);
 	size_t mat = ffn * mp_dtype_bytes(dt, hidden);
 	size_t act = (size_t)n * ffn;
-	float *buf = engine_scratch(ei, 3 * act);
+	size_t xn = MP_MAX(xprep_floats(ei, dt, n, hidden), xprep_floats(ei, dt, n, ffn));
+	float *buf = engine_scratch(ei, 3 * act + xn);
 	struct rows_job up, down;
 	int err;
 
@@ -169,14 +188,14 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 		.y = buf, .ystride = ffn, .w_up = (const char *)w + mat, .y_up = buf + act,
 		.h = buf + 2 * act,
 	};
-	err = run_rows(ei, g, &up, gate_up_chunk);
+	err = run_rows(ei, g, &up, gate_up_chunk, buf + 3 * act);
 	if (err)
 		return err;
 	down = (struct rows_job){
 		.dt = dt, .w = (const char *)w + 2 * mat, .rows = hidden, .cols = ffn,
 		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden,
 	};
-	return run_rows(ei, g, &down, rows_chunk);
+	return run_rows(ei, g, &down, rows_chunk, buf + 3 * act);
 }
 
 static int ref_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,
@@ -225,27 +244,78 @@ static int ref_topk(struct mp_engine *e, const float *logits, uint32_t experts, 
 	return 0;
 }
 
+/* Positions the RoPE table grows to at most: 16 MiB at head_dim 128. */
+#define ROPE_TABLE_MAX_POS	(1u << 15)
+
+/* The angle's cos and sin as floats. In double: an f32 angle is off by ~pos * 2^-24 rad. */
+static void rope_cs(double pos, uint32_t j, uint32_t head_dim, float theta, float *cs)
+{
+	double angle = pos * pow((double)theta, -2.0 * j / head_dim);
+
+	cs[0] = (float)cos(angle);
+	cs[1] = (float)sin(angle);
+}
+
+/*
+ * The table's cos and sin of positions [pos0, pos0 + n), grown to cover
+ * them, or NULL when they lie past its cap or memory is short (the caller
+ * then computes them per call: the same floats).
+ */
+static const float *rope_table(struct engine_impl *ei, uint32_t pos0, uint32_t n,
+			       uint32_t head_dim, float theta)
+{
+	const uint32_t half = head_dim / 2;
+	uint64_t end = (uint64_t)pos0 + n;
+	uint32_t npos;
+	float *t;
+
+	if (ei->rope_head_dim != head_dim || ei->rope_theta != theta) {
+		free(ei->rope_cs);
+		ei->rope_cs = NULL;
+		ei->rope_npos = 0;
+		ei->rope_head_dim = head_dim;
+		ei->rope_theta = theta;
+	}
+	if (end <= ei->rope_npos)
+		return ei->rope_cs + (size_t)pos0 * half * 2;
+	if (end > ROPE_TABLE_MAX_POS)
+		return NULL;
+	npos = (uint32_t)MP_MIN(MP_MAX(end, 2ull * ei->rope_npos), ROPE_TABLE_MAX_POS);
+	npos = MP_MAX(npos, 256u);
+	t = realloc(ei->rope_cs, (size_t)npos * half * 2 * sizeof(float));
+	if (!t)
+		return NULL;
+	for (uint32_t p = ei->rope_npos; p < npos; p++)
+		for (uint32_t j = 0; j < half; j++)
+			rope_cs(p, j, head_dim, theta, t + ((size_t)p * half + j) * 2);
+	ei->rope_cs = t;
+	ei->rope_npos = npos;
+	return t + (size_t)pos0 * half * 2;
+}
+
 static int ref_rope(struct mp_engine *e, float *x, uint32_t n, uint32_t heads, uint32_t head_dim,
 		    uint32_t pos0, float theta)
 {
 	const uint32_t half = head_dim / 2;
+	const float *table = rope_table(engine_impl(e), pos0, n, head_dim, theta);
 
-	(void)e;
 	for (uint32_t t = 0; t < n; t++) {
 		float *xt = x + (size_t)t * heads * head_dim;
-		double pos = (double)pos0 + t;
 
 		for (uint32_t j = 0; j < half; j++) {
-			/* In double: an f32 angle is off by ~pos * 2^-24 rad at long contexts. */
-			double angle = pos * pow((double)theta, -2.0 * j / head_dim);
-			float c = (float)cos(angle), s = (float)sin(angle);
+			float cs[2];
+			const float *p = cs;
 
+			if (table)
+				p = table + ((size_t)t * half + j) * 2;
+			else
+				rope_cs((double)pos0 + t, j, head_dim, theta, cs);
 			for (uint32_t h = 0; h < heads; h++) {
 				float *xh = xt + (size_t)h * head_dim;
 				float a = xh[j], b = xh[j + half];
 
-				xh[j] = a * c - b * s;
-				xh[j + half] = a * s + b * c;
+				xh[j] = a * p[0] - b * p[1];
+				xh[j + half] = a * p[1] + b * p[0];
 			}
 		}
 	}

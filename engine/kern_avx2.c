@@ -109,8 +109,8 @@ static inline TARGET float hsum(__m256 v)
  * whichever group it falls in: one 8-lane accumulator per (row, vector)
  * over 8-column blocks in order, its horizontal sum, then the scalar tail
  * in order. So a vector gets the same bits alone (n = 1) and in a batch,
- * which batched decoding needs. The first group prefetches the next 4-row
- * block, as in kern_avx512.c.
+ * which batched decoding needs. The first group prefetches MP_PF_AHEAD
+ * bytes on, as in kern_avx512.c.
  */
 #define TOKENS 2
 
@@ -122,7 +122,6 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 	    uint32_t cols, const float *x, float *y, size_t ystride, bool pf)	\
 {										\
 	const uint32_t vcols = cols & ~7u, pcols = cols & ~15u;			\
-	const char *next = w + R * rs;						\
 	__m256 acc[TOKENS][4], xv[TOKENS];					\
 	uint32_t c = 0;								\
 										\
@@ -132,8 +131,8 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 	for (; c < vcols; c += 8) {						\
 		if (pf && c < pcols && !(c & 8))				\
 			for (int l = 0; l < PF_LINES_##type; l++)		\
-				_mm_prefetch(next + MP_PF_OFF(type, c) + 64 * l, \
-					     _MM_HINT_T0);			\
+				_mm_prefetch(w + MP_PF_OFF(type, c) + MP_PF_AHEAD + \
+					     64 * l, _MM_HINT_T1);		\
 		UNROLL for (uint32_t t = 0; t < T; t++)				\
 			xv[t] = _mm256_loadu_ps(x + (size_t)t * cols + c);	\
 		UNROLL for (uint32_t r = 0; r < R; r++) {			\
@@ -248,4 +247,4 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2");
+MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2", NULL);

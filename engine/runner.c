@@ -3,6 +3,7 @@
  * The MoE decoder runner: the model's dense weights, sequences with their own
  * KV caches, and steps over one sequence or a batch of them (forward.c).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -622,18 +623,37 @@ const float *mp_runner_logits(const struct mp_runner *r)
 	return r->seq0->logits;
 }
 
+/* Independent running maxima of the argmax's first pass. */
+#define ARGMAX_LANES	16u
+
+/*
+ * Two passes: the largest value over ARGMAX_LANES running maxima (no
+ * dependence from one element to the next: twice as fast as one scan at a
+ * 32000-token vocabulary), then the first id holding a value equal to it.
+ * The same id as one scan keeping the first strictly greater value: a NaN
+ * is never greater nor equal (unless it is logits[0], which a scan never
+ * leaves), and -0 equals +0.
+ */
 uint32_t mp_logits_argmax(const float *logits, uint32_t vocab)
 {
-	uint32_t best = 0;
-	float max = vocab ? logits[0] : 0;
+	float m[ARGMAX_LANES], max;
+	uint32_t i = 0;
 
-	/* The best value in a register: reloading logits[best] made it 4x slower (a token's). */
-	for (uint32_t i = 1; i < vocab; i++)
-		if (logits[i] > max) {
-			max = logits[i];
-			best = i;
-		}
-	return best;
+	if (!vocab || isnan(logits[0]))
+		return 0;
+	for (uint32_t j = 0; j < ARGMAX_LANES; j++)
+		m[j] = logits[0];
+	for (; i + ARGMAX_LANES <= vocab; i += ARGMAX_LANES)
+		for (uint32_t j = 0; j < ARGMAX_LANES; j++)
+			m[j] = logits[i + j] > m[j] ? logits[i + j] : m[j];
+	max = m[0];
+	for (uint32_t j = 1; j < ARGMAX_LANES; j++)
+		max = m[j] > max ? m[j] : max;
+	for (; i < vocab; i++)
+		max = logits[i] > max ? logits[i] : max;
+	for (i = 0; !(logits[i] == max); i++)
+		;
+	return i;
 }
 
 uint32_t mp_runner_argmax(const struct mp_runner *r)

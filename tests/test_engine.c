@@ -396,6 +396,54 @@ static void rope_rotates_half_pairs_by_position(void **state)
 	}
 }
 
+/*
+ * The reference engine keeps RoPE's cos and sin in a table that grows with
+ * the positions asked for and is remade when theta or head_dim change;
+ * positions past its cap are computed per call. Every path gives the
+ * floats a per-call computation gives, bit for bit.
+ */
+static void rope_table_gives_the_floats_of_a_direct_computation(void **state)
+{
+	static const struct {
+		uint32_t pos0, n, hd;
+		float theta;
+	} calls[] = {
+		{ 5, 3, 6, 10000.0f }, { 250, 12, 6, 10000.0f }, { 0, 2, 6, 500.0f },
+		{ 1000, 4, 8, 500.0f }, { 40000, 3, 8, 500.0f }, { 7, 2, 8, 500.0f },
+	};
+	const uint32_t heads = 2;
+	struct mp_engine *e;
+	float x[12 * 2 * 8], y[12 * 2 * 8];
+
+	(void)state;
+	assert_int_equal(mp_engine_open("ref", &(struct mp_engine_config){ .threads = 1 }, &e),
+			 0);
+	for (size_t c = 0; c < N_ELEMS(calls); c++) {
+		const uint32_t n = calls[c].n, hd = calls[c].hd, half = hd / 2;
+
+		fill(x, n * heads * hd);
+		memcpy(y, x, sizeof(x));
+		assert_int_equal(mp_engine_rope(e, y, n, heads, hd, calls[c].pos0,
+						calls[c].theta), 0);
+		for (uint32_t i = 0; i < n * heads; i++)
+			for (uint32_t j = 0; j < half; j++) {
+				double pos = (double)calls[c].pos0 + i / heads;
+				double a = pos * pow((double)calls[c].theta, -2.0 * j / hd);
+				float co = (float)cos(a), si = (float)sin(a);
+				float x0 = x[i * hd + j], x1 = x[i * hd + j + half];
+				float w0 = x0 * co - x1 * si, w1 = x0 * si + x1 * co;
+
+				if (memcmp(&w0, &y[i * hd + j], sizeof(w0)) ||
+				    memcmp(&w1, &y[i * hd + j + half], sizeof(w1)))
+					fail_msg("rope call %zu row %u pair %u: %.9g %.9g, want "
+						 "%.9g %.9g", c, i, j, (double)y[i * hd + j],
+						 (double)y[i * hd + j + half], (double)w0,
+						 (double)w1);
+			}
+	}
+	mp_engine_close(e);
+}
+
 static void attention_is_causal_gqa(void **state)
 {
 	const struct engine_case *c = *state;
@@ -688,20 +736,26 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 	const struct mp_kernels *ref = mp_kernels_for(MP_ISA_SCALAR);
 	const uint32_t nmax = 17, ystride = rows + 3;
 	float *x = malloc((size_t)nmax * cols * sizeof(float));
+	float *xk = malloc((size_t)nmax * cols * sizeof(float));	/* in k's order */
 	float *y = malloc((size_t)nmax * ystride * sizeof(float));
 	float *one = malloc(rows * sizeof(float)), *want = malloc(rows * sizeof(float));
 	void *wq;
 	float *wf;
 
 	assert_non_null(x);
+	assert_non_null(xk);
 	assert_non_null(y);
 	assert_non_null(one);
 	assert_non_null(want);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
 	fill(x, (size_t)nmax * cols);
+	if (k->xprep[dt])
+		k->xprep[dt](x, nmax, cols, xk);
+	else
+		memcpy(xk, x, (size_t)nmax * cols * sizeof(float));
 	for (uint32_t n = 1; n <= nmax; n++) {
 		memset(y, 0xff, (size_t)nmax * ystride * sizeof(float));
-		k->gemm[dt](wq, rows, cols, x, n, y, ystride);
+		k->gemm[dt](wq, rows, cols, xk, n, y, ystride);
 		for (uint32_t t = 0; t < nmax; t++) {
 			const float *xt = x + (size_t)t * cols, *yt = y + (size_t)t * ystride;
 			char what[96];
@@ -711,7 +765,7 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 				assert_true(isnan(yt[r]));
 			if (t >= n)
 				continue;
-			k->gemm[dt](wq, rows, cols, xt, 1, one, rows);
+			k->gemm[dt](wq, rows, cols, xk + (size_t)t * cols, 1, one, rows);
 			if (memcmp(one, yt, rows * sizeof(float))) {
 				print_error("%s gemm %s %ux%u: vector %u of %u differs from its "
 					    "product alone\n", k->isa, mp_dtype_name(dt), rows, cols,
@@ -733,6 +787,7 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 	free(wq);
 	free(wf);
 	free(x);
+	free(xk);
 	free(y);
 	free(one);
 	free(want);
@@ -742,7 +797,7 @@ static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
 {
 	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512 };
 	static const uint32_t rows[] = { 1, 3, 13, 38 };
-	static const uint32_t cols[] = { 7, 45, 129 };
+	static const uint32_t cols[] = { 7, 45, 96, 129 };
 
 	(void)state;
 	for (size_t i = 0; i < N_ELEMS(isas); i++) {
@@ -816,6 +871,7 @@ int main(void)
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
+		cmocka_unit_test(rope_table_gives_the_floats_of_a_direct_computation),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
 				N_ELEMS(global)];

@@ -637,6 +637,54 @@ static void resident_source_serves_the_files_expert_bytes(void **state)
 	free(buf);
 }
 
+/* The reference: one scan keeping the first strictly greater value. */
+static uint32_t argmax_scan(const float *v, uint32_t n)
+{
+	uint32_t best = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return best;
+}
+
+/*
+ * mp_logits_argmax() runs in two passes over independent maxima; it gives
+ * the scan's id on ties, signed zeros, infinities and NaNs (logits[0]
+ * included), at sizes around its 16-wide blocks and at a vocabulary's.
+ */
+static void logits_argmax_is_the_first_of_the_largest(void **state)
+{
+	static const uint32_t sizes[] = { 1, 2, 15, 16, 17, 31, 33, 4096, 32000 };
+	const float specials[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f };
+	float *v = malloc(32000 * sizeof(*v));
+	uint64_t rng = 7;
+
+	(void)state;
+	assert_non_null(v);
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++)
+		for (uint32_t trial = 0; trial < 64; trial++) {
+			const uint32_t n = sizes[s];
+
+			for (uint32_t i = 0; i < n; i++) {
+				rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+				/* few distinct values, so ties are common; some specials */
+				v[i] = (float)((rng >> 33) % 5) - 2.0f;
+				if ((rng >> 20) % 9 == 0)
+					v[i] = specials[(rng >> 40) % 7];
+			}
+			if (trial == 1)
+				v[0] = NAN;
+			if (trial == 2)
+				for (uint32_t i = 0; i < n; i++)
+					v[i] = -INFINITY;
+			if (mp_logits_argmax(v, n) != argmax_scan(v, n))
+				fail_msg("size %u trial %u: argmax %u, a scan gives %u", n, trial,
+					 mp_logits_argmax(v, n), argmax_scan(v, n));
+		}
+	free(v);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -654,6 +702,7 @@ int main(void)
 		cmocka_unit_test(reuse_hands_the_source_each_requests_map),
 		cmocka_unit_test(resident_source_serves_the_files_expert_bytes),
 		cmocka_unit_test(paged_runs_give_the_resident_tokens),
+		cmocka_unit_test(logits_argmax_is_the_first_of_the_largest),
 	};
 
 	return cmocka_run_group_tests_name("runner", tests, setup, teardown);

@@ -4,8 +4,9 @@
  * tokens, the queue is bounded (-EAGAIN), cancel and close end requests and
  * free their sequences, a sequence reused in a finished one's KV cache gives
  * a fresh one's tokens (and reuse stays within its capacity), the KV budget holds and no request is overtaken,
- * finish reasons, a failed step fails its requests and serving goes on, and
- * the sampler.
+ * finish reasons, a failed step fails its requests and serving goes on, the
+ * on_step hook comes after each step's tokens and before its done callbacks,
+ * and the sampler.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -231,6 +232,76 @@ static void batched_requests_get_their_lone_tokens(void **state)
 	assert_int_equal(st.tpot.n, 8);
 	mp_sched_close(s);
 	mp_runner_close(r);
+}
+
+/* The on_step hook's view: tokens since its last call, its calls, what done saw. */
+static struct {
+	atomic_uint pending;		/* tokens since the last on_step */
+	atomic_uint calls;
+	atomic_uint with_tokens;	/* calls that followed at least one token */
+	atomic_uint tokens;		/* tokens the calls followed, in all */
+	atomic_uint done_pending;	/* tokens not yet followed by on_step when a done came */
+} hook;
+
+static int hook_token(void *arg, uint32_t tok)
+{
+	atomic_fetch_add(&hook.pending, 1);
+	return on_token(arg, tok);
+}
+
+static void hook_done(void *arg, enum mp_sched_finish why, int err,
+		      const struct mp_sched_timing *t)
+{
+	atomic_fetch_add(&hook.done_pending, atomic_load(&hook.pending));
+	on_done(arg, why, err, t);
+}
+
+static void hook_step(void *arg)
+{
+	unsigned n = atomic_exchange(&hook.pending, 0);
+
+	assert_ptr_equal(arg, &hook);
+	atomic_fetch_add(&hook.calls, 1);
+	atomic_fetch_add(&hook.tokens, n);
+	atomic_fetch_add(&hook.with_tokens, n > 0);
+}
+
+/*
+ * on_step comes once per step, after its tokens and before its done
+ * callbacks: a front end can wake what the tokens are for once per step.
+ */
+static void on_step_follows_each_steps_tokens_before_its_done_callbacks(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 7, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched_config c = { .runner = r, .max_batch = 4, .prefill_chunk = 5,
+				     .on_step = hook_step, .on_step_arg = &hook };
+	static struct result res[6];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	memset(&hook, 0, sizeof(hook));
+	assert_int_equal(mp_sched_open(&c, &s), 0);
+	for (uint32_t i = 0; i < 6; i++) {
+		struct mp_sched_callbacks cb = { hook_token, hook_done, &res[i] };
+		uint32_t prompt[16];
+
+		prompt_of(i, prompt, 3 + 2 * i);
+		assert_int_equal(mp_sched_submit(s, prompt, 3 + 2 * i, &p, &cb, NULL), 0);
+	}
+	wait_done(res, 6);
+	mp_sched_stats(s, &st);
+	mp_sched_close(s);
+	mp_runner_close(r);
+	/* One call per step; every token was followed by one before any done came. */
+	assert_int_equal(atomic_load(&hook.calls), st.steps);
+	assert_int_equal(atomic_load(&hook.tokens), 6 * 7);
+	assert_int_equal(atomic_load(&hook.pending), 0);
+	assert_int_equal(atomic_load(&hook.done_pending), 0);
+	/* Batched: fewer calls with tokens than tokens. */
+	assert_true(atomic_load(&hook.with_tokens) < 6 * 7);
 }
 
 /*
@@ -629,6 +700,7 @@ int main(void)
 		cmocka_unit_test(a_failed_step_fails_its_requests_and_serving_goes_on),
 		cmocka_unit_test(bad_requests_are_refused_naming_the_field),
 		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),
+		cmocka_unit_test(on_step_follows_each_steps_tokens_before_its_done_callbacks),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -730,6 +730,8 @@ static void *loop(void *arg)
 		pthread_mutex_unlock(&s->lock);
 
 		step(s, run, nrun, &out);
+		if (s->cfg.on_step)
+			s->cfg.on_step(s->cfg.on_step_arg);
 		pthread_mutex_lock(&s->lock);
 		s->st.sched_seconds += seconds(out.t0 - t_mark);
 		s->st.sched_cpu_seconds += seconds(out.c0 - c_mark);

@@ -51,6 +51,12 @@ struct serve_backend_ops {
 	int (*drain)(struct serve_backend *b, uint32_t timeout_ms);
 	/* Ends what still waits or runs (MP_FINISH_SHUTDOWN); nothing is admitted after. */
 	void (*stop)(struct serve_backend *b);
+	/*
+	 * Has fn(arg) called on the scheduler's thread after each step's token
+	 * callbacks (mp_sched_config.on_step); fn NULL: no more calls, and none
+	 * runs once this returns. NULL op: no such hook.
+	 */
+	void (*on_step)(struct serve_backend *b, void (*fn)(void *arg), void *arg);
 	/* Frees everything, once nobody holds a model (stops first if need be). */
 	void (*close)(struct serve_backend *b);
 	/*

@@ -61,6 +61,10 @@ struct local {
 	struct dirent **adapter_files;	/* the directory's .mpa files, until loaded */
 	int n_adapter_files;
 	uint32_t e_max;			/* the set's E_max */
+	/* The front end's per-step hook (local_on_step()), called under step_lock. */
+	pthread_mutex_t step_lock;
+	void (*step_fn)(void *arg);
+	void *step_arg;
 };
 
 static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
@@ -235,6 +239,7 @@ static void local_close(struct serve_backend *b)
 		return;
 	mp_sched_close(l->sched);
 	pthread_rwlock_destroy(&l->sched_lock);
+	pthread_mutex_destroy(&l->step_lock);
 	mp_runner_close(l->runner);
 	mp_adapters_close(l->adapters);
 	mp_multi_close(l->multi);
@@ -323,6 +328,27 @@ static char *local_adapters_json(struct serve_backend *b)
 	return s;
 }
 
+/* The scheduler's on_step: the front end's hook, if it set one. */
+static void local_step(void *arg)
+{
+	struct local *l = arg;
+
+	pthread_mutex_lock(&l->step_lock);
+	if (l->step_fn)
+		l->step_fn(l->step_arg);
+	pthread_mutex_unlock(&l->step_lock);
+}
+
+static void local_on_step(struct serve_backend *b, void (*fn)(void *arg), void *arg)
+{
+	struct local *l = (struct local *)b;
+
+	pthread_mutex_lock(&l->step_lock);
+	l->step_fn = fn;
+	l->step_arg = arg;
+	pthread_mutex_unlock(&l->step_lock);
+}
+
 static const struct serve_backend_ops local_ops = {
 	.name = "local",
 	.acquire = local_acquire,
@@ -333,6 +359,7 @@ static const struct serve_backend_ops local_ops = {
 	.metrics = local_metrics,
 	.drain = local_drain,
 	.stop = local_stop,
+	.on_step = local_on_step,
 	.close = local_close,
 };
 
@@ -626,6 +653,7 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		return -ENOMEM;
 	l->b.ops = &local_ops;
 	pthread_rwlock_init(&l->sched_lock, NULL);
+	pthread_mutex_init(&l->step_lock, NULL);
 	l->name = cfg->name ? strdup(cfg->name) : serve_model_name(cfg->model);
 	err = l->name ? mp_store_open(cfg->model, &l->store) : -ENOMEM;
 	if (!err)
@@ -666,6 +694,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	}
 	if (!err) {
 		sc.runner = l->runner;
+		sc.on_step = local_step;
+		sc.on_step_arg = l;
 		err = mp_sched_open(&sc, &l->sched);
 	}
 	if (err) {

@@ -84,6 +84,8 @@ struct req {
 	enum mp_sched_finish why;
 	int err;
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
+	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
+	struct MHD_Connection *wc;	/* the connection to resume then */
 };
 
 struct http_server {
@@ -94,6 +96,13 @@ struct http_server {
 	pthread_mutex_t lock;		/* conns, parked, counters */
 	struct conn *conns;
 	struct req *parked;
+	/*
+	 * Streams a step gave a token, resumed together after the step
+	 * (wake_step()): one wake-up of this thread per step, not per token.
+	 * per_step: the backend calls wake_step(); else each token resumes.
+	 */
+	struct req *wake;
+	bool per_step;
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
@@ -285,10 +294,41 @@ static int on_token(void *arg, uint32_t tok)
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
 	wake = q->stream && unpark(q);
+	if (wake && q->h->per_step) {
+		q->wc = c;
+		pthread_mutex_lock(&q->h->lock);
+		q->wnext = q->h->wake;
+		q->h->wake = q;
+		pthread_mutex_unlock(&q->h->lock);
+		wake = false;
+	}
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
 		resume(q->h, c);
 	return stop;
+}
+
+/*
+ * After a step (the backend's on_step hook, the scheduler's thread): resumes
+ * the streams its tokens went to, one after the other, so that the HTTP
+ * thread wakes once for them all. Each stays suspended until then, so its
+ * connection and req are valid.
+ */
+static void wake_step(void *arg)
+{
+	struct http_server *h = arg;
+	struct req *list;
+
+	pthread_mutex_lock(&h->lock);
+	list = h->wake;
+	h->wake = NULL;
+	pthread_mutex_unlock(&h->lock);
+	while (list) {
+		struct req *q = list;
+
+		list = q->wnext;	/* before the resume, after which q may go */
+		resume(h, q->wc);
+	}
 }
 
 /*
@@ -1023,6 +1063,11 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->b = b;
 	h->next_cmpl = 1;
 	pthread_mutex_init(&h->lock, NULL);
+	/* Before any request can come (the threads MHD starts see it set). */
+	if (b->ops->on_step) {
+		h->per_step = true;
+		b->ops->on_step(b, wake_step, h);
+	}
 	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD |
 				MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL,
 				on_request, h,
@@ -1037,6 +1082,8 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	if (!h->d) {
 		fprintf(stderr, "moepager serve: cannot listen on %s:%u: %s\n", cfg->host,
 			cfg->port, strerror(errno ? errno : EADDRINUSE));
+		if (b->ops->on_step)
+			b->ops->on_step(b, NULL, NULL);
 		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return -EADDRINUSE;
@@ -1097,6 +1144,9 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	h->b->ops->drain(h->b, grace_ms);
 	/* What still runs ends with an error its client is sent. */
 	h->b->ops->stop(h->b);
+	/* The scheduler has stopped: its last step's streams are resumed. */
+	if (h->b->ops->on_step)
+		h->b->ops->on_step(h->b, NULL, NULL);
 	wait_until(h, no_loads, 60000);
 	wait_until(h, none_suspended, 5000);
 	wait_until(h, none_busy, 5000);

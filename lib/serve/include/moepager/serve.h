@@ -38,7 +38,14 @@ struct mp_sched_config {
 	 */
 	void (*on_swap)(void *arg, uint32_t model);
 	void *on_swap_arg;
-	MP_RESERVED(6);
+	/*
+	 * Called from the scheduler's thread, unlocked, after each step's token
+	 * callbacks and before its done callbacks: e.g. to wake what a step's
+	 * tokens are for once per step, not once per token. NULL: nothing.
+	 */
+	void (*on_step)(void *arg);
+	void *on_step_arg;
+	MP_RESERVED(4);
 };
 
 /* How a request samples its tokens. A zeroed struct means greedy, 16 tokens. */
