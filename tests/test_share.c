@@ -590,9 +590,15 @@ static uint64_t rchar_of(pid_t pid)
 	return v;
 }
 
-/* A runner over src (an attachment, or the resident experts): the logits of four tokens. */
+/*
+ * A runner over src (an attachment, or the resident experts): the logits of
+ * four tokens. With swap (a second model's store), its dense weights are
+ * added and swapped in, then the runner's own swapped back (a copy of the
+ * lent weights' pointers) before the tokens run.
+ */
 static void runner_logits(struct mp_store *s, const struct mp_expert_source_ops *ops, void *ctx,
-			  float *logits, struct mp_runner_stats *st, uint64_t *read)
+			  struct mp_store *swap, float *logits, struct mp_runner_stats *st,
+			  uint64_t *read)
 {
 	static const uint32_t prompt[] = { 1, 7, 42, 3 };
 	struct mp_engine *e;
@@ -604,6 +610,11 @@ static void runner_logits(struct mp_store *s, const struct mp_expert_source_ops 
 	assert_int_equal(mp_runner_open(s, &(struct mp_runner_config){ .engine = e, .source = ops,
 								     .source_ctx = ctx }, &r), 0);
 	*read = rchar_of(0) - r0;
+	if (swap) {
+		assert_int_equal(mp_runner_add_model(r, swap), 1);
+		assert_int_equal(mp_runner_activate(r, 1), 0);
+		assert_int_equal(mp_runner_activate(r, 0), 0);
+	}
 	assert_int_equal(mp_runner_prefill(r, prompt, MP_ARRAY_SIZE(prompt)), 0);
 	memcpy(logits, mp_runner_logits(r), mp_store_geometry(s)->vocab * sizeof(float));
 	mp_runner_stats(r, st);
@@ -651,17 +662,25 @@ static void dense_weights_are_the_files_lent_to_the_runner_and_read_once(void **
 	lr = malloc(mp_store_geometry(c.s)->vocab * sizeof(float));
 	assert_true(la && lr);
 	d0 = rchar_of(d);
-	runner_logits(c.s, mp_attach_source_ops(), c.a, la, &st_a, &read_a);
+	runner_logits(c.s, mp_attach_source_ops(), c.a, NULL, la, &st_a, &read_a);
 	assert_int_equal(st_a.dense_lent_bytes, all);
 	assert_int_equal(st_a.dense_read_bytes, 0);
 	assert_true(read_a < 4096);		/* this thread's reads: the /proc file only */
 	assert_true(rchar_of(d) - d0 < all);	/* nor did the daemon read them again */
 	assert_int_equal(mp_resident_open(c.s, NULL, NULL, &res), 0);
-	runner_logits(c.s, mp_resident_source_ops(), res, lr, &st_r, &read_r);
+	runner_logits(c.s, mp_resident_source_ops(), res, NULL, lr, &st_r, &read_r);
 	assert_int_equal(st_r.dense_lent_bytes, 0);
 	assert_int_equal(st_r.dense_read_bytes, all);
 	assert_true(read_r >= all);
 	assert_memory_equal(la, lr, mp_store_geometry(c.s)->vocab * sizeof(float));
+	/* Swapping models in and out keeps the lent weights (another model's are read). */
+	assert_int_equal(t_gen_tiny(t_path("swap.mpk"), MP_DTYPE_F32, 9), 0);
+	assert_int_equal(mp_store_open(t_path("swap.mpk"), &other), 0);
+	runner_logits(c.s, mp_attach_source_ops(), c.a, other, lr, &st_r, &read_r);
+	assert_int_equal(st_r.dense_lent_bytes, all);
+	assert_int_equal(st_r.dense_read_bytes, all);
+	assert_memory_equal(la, lr, mp_store_geometry(c.s)->vocab * sizeof(float));
+	mp_store_close(other);
 	mp_resident_close(res);
 	free(la);
 	free(lr);
