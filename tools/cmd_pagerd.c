@@ -120,8 +120,9 @@ static void print_stats(const struct mp_pagerd_stats *s)
 	const struct mp_pagerd_stats st = *s;
 	json_t *o;
 
-	o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 		      "budget_bytes", (json_int_t)st.budget_bytes,
+		      "dense_bytes", (json_int_t)st.dense_bytes,
 		      "resident_bytes", (json_int_t)st.resident_bytes,
 		      "resident_peak_bytes", (json_int_t)st.resident_peak_bytes,
 		      "memfd_bytes", (json_int_t)st.memfd_bytes,
