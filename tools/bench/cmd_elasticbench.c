@@ -4,6 +4,7 @@
  * host tier (moepager pagerd) against a second full copy and a cold restart.
  */
 #include <argp.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -272,9 +274,36 @@ uint64_t eb_proc_number(pid_t pid, const char *file, const char *fmt)
 	return v;
 }
 
-uint64_t eb_pss_of(pid_t pid)
+/* Bytes backing the memfds a process holds open (the daemon's host tier and dense weights). */
+static uint64_t memfd_bytes_of(pid_t pid)
 {
-	return eb_proc_number(pid, "smaps_rollup", "Pss: %llu kB") * 1024;
+	char dir[32], path[300], link[64];
+	uint64_t sum = 0;
+	struct dirent *e;
+	struct stat sb;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	d = opendir(dir);
+	while (d && (e = readdir(d))) {
+		ssize_t n;
+
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n > 7 && !strncmp(link, "/memfd:", 7) && !stat(path, &sb))
+			sum += (uint64_t)sb.st_blocks * 512;
+	}
+	if (d)
+		closedir(d);
+	return sum;
+}
+
+uint64_t eb_memory_of(pid_t pid)
+{
+	uint64_t pss = eb_proc_number(pid, "smaps_rollup", "Pss: %llu kB");
+	uint64_t shmem = eb_proc_number(pid, "smaps_rollup", "Pss_Shmem: %llu kB");
+
+	return (pss > shmem ? pss - shmem : 0) * 1024 + memfd_bytes_of(pid);
 }
 
 int eb_warm_tier(const char *sock)
@@ -316,7 +345,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = eb_pss_of(d) + eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
+		o->peak_memory = eb_memory_of(d) + eb_memory_of(e1.pid) + eb_memory_of(e2.pid);
 		o->downtime_s = 0;	/* e1 stays mapped until e2 is ready */
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -340,7 +369,7 @@ static int run_copy(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
+		o->peak_memory = eb_memory_of(e1.pid) + eb_memory_of(e2.pid);
 		o->downtime_s = 0;
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -362,7 +391,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		engine_stop(&e1);
 		return err;
 	}
-	peak = eb_pss_of(e1.pid);
+	peak = eb_memory_of(e1.pid);
 	o->scale_down_s = engine_stop(&e1);
 	cli_drop_caches(fd);
 	err = engine_start(&e2, NULL, budget, &r2);
@@ -370,7 +399,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		o->scale_up_s = r2.ready_s;
 		o->downtime_s = o->scale_down_s + r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = (peak > eb_pss_of(e2.pid) ? peak : eb_pss_of(e2.pid));
+		o->peak_memory = (peak > eb_memory_of(e2.pid) ? peak : eb_memory_of(e2.pid));
 	}
 	engine_stop(&e2);
 	return err;
