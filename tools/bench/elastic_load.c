@@ -507,6 +507,8 @@ out:
 	lg_pool_free(&l->pool);
 	free(l);
 	unlink(pf.path);
+	unlink(a.port_file);
+	unlink(b.port_file);
 	return err;
 }
 
