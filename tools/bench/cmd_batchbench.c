@@ -114,6 +114,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.model)
 			argp_error(state, "--model FILE is required");
+		if (env.attach && env.budget)
+			argp_error(state, "--attach reads the daemon's tier: no --budget with it");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
