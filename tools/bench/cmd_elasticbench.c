@@ -65,7 +65,7 @@ static const char doc[] =
 
 enum {
 	OPT_BUDGET = 0x100, OPT_LOAD, OPT_PHASE, OPT_THREADS, OPT_MAX_TOKENS, OPT_PROMPT_IDS,
-	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED,
+	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED, OPT_PAGES,
 };
 
 static const struct argp_option opts[] = {
@@ -82,6 +82,8 @@ static const struct argp_option opts[] = {
 	{ "retry-s", OPT_RETRY, "S", 0,
 	  "--load: a refused request is sent again for up to S s (default 60)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "--load: arrivals and prompts from this seed (1)", 0 },
+	{ "pages", OPT_PAGES, "KIND", 0,
+	  "The shared setup's host tier: small (default), thp or hugetlb (moepager pagerd)", 0 },
 	{ 0 },
 };
 
@@ -132,6 +134,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.load.seed))
 			argp_usage(state);
+		break;
+	case OPT_PAGES:
+		if (strcmp(arg, "small") && strcmp(arg, "thp") && strcmp(arg, "hugetlb"))
+			argp_error(state, "--pages %s: small, thp or hugetlb", arg);
+		env.load.pages = arg;
 		break;
 	default:
 		return cli_parse_one_path(key, arg, state, &env.path);
@@ -336,7 +343,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 
 	snprintf(sock, sizeof(sock), "/tmp/moepager-elastic-%d.sock", (int)getpid());
 	cli_drop_caches(fd);
-	d = cli_start_pagerd(env.path, sock, budget, "small");
+	d = cli_start_pagerd(env.path, sock, budget, env.load.pages);
 	if (d < 0)
 		return (int)d;
 	err = engine_start(&e1, sock, 0, &r1);
@@ -462,7 +469,7 @@ int cmd_elasticbench(int argc, char **argv)
 	memset(&env, 0, sizeof(env));
 	env.load = (struct el_config){ .phase = 20, .threads = 1, .max_tokens = 16,
 				       .prompt_ids = 16, .slo_ttft_ms = 2000, .slo_tpot_ms = 500,
-				       .retry_s = 60, .seed = 1 };
+				       .retry_s = 60, .seed = 1, .pages = "small" };
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)

@@ -32,6 +32,7 @@ struct el_config {
 	uint32_t max_tokens, prompt_ids;
 	double slo_ttft_ms, slo_tpot_ms, retry_s;
 	uint64_t seed;
+	const char *pages;		/* the shared setup's daemon: pagerd --pages */
 	int fd;				/* the model file, for dropping its cached pages */
 };
 

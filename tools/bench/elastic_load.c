@@ -334,7 +334,7 @@ static json_t *outcome_json(const struct el_config *c, const struct outcome *o,
 /* The pager daemon of the shared setup, warmed: every expert the budget holds in its memfd. */
 static pid_t start_daemon(const struct el_config *c, const char *sock)
 {
-	pid_t d = cli_start_pagerd(c->model, sock, c->budget, "small");
+	pid_t d = cli_start_pagerd(c->model, sock, c->budget, c->pages);
 	int err;
 
 	if (d < 0)
@@ -546,11 +546,11 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 	if (!err) {
 		curl_global_cleanup();
 		json_object_set_new(res, "load", json_pack(
-			"{s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f}", "rate", c->rate, "phase_s",
+			"{s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate, "phase_s",
 			c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
 			(json_int_t)c->prompt_ids, "threads_per_server", (json_int_t)c->threads,
 			"slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms", c->slo_tpot_ms, "retry_s",
-			c->retry_s));
+			c->retry_s, "shared_pages", c->pages));
 	}
 	if (!err) {
 		*out = res;
