@@ -400,10 +400,11 @@ int mp_attach_warm(struct mp_attach *a, uint32_t *touched)
 	 * mincore() of a shared mapping asks the memfd's page cache, not the
 	 * page tables: it says what the daemon holds without faulting. The
 	 * first page stands for the expert (the daemon fills and maps whole
-	 * experts, and evicts whole experts).
+	 * experts, and evicts whole experts). One byte: mincore() counts 4 KiB
+	 * pages even in a hugetlb mapping.
 	 */
 	for (uint64_t i = 0; i < n && !err; i++) {
-		if (mincore(a->base + i * a->slot_bytes, a->page, &vec[i]))
+		if (mincore(a->base + i * a->slot_bytes, PAGE, &vec[i]))
 			err = mp_err(-errno, "attach %s: mincore of expert %llu: %s", a->path,
 				     (unsigned long long)i, strerror(errno));
 		count += vec[i] & 1;

@@ -298,7 +298,8 @@ int cmd_batchbench(int argc, char **argv)
 	} else if (env.json) {
 		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
 				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),
-				      "source", env.budget ? "paged" : "resident", "results",
+				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
+				      "results",
 				      results);
 
 		results = NULL;
