@@ -299,8 +299,7 @@ int cmd_batchbench(int argc, char **argv)
 		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
 				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),
 				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
-				      "results",
-				      results);
+				      "results", results);
 
 		results = NULL;
 		json_dumpf(o, stdout, JSON_INDENT(1));
