@@ -790,6 +790,54 @@ static void dense_weights_not_sealed_or_short_are_refused(void **state)
 	mp_store_close(s);
 }
 
+static int touch_every_expert(void *arg)
+{
+	struct mp_attach *a = arg;
+	volatile const char *p;
+	unsigned sum = 0;
+
+	for (uint32_t k = 0; k < layers * experts; k++) {
+		p = mp_attach_expert(a, k / experts, k % experts);
+		sum += (unsigned)p[0];
+	}
+	return (int)(sum & 0);
+}
+
+static void full_budget_holds_every_expert_whose_bytes_are_no_page_multiple(void **state)
+{
+	const char *sock = t_path("odd.sock"), *odd = t_path("odd.mpk"), *keep = model;
+	struct mp_pagerd_stats st;
+	struct mp_geometry g;
+	struct mp_attach *a;
+	struct mp_store *s;
+	int err;
+	pid_t d;
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.ffn = 100;		/* 3 x 128 x 100 f32: 37.5 pages an expert */
+	assert_int_equal(mp_gen_model(odd, &g, 5, "odd", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(odd, &s), 0);
+	assert_true(mp_store_expert_bytes(s) % 4096);
+	model = odd;
+	d = start_daemon(sock, "100%");
+	model = keep;
+	err = mp_attach_open(s, sock, &a);
+	if (err)
+		no_uffd(err);
+	assert_int_equal(err, 0);
+	for (int round = 0; round < 2; round++)
+		assert_int_equal(mp_attach_guard(a, touch_every_expert, a), 0);
+	assert_int_equal(mp_attach_daemon_stats(a, &st), 0);
+	/* Charged its bytes, not its rounded tail: all fit, nothing is read twice. */
+	assert_int_equal(st.fills, layers * experts);
+	assert_int_equal(st.evictions, 0);
+	assert_int_equal(st.resident_bytes, (uint64_t)layers * experts * mp_store_expert_bytes(s));
+	mp_attach_close(a);
+	mp_store_close(s);
+	stop_daemon(d);
+}
+
 /* Sends a hello with the wrong version over a raw socket and returns the daemon's answer. */
 static struct mp_share_reply hello_raw(const char *sock, uint32_t major)
 {
@@ -857,6 +905,7 @@ int main(void)
 		T(dense_weights_are_the_files_lent_to_the_runner_and_read_once),
 		T(corrupt_dense_tensor_keeps_the_daemon_from_starting),
 		T(dense_weights_not_sealed_or_short_are_refused),
+		T(full_budget_holds_every_expert_whose_bytes_are_no_page_multiple),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

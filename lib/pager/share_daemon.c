@@ -122,14 +122,19 @@ static void slot_punch(struct mp_pagerd *d, uint32_t s)
 	if (d->present[s]) {
 		d->present[s] = false;
 		pthread_mutex_lock(&d->lock);
-		d->st.resident_bytes -= d->data_bytes;
+		d->st.resident_bytes -= d->expert_bytes;
 		d->st.evictions++;
 		pthread_mutex_unlock(&d->lock);
 	}
 	d->epoch[s]++;
 }
 
-/* Evicts least recently used experts (never keep) until `extra` more bytes fit the budget. */
+/*
+ * Evicts least recently used experts (never keep) until `extra` more bytes
+ * fit the budget. An expert is charged its bytes, as the pager charges it,
+ * not its page-rounded tail: a budget of N experts' bytes holds N experts in
+ * any kind of page.
+ */
 static void make_room(struct mp_pagerd *d, uint32_t keep, uint64_t extra)
 {
 	while (d->st.resident_bytes + extra > d->st.budget_bytes) {
@@ -165,7 +170,7 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	uint64_t sum;
 	int err;
 
-	make_room(d, s, d->data_bytes);
+	make_room(d, s, d->expert_bytes);
 	XXH3_64bits_reset(d->hash);
 	err = mp_tier_read(d->tier, &rd);
 	if (!err) {
@@ -184,7 +189,7 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	d->present[s] = true;
 	pthread_mutex_lock(&d->lock);
 	d->st.fills++;
-	d->st.resident_bytes += d->data_bytes;
+	d->st.resident_bytes += d->expert_bytes;
 	d->st.resident_peak_bytes = MP_MAX(d->st.resident_peak_bytes, d->st.resident_bytes);
 	pthread_mutex_unlock(&d->lock);
 	return 0;
@@ -328,13 +333,13 @@ static int on_dense(struct mp_pagerd *d, struct client *c)
 static int on_budget(struct mp_pagerd *d, struct client *c, uint64_t bytes)
 {
 	struct mp_share_reply rep = { .magic = MP_SHARE_MAGIC };
-	uint64_t total = (uint64_t)d->nslots * d->data_bytes;
+	uint64_t total = mp_store_total_expert_bytes(d->store);
 
-	if (bytes < d->data_bytes) {
+	if (bytes < d->expert_bytes) {
 		rep.status = -EINVAL;
 		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: budget %llu bytes is "
 			 "below one expert (%llu)", d->path, (unsigned long long)bytes,
-			 (unsigned long long)d->data_bytes);
+			 (unsigned long long)d->expert_bytes);
 		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 	}
 	pthread_mutex_lock(&d->lock);
@@ -558,9 +563,9 @@ static int daemon_budget(struct mp_pagerd *d, const struct mp_pagerd_config *cfg
 
 		b = MP_MIN(total, (uint64_t)pages * (uint64_t)psz / 2);
 	}
-	if (b < d->data_bytes)
+	if (b < d->expert_bytes)
 		return mp_err(-EINVAL, "pagerd: budget %llu bytes is below one expert (%llu)",
-			      (unsigned long long)b, (unsigned long long)d->data_bytes);
+			      (unsigned long long)b, (unsigned long long)d->expert_bytes);
 	d->st.budget_bytes = MP_ALIGN_UP(MP_MIN(b, total), d->page);
 	return 0;
 }
@@ -588,11 +593,13 @@ static int daemon_memory(struct mp_pagerd *d)
 	int err;
 
 	if (d->pages == MP_PAGERD_PAGES_HUGETLB) {
-		if (hugetlb_free() * d->page < d->st.budget_bytes)
+		/* The experts the budget holds, each with its tail rounded up to a page. */
+		uint64_t need = d->st.budget_bytes / d->expert_bytes * (d->data_bytes / d->page);
+
+		if (hugetlb_free() < need)
 			return mp_err(-ENOMEM, "pagerd: hugetlb pages: %llu free of 2 MiB, the budget "
 				      "needs %llu (raise vm.nr_hugepages)",
-				      (unsigned long long)hugetlb_free(),
-				      (unsigned long long)(d->st.budget_bytes / d->page));
+				      (unsigned long long)hugetlb_free(), (unsigned long long)need);
 		flags |= MFD_HUGETLB | MFD_HUGE_2MB;
 	}
 	d->memfd = memfd_create("moepager-host-tier", flags);
