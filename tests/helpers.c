@@ -17,6 +17,16 @@ static size_t loglen;
 /* The library logs from its worker threads too. */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * Line-buffered output in every test: meson kills a test that outlives its
+ * timeout, and a fully buffered stdout would lose the "[ RUN ]" line that
+ * names the case that hung.
+ */
+__attribute__((constructor)) static void t_line_buffered(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 int t_require_all(void)
 {
 	const char *v = getenv("MOEPAGER_REQUIRE_BPF");

@@ -319,6 +319,37 @@ static void two_stage_keeps_queued_models_until_no_other_may_go(void **state)
 	mp_coe_close(c);
 }
 
+/*
+ * A prefetch takes only the room of a model no request wants and less used
+ * than its own; what a request of a model wants goes to its subsequent ones.
+ */
+static void prefetch_evicts_only_unwanted_less_used_models(void **state)
+{
+	uint32_t wanted[4] = { 0 };
+	struct mp_coe *c;
+
+	(void)state;
+	open_eviction_graph(&c);
+	/* a (.5) for b (.3): no; c (.2) for b: yes; c for c: no (not less used). */
+	assert_false(coe_prefetch_may_evict(c, 0, 1, wanted));
+	assert_true(coe_prefetch_may_evict(c, 2, 1, wanted));
+	assert_false(coe_prefetch_may_evict(c, 2, 2, wanted));
+	assert_true(coe_prefetch_may_evict(c, 2, 1, NULL));
+	/* A request of b waits: d, b's subsequent model, is wanted; a, c are not. */
+	coe_want_next(c, wanted, 1, 1);
+	assert_int_equal(wanted[3], 1);
+	assert_int_equal(wanted[0] + wanted[1] + wanted[2], 0);
+	wanted[2] = 1;
+	assert_false(coe_prefetch_may_evict(c, 2, 1, wanted));
+	assert_false(coe_prefetch_may_evict(c, 3, 0, wanted));
+	/* Done with b: d is not wanted any more; c (no subsequent model) changes nothing. */
+	coe_want_next(c, wanted, 1, -1);
+	coe_want_next(c, wanted, 2, 1);
+	assert_int_equal(wanted[3], 0);
+	assert_true(coe_prefetch_may_evict(c, 3, 0, wanted));
+	mp_coe_close(c);
+}
+
 /* A group's load starts when the compute ahead of it no longer covers the load. */
 static void prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover(void **state)
 {
@@ -338,7 +369,9 @@ static void prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover(
 	assert_int_equal(coe_prefetch_due(work, load, 0, 0), 0);
 }
 
-static void queue_models(struct coe_queue *q, const uint32_t *models, uint32_t n, bool arrange)
+/* Queues requests of models; those of in_memory (NULL: none) have their model in memory. */
+static void queue_in(struct coe_queue *q, const uint32_t *models, uint32_t n, bool arrange,
+		     const bool *in_memory)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		struct creq *r = calloc(1, sizeof(*r));
@@ -347,8 +380,13 @@ static void queue_models(struct coe_queue *q, const uint32_t *models, uint32_t n
 		r->id = i;
 		r->model = models[i];
 		r->pred = 1;
-		coe_queue_add(q, r, arrange);
+		coe_queue_add(q, r, arrange, in_memory && in_memory[models[i]]);
 	}
+}
+
+static void queue_models(struct coe_queue *q, const uint32_t *models, uint32_t n, bool arrange)
+{
+	queue_in(q, models, n, arrange, NULL);
 }
 
 /* The queue's models in order, popping every request. */
@@ -386,6 +424,21 @@ static void arranging_makes_one_group_per_model(void **state)
 	/* Without arranging: the order they came in, whatever runs. */
 	queue_models(&q, (uint32_t[]){ 0, 1, 0, 3 }, 4, false);
 	assert_order(&q, (uint32_t[]){ 0, 1, 0, 3 }, 4);
+	q.running = -1;
+	/*
+	 * Models 2 and 3 in memory: their groups go before those that need a
+	 * load, first come first served among them, and grow there.
+	 */
+	queue_in(&q, (uint32_t[]){ 0, 3, 1, 2, 3, 0, 2 }, 7, true, (bool[]){ 0, 0, 1, 1 });
+	assert_order(&q, (uint32_t[]){ 3, 3, 2, 2, 0, 0, 1 }, 7);
+	/* The front part empties from the head: a new in-memory group starts it again. */
+	queue_in(&q, (uint32_t[]){ 0, 2 }, 2, true, (bool[]){ 0, 0, 1, 1 });
+	free(coe_queue_pop(&q));
+	queue_in(&q, (uint32_t[]){ 3, 0 }, 2, true, (bool[]){ 0, 0, 1, 1 });
+	assert_order(&q, (uint32_t[]){ 3, 0, 0 }, 3);
+	/* Not arranged, being in memory changes nothing. */
+	queue_in(&q, (uint32_t[]){ 0, 2 }, 2, false, (bool[]){ 0, 0, 1, 1 });
+	assert_order(&q, (uint32_t[]){ 0, 2 }, 2);
 	/* Requests left are freed with the queue. */
 	queue_models(&q, (uint32_t[]){ 2, 2 }, 2, true);
 	coe_queue_fini(&q);
@@ -607,6 +660,9 @@ static void every_policy_runs_every_chain_to_the_same_outputs(void **state)
 		assert_int_equal(o[i].st.loads_file + o[i].st.loads_host, o[i].st.switches);
 		/* Prefetches and first loads are switches; without prefetch no load is one. */
 		assert_true(o[i].st.distinct_loads <= o[i].st.switches);
+		/* Every model run that was not in memory at the start was loaded. */
+		assert_true(o[i].st.cold_models > 0);
+		assert_true(o[i].st.cold_models <= o[i].st.distinct_loads);
 		assert_true(o[i].st.prefetched <= o[i].st.switches);
 		if (!sc.prefetch)
 			assert_int_equal(o[i].st.prefetched, 0);
@@ -618,6 +674,10 @@ static void every_policy_runs_every_chain_to_the_same_outputs(void **state)
 	/* Without the warm start every model is loaded at least once while running. */
 	assert_int_equal(o[1].st.warm_loads, 0);
 	assert_true(o[0].st.warm_loads > 0);
+	/* The same warm start and the same chains: the same models to load, whatever the policy. */
+	assert_int_equal(o[2].st.cold_models, o[0].st.cold_models);
+	assert_int_equal(o[3].st.cold_models, o[0].st.cold_models);
+	assert_true(o[1].st.cold_models > o[0].st.cold_models);
 	free(reqs);
 	mp_coe_close(c);
 }
@@ -708,6 +768,7 @@ int main(void)
 		cmocka_unit_test(bad_fields_are_refused_naming_them),
 		cmocka_unit_test(two_stage_evicts_orphaned_successors_largest_first_then_least_used),
 		cmocka_unit_test(two_stage_keeps_queued_models_until_no_other_may_go),
+		cmocka_unit_test(prefetch_evicts_only_unwanted_less_used_models),
 		cmocka_unit_test(prefetch_starts_the_groups_whose_load_the_work_ahead_does_not_cover),
 		cmocka_unit_test(arranging_makes_one_group_per_model),
 		cmocka_unit_test(assign_keeps_the_longest_queue_lowest_then_adds_least),

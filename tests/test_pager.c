@@ -37,6 +37,7 @@ struct test_tier {
 	atomic_int fail_expert;
 	atomic_int mode;		/* 0 pass, 1 EIO, 2 corrupt */
 	atomic_uint delay_ms;
+	atomic_int hold;		/* expert (layer x experts + e) whose reads wait; -1: none */
 	atomic_int reads;
 	atomic_int cancelled;		/* reads stopped by rd->cancel */
 	_Atomic pid_t reader[64];	/* thread that last read expert layer x experts + e */
@@ -81,7 +82,9 @@ static int test_tier_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		mp_pager_stats(tt->pager, &st);
 		atomic_store(&tt->mapped_at_watch, (int)st.mapped_experts);
 	}
-	for (unsigned i = 0; i < delay; i++) {
+	/* Delayed by delay_ms, and held while the test holds this expert. */
+	for (unsigned i = 0; i < delay || atomic_load(&tt->hold) == (int)(rd->layer *
+								     geo->experts + rd->expert); i++) {
 		if (rd->cancel && atomic_load(rd->cancel)) {
 			atomic_fetch_add(&tt->cancelled, 1);
 			return -ECANCELED;
@@ -130,6 +133,7 @@ static int wrap(void *arg, struct mp_tier *lower, struct mp_tier **out)
 	atomic_store(&tt->fail_expert, -1);
 	atomic_store(&tt->mode, PASS);
 	atomic_store(&tt->delay_ms, 0);
+	atomic_store(&tt->hold, -1);
 	atomic_store(&tt->reads, 0);
 	atomic_store(&tt->cancelled, 0);
 	atomic_store(&tt->watch, -1);
@@ -840,13 +844,27 @@ static struct mp_pager *open_caller(uint64_t budget_experts, uint32_t fill_threa
 	return open_pager_cfg(budget_experts, &(struct mode){ NULL, MP_RESOLVE_CALLER }, &cfg);
 }
 
-/* Keeps the only fill thread reading (a slow prefetch) until the delay is lifted. */
+/*
+ * Keeps the only fill thread reading expert 0.0 (a prefetch) until the test
+ * lets it go (ttier.hold = -1); every other read takes delay_ms. Waits for
+ * the read to begin, not for a state: a thread descheduled for a while would
+ * miss a short one (a hang, before).
+ */
 static void occupy_the_fill_thread(struct mp_pager *p, unsigned delay_ms)
 {
+	int reads = atomic_load(&ttier.reads);
+
 	atomic_store(&ttier.delay_ms, delay_ms);
+	atomic_store(&ttier.hold, 0);
 	assert_int_equal(mp_pager_prefetch(p, 0, 0, 0), 1);
-	while (mp_pager_residency(p, 0, 0) != MP_RES_FILLING)
+	while (atomic_load(&ttier.reads) == reads)
 		usleep(100);
+}
+
+static void let_go(void)
+{
+	atomic_store(&ttier.hold, -1);
+	atomic_store(&ttier.delay_ms, 0);
 }
 
 static void routed_expert_is_read_on_the_asking_thread_before_its_touch(void **state)
@@ -870,23 +888,41 @@ static void routed_expert_is_read_on_the_asking_thread_before_its_touch(void **s
 	assert_int_equal(st.fault_waits, 1);
 	assert_true(st.stall_ns >= 30ull * 1000 * 1000);
 	assert_true(mp_pager_stats_quantile(&st, 0.5) > 0);
-	atomic_store(&ttier.delay_ms, 0);
+	let_go();
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
 	mp_pager_close(p);
+}
+
+/* Lets the held read go 20 ms after a thread began to wait for it. */
+static void *release_after_a_wait(void *arg)
+{
+	struct mp_pager *p = arg;
+	struct mp_pager_stats st;
+
+	do {
+		usleep(1000);
+		mp_pager_stats(p, &st);
+	} while (!st.fault_waits);
+	usleep(20 * 1000);
+	atomic_store(&ttier.hold, -1);
+	return NULL;
 }
 
 static void expert_a_fill_thread_reads_is_waited_for_not_read_twice(void **state)
 {
 	struct mp_pager *p = open_caller(8, 2);
 	struct mp_pager_stats st;
+	pthread_t th;
 	uint32_t e = 5;
 
 	(void)state;
-	atomic_store(&ttier.delay_ms, 50);
+	atomic_store(&ttier.hold, (int)(2 * geo->experts + 5));
 	assert_int_equal(mp_pager_route(p, 0, 0, 2, &e, NULL, 1), 0);
-	while (mp_pager_residency(p, 2, 5) != MP_RES_FILLING)
+	while (atomic_load(&ttier.reads) == 0)
 		usleep(100);
+	pthread_create(&th, NULL, release_after_a_wait, p);
 	assert_memory_equal(mp_pager_source_ops()->expert(p, 2, 5), want(2, 5), xbytes);
+	pthread_join(th, NULL);
 	mp_pager_stats(p, &st);
 	assert_int_equal(atomic_load(&ttier.reads), 1);
 	assert_int_not_equal(atomic_load(&ttier.reader[2 * geo->experts + 5]), gettid());
@@ -894,7 +930,6 @@ static void expert_a_fill_thread_reads_is_waited_for_not_read_twice(void **state
 	assert_int_equal(st.faults_file, 1);
 	assert_int_equal(st.fault_waits, 1);
 	assert_true(st.stall_ns >= 10ull * 1000 * 1000);
-	atomic_store(&ttier.delay_ms, 0);
 	mp_pager_close(p);
 }
 
@@ -958,7 +993,7 @@ static void close_releases_a_thread_reading_its_own_expert(void **state)
 	/* Its own read was cancelled, and so was the fill thread's. */
 	assert_int_equal(g.ret, -ESHUTDOWN);
 	assert_int_equal(atomic_load(&ttier.cancelled), 2);
-	atomic_store(&ttier.delay_ms, 0);
+	let_go();
 }
 
 /* Auto: on the asking thread below a 2 MiB chunk, the fault path from there up. */

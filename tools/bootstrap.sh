@@ -385,10 +385,32 @@ demo_prefetch() {
 # Commands
 #
 
+# The last lines of every failed or timed-out test of the build dirs given: CI shows only
+# the end of the output, so the summary repeats what each failing test printed last.
+failed_test_tails() {
+	local dir
+
+	for dir in "$@"; do
+		[[ -f $dir/meson-logs/testlog.json ]] || continue
+		python3 - "$dir/meson-logs/testlog.json" <<-'PY'
+		import json, sys
+		for line in open(sys.argv[1]):
+		    t = json.loads(line)
+		    if t.get("result") in ("OK", "SKIP", "EXPECTEDFAIL"):
+		        continue
+		    print(f"--- {t['name']}: {t['result']} after {t['duration']:.0f} s ({sys.argv[1]})")
+		    out = (t.get("stdout") or "") + "\n" + (t.get("stderr") or "")
+		    for l in out.splitlines()[-12:]:
+		        print("    " + l[:200])
+		PY
+	done
+}
+
 summary() {
 	local f
 
 	if ((${#FAILED[@]})); then
+		failed_test_tails "$BUILD" "$ASAN_BUILD" "$TSAN_BUILD" "$FUZZ_BUILD"
 		say "${#FAILED[@]} step(s) failed:"
 		for f in "${FAILED[@]}"; do
 			note "$f"

@@ -68,12 +68,25 @@ uint32_t coe_max_batch(const double *lat, uint32_t n, double gain);
  * Two-stage eviction (CoServe §4.3) over models: the next victim among the
  * n resident models that in_use does not protect. Stage 1: subsequent
  * models none of whose preliminaries is resident (resident_mask, by model),
- * largest first; stage 2: the lowest usage. Models with requests queued
- * (queued, by model; NULL: none) go only when no other may: the assigner
- * counted no load for them. -ENOENT when none may go.
+ * largest first; stage 2: the lowest usage. Models requests want (wanted,
+ * by model, coe_want_next(); NULL: none) go only when no other may: the
+ * assigner counted no load for them. -ENOENT when none may go.
  */
 int coe_evict_pick(const struct mp_coe *c, const uint32_t *resident, const bool *in_use,
-		   uint32_t n, const bool *resident_mask, const uint32_t *queued);
+		   uint32_t n, const bool *resident_mask, const uint32_t *wanted);
+/*
+ * Whether a prefetch of model m may evict v: no request wants v, and v is
+ * less used than m (§4.3: the pool keeps the most used; only a batch
+ * waiting for its model overrides that).
+ */
+bool coe_prefetch_may_evict(const struct mp_coe *c, uint32_t v, uint32_t m,
+			    const uint32_t *wanted);
+/*
+ * A request of model m starts waiting (d = 1) or is done with m (d = -1):
+ * counts it in wanted[] for m's subsequent models, which its output may
+ * lead to (the requests queued for a model itself the queues count).
+ */
+void coe_want_next(const struct mp_coe *c, uint32_t *wanted, uint32_t m, int d);
 
 /*
  * Request assigning (CoServe §4.2, Fig. 8): with T[i] the predicted finish

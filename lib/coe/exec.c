@@ -259,6 +259,37 @@ static int touch_slots(void *arg)
 	return 0;
 }
 
+static int flush_slots(void *arg)
+{
+	struct touch *t = arg;
+	uint32_t n = t->c->archs[t->c->models[t->model].arch].slots;
+
+	for (uint32_t s = 0; s < n; s++) {
+		uint32_t cl, ce;
+		const char *b;
+
+		model_slot(t->c, t->model, s, &cl, &ce);
+		b = mp_pager_expert(t->p, cl, ce);
+		if (!b)
+			return -EIO;
+#if defined(__x86_64__) || defined(__i386__)
+		for (uint64_t o = 0; o < t->c->slot_bytes; o += 64)
+			__builtin_ia32_clflush(b + o);
+#endif
+	}
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_mfence();
+#endif
+	return 0;
+}
+
+int coe_model_flush(struct mp_coe *c, struct mp_pager *p, uint32_t model)
+{
+	struct touch t = { c, p, model };
+
+	return mp_pager_guard(p, flush_slots, &t);
+}
+
 int coe_model_touch(struct mp_coe *c, struct mp_pager *p, uint32_t model)
 {
 	struct touch t = { c, p, model };

@@ -27,6 +27,11 @@ uint64_t coe_exec_item_bytes(const struct coe_exec *ex, uint32_t arch);
 int coe_model_load(struct mp_coe *c, struct mp_pager *p, uint32_t model, bool demand);
 /* Touches every slot under the pager's guard: returns once the whole model is in. */
 int coe_model_touch(struct mp_coe *c, struct mp_pager *p, uint32_t model);
+/*
+ * Writes the model's weights out of the CPU caches (x86; elsewhere a no-op),
+ * as they are when it has just been loaded or other models ran since.
+ */
+int coe_model_flush(struct mp_coe *c, struct mp_pager *p, uint32_t model);
 /* Whether the model sits in host memory, unmapped (its load is a host-tier one). */
 bool coe_model_host(struct mp_coe *c, struct mp_pager *p, uint32_t model);
 /* Evicts every slot of model; returns how many the pager refused as busy. */

@@ -66,7 +66,7 @@ static int pick_victim(const struct coe_pool *pl)
 		return oldest(pl, pl->loaded_at);
 	case MP_COE_EVICT_TWO_STAGE:
 		return coe_evict_pick(pl->c, pl->list, pl->in_use, pl->n_list, pl->resident,
-				      pl->queued);
+				      pl->wanted);
 	default:
 		return oldest(pl, pl->last_use);
 	}
@@ -95,13 +95,19 @@ static void evict(struct coe_pool *pl, uint32_t m)
 			 busy);
 }
 
-/* Evicts until `bytes` more fit. -ENOSPC when the models in use leave no room now. */
-static int make_room(struct coe_pool *pl, uint64_t bytes)
+/*
+ * Evicts until model m fits. -ENOSPC when the models in use leave no room
+ * now, or, for a prefetch, the next victim is wanted or at least as used as
+ * m (§4.3: the pool keeps the most used; only a waiting batch overrides it).
+ */
+static int make_room(struct coe_pool *pl, uint32_t m, bool demand)
 {
+	uint64_t bytes = coe_model_bytes(pl->c, m);
+
 	while (pl->used + bytes > pl->budget) {
 		int v = pick_victim(pl);
 
-		if (v < 0)
+		if (v < 0 || (!demand && !coe_prefetch_may_evict(pl->c, (uint32_t)v, m, pl->wanted)))
 			return -ENOSPC;
 		evict(pl, (uint32_t)v);
 	}
@@ -114,7 +120,7 @@ static int load(struct coe_pool *pl, uint32_t m, bool demand)
 	bool host;
 	int err;
 
-	err = make_room(pl, bytes);
+	err = make_room(pl, m, demand);
 	if (err)
 		return err;
 	host = coe_model_host(pl->c, pl->p, m);

@@ -20,7 +20,8 @@ struct coe_pool {
 	uint64_t budget;
 	uint64_t used;			/* bytes of resident and loading models */
 	uint64_t in_use_bytes;		/* of which in use (refs > 0): no victim among them */
-	const uint32_t *queued;		/* per model: requests queued for it, or NULL */
+	const uint32_t *wanted;		/* per model: requests waiting that run or may run
+					 * it (the scheduler's), or NULL */
 	uint32_t *refs;			/* per model: batches and held prefetches on it */
 	bool *in_use;			/* refs > 0 */
 	bool *resident;			/* per model */
@@ -40,9 +41,12 @@ int coe_pool_init(struct coe_pool *pl, struct mp_coe *c, struct mp_pager *p,
 void coe_pool_fini(struct coe_pool *pl);
 /*
  * Takes a reference on model, loading it (evicting victims first) when it
- * is not resident: as demand, or as a prefetch. Returns 1 when it had to be
- * loaded, 0 when it was resident, -ENOSPC when no victim may go now (every
- * resident model in use): the caller waits and tries again.
+ * is not resident: as demand (a batch waits for it: any model not in use
+ * may go), or as a prefetch (only models no request wants that are less
+ * used than it may go: a load ahead of need never costs a likelier one).
+ * Returns 1 when it had to be loaded, 0 when it was resident, -ENOSPC when
+ * no victim may go now: the caller waits and tries again, or gives up the
+ * prefetch.
  */
 int coe_pool_acquire(struct coe_pool *pl, uint32_t model, bool demand);
 void coe_pool_release(struct coe_pool *pl, uint32_t model);

@@ -53,20 +53,29 @@ static void insert(struct coe_queue *q, struct creq *r, struct creq *after)
 	q->T += r->pred;
 }
 
-void coe_queue_add(struct coe_queue *q, struct creq *r, bool arrange)
+void coe_queue_add(struct coe_queue *q, struct creq *r, bool arrange, bool in_memory)
 {
-	uint32_t m = r->model;
+	struct creq *after = q->tail, *last = q->last[r->model];
 
-	if (!arrange)
-		insert(q, r, q->tail);
-	else
-		insert(q, r, q->last[m] ? q->last[m] : q->running == (int)m ? NULL : q->tail);
+	r->front = false;
+	if (arrange && last) {
+		after = last;
+		r->front = last->front;
+	} else if (arrange && (in_memory || q->running == (int)r->model)) {
+		after = q->front_tail;
+		r->front = true;
+	}
+	if (r->front && after == q->front_tail)
+		q->front_tail = r;
+	insert(q, r, after);
 }
 
 struct creq *coe_queue_pop(struct coe_queue *q)
 {
 	struct creq *r = q->head;
 
+	if (q->front_tail == r)
+		q->front_tail = NULL;
 	q->head = r->next;
 	if (q->head)
 		q->head->prev = NULL;

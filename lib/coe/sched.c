@@ -26,7 +26,8 @@
 
 #define DEFAULT_MAX_BATCH	8u
 #define DEFAULT_TOKENS		4u
-#define MAX_HELD		8u	/* models an executor holds for its coming groups */
+#define MAX_HELD		16u	/* models an executor holds for its coming groups */
+#define LOOKAHEAD		(2 * MAX_HELD)	/* coming groups prefetch looks at */
 
 struct executor {
 	struct mp_coe_sched *s;
@@ -48,7 +49,14 @@ struct mp_coe_sched {
 	struct mp_coe_sched_config cfg;
 	uint32_t *cap;			/* per executor x arch: the splitter's batch cap */
 	double *T, *add;		/* per executor: assign's scratch */
-	uint32_t *queued;		/* per model: its requests in every queue */
+	/*
+	 * Per model: requests waiting that will run it (queued for it, the
+	 * queues count those) or may (queued for or running on a preliminary
+	 * model: its output may lead here). Eviction spares these.
+	 */
+	uint32_t *wanted;
+	bool *warm_set;			/* per model: in memory when the run started */
+	bool *ran;			/* per model: a batch ran on it */
 	uint64_t reserve;		/* bytes prefetches leave for the executors' demand loads */
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;		/* executors: a request queued, or stop */
@@ -169,7 +177,8 @@ static int submit_locked(struct mp_coe_sched *s, uint32_t id, uint32_t m)
 	r->id = id;
 	r->model = m;
 	x = assign(s, r);
-	coe_queue_add(&x->q, r, s->cfg.arrange);
+	coe_queue_add(&x->q, r, s->cfg.arrange, s->pool.resident[m]);
+	coe_want_next(s->c, s->wanted, m, 1);
 	pthread_cond_broadcast(&s->work_cv);
 	s->st.sched_ns += mp_now_ns() - t0;
 	return 0;
@@ -239,20 +248,23 @@ uint32_t coe_prefetch_due(const double *work, const double *load, uint32_t n, do
 
 /*
  * Prefetch (called locked when a batch of `running` starts): holds the
- * models of the queue's coming groups that are due (coe_prefetch_due()),
- * loading the missing ones as prefetches. Holding keeps a model from
- * eviction until its group runs. Holds leave `reserve` bytes of the budget,
- * so every executor's demand load finds room.
+ * models of the queue's coming groups in order, loading the missing ones
+ * as prefetches, so the disk keeps reading while there is work ahead. A
+ * prefetch only takes the room of models no request wants and less used
+ * than its own (coe_pool_acquire()): a group it cannot load now loads when
+ * it is due or its batch starts. A model already in memory is held (kept
+ * from eviction until its group runs) when its group is due
+ * (coe_prefetch_due()). Holds leave `reserve` bytes of the budget, so every
+ * executor's demand load finds room.
  */
 static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t running,
 			   uint32_t n_running)
 {
 	struct cost k = cost_of(s, s->c->models[running].arch);
-	double work[2 * MAX_HELD], load[2 * MAX_HELD];
-	uint32_t model[2 * MAX_HELD], n = 0, due;
+	double work[LOOKAHEAD], load[LOOKAHEAD];
+	uint32_t model[LOOKAHEAD], n = 0, due;
 
-	/* The coming groups, as many as could be due: each holds at most one. */
-	for (struct creq *r = x->q.head; r && n < 2 * MAX_HELD; n++) {
+	for (struct creq *r = x->q.head; r && n < LOOKAHEAD; n++) {
 		struct cost g = cost_of(s, s->c->models[r->model].arch);
 		uint32_t cnt = 0;
 
@@ -263,10 +275,10 @@ static void prefetch_ahead(struct mp_coe_sched *s, struct executor *x, uint32_t 
 		load[n] = g.load;
 	}
 	due = coe_prefetch_due(work, load, n, k.k * n_running + k.b);
-	for (uint32_t i = 0; i < due && x->n_held < MAX_HELD; i++) {
+	for (uint32_t i = 0; i < n && x->n_held < MAX_HELD; i++) {
 		uint32_t g = model[i];
 
-		if (g == running || is_held(x, g))
+		if (g == running || is_held(x, g) || (i >= due && s->pool.resident[g]))
 			continue;
 		if (s->pool.in_use_bytes + (s->pool.in_use[g] ? 0 : coe_model_bytes(s->c, g)) +
 		    s->reserve > s->pool.budget)
@@ -287,7 +299,9 @@ static void finish_batch(struct mp_coe_sched *s, struct executor *x, uint32_t n,
 		struct creq *r = x->batch[i];
 		int next = err ? -ENOENT : mp_coe_next(s->c, m, r->id, x->out[i]);
 
+		coe_want_next(s->c, s->wanted, m, -1);
 		s->st.runs += !err;
+		s->ran[m] |= !err;
 		s->st.failed += !!err;
 		if (!err)
 			s->st.output_hash += coe_mix(coe_mix(r->id, m), x->out[i]);
@@ -390,7 +404,7 @@ static int open_executor(struct mp_coe_sched *s, uint32_t i)
 
 	x->s = s;
 	x->idx = i;
-	if (coe_queue_init(&x->q, s->c->n_models, s->queued))
+	if (coe_queue_init(&x->q, s->c->n_models, s->wanted))
 		return -ENOMEM;
 	/* The runners' sequences cover the profile's caps before the memory cap cuts them. */
 	for (uint32_t a = 0; a < s->c->n_archs; a++) {
@@ -447,6 +461,7 @@ static void warm(struct mp_coe_sched *s)
 	s->pool.loads = s->pool.loads_file = s->pool.loads_host = s->pool.bytes_loaded = 0;
 	s->pool.prefetched = s->pool.distinct = 0;
 	memset(s->pool.loaded_once, 0, s->c->n_models * sizeof(*s->pool.loaded_once));
+	memcpy(s->warm_set, s->pool.resident, s->c->n_models * sizeof(*s->warm_set));
 }
 
 int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
@@ -484,9 +499,11 @@ int mp_coe_sched_open(struct mp_coe *c, struct mp_pager *p,
 	s->cap = calloc((size_t)cfg->executors * c->n_archs, sizeof(*s->cap));
 	s->T = calloc(cfg->executors, sizeof(*s->T));
 	s->add = calloc(cfg->executors, sizeof(*s->add));
-	s->queued = calloc(c->n_models, sizeof(*s->queued));
-	s->pool.queued = s->queued;
-	if (!s->ex || !s->cap || !s->T || !s->add || !s->queued) {
+	s->wanted = calloc(c->n_models, sizeof(*s->wanted));
+	s->warm_set = calloc(c->n_models, sizeof(*s->warm_set));
+	s->ran = calloc(c->n_models, sizeof(*s->ran));
+	s->pool.wanted = s->wanted;
+	if (!s->ex || !s->cap || !s->T || !s->add || !s->wanted || !s->warm_set || !s->ran) {
 		err = mp_err(-ENOMEM, "coe scheduler: out of memory");
 		goto close;
 	}
@@ -566,6 +583,9 @@ void mp_coe_sched_stats(struct mp_coe_sched *s, struct mp_coe_sched_stats *out)
 	out->manage_ns = s->pool.manage_ns;
 	out->prefetched = s->pool.prefetched;
 	out->distinct_loads = s->pool.distinct;
+	out->cold_models = 0;
+	for (uint32_t m = 0; m < s->c->n_models; m++)
+		out->cold_models += s->ran[m] && !s->warm_set[m];
 	memset(out->reserved, 0, sizeof(out->reserved));
 	pthread_mutex_unlock(&s->lock);
 }
@@ -599,6 +619,8 @@ void mp_coe_sched_close(struct mp_coe_sched *s)
 	free(s->cap);
 	free(s->T);
 	free(s->add);
-	free(s->queued);
+	free(s->wanted);
+	free(s->warm_set);
+	free(s->ran);
 	free(s);
 }

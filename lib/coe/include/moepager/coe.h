@@ -295,7 +295,9 @@ struct mp_coe_sched_stats {
 	uint64_t idle_ns;			/* executors with an empty queue, summed */
 	uint64_t prefetched;			/* of the switches, loads started as prefetches */
 	uint64_t distinct_loads;		/* of the switches, first loads of a model */
-	MP_RESERVED(5);
+	uint64_t cold_models;			/* models run that were not in memory at the
+						 * start: loads any schedule must make */
+	MP_RESERVED(4);
 };
 
 struct mp_coe_sched;
