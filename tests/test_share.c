@@ -199,6 +199,23 @@ static int attach_child(const char *sock, struct cmp *c)
 	return 0;
 }
 
+/* attach_child() in the test's own process, without the alarm. */
+static void attach_here(const char *sock, struct cmp *c)
+{
+	int err = attach_child(sock, c);
+
+	alarm(0);
+	assert_child_ok(err);
+}
+
+/* Detaches and frees what attach_child() set up. */
+static void cmp_close(struct cmp *c)
+{
+	mp_attach_close(c->a);
+	mp_store_close(c->s);
+	free(c->want);
+}
+
 /* Reads every expert `rounds` times (order shifted by `shift`) and compares it with the file. */
 static pid_t engine_reads_all(const char *sock, uint32_t rounds, uint32_t shift)
 {
@@ -442,14 +459,11 @@ static void pages_an_engine_drops_itself_are_mapped_again(void **state)
 	struct mp_pagerd_stats st0, st1;
 	struct cmp c = { 0 };
 	uint64_t len = (xbytes + 4095) & ~4095ull;
-	int err;
 	pid_t d;
 
 	(void)state;
 	d = start_daemon(sock, "100%");
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	c.layer = 1;
 	c.expert = 2;
 	assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), 0);
@@ -460,9 +474,7 @@ static void pages_an_engine_drops_itself_are_mapped_again(void **state)
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st1), 0);
 	assert_int_equal(st1.fills, st0.fills);
 	assert_int_equal(st1.continues, st0.continues + 1);
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
@@ -473,7 +485,6 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	struct mp_pagerd_stats st;
 	struct cmp c = { 0 };
 	const char *keep = model;
-	int err;
 	pid_t d;
 
 	(void)state;
@@ -486,9 +497,7 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	model = bad;
 	d = start_daemon(sock, "100%");
 	model = keep;
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	t_log_capture();
 	for (int round = 0; round < 2; round++) {
 		t_log_reset();
@@ -501,9 +510,7 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	}
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
 	assert_int_equal(st.fill_failures, 2);	/* the second access asked again */
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
@@ -528,14 +535,11 @@ static void budget_changes_while_attached_evict_down_and_grow_back(void **state)
 	uint64_t all = (uint64_t)layers * experts * xbytes, small = 4 * xbytes;
 	struct mp_pagerd_stats st;
 	struct cmp c = { 0 };
-	int err;
 	pid_t d;
 
 	(void)state;
 	d = start_daemon(sock, "100%");
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	assert_int_equal(read_all(&c), 0);
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
 	assert_true(st.resident_bytes >= all);
@@ -564,9 +568,7 @@ static void budget_changes_while_attached_evict_down_and_grow_back(void **state)
 	t_log_reset();
 	assert_int_equal(mp_attach_set_budget(c.a, xbytes / 2), -EINVAL);
 	assert_true(t_log_contains("below one expert"));
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
@@ -633,14 +635,11 @@ static void dense_weights_are_the_files_lent_to_the_runner_and_read_once(void **
 	uint64_t all = 0, read_a, read_r, d0;
 	float *la, *lr;
 	char *page;
-	int err;
 	pid_t d;
 
 	(void)state;
 	d = start_daemon(sock, "100%");
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	for (uint32_t i = 0; i < mp_store_tensor_count(c.s); i++)
 		all += mp_store_tensor_at(c.s, i)->bytes;
 	assert_int_equal(mp_attach_daemon_stats(c.a, &ds), 0);
@@ -684,9 +683,7 @@ static void dense_weights_are_the_files_lent_to_the_runner_and_read_once(void **
 	mp_resident_close(res);
 	free(la);
 	free(lr);
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
