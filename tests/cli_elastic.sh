@@ -143,7 +143,11 @@ grep -q "pager daemon this server is attached to is gone" "$dir/c.json" || bad "
 kill -TERM "$pid_c"
 wait "$pid_c" || bad "server c exited non-zero after the daemon's death"
 
-# bench-elastic under a small load: no failed request; the shared scale-up reads nothing.
+# bench-elastic under a small load: no failed request; the shared scale-up reads none of
+# the weights. Its disk_bytes_read also counts pages of code or of the model's header that
+# memory pressure evicted (4 KiB seen once on a loaded machine), so the bound is one expert:
+# the daemon reads whole experts, and the dense weights read are counted apart.
+xbytes=$("$moepager" inspect "$model" | awk '/^experts/ {print $4}')
 "$moepager" bench-elastic --model "$model" --load 4 --phase 1 --json >"$dir/bench.json" \
 	2>"$dir/bench.err" || { tail "$dir/bench.err"; bad "bench-elastic --load"; }
 python3 -c 'import json, sys
@@ -152,8 +156,11 @@ for k in ("shared", "second_copy", "cold_restart"):
 	assert d[k]["failed_requests"] == 0, (k, d[k])
 	assert d[k]["requests"] > 0 and d[k]["peak_memory_bytes"] > 0, (k, d[k])
 	assert [e["epoch"] for e in d[k]["epochs"]] == [1, 2, 3], (k, d[k]["epochs"])
-assert d["shared"]["disk_bytes_read"] == 0, d["shared"]
+xbytes = int(sys.argv[2])
+assert xbytes > 0
+assert d["shared"]["disk_bytes_read"] < xbytes, d["shared"]
+assert d["shared"]["new_server"]["dense_read_bytes"] == 0, d["shared"]["new_server"]
 assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
-assert d["second_copy"]["disk_bytes_read"] > 0' "$dir/bench.json" ||
+assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$dir/bench.json" "$xbytes" ||
 	bad "bench-elastic --load's figures"
 exit $fail
