@@ -39,18 +39,46 @@ static const struct mp_tensor_info *find_tensor(struct mp_store *s, const char *
 }
 
 /*
- * Reads the tensor into the weights block at *off. Norm vectors are used as
- * f32 by the engine, so others are widened here (they are tiny).
+ * The source's copy of t when it lends one the runner can read as it is:
+ * for the runner's own model only (the source serves that store), in the
+ * type the runner reads, aligned as the runner's own copy would be.
  */
-static int load_tensor(struct dense_set *d, const char *name, uint64_t rows, uint64_t cols,
-		       bool want_f32, size_t *off, const void **out, enum mp_dtype *dtype)
+static const void *borrow(const struct mp_runner *r, const struct dense_set *d,
+			  const struct mp_tensor_info *t, bool want_f32)
+{
+	const void *p;
+
+	if (d->store != r->store || !r->src->tensor || (want_f32 && t->dtype != MP_DTYPE_F32))
+		return NULL;
+	p = r->src->tensor(r->src_ctx, t);
+	return p && !((uintptr_t)p % TENSOR_ALIGN) ? p : NULL;
+}
+
+/*
+ * Points *out at the tensor: the source's copy when it lends one, else read
+ * into the weights block at *off. Norm vectors are used as f32 by the
+ * engine, so others are widened here (they are tiny).
+ */
+static int load_tensor(struct mp_runner *r, struct dense_set *d, const char *name,
+		       uint64_t rows, uint64_t cols, bool want_f32, size_t *off, const void **out,
+		       enum mp_dtype *dtype)
 {
 	const struct mp_tensor_info *t = find_tensor(d->store, name, rows, cols);
 	char *dst = (char *)d->weights + *off;
+	const void *lent;
 	int err;
 
 	if (!t)
 		return -EINVAL;
+	lent = borrow(r, d, t, want_f32);
+	if (lent) {
+		r->dense_lent += t->bytes;
+		*out = lent;
+		if (dtype)
+			*dtype = t->dtype;
+		return 0;
+	}
+	r->dense_read += t->bytes;
 	if (!want_f32 || t->dtype == MP_DTYPE_F32) {
 		err = mp_store_read_tensor(d->store, t, dst);
 		if (err)
@@ -93,7 +121,11 @@ static size_t weights_size(const struct mp_store *s)
 	return len;
 }
 
-/* Reads d->store's non-expert tensors into d. */
+/*
+ * Reads d->store's non-expert tensors into d, or points d at the source's
+ * copies. The block has room for every tensor; the share of a lent one is
+ * never touched, so never backed by memory.
+ */
 static int load_dense(struct mp_runner *r, struct dense_set *d)
 {
 	const struct mp_geometry *g = &r->g;
@@ -110,15 +142,15 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 		return mp_err(-ENOMEM, "runner: out of memory for %zu bytes of weights",
 			      d->weights_len);
 
-	err = load_tensor(d, "tok_embd", g->vocab, g->hidden, false, &off, &d->tok_embd,
+	err = load_tensor(r, d, "tok_embd", g->vocab, g->hidden, false, &off, &d->tok_embd,
 			  &d->embd_dtype);
 	if (err)
 		return err;
-	err = load_tensor(d, "output_norm", g->hidden, 0, true, &off, &p, NULL);
+	err = load_tensor(r, d, "output_norm", g->hidden, 0, true, &off, &p, NULL);
 	if (err)
 		return err;
 	d->output_norm = p;
-	err = load_tensor(d, "output", g->vocab, g->hidden, false, &off, &d->output,
+	err = load_tensor(r, d, "output", g->vocab, g->hidden, false, &off, &d->output,
 			  &d->output_dtype);
 	if (err)
 		return err;
@@ -128,7 +160,7 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 		/* Attention matrices are in the model's weight type (byte counts assume it). */
 #define LOAD(suffix, rows, cols, f32, dst, dtp, check) do {			\
 		snprintf(name, sizeof(name), "blk.%u." suffix, l);		\
-		err = load_tensor(d, name, rows, cols, f32, &off, &p, dtp);	\
+		err = load_tensor(r, d, name, rows, cols, f32, &off, &p, dtp);	\
 		if (err)							\
 			return err;						\
 		if ((check) && dt != g->dtype)					\
@@ -457,11 +489,17 @@ const struct dense_set *mp_runner_dense(const struct mp_runner *r, uint32_t mode
 	return r->active_model < 0 ? &r->models[model] : &r->active;
 }
 
-/* p, a pointer into from's weights, at the same offset in to's. */
+/*
+ * p, a pointer into from's weights, at the same offset in to's; a tensor
+ * the source lent (outside the block) is read where it is by both.
+ */
 static const void *rebase(const struct dense_set *from, const struct dense_set *to, const void *p)
 {
-	return p ? (const char *)to->weights + ((const char *)p - (const char *)from->weights) :
-		   NULL;
+	uintptr_t at = (uintptr_t)p, lo = (uintptr_t)from->weights;
+
+	if (!p || at < lo || at >= lo + from->weights_len)
+		return p;
+	return (const char *)to->weights + (at - lo);
 }
 
 int mp_runner_activate(struct mp_runner *r, uint32_t model)
@@ -685,6 +723,8 @@ const struct mp_geometry *mp_runner_geometry(const struct mp_runner *r)
 void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out)
 {
 	*out = r->st;
+	out->dense_lent_bytes = r->dense_lent;
+	out->dense_read_bytes = r->dense_read;
 }
 
 void mp_runner_stats_reset(struct mp_runner *r)

@@ -92,6 +92,8 @@ struct mp_runner {
 	struct dense_set active;
 	int32_t active_model;
 	uint64_t expert_bytes;
+	/* Dense tensor bytes the source lent and bytes read from files, every model's. */
+	uint64_t dense_lent, dense_read;
 
 	/* Activations for up to cap rows (tokens) and cap_items items of a step. */
 	uint32_t cap, cap_items;

@@ -3,7 +3,8 @@
  * The shared host tier across real processes: `moepager pagerd` exec'd as
  * the daemon, engines forked, each attaching with userfaultfd, memfd and
  * SCM_RIGHTS, reading every expert under the guard and comparing it with
- * the file's bytes.
+ * the file's bytes; the dense weights the daemon holds once, lent to a
+ * runner that then reads nothing from the file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <moepager/engine.h>
+#include <moepager/runner.h>
 #include <moepager/share.h>
 
 #include "helpers.h"
@@ -196,6 +199,23 @@ static int attach_child(const char *sock, struct cmp *c)
 	return 0;
 }
 
+/* attach_child() in the test's own process, without the alarm. */
+static void attach_here(const char *sock, struct cmp *c)
+{
+	int err = attach_child(sock, c);
+
+	alarm(0);
+	assert_child_ok(err);
+}
+
+/* Detaches and frees what attach_child() set up. */
+static void cmp_close(struct cmp *c)
+{
+	mp_attach_close(c->a);
+	mp_store_close(c->s);
+	free(c->want);
+}
+
 /* Reads every expert `rounds` times (order shifted by `shift`) and compares it with the file. */
 static pid_t engine_reads_all(const char *sock, uint32_t rounds, uint32_t shift)
 {
@@ -297,6 +317,23 @@ static void budget_holds_across_two_engines_reading_at_once(void **state)
 	stop_daemon(d);
 }
 
+/* Every dense tensor the attachment lends equals the file's bytes. */
+static bool same_dense(struct mp_attach *a, struct mp_store *s)
+{
+	bool same = true;
+
+	for (uint32_t i = 0; same && i < mp_store_tensor_count(s); i++) {
+		const struct mp_tensor_info *t = mp_store_tensor_at(s, i);
+		const void *got = mp_attach_tensor(a, t);
+		void *want = malloc(t->bytes);
+
+		same = got && want && !mp_store_read_tensor(s, t, want) &&
+		       !memcmp(got, want, t->bytes);
+		free(want);
+	}
+	return same;
+}
+
 /* Child: attach, say ready on `ready`, wait for `go`, then touch an expert never read. */
 static pid_t engine_touching_after_go(const char *sock, int ready, int go)
 {
@@ -328,6 +365,9 @@ static pid_t engine_touching_after_go(const char *sock, int ready, int go)
 	c.expert = 0;
 	if (mp_attach_guard(c.a, compare_expert, &c))
 		_exit(6);
+	/* So do the dense weights, read without a guard: they never fault to the daemon. */
+	if (!same_dense(c.a, c.s))
+		_exit(7);
 	mp_attach_close(c.a);
 	_exit(0);
 }
@@ -419,14 +459,11 @@ static void pages_an_engine_drops_itself_are_mapped_again(void **state)
 	struct mp_pagerd_stats st0, st1;
 	struct cmp c = { 0 };
 	uint64_t len = (xbytes + 4095) & ~4095ull;
-	int err;
 	pid_t d;
 
 	(void)state;
 	d = start_daemon(sock, "100%");
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	c.layer = 1;
 	c.expert = 2;
 	assert_int_equal(mp_attach_guard(c.a, compare_expert, &c), 0);
@@ -437,9 +474,7 @@ static void pages_an_engine_drops_itself_are_mapped_again(void **state)
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st1), 0);
 	assert_int_equal(st1.fills, st0.fills);
 	assert_int_equal(st1.continues, st0.continues + 1);
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
@@ -450,7 +485,6 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	struct mp_pagerd_stats st;
 	struct cmp c = { 0 };
 	const char *keep = model;
-	int err;
 	pid_t d;
 
 	(void)state;
@@ -463,9 +497,7 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	model = bad;
 	d = start_daemon(sock, "100%");
 	model = keep;
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	t_log_capture();
 	for (int round = 0; round < 2; round++) {
 		t_log_reset();
@@ -478,9 +510,7 @@ static void failed_fill_is_an_error_naming_the_expert_and_is_retried(void **stat
 	}
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
 	assert_int_equal(st.fill_failures, 2);	/* the second access asked again */
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
 	stop_daemon(d);
 }
 
@@ -505,14 +535,11 @@ static void budget_changes_while_attached_evict_down_and_grow_back(void **state)
 	uint64_t all = (uint64_t)layers * experts * xbytes, small = 4 * xbytes;
 	struct mp_pagerd_stats st;
 	struct cmp c = { 0 };
-	int err;
 	pid_t d;
 
 	(void)state;
 	d = start_daemon(sock, "100%");
-	err = attach_child(sock, &c);
-	alarm(0);
-	assert_child_ok(err);
+	attach_here(sock, &c);
 	assert_int_equal(read_all(&c), 0);
 	assert_int_equal(mp_attach_daemon_stats(c.a, &st), 0);
 	assert_true(st.resident_bytes >= all);
@@ -541,9 +568,270 @@ static void budget_changes_while_attached_evict_down_and_grow_back(void **state)
 	t_log_reset();
 	assert_int_equal(mp_attach_set_budget(c.a, xbytes / 2), -EINVAL);
 	assert_true(t_log_contains("below one expert"));
-	mp_attach_close(c.a);
-	mp_store_close(c.s);
-	free(c.want);
+	cmp_close(&c);
+	stop_daemon(d);
+}
+
+/* Bytes the calling thread (or, pid > 0, a process) read with read(2) and friends. */
+static uint64_t rchar_of(pid_t pid)
+{
+	char path[64], line[128];
+	unsigned long long v = 0;
+	FILE *f;
+
+	if (pid > 0)
+		snprintf(path, sizeof(path), "/proc/%d/io", (int)pid);
+	else
+		snprintf(path, sizeof(path), "/proc/thread-self/io");
+	f = fopen(path, "re");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "rchar: %llu", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+/*
+ * A runner over src (an attachment, or the resident experts): the logits of
+ * four tokens. With swap (a second model's store), its dense weights are
+ * added and swapped in, then the runner's own swapped back (a copy of the
+ * lent weights' pointers) before the tokens run.
+ */
+static void runner_logits(struct mp_store *s, const struct mp_expert_source_ops *ops, void *ctx,
+			  struct mp_store *swap, float *logits, struct mp_runner_stats *st,
+			  uint64_t *read)
+{
+	static const uint32_t prompt[] = { 1, 7, 42, 3 };
+	struct mp_engine *e;
+	struct mp_runner *r;
+	uint64_t r0;
+
+	assert_int_equal(mp_engine_open("ref", &(struct mp_engine_config){ .threads = 1 }, &e), 0);
+	r0 = rchar_of(0);
+	assert_int_equal(mp_runner_open(s, &(struct mp_runner_config){ .engine = e, .source = ops,
+								     .source_ctx = ctx }, &r), 0);
+	*read = rchar_of(0) - r0;
+	if (swap) {
+		assert_int_equal(mp_runner_add_model(r, swap), 1);
+		assert_int_equal(mp_runner_activate(r, 1), 0);
+		assert_int_equal(mp_runner_activate(r, 0), 0);
+	}
+	assert_int_equal(mp_runner_prefill(r, prompt, MP_ARRAY_SIZE(prompt)), 0);
+	memcpy(logits, mp_runner_logits(r), mp_store_geometry(s)->vocab * sizeof(float));
+	mp_runner_stats(r, st);
+	mp_runner_close(r);
+	mp_engine_close(e);
+}
+
+static void dense_weights_are_the_files_lent_to_the_runner_and_read_once(void **state)
+{
+	const char *sock = t_path("dense.sock");
+	struct mp_runner_stats st_a, st_r;
+	struct mp_pagerd_stats ds;
+	struct mp_resident *res;
+	struct mp_store *other;
+	struct cmp c = { 0 };
+	uint64_t all = 0, read_a, read_r, d0;
+	float *la, *lr;
+	char *page;
+	pid_t d;
+
+	(void)state;
+	d = start_daemon(sock, "100%");
+	attach_here(sock, &c);
+	for (uint32_t i = 0; i < mp_store_tensor_count(c.s); i++)
+		all += mp_store_tensor_at(c.s, i)->bytes;
+	assert_int_equal(mp_attach_daemon_stats(c.a, &ds), 0);
+	assert_int_equal(ds.dense_bytes, mp_share_dense_layout(c.s, NULL));
+	assert_true(ds.dense_bytes >= all && all > 64 * 1024);
+	assert_true(same_dense(c.a, c.s));
+	/* Sealed: nobody, this process included, can make the pages writable. */
+	page = (char *)mp_attach_tensor(c.a, mp_store_tensor_at(c.s, 0));
+	assert_int_equal((uintptr_t)page % 4096, 0);
+	assert_int_equal(mprotect(page, 4096, PROT_READ | PROT_WRITE), -1);
+	/* Another store's tensor (the same file opened again) is not lent. */
+	assert_int_equal(mp_store_open(model, &other), 0);
+	assert_null(mp_attach_tensor(c.a, mp_store_tensor_at(other, 0)));
+	mp_store_close(other);
+
+	/* A runner over the attachment reads every dense byte in the daemon's memfd, none from
+	 * the file, and computes what a runner over its own copy computes, bit for bit. */
+	la = malloc(mp_store_geometry(c.s)->vocab * sizeof(float));
+	lr = malloc(mp_store_geometry(c.s)->vocab * sizeof(float));
+	assert_true(la && lr);
+	d0 = rchar_of(d);
+	runner_logits(c.s, mp_attach_source_ops(), c.a, NULL, la, &st_a, &read_a);
+	assert_int_equal(st_a.dense_lent_bytes, all);
+	assert_int_equal(st_a.dense_read_bytes, 0);
+	assert_true(read_a < 4096);		/* this thread's reads: the /proc file only */
+	assert_true(rchar_of(d) - d0 < all);	/* nor did the daemon read them again */
+	assert_int_equal(mp_resident_open(c.s, NULL, NULL, &res), 0);
+	runner_logits(c.s, mp_resident_source_ops(), res, NULL, lr, &st_r, &read_r);
+	assert_int_equal(st_r.dense_lent_bytes, 0);
+	assert_int_equal(st_r.dense_read_bytes, all);
+	assert_true(read_r >= all);
+	assert_memory_equal(la, lr, mp_store_geometry(c.s)->vocab * sizeof(float));
+	/* Swapping models in and out keeps the lent weights (another model's are read). */
+	assert_int_equal(t_gen_tiny(t_path("swap.mpk"), MP_DTYPE_F32, 9), 0);
+	assert_int_equal(mp_store_open(t_path("swap.mpk"), &other), 0);
+	runner_logits(c.s, mp_attach_source_ops(), c.a, other, lr, &st_r, &read_r);
+	assert_int_equal(st_r.dense_lent_bytes, all);
+	assert_int_equal(st_r.dense_read_bytes, all);
+	assert_memory_equal(la, lr, mp_store_geometry(c.s)->vocab * sizeof(float));
+	mp_store_close(other);
+	mp_resident_close(res);
+	free(la);
+	free(lr);
+	cmp_close(&c);
+	stop_daemon(d);
+}
+
+static void corrupt_dense_tensor_keeps_the_daemon_from_starting(void **state)
+{
+	const char *sock = t_path("corrupt.sock"), *bad = t_path("bad-dense.mpk");
+	struct mp_pagerd_config cfg = { .socket_path = sock };
+	const struct mp_tensor_info *t;
+	struct mp_pagerd *d = NULL;
+	struct mp_store *s;
+
+	(void)state;
+	assert_int_equal(t_gen_tiny(bad, MP_DTYPE_F32, 5), 0);
+	assert_int_equal(mp_store_open(bad, &s), 0);
+	t = mp_store_tensor(s, "blk.1.attn_k");
+	assert_non_null(t);
+	assert_int_equal(t_flip_byte(bad, t->offset + 8), 0);
+	t_log_capture();
+	t_log_reset();
+	assert_int_equal(mp_pagerd_open(s, &cfg, &d), -EBADMSG);
+	assert_null(d);
+	assert_true(t_log_contains("blk.1.attn_k"));
+	assert_int_equal(access(sock, F_OK), -1);	/* the socket went with it */
+	mp_store_close(s);
+}
+
+/*
+ * A daemon that answers the handshake as the real one does, then hands out
+ * dense weights that are not sealed (or, short, one page too few).
+ */
+static pid_t fake_daemon(const char *sock, bool short_dense)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct mp_share_hello h;
+	struct mp_store *s;
+	uint64_t slot, want;
+	int lfd, c, fd, xfd;
+	pid_t pid;
+
+	strcpy(sa.sun_path, sock);
+	lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	assert_true(lfd >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 1), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid) {
+		close(lfd);
+		return pid;
+	}
+	alarm(30);
+	c = accept(lfd, NULL, NULL);
+	if (c < 0 || mp_store_open(model, &s) || mp_share_recv(c, &h, sizeof(h), &fd) <= 0)
+		_exit(1);
+	slot = MP_ALIGN_UP(xbytes, MP_EXPERT_ALIGN);
+	want = mp_share_dense_layout(s, NULL) - (short_dense ? 4096 : 0);
+	xfd = memfd_create("fake-tier", MFD_CLOEXEC);
+	fd = memfd_create("fake-dense", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (xfd < 0 || fd < 0 || ftruncate(xfd, (off_t)(slot * layers * experts)) ||
+	    ftruncate(fd, (off_t)want) ||
+	    (short_dense && fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)))
+		_exit(1);
+	mp_share_send(c, &(struct mp_share_reply){
+		.magic = MP_SHARE_MAGIC, .layers = layers, .experts = experts,
+		.nslots = layers * experts, .slot_bytes = slot,
+		.data_bytes = MP_ALIGN_UP(xbytes, 4096), .memfd_bytes = slot * layers * experts,
+		.page_bytes = 4096 }, sizeof(struct mp_share_reply), xfd);
+	if (mp_share_recv(c, &h, sizeof(h), &xfd) <= 0 || h.op != MP_SHARE_DENSE)
+		_exit(2);
+	mp_share_send(c, &(struct mp_share_reply){ .magic = MP_SHARE_MAGIC, .dense_bytes = want },
+		      sizeof(struct mp_share_reply), fd);
+	/* The client hangs up after refusing. */
+	_exit(mp_share_recv(c, &h, sizeof(h), &xfd) == -ENOTCONN ? 0 : 3);
+}
+
+static void dense_weights_not_sealed_or_short_are_refused(void **state)
+{
+	struct mp_attach *a = NULL;
+	struct mp_store *s;
+
+	(void)state;
+	assert_int_equal(mp_store_open(model, &s), 0);
+	t_log_capture();
+	for (int short_dense = 0; short_dense < 2; short_dense++) {
+		const char *sock = t_path(short_dense ? "short.sock" : "unsealed.sock");
+		pid_t f = fake_daemon(sock, short_dense);
+		int err;
+
+		t_log_reset();
+		err = mp_attach_open(s, sock, &a);
+		if (err == -EPERM || err == -EOPNOTSUPP) {
+			kill(f, SIGKILL);
+			waitpid(f, NULL, 0);
+			no_uffd(err);
+		}
+		assert_int_equal(err, -EPROTO);
+		assert_null(a);
+		assert_true(t_log_contains("sealed bytes this model's take"));
+		assert_int_equal(wait_child(f, 20), 0);
+	}
+	mp_store_close(s);
+}
+
+static int touch_every_expert(void *arg)
+{
+	struct mp_attach *a = arg;
+	volatile const char *p;
+	unsigned sum = 0;
+
+	for (uint32_t k = 0; k < layers * experts; k++) {
+		p = mp_attach_expert(a, k / experts, k % experts);
+		sum += (unsigned)p[0];
+	}
+	return (int)(sum & 0);
+}
+
+static void full_budget_holds_every_expert_whose_bytes_are_no_page_multiple(void **state)
+{
+	const char *sock = t_path("odd.sock"), *odd = t_path("odd.mpk"), *keep = model;
+	struct mp_pagerd_stats st;
+	struct mp_geometry g;
+	struct mp_attach *a;
+	struct mp_store *s;
+	int err;
+	pid_t d;
+
+	(void)state;
+	assert_int_equal(mp_gen_preset("tiny", &g), 0);
+	g.ffn = 100;		/* 3 x 128 x 100 f32: 37.5 pages an expert */
+	assert_int_equal(mp_gen_model(odd, &g, 5, "odd", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(odd, &s), 0);
+	assert_true(mp_store_expert_bytes(s) % 4096);
+	model = odd;
+	d = start_daemon(sock, "100%");
+	model = keep;
+	err = mp_attach_open(s, sock, &a);
+	if (err)
+		no_uffd(err);
+	assert_int_equal(err, 0);
+	for (int round = 0; round < 2; round++)
+		assert_int_equal(mp_attach_guard(a, touch_every_expert, a), 0);
+	assert_int_equal(mp_attach_daemon_stats(a, &st), 0);
+	/* Charged its bytes, not its rounded tail: all fit, nothing is read twice. */
+	assert_int_equal(st.fills, layers * experts);
+	assert_int_equal(st.evictions, 0);
+	assert_int_equal(st.resident_bytes, (uint64_t)layers * experts * mp_store_expert_bytes(s));
+	mp_attach_close(a);
+	mp_store_close(s);
 	stop_daemon(d);
 }
 
@@ -611,6 +899,10 @@ int main(void)
 		T(failed_fill_is_an_error_naming_the_expert_and_is_retried),
 		T(budget_changes_while_attached_evict_down_and_grow_back),
 		T(another_model_or_version_is_refused_with_a_message),
+		T(dense_weights_are_the_files_lent_to_the_runner_and_read_once),
+		T(corrupt_dense_tensor_keeps_the_daemon_from_starting),
+		T(dense_weights_not_sealed_or_short_are_refused),
+		T(full_budget_holds_every_expert_whose_bytes_are_no_page_multiple),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

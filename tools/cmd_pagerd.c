@@ -28,7 +28,9 @@ static const char doc[] =
 	"every engine process that attaches on --socket (moepager run --attach SOCKET,\n"
 	"mp_attach_open()): the daemon maps experts into the engines with\n"
 	"UFFDIO_CONTINUE, reads missing ones from the model file once for all of them,\n"
-	"and evicts by punching holes in the memfd. Engines of another moepager version\n"
+	"and evicts by punching holes in the memfd. It also reads the model's dense\n"
+	"weights once at start (checksums checked) into a sealed memfd the engines map\n"
+	"read-only: they copy and read none. Engines of another moepager version\n"
 	"or of another model are refused with a message. Runs until SIGINT or SIGTERM;\n"
 	"prints \"ready SOCKET\" once engines can attach (with --json, stdout holds only\n"
 	"the JSON: wait for the socket instead).\n"
@@ -37,7 +39,7 @@ static const char doc[] =
 	"smaller one before answering) and prints its counters.\n"
 	"\n"
 	"--json prints the daemon's counters as one object at exit: budget_bytes,\n"
-	"resident_bytes, resident_peak_bytes, memfd_bytes, disk_bytes_read, fills,\n"
+	"dense_bytes, resident_bytes, resident_peak_bytes, memfd_bytes, disk_bytes_read, fills,\n"
 	"evictions, faults, continues, fill_failures, clients_total, refused, dropped.\n"
 	"\n"
 	"EXAMPLES:\n"
@@ -56,7 +58,7 @@ static const struct argp_option opts[] = {
 	{ "pages", OPT_PAGES, "KIND", 0,
 	  "small (4 KiB shmem, the default), thp (shmem asked for THP; the kernel's\n"
 	  "shmem_enabled decides) or hugetlb (2 MiB MFD_HUGETLB pages; vm.nr_hugepages must\n"
-	  "hold the budget)", 0 },
+	  "hold the budget's experts, each rounded up to whole pages)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print the counters as one JSON object at exit", 0 },
 	{ 0 },
 };
@@ -120,8 +122,9 @@ static void print_stats(const struct mp_pagerd_stats *s)
 	const struct mp_pagerd_stats st = *s;
 	json_t *o;
 
-	o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 		      "budget_bytes", (json_int_t)st.budget_bytes,
+		      "dense_bytes", (json_int_t)st.dense_bytes,
 		      "resident_bytes", (json_int_t)st.resident_bytes,
 		      "resident_peak_bytes", (json_int_t)st.resident_peak_bytes,
 		      "memfd_bytes", (json_int_t)st.memfd_bytes,

@@ -5,8 +5,11 @@
  * the userfaultfd to the daemon, which serves every fault. A watcher thread
  * notices the daemon's death; it then serves the userfaultfd itself, with
  * poison, so every thread waiting or faulting later gets SIGBUS and its
- * guard an error (-ENOTCONN), never a hang.
+ * guard an error (-ENOTCONN), never a hang. The dense weights are the
+ * daemon's sealed memfd mapped read-only: no fault of theirs reaches the
+ * daemon, so its death leaves them readable.
  */
+#include <fcntl.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -16,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <linux/userfaultfd.h>
@@ -35,6 +39,9 @@ struct mp_attach {
 	uint32_t layers, experts;
 	uint64_t slot_bytes, data_bytes, bytes, page;
 	char *base;
+	char *dense;			/* the dense weights, read-only (NULL: none) */
+	uint64_t dense_bytes;
+	uint64_t *dense_off;		/* per tensor of the store: its offset in dense */
 	int sock, uffd, stop_fd;
 	pthread_t watcher;
 	bool watching;
@@ -213,6 +220,50 @@ static int attach_map(struct mp_attach *a, int memfd)
 	return mp_uffd_shared_register(a->uffd, a->base, a->bytes, "attach");
 }
 
+/* The dense weights: the daemon's sealed memfd, laid out as mp_share_dense_layout() says. */
+static int attach_dense(struct mp_attach *a)
+{
+	struct mp_share_hello req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_DENSE };
+	uint32_t n = mp_store_tensor_count(a->store);
+	struct mp_share_reply rep;
+	struct stat sb;
+	uint64_t want;
+	int fd = -1, seals, err;
+
+	a->dense_off = calloc(n ? n : 1, sizeof(*a->dense_off));
+	if (!a->dense_off)
+		return -ENOMEM;
+	want = mp_share_dense_layout(a->store, a->dense_off);
+	err = exchange(a->sock, &req, sizeof(req), -1, &rep, sizeof(rep), &fd);
+	if (err) {
+		err = mp_err(err, "attach %s: asking for the dense weights: %s", a->path,
+			     strerror(-err));
+		goto out;
+	}
+	seals = fd < 0 ? -1 : fcntl(fd, F_GET_SEALS);
+	if (rep.status || fd < 0 || fstat(fd, &sb) || (uint64_t)sb.st_size != want ||
+	    rep.dense_bytes != want || seals < 0 ||
+	    (seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) !=
+	    (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) {
+		err = mp_err(-EPROTO, "attach %s: the daemon's dense weights (%s, %llu bytes, "
+			     "seals %#x) are not the %llu sealed bytes this model's take", a->path,
+			     fd < 0 ? "no memfd" : "a memfd", (unsigned long long)rep.dense_bytes,
+			     seals, (unsigned long long)want);
+		goto out;
+	}
+	a->dense_bytes = want;
+	a->dense = want ? mmap(NULL, want, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	if (a->dense == MAP_FAILED) {
+		a->dense = NULL;
+		err = mp_err(-errno, "attach %s: mapping the dense weights: %s", a->path,
+			     strerror(errno));
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	return err;
+}
+
 int mp_attach_open(struct mp_store *store, const char *socket_path, struct mp_attach **out)
 {
 	struct mp_share_attach msg = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_ATTACH };
@@ -237,6 +288,8 @@ int mp_attach_open(struct mp_store *store, const char *socket_path, struct mp_at
 		err = attach_map(a, memfd);
 	if (memfd >= 0)
 		close(memfd);
+	if (!err)
+		err = attach_dense(a);
 	if (!err) {
 		msg.base = (uint64_t)(uintptr_t)a->base;
 		err = exchange(a->sock, &msg, sizeof(msg), a->uffd, &rep, sizeof(rep), NULL);
@@ -275,6 +328,9 @@ void mp_attach_close(struct mp_attach *a)
 	mp_guard_unregister_range(a);
 	if (a->base)
 		munmap(a->base, a->bytes);
+	if (a->dense)
+		munmap(a->dense, a->dense_bytes);
+	free(a->dense_off);
 	if (a->uffd >= 0)
 		close(a->uffd);
 	if (a->sock >= 0)
@@ -297,6 +353,14 @@ const void *mp_attach_expert(struct mp_attach *a, uint32_t layer, uint32_t exper
 		return NULL;
 	}
 	return a->base + ((uint64_t)layer * a->experts + expert) * a->slot_bytes;
+}
+
+const void *mp_attach_tensor(struct mp_attach *a, const struct mp_tensor_info *t)
+{
+	for (uint32_t i = 0; a->dense && t && i < mp_store_tensor_count(a->store); i++)
+		if (mp_store_tensor_at(a->store, i) == t)
+			return a->dense + a->dense_off[i];
+	return NULL;
 }
 
 int mp_attach_guard(struct mp_attach *a, int (*fn)(void *arg), void *arg)
@@ -336,16 +400,20 @@ int mp_attach_warm(struct mp_attach *a, uint32_t *touched)
 	 * mincore() of a shared mapping asks the memfd's page cache, not the
 	 * page tables: it says what the daemon holds without faulting. The
 	 * first page stands for the expert (the daemon fills and maps whole
-	 * experts, and evicts whole experts).
+	 * experts, and evicts whole experts). One byte: mincore() counts 4 KiB
+	 * pages even in a hugetlb mapping.
 	 */
 	for (uint64_t i = 0; i < n && !err; i++) {
-		if (mincore(a->base + i * a->slot_bytes, a->page, &vec[i]))
+		if (mincore(a->base + i * a->slot_bytes, PAGE, &vec[i]))
 			err = mp_err(-errno, "attach %s: mincore of expert %llu: %s", a->path,
 				     (unsigned long long)i, strerror(errno));
 		count += vec[i] & 1;
 	}
 	if (!err)
 		err = mp_attach_guard(a, touch_present, arg);
+	/* The dense weights' page tables too, in one call instead of a fault per page. */
+	if (!err && a->dense && madvise(a->dense, a->dense_bytes, MADV_POPULATE_READ))
+		mp_warn("attach %s: mapping the dense weights ahead: %s", a->path, strerror(errno));
 	free(vec);
 	if (!err && touched)
 		*touched = count;
@@ -405,11 +473,17 @@ static int source_guard(void *ctx, int (*fn)(void *arg), void *arg)
 	return mp_attach_guard(ctx, fn, arg);
 }
 
+static const void *source_tensor(void *ctx, const struct mp_tensor_info *t)
+{
+	return mp_attach_tensor(ctx, t);
+}
+
 const struct mp_expert_source_ops *mp_attach_source_ops(void)
 {
 	static const struct mp_expert_source_ops ops = {
 		.expert = source_expert,
 		.guard = source_guard,
+		.tensor = source_tensor,
 	};
 
 	return &ops;

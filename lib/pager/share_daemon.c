@@ -9,7 +9,9 @@
  * address space; a fault on a hole reads the expert from the file tier into
  * the daemon's own mapping of the memfd first. Eviction punches the hole,
  * which unmaps the pages from every process at once: the budget is one
- * number across processes.
+ * number across processes. The dense (non-expert) weights are read once, at
+ * open, into a second memfd, sealed: engines map it read-only and read
+ * them there, with no fault to serve.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -60,6 +62,9 @@ struct mp_pagerd {
 	uint32_t pages;			/* enum mp_pagerd_pages */
 	int memfd;
 	char *alias;			/* the daemon's own mapping of the memfd */
+	int dense_fd;			/* the dense weights' memfd, sealed */
+	char *dense;			/* the daemon's read-only mapping of it */
+	uint64_t dense_bytes;
 	int listen_fd;
 	int stop_fd;			/* eventfd */
 	struct mp_tier *tier;
@@ -94,6 +99,7 @@ void mp_pagerd_stats(struct mp_pagerd *d, struct mp_pagerd_stats *out)
 	*out = d->st;
 	pthread_mutex_unlock(&d->lock);
 	out->memfd_bytes = memfd_backed(d);
+	out->dense_bytes = d->dense_bytes;
 	memset(out->reserved, 0, sizeof(out->reserved));
 }
 
@@ -116,14 +122,19 @@ static void slot_punch(struct mp_pagerd *d, uint32_t s)
 	if (d->present[s]) {
 		d->present[s] = false;
 		pthread_mutex_lock(&d->lock);
-		d->st.resident_bytes -= d->data_bytes;
+		d->st.resident_bytes -= d->expert_bytes;
 		d->st.evictions++;
 		pthread_mutex_unlock(&d->lock);
 	}
 	d->epoch[s]++;
 }
 
-/* Evicts least recently used experts (never keep) until `extra` more bytes fit the budget. */
+/*
+ * Evicts least recently used experts (never keep) until `extra` more bytes
+ * fit the budget. An expert is charged its bytes, as the pager charges it,
+ * not its page-rounded tail: a budget of N experts' bytes holds N experts in
+ * any kind of page.
+ */
 static void make_room(struct mp_pagerd *d, uint32_t keep, uint64_t extra)
 {
 	while (d->st.resident_bytes + extra > d->st.budget_bytes) {
@@ -159,7 +170,7 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	uint64_t sum;
 	int err;
 
-	make_room(d, s, d->data_bytes);
+	make_room(d, s, d->expert_bytes);
 	XXH3_64bits_reset(d->hash);
 	err = mp_tier_read(d->tier, &rd);
 	if (!err) {
@@ -178,7 +189,7 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	d->present[s] = true;
 	pthread_mutex_lock(&d->lock);
 	d->st.fills++;
-	d->st.resident_bytes += d->data_bytes;
+	d->st.resident_bytes += d->expert_bytes;
 	d->st.resident_peak_bytes = MP_MAX(d->st.resident_peak_bytes, d->st.resident_bytes);
 	pthread_mutex_unlock(&d->lock);
 	return 0;
@@ -310,17 +321,25 @@ static int on_hello(struct mp_pagerd *d, struct client *c, const struct mp_share
 	return mp_share_send(c->sock, &rep, sizeof(rep), d->memfd);
 }
 
+/* The dense weights' memfd: sealed, so what a client maps cannot change under it. */
+static int on_dense(struct mp_pagerd *d, struct client *c)
+{
+	struct mp_share_reply rep = { .magic = MP_SHARE_MAGIC, .dense_bytes = d->dense_bytes };
+
+	return mp_share_send(c->sock, &rep, sizeof(rep), d->dense_fd);
+}
+
 /* A new budget for every process: a smaller one evicts down to it before the answer. */
 static int on_budget(struct mp_pagerd *d, struct client *c, uint64_t bytes)
 {
 	struct mp_share_reply rep = { .magic = MP_SHARE_MAGIC };
-	uint64_t total = (uint64_t)d->nslots * d->data_bytes;
+	uint64_t total = mp_store_total_expert_bytes(d->store);
 
-	if (bytes < d->data_bytes) {
+	if (bytes < d->expert_bytes) {
 		rep.status = -EINVAL;
 		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: budget %llu bytes is "
 			 "below one expert (%llu)", d->path, (unsigned long long)bytes,
-			 (unsigned long long)d->data_bytes);
+			 (unsigned long long)d->expert_bytes);
 		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 	}
 	pthread_mutex_lock(&d->lock);
@@ -384,6 +403,10 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		if (fd >= 0)
 			close(fd);
 		return on_budget(d, c, m.b.bytes);
+	case MP_SHARE_DENSE:
+		if (fd >= 0)
+			close(fd);
+		return on_dense(d, c);
 	case MP_SHARE_STATS: {
 		struct mp_share_stats rep = { .magic = MP_SHARE_MAGIC };
 
@@ -540,9 +563,9 @@ static int daemon_budget(struct mp_pagerd *d, const struct mp_pagerd_config *cfg
 
 		b = MP_MIN(total, (uint64_t)pages * (uint64_t)psz / 2);
 	}
-	if (b < d->data_bytes)
+	if (b < d->expert_bytes)
 		return mp_err(-EINVAL, "pagerd: budget %llu bytes is below one expert (%llu)",
-			      (unsigned long long)b, (unsigned long long)d->data_bytes);
+			      (unsigned long long)b, (unsigned long long)d->expert_bytes);
 	d->st.budget_bytes = MP_ALIGN_UP(MP_MIN(b, total), d->page);
 	return 0;
 }
@@ -570,11 +593,13 @@ static int daemon_memory(struct mp_pagerd *d)
 	int err;
 
 	if (d->pages == MP_PAGERD_PAGES_HUGETLB) {
-		if (hugetlb_free() * d->page < d->st.budget_bytes)
+		/* The experts the budget holds, each with its tail rounded up to a page. */
+		uint64_t need = d->st.budget_bytes / d->expert_bytes * (d->data_bytes / d->page);
+
+		if (hugetlb_free() < need)
 			return mp_err(-ENOMEM, "pagerd: hugetlb pages: %llu free of 2 MiB, the budget "
 				      "needs %llu (raise vm.nr_hugepages)",
-				      (unsigned long long)hugetlb_free(),
-				      (unsigned long long)(d->st.budget_bytes / d->page));
+				      (unsigned long long)hugetlb_free(), (unsigned long long)need);
 		flags |= MFD_HUGETLB | MFD_HUGE_2MB;
 	}
 	d->memfd = memfd_create("moepager-host-tier", flags);
@@ -598,6 +623,65 @@ static int daemon_memory(struct mp_pagerd *d)
 		err = mp_io_open(32, &d->io);
 	d->hash = XXH3_createState();
 	return err ? err : d->hash ? 0 : -ENOMEM;
+}
+
+/* Reads every dense tensor (checksums checked) into the memfd at its place in the layout. */
+static int dense_fill(struct mp_pagerd *d, char *dst)
+{
+	uint32_t n = mp_store_tensor_count(d->store);
+	uint64_t *off = calloc(n ? n : 1, sizeof(*off));
+	int err = off ? 0 : -ENOMEM;
+
+	if (off)
+		mp_share_dense_layout(d->store, off);
+	for (uint32_t i = 0; i < n && !err; i++)
+		err = mp_store_read_tensor(d->store, mp_store_tensor_at(d->store, i), dst + off[i]);
+	free(off);
+	return err;
+}
+
+/*
+ * The dense weights, once for every client: read into a memfd through a
+ * writable mapping, which is then dropped so the memfd can be sealed
+ * against writes and resizing; the daemon keeps a read-only mapping (its
+ * pages count in its PSS, once).
+ */
+static int daemon_dense(struct mp_pagerd *d)
+{
+	uint64_t len = mp_share_dense_layout(d->store, NULL), t0 = mp_now_ns();
+	char *w;
+	int err;
+
+	d->dense_fd = memfd_create("moepager-dense", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (d->dense_fd < 0)
+		return mp_err(-errno, "pagerd: memfd_create for the dense weights: %s",
+			      strerror(errno));
+	d->dense_bytes = len;
+	if (ftruncate(d->dense_fd, (off_t)len))
+		return mp_err(-errno, "pagerd: sizing the dense weights' memfd to %llu bytes: %s",
+			      (unsigned long long)len, strerror(errno));
+	w = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, d->dense_fd, 0) : NULL;
+	if (w == MAP_FAILED)
+		return mp_err(-errno, "pagerd: mapping the dense weights' memfd: %s",
+			      strerror(errno));
+	err = w ? dense_fill(d, w) : 0;
+	if (w)
+		munmap(w, len);
+	if (err)
+		return err;
+	if (fcntl(d->dense_fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW |
+		  F_SEAL_SEAL))
+		return mp_err(-errno, "pagerd: sealing the dense weights' memfd: %s",
+			      strerror(errno));
+	d->dense = len ? mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, d->dense_fd, 0) :
+			 NULL;
+	if (d->dense == MAP_FAILED) {
+		d->dense = NULL;
+		return mp_err(-errno, "pagerd: mapping the dense weights: %s", strerror(errno));
+	}
+	mp_info("pagerd: %llu bytes of dense weights read and checked in %.3f s",
+		(unsigned long long)len, (double)(mp_now_ns() - t0) / 1e9);
+	return 0;
 }
 
 static int daemon_tables(struct mp_pagerd *d, uint32_t max_clients)
@@ -635,7 +719,7 @@ int mp_pagerd_open(struct mp_store *store, const struct mp_pagerd_config *cfg,
 		return -ENOMEM;
 	pthread_mutex_init(&d->lock, NULL);
 	d->store = store;
-	d->memfd = d->listen_fd = -1;
+	d->memfd = d->listen_fd = d->dense_fd = -1;
 	d->layers = g->layers;
 	d->experts = g->experts;
 	d->nslots = d->layers * d->experts;
@@ -653,8 +737,11 @@ int mp_pagerd_open(struct mp_store *store, const struct mp_pagerd_config *cfg,
 		err = daemon_tables(d, cfg->max_clients);
 	if (!err)
 		err = daemon_memory(d);
+	/* The socket first: a second daemon is refused before it reads anything. */
 	if (!err)
 		err = listen_on(d, cfg->socket_path);
+	if (!err)
+		err = daemon_dense(d);
 	if (err) {
 		mp_pagerd_close(d);
 		return err;
@@ -682,6 +769,10 @@ void mp_pagerd_close(struct mp_pagerd *d)
 		munmap(d->alias, d->memfd_bytes);
 	if (d->memfd >= 0)
 		close(d->memfd);
+	if (d->dense)
+		munmap(d->dense, d->dense_bytes);
+	if (d->dense_fd >= 0)
+		close(d->dense_fd);
 	mp_io_close(d->io);
 	mp_tier_destroy(d->tier);
 	if (d->hash)

@@ -1,11 +1,24 @@
 // SPDX-License-Identifier: MIT
-/* The pager daemon's messages: one SOCK_SEQPACKET message each, with at most one fd. */
+/* The pager daemon's messages (one SOCK_SEQPACKET message each) and the dense weights' layout. */
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "pager/share_priv.h"
+
+uint64_t mp_share_dense_layout(const struct mp_store *s, uint64_t *off)
+{
+	uint64_t at = 0;
+
+	for (uint32_t i = 0; i < mp_store_tensor_count(s); i++) {
+		if (off)
+			off[i] = at;
+		at += MP_ALIGN_UP(mp_store_tensor_at(s, i)->bytes, 4096);
+	}
+	return at;
+}
 
 int mp_share_send(int sock, const void *buf, size_t len, int fd)
 {

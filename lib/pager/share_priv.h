@@ -11,13 +11,15 @@
 
 /* One SOCK_SEQPACKET message each; a version change bumps MP_SHARE_PROTO. */
 #define MP_SHARE_MAGIC	0x4552414853504dull	/* "MPSHARE" */
-#define MP_SHARE_PROTO	1
+#define MP_SHARE_PROTO	2
 
 enum mp_share_op {
 	MP_SHARE_HELLO = 1,	/* client -> daemon; the reply carries the memfd */
 	MP_SHARE_ATTACH,	/* client -> daemon, with the client's userfaultfd */
 	MP_SHARE_STATS,		/* client -> daemon; the reply carries struct mp_pagerd_stats */
 	MP_SHARE_BUDGET,	/* client -> daemon: struct mp_share_budget; a mp_share_reply */
+	MP_SHARE_DENSE,		/* client -> daemon; the reply (dense_bytes) carries the
+				 * sealed memfd of the dense weights */
 };
 
 struct mp_share_hello {
@@ -40,6 +42,7 @@ struct mp_share_reply {
 	uint64_t data_bytes;
 	uint64_t memfd_bytes;
 	uint64_t page_bytes;	/* the memfd's page size: 4 KiB, or 2 MiB for hugetlb */
+	uint64_t dense_bytes;	/* MP_SHARE_DENSE: the dense memfd's size */
 	char message[256];
 };
 
@@ -63,6 +66,15 @@ struct mp_share_stats {
 	uint32_t pad;
 	struct mp_pagerd_stats stats;
 };
+
+/*
+ * The dense weights' memfd: every non-expert tensor of the store, in table
+ * order, each at a multiple of 4 KiB, as the .mpk holds it. off (may be
+ * NULL) gets each tensor's offset; returns the memfd's size. The daemon and
+ * its clients lay it out alike (the handshake made sure they have the same
+ * model and library).
+ */
+uint64_t mp_share_dense_layout(const struct mp_store *s, uint64_t *off);
 
 /* Sends one message, with fd when >= 0. Returns 0, -ENOTCONN when the peer is gone, or -errno. */
 int mp_share_send(int sock, const void *buf, size_t len, int fd);

@@ -27,10 +27,11 @@ static struct bb_env {
 	uint32_t prompt;
 	uint32_t repeat;
 	const char *budget;
+	const char *attach;
 	bool json;
 } env;
 
-enum { OPT_BATCH = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_BUDGET, OPT_JSON };
+enum { OPT_BATCH = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_BUDGET, OPT_ATTACH, OPT_JSON };
 
 static const char doc[] =
 	"Decodes B sequences together (mp_runner_batch) for each batch size B and\n"
@@ -42,7 +43,9 @@ static const char doc[] =
 	"Each sequence has its own random prompt (--prompt tokens) and decodes\n"
 	"greedily for --tokens steps; figures are medians over --repeat runs.\n"
 	"Experts are resident unless --budget pages them (then the bound is not the\n"
-	"disk's, and the ratio says what paging costs).\n"
+	"disk's, and the ratio says what paging costs) or --attach reads them, and the\n"
+	"dense weights, in a pager daemon's memfds (warmed first: every expert the\n"
+	"daemon holds is mapped before the runs).\n"
 	"\n"
 	"--json prints {model, threads, membw_gbps, results: [{batch, tok_s, steps_s,\n"
 	"weight_bytes_per_step, weights_gbps, bound_tok_s, bound_ratio, speedup}]}:\n"
@@ -58,6 +61,7 @@ static const struct argp_option opts[] = {
 	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each sequence (default 16)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per batch size (default 3)", 0 },
 	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget", 0 },
+	{ "attach", OPT_ATTACH, "SOCKET", 0, "Read the weights from the pager daemon on SOCKET", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -99,6 +103,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_BUDGET: env.budget = arg; break;
+	case OPT_ATTACH: env.attach = arg; break;
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
@@ -109,6 +114,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.model)
 			argp_error(state, "--model FILE is required");
+		if (env.attach && env.budget)
+			argp_error(state, "--attach reads the daemon's tier: no --budget with it");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -124,6 +131,7 @@ struct bench {
 	struct mp_engine *engine;
 	struct mp_resident *resident;
 	struct mp_pager *pager;
+	struct mp_attach *attach;
 	struct mp_runner *runner;
 	struct mp_membw *membw;
 	uint32_t vocab;
@@ -183,7 +191,13 @@ static int open_bench(struct bench *b)
 	err = mp_store_open(env.model, &b->store);
 	if (!err)
 		err = mp_engine_open(env.eng.engine ? env.eng.engine : "ref", &ec, &b->engine);
-	if (!err && env.budget) {
+	if (!err && env.attach) {
+		err = mp_attach_open(b->store, env.attach, &b->attach);
+		if (!err)
+			err = mp_attach_warm(b->attach, NULL);
+		rc.source = mp_attach_source_ops();
+		rc.source_ctx = b->attach;
+	} else if (!err && env.budget) {
 		err = mp_pager_open(b->store, &(struct mp_pager_config){ .budget = env.budget },
 				    &b->pager);
 		rc.source = mp_pager_source_ops();
@@ -208,6 +222,7 @@ static void close_bench(struct bench *b)
 	mp_membw_close(b->membw);
 	mp_runner_close(b->runner);
 	mp_pager_close(b->pager);
+	mp_attach_close(b->attach);
 	mp_resident_close(b->resident);
 	mp_engine_close(b->engine);
 	mp_store_close(b->store);
@@ -283,8 +298,8 @@ int cmd_batchbench(int argc, char **argv)
 	} else if (env.json) {
 		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
 				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),
-				      "source", env.budget ? "paged" : "resident", "results",
-				      results);
+				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
+				      "results", results);
 
 		results = NULL;
 		json_dumpf(o, stdout, JSON_INDENT(1));

@@ -4,6 +4,7 @@
  * host tier (moepager pagerd) against a second full copy and a cold restart.
  */
 #include <argp.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,9 +45,9 @@ static const char doc[] =
 	"--json prints one object: per setup scale_up_s (start of the new process to\n"
 	"ready), scale_down_s (the command to the old process's exit), downtime_s (no\n"
 	"engine ready: 0 when the old one stays until the new one is ready),\n"
-	"peak_memory_bytes (the sum of every process's PSS while both engines run:\n"
-	"memfd pages counted once), disk_bytes_read (by the new engine's start), and\n"
-	"ratios to the cold restart.\n"
+	"peak_memory_bytes (while both engines run, the sum over processes of PSS\n"
+	"without shared memory, plus the daemon's memfds whole: each page once),\n"
+	"disk_bytes_read (by the new engine's start), and ratios to the cold restart.\n"
 	"\n"
 	"With --load RATE the engines are `moepager serve` processes under Poisson\n"
 	"load (RATE requests/s of --prompt-ids random token ids, --max-tokens each)\n"
@@ -54,8 +56,9 @@ static const char doc[] =
 	"half a phase later the first drains and leaves; cold_restart: the server\n"
 	"drains and leaves, then a new one starts), then a phase after. Each setup\n"
 	"adds failed_requests, retried_requests (refused before a token, sent again),\n"
-	"memory before/after, and throughput and SLO attainment per window\n"
-	"(docs/elastic.md).\n"
+	"memory before/after, throughput and SLO attainment per window, and where the\n"
+	"new server's start went (new_server; docs/elastic.md). --pages picks the\n"
+	"shared setup's pages (hugetlb needs vm.nr_hugepages).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench-elastic --model mixtral-mini.mpk --budget 50% --json\n"
@@ -63,7 +66,7 @@ static const char doc[] =
 
 enum {
 	OPT_BUDGET = 0x100, OPT_LOAD, OPT_PHASE, OPT_THREADS, OPT_MAX_TOKENS, OPT_PROMPT_IDS,
-	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED,
+	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED, OPT_PAGES,
 };
 
 static const struct argp_option opts[] = {
@@ -80,6 +83,8 @@ static const struct argp_option opts[] = {
 	{ "retry-s", OPT_RETRY, "S", 0,
 	  "--load: a refused request is sent again for up to S s (default 60)", 0 },
 	{ "seed", OPT_SEED, "N", 0, "--load: arrivals and prompts from this seed (1)", 0 },
+	{ "pages", OPT_PAGES, "KIND", 0,
+	  "The shared setup's host tier: small (default), thp or hugetlb (moepager pagerd)", 0 },
 	{ 0 },
 };
 
@@ -130,6 +135,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.load.seed))
 			argp_usage(state);
+		break;
+	case OPT_PAGES:
+		if (strcmp(arg, "small") && strcmp(arg, "thp") && strcmp(arg, "hugetlb"))
+			argp_error(state, "--pages %s: small, thp or hugetlb", arg);
+		env.load.pages = arg;
 		break;
 	default:
 		return cli_parse_one_path(key, arg, state, &env.path);
@@ -272,9 +282,36 @@ uint64_t eb_proc_number(pid_t pid, const char *file, const char *fmt)
 	return v;
 }
 
-uint64_t eb_pss_of(pid_t pid)
+/* Bytes backing the memfds a process holds open (the daemon's host tier and dense weights). */
+static uint64_t memfd_bytes_of(pid_t pid)
 {
-	return eb_proc_number(pid, "smaps_rollup", "Pss: %llu kB") * 1024;
+	char dir[32], path[300], link[64];
+	uint64_t sum = 0;
+	struct dirent *e;
+	struct stat sb;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	d = opendir(dir);
+	while (d && (e = readdir(d))) {
+		ssize_t n;
+
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n > 7 && !strncmp(link, "/memfd:", 7) && !stat(path, &sb))
+			sum += (uint64_t)sb.st_blocks * 512;
+	}
+	if (d)
+		closedir(d);
+	return sum;
+}
+
+uint64_t eb_memory_of(pid_t pid)
+{
+	uint64_t pss = eb_proc_number(pid, "smaps_rollup", "Pss: %llu kB");
+	uint64_t shmem = eb_proc_number(pid, "smaps_rollup", "Pss_Shmem: %llu kB");
+
+	return (pss > shmem ? pss - shmem : 0) * 1024 + memfd_bytes_of(pid);
 }
 
 int eb_warm_tier(const char *sock)
@@ -307,7 +344,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 
 	snprintf(sock, sizeof(sock), "/tmp/moepager-elastic-%d.sock", (int)getpid());
 	cli_drop_caches(fd);
-	d = cli_start_pagerd(env.path, sock, budget, "small");
+	d = cli_start_pagerd(env.path, sock, budget, env.load.pages);
 	if (d < 0)
 		return (int)d;
 	err = engine_start(&e1, sock, 0, &r1);
@@ -316,7 +353,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = eb_pss_of(d) + eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
+		o->peak_memory = eb_memory_of(d) + eb_memory_of(e1.pid) + eb_memory_of(e2.pid);
 		o->downtime_s = 0;	/* e1 stays mapped until e2 is ready */
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -340,7 +377,7 @@ static int run_copy(uint64_t budget, int fd, struct setup *o)
 	if (!err) {
 		o->scale_up_s = r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = eb_pss_of(e1.pid) + eb_pss_of(e2.pid);
+		o->peak_memory = eb_memory_of(e1.pid) + eb_memory_of(e2.pid);
 		o->downtime_s = 0;
 	}
 	o->scale_down_s = engine_stop(&e1);
@@ -362,7 +399,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		engine_stop(&e1);
 		return err;
 	}
-	peak = eb_pss_of(e1.pid);
+	peak = eb_memory_of(e1.pid);
 	o->scale_down_s = engine_stop(&e1);
 	cli_drop_caches(fd);
 	err = engine_start(&e2, NULL, budget, &r2);
@@ -370,7 +407,7 @@ static int run_restart(uint64_t budget, int fd, struct setup *o)
 		o->scale_up_s = r2.ready_s;
 		o->downtime_s = o->scale_down_s + r2.ready_s;
 		o->disk_bytes = r2.disk_bytes;
-		o->peak_memory = (peak > eb_pss_of(e2.pid) ? peak : eb_pss_of(e2.pid));
+		o->peak_memory = (peak > eb_memory_of(e2.pid) ? peak : eb_memory_of(e2.pid));
 	}
 	engine_stop(&e2);
 	return err;
@@ -433,7 +470,7 @@ int cmd_elasticbench(int argc, char **argv)
 	memset(&env, 0, sizeof(env));
 	env.load = (struct el_config){ .phase = 20, .threads = 1, .max_tokens = 16,
 				       .prompt_ids = 16, .slo_ttft_ms = 2000, .slo_tpot_ms = 500,
-				       .retry_s = 60, .seed = 1 };
+				       .retry_s = 60, .seed = 1, .pages = "small" };
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)

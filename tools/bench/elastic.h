@@ -10,8 +10,16 @@
 
 /* The number the first line of /proc/PID/file matching fmt ("key: %llu") holds; 0 if none. */
 uint64_t eb_proc_number(pid_t pid, const char *file, const char *fmt);
-/* Proportional set size of a process from smaps_rollup, in bytes (0 when unreadable). */
-uint64_t eb_pss_of(pid_t pid);
+/*
+ * A process's memory, in bytes, such that summing it over processes counts
+ * every page once: its proportional set size (smaps_rollup) without shared
+ * memory pages, plus the memfds it holds open, whole (st_blocks). Shared
+ * memory is the daemon's memfds, held by the daemon alone: their pages count
+ * once, mapped or not, however many processes map them, at any instant
+ * (PSS sums taken a process at a time over- or under-count pages that a
+ * process maps or unmaps in between). 0 when unreadable.
+ */
+uint64_t eb_memory_of(pid_t pid);
 /* Has a process attached to the daemon on sock touch the first fit experts, then leave. */
 int eb_warm_tier(const char *sock);
 
@@ -24,6 +32,7 @@ struct el_config {
 	uint32_t max_tokens, prompt_ids;
 	double slo_ttft_ms, slo_tpot_ms, retry_s;
 	uint64_t seed;
+	const char *pages;		/* the shared setup's daemon: pagerd --pages */
 	int fd;				/* the model file, for dropping its cached pages */
 };
 

@@ -71,7 +71,7 @@ static uint64_t sample(struct sampler *s)
 	pthread_mutex_lock(&s->lock);
 	for (int i = 0; i < MAX_PROCS; i++)
 		if (s->pid[i] > 0)
-			sum += eb_pss_of(s->pid[i]);
+			sum += eb_memory_of(s->pid[i]);
 	s->last = sum;
 	if (sum > s->peak)
 		s->peak = sum;
@@ -278,7 +278,23 @@ struct outcome {
 	double scale_up_s, scale_down_s, downtime_s, during_tok_s;
 	uint64_t disk, peak, before, after;
 	uint32_t failed, retried, requests;
+	struct lg_metrics nb;	/* the new server's /metrics once ready: where its start went */
 };
+
+/*
+ * The new server's start: exec to main (start_s: the binary, its libraries,
+ * the port file's poll), main to listening (open_s), of which warming
+ * (warm_s); and its dense weights, lent by a daemon or read from the file.
+ */
+static json_t *new_server_json(const struct outcome *o)
+{
+	const struct lg_metrics *m = &o->nb;
+
+	return json_pack("{s:f, s:f, s:f, s:I, s:I}", "start_s", o->scale_up_s - m->ready_s,
+			 "open_s", m->ready_s - m->warm_s, "warm_s", m->warm_s,
+			 "dense_lent_bytes", (json_int_t)m->dense_lent,
+			 "dense_read_bytes", (json_int_t)m->dense_read);
+}
 
 static json_t *outcome_json(const struct el_config *c, const struct outcome *o,
 			    const struct lg_run *r, const struct pool_file *pf, double t_up,
@@ -302,7 +318,7 @@ static json_t *outcome_json(const struct el_config *c, const struct outcome *o,
 		      "during", window_json(c, r, c->phase, 2 * c->phase),
 		      "after", window_json(c, r, 2 * c->phase, 3 * c->phase),
 		      "scaling", window_json(c, r, t_up, t_down));
-	return json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:o}",
+	return json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:o, s:o}",
 			 "scale_up_s", o->scale_up_s, "scale_down_s", o->scale_down_s,
 			 "downtime_s", o->downtime_s, "failed_requests", (json_int_t)o->failed,
 			 "retried_requests", (json_int_t)o->retried,
@@ -311,13 +327,14 @@ static json_t *outcome_json(const struct el_config *c, const struct outcome *o,
 			 "memory_before_bytes", (json_int_t)o->before,
 			 "memory_after_bytes", (json_int_t)o->after,
 			 "peak_to_larger_of_before_after", larger ? (double)o->peak / larger : 0,
-			 "disk_bytes_read", (json_int_t)o->disk, "windows", w, "epochs", marks);
+			 "disk_bytes_read", (json_int_t)o->disk, "windows", w, "epochs", marks,
+			 "new_server", new_server_json(o));
 }
 
 /* The pager daemon of the shared setup, warmed: every expert the budget holds in its memfd. */
 static pid_t start_daemon(const struct el_config *c, const char *sock)
 {
-	pid_t d = cli_start_pagerd(c->model, sock, c->budget, "small");
+	pid_t d = cli_start_pagerd(c->model, sock, c->budget, c->pages);
 	int err;
 
 	if (d < 0)
@@ -421,6 +438,8 @@ static int run_setup(const struct el_config *c, enum setup_kind k, const char *d
 			err = server_wait(&b);
 		o->disk = disk_read_of(b.pid);
 		if (!err)
+			lg_scrape(b.url, &o->nb);
+		if (!err)
 			err = pool_publish(&pf, only_b, 1);
 		o->scale_up_s = b.t_ready - b.t_spawn;
 		o->downtime_s = b.t_ready - t_cmd;
@@ -433,6 +452,8 @@ static int run_setup(const struct el_config *c, enum setup_kind k, const char *d
 			err = server_wait(&b);
 		o->disk = disk_read_of(b.pid) + disk_read_of(a.pid) +
 			  (d > 0 ? disk_read_of(d) : 0) - io0;
+		if (!err)
+			lg_scrape(b.url, &o->nb);
 		o->scale_up_s = b.t_ready - b.t_spawn;
 		if (!err)
 			err = pool_publish(&pf, both, 2);
@@ -486,6 +507,8 @@ out:
 	lg_pool_free(&l->pool);
 	free(l);
 	unlink(pf.path);
+	unlink(a.port_file);
+	unlink(b.port_file);
 	return err;
 }
 
@@ -523,11 +546,11 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 	if (!err) {
 		curl_global_cleanup();
 		json_object_set_new(res, "load", json_pack(
-			"{s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f}", "rate", c->rate, "phase_s",
+			"{s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate, "phase_s",
 			c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
 			(json_int_t)c->prompt_ids, "threads_per_server", (json_int_t)c->threads,
 			"slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms", c->slo_tpot_ms, "retry_s",
-			c->retry_s));
+			c->retry_s, "shared_pages", c->pages));
 	}
 	if (!err) {
 		*out = res;

@@ -225,5 +225,9 @@ void lg_scrape(const char *url, struct lg_metrics *out)
 	out->tokens = family_sum(t, "moepager_generation_tokens_total");
 	out->batch_sum = family_sum(t, "moepager_batch_size_sum");
 	out->batch_count = family_sum(t, "moepager_batch_size_count");
+	out->ready_s = family_sum(t, "moepager_serve_ready_seconds");
+	out->warm_s = family_sum(t, "moepager_serve_warm_seconds");
+	out->dense_lent = family_sum(t, "moepager_runner_dense_lent_bytes");
+	out->dense_read = family_sum(t, "moepager_runner_dense_read_bytes");
 	free(t);
 }

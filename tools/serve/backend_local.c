@@ -65,6 +65,7 @@ struct local {
 	pthread_mutex_t step_lock;
 	void (*step_fn)(void *arg);
 	void *step_arg;
+	uint64_t dense_lent, dense_read;	/* the runner's dense weights, from its open */
 };
 
 static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
@@ -172,6 +173,7 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 		metrics_sched(out, l->m.name, &ss);
 	}
 	pthread_rwlock_unlock(&l->sched_lock);
+	metrics_dense(out, l->m.name, l->dense_lent, l->dense_read);
 	if (l->pager) {
 		struct mp_pager_stats ps;
 
@@ -675,8 +677,15 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		*cfg->warm_s = (double)(cli_now_ns() - t) / 1e9;
 	}
 	if (!err) {
+		struct mp_runner_stats rs;
+
 		rc.engine = l->engine;
 		err = mp_runner_open(l->store, &rc, &l->runner);
+		if (!err) {
+			mp_runner_stats(l->runner, &rs);
+			l->dense_lent = rs.dense_lent_bytes;
+			l->dense_read = rs.dense_read_bytes;
+		}
 	}
 	if (!err && cfg->consolidate)
 		err = add_models(l, cfg);

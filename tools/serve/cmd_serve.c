@@ -316,6 +316,7 @@ int cmd_serve(int argc, char **argv)
 		return 1;
 	}
 	env.http.ready_s = (double)(cli_now_ns() - t0) / 1e9;
+	env.http.warm_s = warm_s;
 	err = http_start(&env.http, b, &h);
 	if (err) {
 		b->ops->close(b);

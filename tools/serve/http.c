@@ -959,6 +959,9 @@ void http_metrics(struct http_server *h, struct strbuf *o)
 	metrics_family(o, "moepager_serve_ready_seconds", "gauge",
 		       "From the process's start to listening, the experts warmed.");
 	sb_printf(o, "moepager_serve_ready_seconds %.6f\n", h->cfg.ready_s);
+	metrics_family(o, "moepager_serve_warm_seconds", "gauge",
+		       "Of those, warming the experts and the dense weights (--warm).");
+	sb_printf(o, "moepager_serve_warm_seconds %.6f\n", h->cfg.warm_s);
 	metrics_family(o, "moepager_http_handler_seconds_total", "counter",
 		       "Time in the HTTP handlers (parsing, tokenizing, answering).");
 	sb_printf(o, "moepager_http_handler_seconds_total %.9f\n",

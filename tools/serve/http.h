@@ -23,6 +23,7 @@ struct http_config {
 	uint32_t body_timeout_s;	/* to send its body; 0: 30 */
 	uint64_t epoch;			/* the pool epoch the server joined at (--epoch) */
 	double ready_s;			/* start to ready: backend open and warmed */
+	double warm_s;			/* of which warming (--warm) */
 };
 
 struct http_server;

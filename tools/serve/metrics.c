@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* The scheduler's, pager's and prefetcher's counters as Prometheus text (see metrics.h). */
+/* The runner's, scheduler's, pager's and prefetcher's counters as Prometheus text (metrics.h). */
 #include <math.h>
 
 #include "serve/metrics.h"
@@ -48,6 +48,19 @@ static const char *label(const char *s, char *buf, size_t cap)
 	}
 	buf[n] = '\0';
 	return buf;
+}
+
+void metrics_dense(struct strbuf *o, const char *name, uint64_t lent, uint64_t read)
+{
+	char buf[256];
+	const char *model = label(name, buf, sizeof(buf));
+
+	one(o, "moepager_runner_dense_lent_bytes", "gauge",
+	    "Dense weight bytes the runner reads where its source holds them (a pager daemon's "
+	    "memfd): no copy, nothing read", model, (double)lent);
+	one(o, "moepager_runner_dense_read_bytes", "gauge",
+	    "Dense weight bytes the runner read from the model files into its own memory", model,
+	    (double)read);
 }
 
 void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_stats *s)

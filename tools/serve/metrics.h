@@ -13,6 +13,8 @@ void metrics_pager(struct strbuf *o, const char *model, const struct mp_pager_st
 void metrics_prefetcher(struct strbuf *o, const char *model, const struct mp_prefetcher_stats *s);
 void metrics_adapters(struct strbuf *o, const char *model, const struct mp_adapters_stats *s);
 void metrics_multi(struct strbuf *o, const char *model, const struct mp_multi_stats *s);
+/* Where the runner's dense weights are: bytes lent by its source, bytes read from files. */
+void metrics_dense(struct strbuf *o, const char *model, uint64_t lent, uint64_t read);
 
 /* A family's # HELP and # TYPE lines. */
 void metrics_family(struct strbuf *o, const char *name, const char *type, const char *help);

@@ -237,7 +237,15 @@ struct mp_runner_stats {
 	uint64_t trace_overrides;	/* trace experts differ from the router's */
 	uint64_t steps;			/* forward passes (a batch is one) */
 	uint64_t model_runs;		/* dense passes: one per model in each step */
-	MP_RESERVED(6);
+	/*
+	 * Non-expert tensor bytes the runner reads where its source holds
+	 * them (mp_expert_source_ops.tensor: no copy, nothing read), and bytes
+	 * it read from the model files into its own memory, at open and
+	 * mp_runner_add_model(). Not reset by mp_runner_stats_reset().
+	 */
+	uint64_t dense_lent_bytes;
+	uint64_t dense_read_bytes;
+	MP_RESERVED(4);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);

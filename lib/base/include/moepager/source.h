@@ -22,6 +22,8 @@ extern "C" {
 /* The token id route() reports for prompt tokens (they have no trace index). */
 #define MP_TOKEN_PROMPT UINT32_MAX
 
+struct mp_tensor_info;
+
 struct mp_expert_source_ops {
 	/*
 	 * Address of the expert's gate|up|down bytes as the .mpk lays them out
@@ -85,6 +87,16 @@ struct mp_expert_source_ops {
 	 * before route() reports it. May be NULL.
 	 */
 	int (*resident)(void *ctx, uint32_t layer, uint32_t expert);
+	/*
+	 * Where the runner's model's non-expert tensor t (an entry of its
+	 * store) already is in memory: t->bytes as the .mpk holds them, their
+	 * checksum checked, read-only, 64-byte aligned, valid until the source
+	 * is closed. The runner then reads the tensor there instead of reading
+	 * its own copy from the file: a source that holds the dense weights
+	 * for several processes (a pager daemon's) lends them. NULL (or the op
+	 * NULL): the runner reads the file. Called at open only.
+	 */
+	const void *(*tensor)(void *ctx, const struct mp_tensor_info *t);
 };
 
 struct mp_store;

@@ -4,8 +4,9 @@
  * a memfd) and the budget; engine processes attach over a UNIX socket, map
  * the memfd into their expert range and hand the daemon their userfaultfd,
  * which it resolves (UFFDIO_CONTINUE) and evicts from (holes punched in the
- * memfd, so every process loses the page at once). docs/region.md, "Sharing
- * the host tier", describes it.
+ * memfd, so every process loses the page at once). The daemon also holds
+ * the model's dense weights once, in a sealed memfd the engines map
+ * read-only. docs/region.md, "Sharing the host tier", describes it.
  */
 #ifndef MOEPAGER_SHARE_H
 #define MOEPAGER_SHARE_H
@@ -58,15 +59,18 @@ struct mp_pagerd_stats {
 	uint32_t clients_total;		/* attached since open */
 	uint32_t refused;		/* handshakes refused (version, model, full) */
 	uint32_t dropped;		/* clients gone: detached, died, refused or failed */
-	MP_RESERVED(8);
+	uint64_t dense_bytes;		/* the dense weights' memfd, read once at open */
+	MP_RESERVED(7);
 };
 
 /*
  * Opens a daemon over a store (borrowed: it must outlive the daemon):
  * creates the memfd (sparse, one stride per expert), the file tier and the
  * listening socket (refused with -EADDRINUSE when a live daemon answers on
- * socket_path; a stale socket file is replaced). Returns 0 and sets *out,
- * -EINVAL for a bad config (the message names the field), or -errno.
+ * socket_path; a stale socket file is replaced), then reads every dense
+ * tensor into a second memfd, checking its checksum, and seals it. Returns
+ * 0 and sets *out, -EINVAL for a bad config (the message names the field),
+ * the read's error (-EBADMSG naming the tensor), or -errno.
  */
 MP_API int mp_pagerd_open(struct mp_store *store, const struct mp_pagerd_config *cfg,
 			  struct mp_pagerd **out);
@@ -94,8 +98,9 @@ struct mp_attach;
  * model (mp_store_identity()) with a message, returned here as -EPROTO
  * (version) or -ESTALE (model) with that message logged. On success the
  * experts are readable through mp_attach_expert(), faulted in by the
- * daemon. Returns 0 and sets *out, -ECONNREFUSED/-ENOENT when nothing
- * listens, -EPERM/-EOPNOTSUPP (userfaultfd), or -errno.
+ * daemon, and the dense weights through mp_attach_tensor(). Returns 0 and
+ * sets *out, -ECONNREFUSED/-ENOENT when nothing listens, -EPERM/-EOPNOTSUPP
+ * (userfaultfd), or -errno.
  */
 MP_API int mp_attach_open(struct mp_store *store, const char *socket_path,
 			  struct mp_attach **out);
@@ -106,12 +111,24 @@ MP_API int mp_attach_open(struct mp_store *store, const char *socket_path,
  */
 MP_API const void *mp_attach_expert(struct mp_attach *a, uint32_t layer, uint32_t expert);
 /*
+ * The bytes of t (an entry of the attached store: mp_store_tensor_at() or
+ * mp_store_tensor()) in the daemon's memfd of dense weights, as the .mpk
+ * holds them, checked by the daemon when it read them: read-only, 4 KiB
+ * aligned, valid until close, readable without a guard (they never fault
+ * to the daemon, and stay readable after its death). NULL for a tensor of
+ * another store.
+ */
+MP_API const void *mp_attach_tensor(struct mp_attach *a, const struct mp_tensor_info *t);
+/*
  * Runs fn(arg) and returns its result, or -EIO (the daemon could not read
  * the expert: the next access asks again) or -ENOTCONN (the daemon is gone:
  * every later fault fails the same way) with a message naming the expert.
  */
 MP_API int mp_attach_guard(struct mp_attach *a, int (*fn)(void *arg), void *arg);
-/* The expert source over an attachment (ctx: the struct mp_attach). */
+/*
+ * The expert source over an attachment (ctx: the struct mp_attach); it
+ * lends the runner the dense weights (the tensor op).
+ */
 MP_API const struct mp_expert_source_ops *mp_attach_source_ops(void);
 /*
  * Changes the daemon's budget, for every process attached: a smaller one
@@ -121,9 +138,10 @@ MP_API const struct mp_expert_source_ops *mp_attach_source_ops(void);
 MP_API int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes);
 /*
  * Warms the attachment: maps every expert the daemon's memfd holds now
- * into this process (one fault each, served without reading the disk), so
- * the first requests do not fault on them. *touched (may be NULL) gets how
- * many. Returns 0, or the guard's error (-ENOTCONN when the daemon is gone).
+ * into this process (one fault each, served without reading the disk), and
+ * the dense weights, so the first requests do not fault on them. *touched
+ * (may be NULL) gets how many experts. Returns 0, or the guard's error
+ * (-ENOTCONN when the daemon is gone).
  */
 MP_API int mp_attach_warm(struct mp_attach *a, uint32_t *touched);
 /* Asks the daemon for its counters. Returns 0, -ENOTCONN when it is gone, or -errno. */
