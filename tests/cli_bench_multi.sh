@@ -46,8 +46,10 @@ for r in rows:
     assert r["arrival_rpm"] > 0
     lm = r["layer_ms"]      # the tiny preset: top-2, so buckets of 0, 1 and 2 hits
     assert [b["hits"] for b in lm["moe_by_hits"]] == [0, 1, 2], lm
-    assert sum(b["passes"] for b in lm["moe_by_hits"]) == lm["passes"] > 0, lm
-    assert lm["attention"] > 0
+    # One-token steps only: a run whose every step was batched may have none.
+    assert sum(b["passes"] for b in lm["moe_by_hits"]) == lm["passes"], lm
+    assert (lm["attention"] is None) == (lm["passes"] == 0), lm
+    assert lm["attention"] is None or lm["attention"] > 0, lm
     for b in lm["moe_by_hits"]:
         assert (b["ms"] is None) == (b["passes"] == 0) and (b["ms"] is None or b["ms"] > 0)
     assert 0 < r["ttft_s"]["p50"] <= r["ttft_s"]["p90"], r
@@ -55,6 +57,7 @@ for r in rows:
     assert r["throughput_rpm"] > 0 and isinstance(r["saturated"], bool)
     assert len(r["runs"]) == 1 and r["runs"][0]["completed"] == 6, r
     assert r["runs"][0]["failed"] == 0
+assert sum(r["layer_ms"]["passes"] for r in rows) > 0, rows
 by = {(r["setup"], r["rate"]): r for r in rows}
 for rate in (20.0, 40.0):
     assert by[("single", rate)]["swaps"] == 0

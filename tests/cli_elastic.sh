@@ -160,6 +160,7 @@ xbytes = int(sys.argv[2])
 assert xbytes > 0
 assert d["shared"]["disk_bytes_read"] < xbytes, d["shared"]
 assert d["shared"]["new_server"]["dense_read_bytes"] == 0, d["shared"]["new_server"]
+assert d["shared"]["new_server"]["dense_lent_bytes"] > 0, d["shared"]["new_server"]
 assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
 assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$dir/bench.json" "$xbytes" ||
 	bad "bench-elastic --load's figures"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Description: stress: threads x random experts x a small, changing budget x transient faults,
- * every byte read checked against the store's checksums, for $MOEPAGER_STRESS_SECONDS (20).
+ * every byte read checked against the store's checksums, for $MOEPAGER_STRESS_SECONDS (10) per case.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -144,7 +144,7 @@ static void stress(struct mp_store *s, uint32_t resolve)
 {
 	const char *env_s = getenv("MOEPAGER_STRESS_SECONDS");
 	const char *spec = getenv("MOEPAGER_STRESS_FAULT");
-	double seconds = env_s ? atof(env_s) : 20.0;
+	double seconds = env_s ? atof(env_s) : 10.0;
 	struct mp_pager_config cfg;
 	struct stressor w[READERS];
 	struct budgeter b;

@@ -123,8 +123,13 @@ static void on_removed(void *owner, uint32_t first, uint32_t last, bool unmapped
 		 * fill whose map failed (a FILLING slot's range is the fill's
 		 * alone: before its map there is nothing there to zap).
 		 */
-		if (s->state == ST_CLEARING || s->state == ST_BUSY || s->state == ST_FILLING)
+		if (s->state == ST_CLEARING || s->state == ST_BUSY)
 			continue;
+		if (s->state == ST_FILLING) {
+			/* Its experts are gone if the range went: the fill's map then fails. */
+			s->gone |= unmapped;
+			continue;
+		}
 		if (!told) {
 			plog_warn(p, "the application %s slots %u..%u of the range; their "
 				  "experts %s",

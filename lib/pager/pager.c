@@ -340,6 +340,8 @@ static int source_resident(void *ctx, uint32_t layer, uint32_t expert)
 {
 	int r = mp_pager_residency(ctx, layer, expert);
 
+	if (r < 0)
+		return r;
 	return r == MP_RES_MAPPED || r == MP_RES_HOST;
 }
 

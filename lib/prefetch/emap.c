@@ -1079,7 +1079,8 @@ int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const flo
 	struct neighbours nb = { 0 };
 
 	if (!map || !prefix_layers || prefix_layers > m->cfg.layers || !n ||
-	    target + n > m->cfg.layers || m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
+	    target >= m->cfg.layers || n > m->cfg.layers - target ||
+	    m->cfg.experts > MP_MAX_PREDICT_EXPERTS)
 		return -EINVAL;
 	q = query_of(m, q);
 	if (query_traj(m, q, map, prefix_layers))
