@@ -136,4 +136,13 @@ check "a budget without room beyond the owned experts is refused" \
 check "models in another order than the map's are refused" \
 	refused "v2" --model "$T/v2.mpk" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
 
+gen_refused() {	# gen_refused MESSAGE ARGS...: gen ARGS fails, saying MESSAGE
+	local msg=$1
+	shift
+	"$MOEPAGER" gen "$@" >/dev/null 2>"$T/err" && return 1
+	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
+}
+check "gen --spread without --variant is refused" \
+	gen_refused "needs --variant" --preset tiny --spread 0.1 --out "$T/s.mpk" --quiet
+
 [[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }

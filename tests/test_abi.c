@@ -58,6 +58,7 @@ static void struct_sizes_are_those_released(void **state)
 	assert_int_equal(sizeof(struct mp_prefetcher_stats), 144);
 	assert_int_equal(sizeof(struct mp_runner_config), 112);
 	assert_int_equal(sizeof(struct mp_runner_stats), 112);
+	assert_int_equal(sizeof(struct mp_runner_layer_times), 1088);
 	assert_int_equal(sizeof(struct mp_seq_config), 72);
 	assert_int_equal(sizeof(struct mp_engine_config), 48);
 	assert_int_equal(sizeof(struct mp_traj_opts), 136);

@@ -23,6 +23,7 @@ static struct gen_env {
 	bool set[16];
 	enum mp_dtype dtype;
 	bool set_dtype;
+	bool set_spread;
 } env;
 
 enum {
@@ -122,6 +123,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SPREAD:
 		if (cli_parse_double("--spread", arg, 1e-6, 1, &env.spread))
 			argp_usage(state);
+		env.set_spread = true;
 		break;
 	case OPT_DTYPE:
 		if (mp_dtype_parse(arg, &env.dtype))
@@ -134,6 +136,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.out)
 			argp_error(state, "--out FILE is required");
+		if (env.set_spread && !env.variant)
+			argp_error(state, "--spread sets a variant's noise: it needs --variant V");
 		break;
 	default:
 		field = geom_field(&env.g, key);

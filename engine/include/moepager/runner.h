@@ -265,6 +265,7 @@ struct mp_runner_layer_times {
 	uint64_t attn_ns;
 	uint64_t moe_passes[MP_MAX_TOPK + 1];	/* [hits] */
 	uint64_t moe_ns[MP_MAX_TOPK + 1];
+	MP_RESERVED(4);		/* zero; room to grow without a new size */
 };
 
 MP_API void mp_runner_layer_times(const struct mp_runner *r, struct mp_runner_layer_times *out);
