@@ -122,22 +122,41 @@ static void fine_grained_presets_write_valid_files(void **state)
 	}
 }
 
+/* Two files hold the same bytes. */
+static void assert_same_file(const char *a, const char *b)
+{
+	size_t la, lb;
+	char *x = slurp(a, &la), *y = slurp(b, &lb);
+
+	assert_int_equal(la, lb);
+	assert_memory_equal(x, y, la);
+	free(x);
+	free(y);
+}
+
+/* Two models' norms are equal (ones whatever the seed or variant); every matrix differs. */
+static void assert_norms_same_matrices_differ(struct mp_store *sa, struct mp_store *sb)
+{
+	for (uint32_t i = 0; i < mp_store_tensor_count(sa); i++) {
+		const struct mp_tensor_info *ta = mp_store_tensor_at(sa, i);
+		const struct mp_tensor_info *tb = mp_store_tensor_at(sb, i);
+
+		if (ta->ndim == 1)
+			assert_int_equal(ta->checksum, tb->checksum);
+		else
+			assert_int_not_equal(ta->checksum, tb->checksum);
+	}
+}
+
 static void same_seed_gives_same_bytes(void **state)
 {
 	const char *a = t_path("a.mpk"), *b = t_path("b.mpk");
-	size_t la, lb;
-	char *x, *y;
 
 	(void)state;
 	for (int dt = 0; dt < MP_DTYPE_COUNT; dt++) {
 		assert_int_equal(t_gen_tiny(a, (enum mp_dtype)dt, 1234), 0);
 		assert_int_equal(t_gen_tiny(b, (enum mp_dtype)dt, 1234), 0);
-		x = slurp(a, &la);
-		y = slurp(b, &lb);
-		assert_int_equal(la, lb);
-		assert_memory_equal(x, y, la);
-		free(x);
-		free(y);
+		assert_same_file(a, b);
 	}
 }
 
@@ -155,16 +174,7 @@ static void different_seed_gives_different_weights(void **state)
 		for (uint32_t e = 0; e < 8; e++)
 			assert_int_not_equal(mp_store_expert(sa, l, e)->checksum,
 					     mp_store_expert(sb, l, e)->checksum);
-	for (uint32_t i = 0; i < mp_store_tensor_count(sa); i++) {
-		const struct mp_tensor_info *ta = mp_store_tensor_at(sa, i);
-		const struct mp_tensor_info *tb = mp_store_tensor_at(sb, i);
-
-		/* norms are ones whatever the seed; every matrix changes */
-		if (ta->ndim == 1)
-			assert_int_equal(ta->checksum, tb->checksum);
-		else
-			assert_int_not_equal(ta->checksum, tb->checksum);
-	}
+	assert_norms_same_matrices_differ(sa, sb);
 	/* and no two experts of one model are the same */
 	for (uint32_t i = 1; i < 32; i++)
 		assert_int_not_equal(mp_store_expert(sa, i / 8, i % 8)->checksum,
@@ -179,8 +189,6 @@ static void generation_order_does_not_matter(void **state)
 	const char *a = t_path("a.mpk"), *b = t_path("b.mpk");
 	struct mp_store_writer *w;
 	struct mp_geometry g;
-	size_t la, lb;
-	char *x, *y;
 	void *buf = malloc(1 << 20);
 
 	(void)state;
@@ -202,12 +210,7 @@ static void generation_order_does_not_matter(void **state)
 		assert_int_equal(mp_store_writer_put_tensor(w, t->name, buf), 0);
 	}
 	assert_int_equal(mp_store_writer_finish(w), 0);
-	x = slurp(a, &la);
-	y = slurp(b, &lb);
-	assert_int_equal(la, lb);
-	assert_memory_equal(x, y, la);
-	free(x);
-	free(y);
+	assert_same_file(a, b);
 	free(buf);
 }
 
@@ -361,8 +364,7 @@ static void variants_are_their_base_plus_spread_noise(void **state)
 	const char *v1 = t_path("v1.mpk"), *v2 = t_path("v2.mpk");
 	struct mp_store *s1, *s2;
 	struct mp_geometry g;
-	size_t la, lb, n;
-	char *x, *y;
+	size_t n;
 	float *a, *b, *c;
 	double same = 0, across = 0;
 
@@ -370,12 +372,7 @@ static void variants_are_their_base_plus_spread_noise(void **state)
 	assert_int_equal(mp_gen_preset("tiny", &g), 0);
 	assert_int_equal(mp_gen_model(base, &g, 5, "tiny", NULL, NULL), 0);
 	assert_int_equal(mp_gen_variant(v0, &g, 5, 0, 0.5f, "tiny", NULL, NULL), 0);
-	x = slurp(base, &la);
-	y = slurp(v0, &lb);
-	assert_int_equal(la, lb);
-	assert_memory_equal(x, y, la);
-	free(x);
-	free(y);
+	assert_same_file(base, v0);
 	assert_int_equal(mp_gen_variant(v1, &g, 5, 1, 0.03f, "tiny", NULL, NULL), 0);
 	assert_int_equal(mp_gen_variant(v2, &g, 5, 2, 0.03f, "tiny", NULL, NULL), 0);
 	assert_int_equal(mp_store_open(v1, &s1), 0);
@@ -393,15 +390,7 @@ static void variants_are_their_base_plus_spread_noise(void **state)
 	}
 	/* 0.03 x (sqrt(2) x the weights' norm) against sqrt(2) x it; the norms differ a little */
 	assert_true(same / across > 0.027 && same / across < 0.033);
-	for (uint32_t i = 0; i < mp_store_tensor_count(s1); i++) {
-		const struct mp_tensor_info *t1 = mp_store_tensor_at(s1, i);
-		const struct mp_tensor_info *t2 = mp_store_tensor_at(s2, i);
-
-		if (t1->ndim == 1)
-			assert_int_equal(t1->checksum, t2->checksum);
-		else
-			assert_int_not_equal(t1->checksum, t2->checksum);
-	}
+	assert_norms_same_matrices_differ(s1, s2);
 	mp_store_close(s1);
 	mp_store_close(s2);
 	free(a);
