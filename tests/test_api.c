@@ -86,6 +86,24 @@ static void duplicate_keys_and_nul_in_text_are_refused(void **state)
 	api_request_free(&r);
 }
 
+/* A body that is not UTF-8 is refused with an error that is still JSON (the fuzzer's find). */
+static void an_error_quoting_bad_bytes_is_still_json(void **state)
+{
+	static const char body[] = "{\"model\": \"tiny-r\", \"prompt\": \"\\\xdf\x96\x8c\xd5, "
+				   "\"re\":0.7, \"top_p\": [\"\", \".\"]}";
+	struct api_request r;
+	struct api_error e;
+	char *j;
+
+	(void)state;
+	assert_int_equal(api_parse_completion(body, sizeof(body) - 1, &r, &e), -EINVAL);
+	assert_int_equal(e.status, 400);
+	j = api_error_json(&e, "invalid_request_error");
+	assert_non_null(j);
+	assert_non_null(strstr(j, "the body is not JSON"));
+	free(j);
+}
+
 /* Feeds the ids of text one by one; returns what was handed out, flushed at the end. */
 static char *stream(const char *text, const char *const *stop, uint32_t nstop, uint32_t prefix,
 		    int *stopped)
@@ -340,6 +358,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(requests_take_openai_defaults),
 		cmocka_unit_test(duplicate_keys_and_nul_in_text_are_refused),
+		cmocka_unit_test(an_error_quoting_bad_bytes_is_still_json),
 		cmocka_unit_test(streamed_text_joins_into_the_whole_text),
 		cmocka_unit_test(text_after_a_prompt_keeps_its_leading_space),
 		cmocka_unit_test(a_stop_string_over_several_tokens_cuts_the_text_before_it),

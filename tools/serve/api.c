@@ -23,6 +23,13 @@ int api_fail(struct api_error *err, int status, const char *param, const char *f
 	va_start(ap, fmt);
 	vsnprintf(err->message, sizeof(err->message), fmt, ap);
 	va_end(ap);
+	/*
+	 * Messages quote the body (a parser's excerpt, a name), which may not
+	 * be UTF-8 or may be cut mid-character: JSON needs valid text.
+	 */
+	for (char *c = err->message; *c; c++)
+		if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+			*c = '?';
 	return -EINVAL;
 }
 
