@@ -221,12 +221,12 @@ static int force_route(struct mp_runner *r, const struct mp_seq *s, uint32_t l,
 	return 0;
 }
 
-/* A one-token step's routed experts in memory, before they are reported (layer times). */
+/* A timed one-token step's routed experts in memory, before they are reported. */
 static void pass_hits(struct mp_runner *r, uint32_t l, const struct step_item *items,
 		      uint32_t count)
 {
 	r->pass_hits = -1;
-	if (count != 1 || items[0].n != 1 || !r->src->resident)
+	if (!r->layer_times || count != 1 || items[0].n != 1 || !r->src->resident)
 		return;
 	r->pass_hits = 0;
 	for (uint32_t j = 0; j < r->g.topk && r->pass_hits >= 0; j++) {
@@ -486,7 +486,7 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 	}
 	for (uint32_t l = 0; l < g->layers && !err; l++) {
 		/* Two clock reads a layer, for one-token steps only (Table 1 is per token). */
-		bool timed = rows == 1;
+		bool timed = r->layer_times && rows == 1;
 		uint64_t t0 = timed ? mp_now_ns() : 0, t1 = 0;
 
 		err = attention(r, l, items, count, rows);

@@ -434,14 +434,16 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	r->max_seq = cfg->max_seq ? cfg->max_seq : r->g.max_seq;
 	r->expert_rows = cfg->expert_rows ? cfg->expert_rows : r->g.experts;
 	if (r->expert_rows < r->g.experts || r->expert_rows > MP_MAX_EXPERTS * 16 ||
-	    cfg->reserved32) {
+	    (cfg->flags & ~(uint32_t)MP_RUNNER_LAYER_TIMES)) {
 		uint32_t experts = r->g.experts;
 
 		free(r);
-		return mp_err(-EINVAL, "runner: expert_rows %u must be in [%u (experts), %u]%s",
-			      cfg->expert_rows, experts, MP_MAX_EXPERTS * 16,
-			      cfg->reserved32 ? "; reserved32 must be zero" : "");
+		if (cfg->flags & ~(uint32_t)MP_RUNNER_LAYER_TIMES)
+			return mp_err(-EINVAL, "runner: unknown flags 0x%x", cfg->flags);
+		return mp_err(-EINVAL, "runner: expert_rows %u must be in [%u (experts), %u]",
+			      cfg->expert_rows, experts, MP_MAX_EXPERTS * 16);
 	}
+	r->layer_times = cfg->flags & MP_RUNNER_LAYER_TIMES;
 	if (r->src->guard) {
 		r->guard.wrap = r->src->guard;
 		r->guard.wctx = r->src_ctx;

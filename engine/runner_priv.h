@@ -109,6 +109,7 @@ struct mp_runner {
 	uint32_t n_runs;
 
 	struct mp_runner_stats st;
+	bool layer_times;			/* MP_RUNNER_LAYER_TIMES */
 	struct mp_runner_layer_times lt;	/* relaxed atomics: read from other threads */
 	int32_t pass_hits;			/* this layer's, one-token steps; -1: not known */
 };

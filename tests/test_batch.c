@@ -217,6 +217,7 @@ struct counter {
 	uint32_t routes[NSEQ];
 	uint32_t last_token[NSEQ];
 	uint32_t bad;
+	uint32_t asked;		/* resident() calls */
 };
 
 static const void *count_expert(void *ctx, uint32_t layer, uint32_t expert)
@@ -288,6 +289,56 @@ static void each_routed_expert_is_read_once_per_step(void **state)
 	for (uint32_t s = 0; s < NSEQ; s++)
 		mp_seq_close(q[s]);
 	mp_runner_close(r);
+	mp_engine_close(e);
+}
+
+static int count_resident(void *ctx, uint32_t layer, uint32_t expert)
+{
+	(void)layer;
+	(void)expert;
+	return (int)(((struct counter *)ctx)->asked++ & 1);
+}
+
+static const struct mp_expert_source_ops asked_ops = {
+	.expert = count_expert,
+	.resident = count_resident,
+};
+
+/*
+ * Only a runner asked for layer times asks its source which experts are in
+ * memory (a pager answers under its lock) or times layers: one-token steps of
+ * one opened without MP_RUNNER_LAYER_TIMES ask nothing and count nothing.
+ */
+static void residency_is_asked_only_for_layer_times(void **state)
+{
+	const struct mp_geometry *g = mp_store_geometry(fx.store);
+	struct mp_engine *e = open_engine("ref", 1);
+	struct mp_runner_layer_times lt;
+	struct mp_runner *r;
+
+	(void)state;
+	for (uint32_t timed = 0; timed < 2; timed++) {
+		struct counter c = { 0 };
+		struct mp_runner_config rc = { .engine = e, .source = &asked_ops, .source_ctx = &c,
+					       .flags = timed ? MP_RUNNER_LAYER_TIMES : 0 };
+		uint64_t passes = 0;
+
+		r = NULL;
+		assert_int_equal(mp_runner_open(fx.store, &rc, &r), 0);
+		for (uint32_t t = 0; t < 3; t++)
+			assert_int_equal(mp_runner_step(r, 5 + t), 0);
+		mp_runner_layer_times(r, &lt);
+		for (uint32_t h = 0; h <= g->topk; h++)
+			passes += lt.moe_passes[h];
+		assert_int_equal(c.asked, timed ? 3 * g->layers * g->topk : 0);
+		assert_int_equal(lt.attn_passes, timed ? 3 * g->layers : 0);
+		assert_int_equal(passes, timed ? 3 * g->layers : 0);
+		mp_runner_close(r);
+	}
+	r = NULL;
+	assert_int_equal(mp_runner_open(fx.store, &(struct mp_runner_config){ .engine = e,
+		.source = &asked_ops, .flags = 2 }, &r), -EINVAL);
+	assert_null(r);
 	mp_engine_close(e);
 }
 
@@ -573,6 +624,7 @@ int main(void)
 {
 	static const struct CMUnitTest global[] = {
 		cmocka_unit_test(each_routed_expert_is_read_once_per_step),
+		cmocka_unit_test(residency_is_asked_only_for_layer_times),
 		cmocka_unit_test(routes_carry_each_sequences_request_id_and_step),
 		cmocka_unit_test(a_refused_batch_changes_nothing),
 		cmocka_unit_test(paged_batch_under_a_two_expert_budget_gives_the_lone_tokens),

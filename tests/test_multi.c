@@ -114,7 +114,8 @@ static void serve_open_flags(struct served *sv, uint32_t capacity, uint32_t budg
 	assert_int_equal(mp_multi_open(&mc, &sv->set), 0);
 	assert_int_equal(mp_runner_open(fx.m[0], &(struct mp_runner_config){
 		.engine = fx.engine, .source = mp_multi_source_ops(), .source_ctx = sv->set,
-		.expert_rows = mp_multi_rows(sv->set) }, &sv->runner), 0);
+		.expert_rows = mp_multi_rows(sv->set), .flags = MP_RUNNER_LAYER_TIMES },
+		&sv->runner), 0);
 	for (uint32_t i = 1; i < N_MODELS; i++)
 		assert_int_equal(mp_runner_add_model(sv->runner, fx.m[i]), (int)i);
 }

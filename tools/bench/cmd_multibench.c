@@ -513,6 +513,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 		.model = env.models[0], .tokenizer = env.tokenizer, .budget = budget,
 		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
 		.sched = { .max_batch = env.max_batch, .max_queue = 4096 },
+		.layer_times = true,
 	};
 	uint32_t nb = s == S_SPLIT ? env.n : 1;
 	uint64_t io = s == S_SPLIT ? env.io_rate / env.n : env.io_rate;

@@ -129,6 +129,8 @@ struct serve_local_config {
 	bool owned_paged;
 	/* The pager's fault spec (docs/fault-injection.md), e.g. an I/O cap "read:rate=8M". */
 	const char *fault;
+	/* Time one-token steps' layers by hits (MP_RUNNER_LAYER_TIMES; bench-multi's table). */
+	bool layer_times;
 };
 
 /* A model's name as the API lists it: its file's name without the directory and ".mpk". */

@@ -680,6 +680,7 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		struct mp_runner_stats rs;
 
 		rc.engine = l->engine;
+		rc.flags = cfg->layer_times ? MP_RUNNER_LAYER_TIMES : 0;
 		err = mp_runner_open(l->store, &rc, &l->runner);
 		if (!err) {
 			mp_runner_stats(l->runner, &rs);

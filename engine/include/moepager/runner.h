@@ -36,6 +36,16 @@ MP_API const struct mp_expert_source_ops *mp_resident_source_ops(void);
  */
 struct mp_runner;
 
+enum mp_runner_flags {
+	/*
+	 * Time the layers of one-token steps (mp_runner_layer_times()): two
+	 * clock reads a layer and, with a source that has a resident op, one
+	 * residency query per routed expert (a pager answers under its lock).
+	 * For benchmarks (bench-multi's table); off, nothing is timed or asked.
+	 */
+	MP_RUNNER_LAYER_TIMES = 1u << 0,
+};
+
 struct mp_runner_config {
 	struct mp_engine *engine;			/* borrowed */
 	const struct mp_expert_source_ops *source;	/* borrowed */
@@ -60,7 +70,7 @@ struct mp_runner_config {
 	 * model's experts.
 	 */
 	uint32_t expert_rows;
-	uint32_t reserved32;		/* zero */
+	uint32_t flags;			/* enum mp_runner_flags */
 	/* The routed-id map of the one-stream calls' sequence (mp_seq_config.map); may be NULL. */
 	const uint32_t *const *map;
 	MP_RESERVED(6);
@@ -257,8 +267,9 @@ MP_API void mp_runner_stats_reset(struct mp_runner *r);
  * Multi-MoE's batch of one, its Table 1): attention, and the MoE part
  * (norm, router, routing report, expert reads and FFNs) by how many of
  * the token's k routed experts were in memory when routed (the source's
- * resident op; without one, only attention is counted). Counted by the
- * thread that steps; a snapshot may be taken from another.
+ * resident op; without one, only attention is counted). Counted only with
+ * MP_RUNNER_LAYER_TIMES (else all zero), by the thread that steps; a
+ * snapshot may be taken from another.
  */
 struct mp_runner_layer_times {
 	uint64_t attn_passes;

@@ -84,7 +84,8 @@ struct mp_expert_source_ops {
 	 * For statistics (the runner's per-layer times by hits): whether the
 	 * expert is in memory now, so reading it waits for no tier (1), or
 	 * not (0), or a negative errno when it cannot say. A snapshot, asked
-	 * before route() reports it. May be NULL.
+	 * before route() reports it, only by a runner opened with
+	 * MP_RUNNER_LAYER_TIMES. May be NULL.
 	 */
 	int (*resident)(void *ctx, uint32_t layer, uint32_t expert);
 	/*
