@@ -109,8 +109,8 @@ static const char doc[] =
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, grouped, hit_rate,\n"
-	"bytes_file,"
-	"layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]}, runs: [...]}],\n"
+	"bytes_file, layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]},\n"
+	"runs: [...]}],\n"
 	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
 	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
 	"consolidated_over_timeshare, split_saturated}]}:\n"
@@ -879,7 +879,8 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
 			 "mean", MED(o, n, turn_mean), "throughput_rpm", rpm, "saturated",
 			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
-			 MED(o, n, swap_seconds), "grouped", cli_median(grouped, n), "hit_rate", uses > 0 ? hits / uses : 0.0,
+			 MED(o, n, swap_seconds), "grouped", cli_median(grouped, n), "hit_rate",
+			 uses > 0 ? hits / uses : 0.0,
 			 "bytes_file", cli_median(bytes, n), "layer_ms", layers_json(o, n, topk),
 			 "runs", runs);
 }
