@@ -63,6 +63,8 @@ for rate in (20.0, 40.0):
     assert by[("single", rate)]["swaps"] == 0
     assert by[("split", rate)]["swaps"] == 0
     assert by[("mixed", rate)]["swaps"] == 0    # every model's dense weights in use
+    for s in ("single", "consolidated", "mixed", "split", "timeshare", "paged"):
+        assert by[(s, rate)]["grouped"] == 0, s     # FIFO without --group
 # The warm-up alone asks for both models one after another: both swapping setups swap.
 for s in ("consolidated", "timeshare", "paged"):
     assert by[(s, 20.0)]["swaps"] >= 1, s
@@ -76,6 +78,7 @@ for c in d["compare"]:
         assert c[k] > 0, c
     assert isinstance(c["split_saturated"], bool)
 assert d["owned_bytes"] > 0 and d["budget_bytes"] > d["owned_bytes"]
+assert d["group_ms"] == 0
 assert d["io_rate"] == 256 << 20 and d["models"] == [sys.argv[2], sys.argv[3]]
 EOF
 check "the JSON holds each setup's TTFT, turnaround, throughput, runs and the ratios" \

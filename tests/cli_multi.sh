@@ -99,6 +99,9 @@ check "--mixed-batches without --consolidate is refused" \
 	refused "needs --consolidate" --model "$T/v1.mpk" --mixed-batches
 check "--consolidate without --budget is refused" \
 	refused "needs --budget" "${M[@]}" --consolidate "$T/c0.mpc"
+check "--group-ms with --mixed-batches is refused" \
+	refused "group-ms needs --consolidate" "${M[@]}" --consolidate "$T/c0.mpc" --budget 25% \
+	--mixed-batches --group-ms 50
 if "$MOEPAGER" serve --model "$T/v2.mpk" --model "$T/v1.mpk" --model "$T/v3.mpk" \
 	--consolidate "$T/c0.mpc" --budget 25% --listen 127.0.0.1:0 >/dev/null 2>"$T/err"; then
 	bad "models in another order than the map's were served"

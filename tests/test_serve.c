@@ -4,7 +4,9 @@
  * tokens, the queue is bounded (-EAGAIN), cancel and close end requests and
  * free their sequences, a sequence reused in a finished one's KV cache gives
  * a fresh one's tokens (and reuse stays within its capacity), the KV budget holds and no request is overtaken,
- * finish reasons, a failed step fails its requests and serving goes on, the
+ * a swapping runner's group time lets the active model's requests pass a
+ * head of another model (within it) and not after it, finish reasons, a
+ * failed step fails its requests and serving goes on, the
  * on_step hook comes after each step's tokens and before its done callbacks,
  * and the sampler.
  */
@@ -604,6 +606,62 @@ static void kv_budget_holds_and_no_request_is_overtaken(void **state)
 	mp_runner_close(r);
 }
 
+/*
+ * Models A (0, active) and B (1) of a swapping runner; while an A request
+ * holds a step, a B request and then two A ones queue. Over a group time
+ * the two A ones join at once, ahead of the B head, which is served after
+ * them with one swap; with a group time the head has already waited out
+ * (1 ns), none passes it: FIFO, a swap to B and one back.
+ */
+static void grouped_run(uint64_t group_ns, struct result *res, struct mp_sched_stats *st)
+{
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	struct mp_sched_params a = { .max_tokens = 6, .no_eos = true }, b = a;
+	struct mp_sched_config c = { .runner = r, .max_batch = 4, .max_queue = 8,
+				     .prefill_chunk = 5, .group_ns = group_ns };
+	struct mp_sched *s;
+
+	b.model = 1;
+	assert_int_equal(mp_runner_add_model(r, fx.store), 1);
+	assert_int_equal(mp_runner_activate(r, 0), 0);
+	assert_int_equal(mp_sched_open(&c, &s), 0);
+	memset(res, 0, 4 * sizeof(*res));
+	hold(true);
+	submit(s, 0, 8, &a, &res[0]);
+	wait_held();
+	submit(s, 1, 8, &b, &res[1]);
+	submit(s, 2, 8, &a, &res[2]);
+	submit(s, 3, 8, &a, &res[3]);
+	hold(false);
+	wait_done(res, 4);
+	mp_sched_stats(s, st);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
+static void grouping_lets_the_active_models_requests_pass_within_its_time(void **state)
+{
+	static struct result res[4];
+	struct mp_sched_stats st;
+
+	(void)state;
+	grouped_run(60ull * 1000 * 1000 * 1000, res, &st);
+	for (uint32_t i = 2; i < 4; i++) {
+		assert_true(res[i].first_ns < res[0].done_ns);	/* beside the first */
+		assert_true(res[1].first_ns > res[i].done_ns);	/* the B head after them */
+	}
+	assert_int_equal(st.grouped, 2);
+	assert_int_equal(st.swaps, 1);
+	grouped_run(1, res, &st);
+	for (uint32_t i = 2; i < 4; i++)
+		assert_true(res[i].first_ns > res[1].done_ns);
+	assert_true(res[1].first_ns > res[0].done_ns);
+	assert_int_equal(st.grouped, 0);
+	assert_int_equal(st.swaps, 2);
+	for (uint32_t i = 0; i < 4; i++)
+		assert_int_equal(res[i].n, 6);
+}
+
 static void a_failed_step_fails_its_requests_and_serving_goes_on(void **state)
 {
 	struct mp_runner *r = open_runner(&gate_ops, NULL);
@@ -697,6 +755,7 @@ int main(void)
 		cmocka_unit_test(cancel_ends_a_waiting_or_running_request),
 		cmocka_unit_test(finish_reasons_are_length_eos_and_stop),
 		cmocka_unit_test(kv_budget_holds_and_no_request_is_overtaken),
+		cmocka_unit_test(grouping_lets_the_active_models_requests_pass_within_its_time),
 		cmocka_unit_test(a_failed_step_fails_its_requests_and_serving_goes_on),
 		cmocka_unit_test(bad_requests_are_refused_naming_the_field),
 		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),

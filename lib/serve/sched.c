@@ -478,24 +478,57 @@ static bool head_model_ready(struct mp_sched *s)
 	return true;
 }
 
+/* Unlinks q, whose predecessor in the queue is prev (NULL: the head), into the batch. Locked. */
+static void join(struct mp_sched *s, struct req *prev, struct req *q)
+{
+	if (prev)
+		prev->link = q->link;
+	else
+		s->qhead = q->link;
+	if (s->qtail == q)
+		s->qtail = prev;
+	s->nq--;
+	q->link = NULL;
+	q->state = R_PREFILL;
+	q->t_join = mp_now_ns();
+	s->kv_used += q->kv;
+	s->run[s->nrun++] = q;
+}
+
+/*
+ * group_ns: the head waits for another model; the active model's queued
+ * requests join ahead of it, in order, while it has waited less than
+ * group_ns, so it is served within group_ns plus one batch. Called locked.
+ */
+static void admit_group(struct mp_sched *s)
+{
+	int active = mp_runner_active(s->r);
+	struct req *prev = s->qhead, *q;
+
+	if (!s->cfg.group_ns || active < 0 || !s->qhead ||
+	    s->qhead->p.model == (uint32_t)active ||
+	    mp_now_ns() - s->qhead->t_submit >= s->cfg.group_ns)
+		return;
+	while ((q = prev->link) && s->nrun < s->cfg.max_batch) {
+		if (q->p.model != (uint32_t)active) {
+			prev = q;
+			continue;
+		}
+		if (s->cfg.kv_budget && s->kv_used + q->kv > s->cfg.kv_budget)
+			break;
+		join(s, prev, q);
+		s->st.grouped++;
+	}
+}
+
 /* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
 static void admit(struct mp_sched *s)
 {
 	while (s->qhead && s->nrun < s->cfg.max_batch &&
 	       (!s->cfg.kv_budget || s->kv_used + s->qhead->kv <= s->cfg.kv_budget) &&
-	       head_model_ready(s)) {
-		struct req *q = s->qhead;
-
-		s->qhead = q->link;
-		if (!s->qhead)
-			s->qtail = NULL;
-		s->nq--;
-		q->link = NULL;
-		q->state = R_PREFILL;
-		q->t_join = mp_now_ns();
-		s->kv_used += q->kv;
-		s->run[s->nrun++] = q;
-	}
+	       head_model_ready(s))
+		join(s, NULL, s->qhead);
+	admit_group(s);
 }
 
 /* The step's items: every decode, then prompt chunks in the room left. Thread only. */

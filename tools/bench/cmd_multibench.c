@@ -56,6 +56,7 @@ static struct mb_env {
 	uint32_t nrates;
 	bool setups[N_SETUPS];
 	uint64_t io_rate;		/* bytes/s of the file tier; 0: no cap */
+	uint32_t group_ms;		/* mp_sched_config.group_ns of the swapping setups */
 	uint32_t requests;		/* per stream per run */
 	uint32_t warmup;		/* requests per model before each run, not measured */
 	uint32_t max_tokens;
@@ -72,7 +73,7 @@ enum {
 	OPT_MAP = 0x100, OPT_BUDGET, OPT_RATES, OPT_REQUESTS, OPT_MAX_TOKENS, OPT_PROMPTS,
 	OPT_PROMPT_TOKENS, OPT_TOKENIZER, OPT_IO_RATE, OPT_SETUPS, OPT_REPEAT, OPT_MAX_BATCH,
 	OPT_THREADS, OPT_SEED, OPT_TIMEOUT, OPT_TMPDIR, OPT_WARMUP, OPT_JSON, OPT_PREFETCH,
-	OPT_MERGE, OPT_EVICT,
+	OPT_MERGE, OPT_EVICT, OPT_GROUP,
 };
 
 static const char doc[] =
@@ -101,10 +102,15 @@ static const char doc[] =
 	"--prefetch POLICY runs every setup's pager with that prefetcher (its\n"
 	"predictions reach each request's own rows: other models' too).\n"
 	"\n"
+	"--group MS: in the swapping setups, the active model's queued requests join\n"
+	"ahead of an older head of another model while it has waited under MS ms (one\n"
+	"swap serves more requests; the head is served within MS plus one batch).\n"
+	"\n"
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
-	"mean}, throughput_rpm, saturated, swaps, swap_seconds, hit_rate, bytes_file,\n"
-	"layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]}, runs: [...]}],\n"
+	"mean}, throughput_rpm, saturated, swaps, swap_seconds, grouped, hit_rate,\n"
+	"bytes_file, layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]},\n"
+	"runs: [...]}],\n"
 	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
 	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
 	"consolidated_over_timeshare, split_saturated}]}:\n"
@@ -153,6 +159,8 @@ static const struct argp_option opts[] = {
 	  "(default none)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy of every setup's pager (default: "
 	  "the prefetch policy's, else lru)", 0 },
+	{ "group", OPT_GROUP, "MS", 0, "Let the active model's requests pass an older head of "
+	  "another model for up to MS ms (default 0: FIFO)", 0 },
 	{ "merge", OPT_MERGE, NULL, 0, "Merge the --json outputs given as arguments", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
@@ -259,6 +267,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
 	case OPT_EVICT: env.evict = arg; break;
+	case OPT_GROUP:
+		if (cli_parse_u32("--group", arg, 0, 600000, &env.group_ms))
+			argp_usage(state);
+		break;
 	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_ARG:
@@ -315,7 +327,7 @@ struct outcome {
 	double ttft_p50, ttft_p90, turn_p50, turn_p90, turn_mean, rpm, wall;
 	double arrival_rpm;		/* the load these arrivals offered: n over the last one */
 	uint32_t completed, failed;
-	uint64_t swaps, hits, misses, bytes_file;
+	uint64_t swaps, grouped, hits, misses, bytes_file;
 	double swap_seconds;
 	struct mp_runner_layer_times lt;	/* summed over the setup's servers */
 };
@@ -512,7 +524,8 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	struct serve_local_config c = {
 		.model = env.models[0], .tokenizer = env.tokenizer, .budget = budget,
 		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
-		.sched = { .max_batch = env.max_batch, .max_queue = 4096 },
+		.sched = { .max_batch = env.max_batch, .max_queue = 4096,
+			   .group_ns = (uint64_t)env.group_ms * 1000000 },
 		.layer_times = true,
 	};
 	uint32_t nb = s == S_SPLIT ? env.n : 1;
@@ -567,6 +580,7 @@ static void collect(struct servers *sv, struct outcome *o, int sign)
 
 		serve_local_stats(sv->b[i], &st);
 		o->swaps += (uint64_t)sign * st.sched.swaps;
+		o->grouped += (uint64_t)sign * st.sched.grouped;
 		o->swap_seconds += sign * st.sched.swap_seconds;
 		/* Per routed expert of a token, as the pager counts: owned ones are hits. */
 		o->hits += (uint64_t)sign * (st.pager.hits + st.multi.owned_routes);
@@ -585,6 +599,7 @@ static void collect(struct servers *sv, struct outcome *o, int sign)
 static void add_counters(struct outcome *o, const struct outcome *w)
 {
 	o->swaps += w->swaps;
+	o->grouped += w->grouped;
 	o->swap_seconds += w->swap_seconds;
 	o->hits += w->hits;
 	o->misses += w->misses;
@@ -805,13 +820,14 @@ static double med(struct outcome *o, uint32_t n, size_t off)
 static json_t *run_json(const struct outcome *o)
 {
 	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, "
-			 "s:I}",
+			 "s:I, s:I}",
 			 "ttft_p50", o->ttft_p50, "ttft_p90", o->ttft_p90, "turnaround_p50",
 			 o->turn_p50, "turnaround_p90", o->turn_p90, "turnaround_mean",
 			 o->turn_mean, "throughput_rpm", o->rpm, "arrival_rpm", o->arrival_rpm,
 			 "wall_s", o->wall, "completed",
 			 (int)o->completed, "failed", (int)o->failed, "swaps",
-			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "hits",
+			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "grouped",
+			 (json_int_t)o->grouped, "hits",
 			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "bytes_file",
 			 (json_int_t)o->bytes_file);
 }
@@ -846,24 +862,26 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 	json_t *runs = json_array();
 	double offered = rate * env.n * 60, rpm = MED(o, n, rpm);
 	double arrived = MED(o, n, arrival_rpm);
-	double hits = 0, uses = 0, swaps[MAX_REPEAT], bytes[MAX_REPEAT];
+	double hits = 0, uses = 0, swaps[MAX_REPEAT], grouped[MAX_REPEAT], bytes[MAX_REPEAT];
 
 	for (uint32_t i = 0; i < n; i++) {
 		json_array_append_new(runs, run_json(&o[i]));
 		hits += (double)o[i].hits;
 		uses += (double)(o[i].hits + o[i].misses);
 		swaps[i] = (double)o[i].swaps;
+		grouped[i] = (double)o[i].grouped;
 		bytes[i] = (double)o[i].bytes_file;
 	}
 	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
-			 "s:f, s:f, s:f, s:o, s:o}",
+			 "s:f, s:f, s:f, s:f, s:o, s:o}",
 			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
 			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
 			 "mean", MED(o, n, turn_mean), "throughput_rpm", rpm, "saturated",
 			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
-			 MED(o, n, swap_seconds), "hit_rate", uses > 0 ? hits / uses : 0.0,
+			 MED(o, n, swap_seconds), "grouped", cli_median(grouped, n), "hit_rate",
+			 uses > 0 ? hits / uses : 0.0,
 			 "bytes_file", cli_median(bytes, n), "layer_ms", layers_json(o, n, topk),
 			 "runs", runs);
 }
@@ -946,7 +964,7 @@ static void print_compare(json_t *compare)
 /* The parameters two runs to merge must share. */
 static const char *const same_keys[] = { "models", "map", "budget_bytes", "owned_bytes",
 					 "io_rate", "requests", "max_tokens", "max_batch",
-					 "prefetch", "evict" };
+					 "prefetch", "evict", "group_ms" };
 
 /* --merge: one object of several runs' rows, the ratios taken again. */
 static int merge(void)
@@ -1062,13 +1080,14 @@ int cmd_multibench(int argc, char **argv)
 		for (uint32_t i = 0; i < env.n; i++)
 			json_array_append_new(models, json_string(env.models[i]));
 		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:s?, s:s?, "
-					 "s:o, s:o}",
+					 "s:i, s:o, s:o}",
 					 "models", models, "map", env.map, "budget_bytes",
 					 (json_int_t)pl.budget, "owned_bytes", (json_int_t)pl.owned,
 					 "io_rate", (json_int_t)env.io_rate, "requests",
 					 (int)env.requests, "max_tokens", (int)env.max_tokens,
 					 "repeat", (int)env.repeat, "max_batch", (int)env.max_batch,
-					 "prefetch", env.prefetch, "evict", env.evict, "results",
+					 "prefetch", env.prefetch, "evict", env.evict, "group_ms",
+					 (int)env.group_ms, "results",
 					 results, "compare",
 					 compare);
 

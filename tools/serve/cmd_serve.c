@@ -33,7 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED, OPT_OWNED_PAGED,
+	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS,
 };
 
 static const char doc[] =
@@ -68,6 +68,9 @@ static const char doc[] =
 	"--mixed-batches every model's are in use and batches mix models. With\n"
 	"--owned-paged the owners' experts are paged under --budget like the rest\n"
 	"(one row serves every model at a shared position), not held outside it.\n"
+	"With --group-ms MS the active model's queued requests pass an older head of\n"
+	"another model while it has waited under MS ms (fewer swaps; it is served\n"
+	"within MS plus one batch).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager serve --model data/models/tiny-real.mpk\n"
@@ -117,6 +120,9 @@ static const struct argp_option opts[] = {
 	  "swaps", 0 },
 	{ "owned-paged", OPT_OWNED_PAGED, NULL, 0,
 	  "With --consolidate: the owned experts are paged under --budget, not held", 0 },
+	{ "group-ms", OPT_GROUP_MS, "MS", 0,
+	  "With --consolidate: the active model's requests may pass an older head of another "
+	  "model for up to MS ms (default 0: FIFO)", 0 },
 	{ 0 },
 };
 
@@ -152,6 +158,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
 	case OPT_MIXED: env.local.mixed = true; break;
 	case OPT_OWNED_PAGED: env.local.owned_paged = true; break;
+	case OPT_GROUP_MS:
+		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
+			argp_usage(state);
+		sc->group_ns = size * 1000000;
+		break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
 	case OPT_BUDGET: env.local.budget = arg; break;
@@ -237,6 +248,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--mixed-batches needs --consolidate MAP");
 		if (env.local.owned_paged && !env.local.consolidate)
 			argp_error(state, "--owned-paged needs --consolidate MAP");
+		if (sc->group_ns && (!env.local.consolidate || env.local.mixed))
+			argp_error(state, "--group-ms needs --consolidate MAP and no --mixed-batches");
 		if (env.local.n_more && !env.local.consolidate)
 			argp_error(state, "several --model need --consolidate MAP");
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))

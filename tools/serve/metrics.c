@@ -114,6 +114,9 @@ void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_sta
 	    (double)s->swaps);
 	one(o, "moepager_model_swap_seconds_total", "counter", "Time spent swapping them.",
 	    model, s->swap_seconds);
+	one(o, "moepager_model_grouped_total", "counter",
+	    "Requests that passed an older head of another model (--group-ms).", model,
+	    (double)s->grouped);
 }
 
 void metrics_multi(struct strbuf *o, const char *name, const struct mp_multi_stats *s)

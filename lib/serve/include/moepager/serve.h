@@ -45,7 +45,14 @@ struct mp_sched_config {
 	 */
 	void (*on_step)(void *arg);
 	void *on_step_arg;
-	MP_RESERVED(4);
+	/*
+	 * Swapping runner: while the queue's head (of another model) has
+	 * waited less than this, queued requests of the active model join
+	 * ahead of it, in order, so one swap serves more of them; once it
+	 * has waited this long, none pass it and it is served next. 0: FIFO.
+	 */
+	uint64_t group_ns;
+	MP_RESERVED(3);
 };
 
 /* How a request samples its tokens. A zeroed struct means greedy, 16 tokens. */
@@ -174,7 +181,8 @@ struct mp_sched_stats {
 	double swap_seconds;		/* spent activating them */
 	double sched_cpu_seconds;	/* the same in the thread's CPU time (not preempted) */
 	uint64_t seqs_reused;		/* sequences opened in a finished one's KV cache */
-	MP_RESERVED(4);
+	uint64_t grouped;		/* requests that joined ahead of an older head (group_ns) */
+	MP_RESERVED(3);
 };
 
 /* A snapshot of the counters. */
