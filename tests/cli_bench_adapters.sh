@@ -94,14 +94,16 @@ check "under --budget every setup holds the budget, weave's adapters inside it" 
 	"j['budget_bytes'] == 10 << 20 and sorted(j['setups']) == ['base', 'merged', 'weave'] and
 	 all(s['memory_bytes'] == j['budget_bytes'] and s['errors'] == 0
 	     for s in j['setups'].values())"
-# Adapter rows in the pager under a small budget, prefetched through each request's map.
+# Adapter rows in the pager under a small budget, prefetched through each request's map
+# and read at each request's admission.
 "$MOEPAGER" bench-adapters --model "$M" --adapters "$A" "${SMALL[@]}" --setups weave,base \
-	--budget 6M --paged-rows --prefetch nextlayer --json >"$T/rows.json" 2>"$T/rows.err"
+	--budget 6M --paged-rows --prefetch nextlayer --warm-rows --json >"$T/rows.json" \
+	2>"$T/rows.err"
 check "a run with paged, prefetched adapter rows succeeds" test $? -eq 0
 cat "$T/rows.err"
 check "paged rows: weave lives in the whole budget and reports paging and row prefetches" \
 	holds "$T/rows.json" \
-	"j['paged_rows'] and j['row_prefetch'] and j['prefetch'] == 'nextlayer' and
+	"j['paged_rows'] and j['row_prefetch'] and j['warm_rows'] and j['prefetch'] == 'nextlayer' and
 	 j['setups']['weave']['memory_bytes'] == j['budget_bytes'] and
 	 j['setups']['weave']['errors'] == 0 and
 	 0 < j['setups']['weave']['paging']['hit_rate'] <= 1 and
@@ -109,6 +111,8 @@ check "paged rows: weave lives in the whole budget and reports paging and row pr
 refused "--prefetch needs a budget" "--budget" --model "$M" --adapters "$A" --prefetch finemoe
 refused "--no-row-prefetch needs paged rows and a prefetcher" "--paged-rows" --model "$M" \
 	--adapters "$A" --budget 6M --no-row-prefetch
+refused "--warm-rows needs paged rows" "--paged-rows" --model "$M" --adapters "$A" \
+	--budget 6M --warm-rows
 check "the text report names the setups" \
 	sh -c "'$MOEPAGER' bench-adapters --model '$M' --adapters '$A' ${SMALL[*]} --setups weave \
 	       | grep -q '^weave'"

@@ -242,12 +242,13 @@ static void mixed_batch_gives_each_request_its_merged_models_lone_logits(void **
  */
 static struct mp_adapters *open_paged_set_pf(struct mp_pager **p, uint64_t budget_experts,
 					     const struct mp_prefetcher_config *pfc,
-					     struct mp_prefetcher **pf)
+					     struct mp_prefetcher **pf, bool warm)
 {
 	struct mp_pager_config pc = { .budget_bytes = budget_experts * fx.expert_bytes,
 				      .slots_per_layer = 8 + 4 * E_MAX };
 	struct mp_adapters_config c = { .base = fx.base, .source = mp_pager_source_ops(),
-					.slots = 4, .e_max = E_MAX, .rows = mp_pager_row_ops() };
+					.slots = 4, .e_max = E_MAX, .rows = mp_pager_row_ops(),
+					.warm_rows = warm };
 	struct mp_adapters *set = NULL;
 	int err;
 
@@ -270,7 +271,7 @@ static struct mp_adapters *open_paged_set_pf(struct mp_pager **p, uint64_t budge
 
 static struct mp_adapters *open_paged_set(struct mp_pager **p, uint64_t budget_experts)
 {
-	return open_paged_set_pf(p, budget_experts, NULL, NULL);
+	return open_paged_set_pf(p, budget_experts, NULL, NULL, false);
 }
 
 static void paged_adapter_rows_share_the_budget_and_keep_the_logits(void **state)
@@ -327,7 +328,7 @@ static void prefetcher_fetches_the_adapter_rows_a_request_will_read(void **state
 	(void)state;
 	assert_int_equal(mp_trace_parse(trace, sizeof(trace) - 1, "weave", &t), 0);
 	pfc.trace = t;
-	set = open_paged_set_pf(&p, 64, &pfc, &pf);
+	set = open_paged_set_pf(&p, 64, &pfc, &pf, false);
 	load_all(set);
 	idx = mp_adapters_acquire(set, "ad1", &map);
 	assert_int_equal(idx, 1);
@@ -367,6 +368,36 @@ static void prefetcher_fetches_the_adapter_rows_a_request_will_read(void **state
 }
 
 /*
+ * warm_rows: acquiring a request's adapter reads all of its rows ahead (ad1:
+ * layer 0's row 11, layer 1's 11-13, layer 3's 11), none of another
+ * adapter's (ad0's row 8 of layer 0), and the request's logits are its
+ * merged model's.
+ */
+static void warm_rows_reads_the_acquired_adapters_rows_only(void **state)
+{
+	static const uint32_t rows[][2] = { { 0, 11 }, { 1, 11 }, { 1, 12 }, { 1, 13 }, { 3, 11 } };
+	const uint32_t *const *map = NULL;
+	struct mp_pager *p = NULL;
+	struct mp_adapters *set = open_paged_set_pf(&p, 64, NULL, NULL, true);
+	int idx;
+
+	(void)state;
+	load_all(set);
+	for (size_t i = 0; i < N_ELEMS(rows); i++)
+		assert_int_equal(mp_pager_residency(p, rows[i][0], rows[i][1]), MP_RES_NONE);
+	idx = mp_adapters_acquire(set, "ad1", &map);
+	assert_int_equal(idx, 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	for (size_t i = 0; i < N_ELEMS(rows); i++)
+		assert_int_equal(mp_pager_residency(p, rows[i][0], rows[i][1]), MP_RES_MAPPED);
+	assert_int_equal(mp_pager_residency(p, 0, 8), MP_RES_NONE);
+	mp_adapters_release(set, idx);
+	check_mixed_batch(set);
+	mp_adapters_close(set);
+	mp_pager_close(p);
+}
+
+/*
  * End to end: the runner tells the prefetcher each sequence's map; under a
  * three-expert budget the speculative policy predicts adapter rows, and
  * every request still gets its merged model's lone logits.
@@ -377,7 +408,7 @@ static void prefetched_adapter_rows_keep_the_logits(void **state)
 	struct mp_prefetcher_stats st;
 	struct mp_prefetcher *pf = NULL;
 	struct mp_pager *p = NULL;
-	struct mp_adapters *set = open_paged_set_pf(&p, 3, &pfc, &pf);
+	struct mp_adapters *set = open_paged_set_pf(&p, 3, &pfc, &pf, false);
 
 	(void)state;
 	load_all(set);
@@ -606,6 +637,7 @@ int main(void)
 		cmocka_unit_test(paged_adapter_rows_share_the_budget_and_keep_the_logits),
 		cmocka_unit_test(prefetcher_fetches_the_adapter_rows_a_request_will_read),
 		cmocka_unit_test(prefetched_adapter_rows_keep_the_logits),
+		cmocka_unit_test(warm_rows_reads_the_acquired_adapters_rows_only),
 		cmocka_unit_test(memory_is_held_only_for_replaced_experts_unless_padded),
 		cmocka_unit_test(bad_adapters_are_refused_by_reason_and_the_set_keeps_serving),
 		cmocka_unit_test(unloaded_adapter_stays_until_its_last_request_ends),

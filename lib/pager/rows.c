@@ -277,12 +277,18 @@ static int ops_unbind(void *ctx, uint32_t layer, uint32_t row)
 	return mp_pager_unbind(ctx, layer, row);
 }
 
+static int ops_prefetch(void *ctx, uint32_t layer, uint32_t row, int priority)
+{
+	return mp_pager_prefetch(ctx, layer, row, priority);
+}
+
 static const struct mp_row_ops pager_row_ops = {
 	.add_adapter = ops_add_adapter,
 	.add_store = ops_add_store,
 	.remove_source = ops_remove_source,
 	.bind = ops_bind,
 	.unbind = ops_unbind,
+	.prefetch = ops_prefetch,
 };
 
 const struct mp_row_ops *mp_pager_row_ops(void)

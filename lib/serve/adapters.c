@@ -15,6 +15,8 @@
 #include "base/base.h"
 
 #define PAGE		4096u
+/* A request's own rows go ahead of any prediction (a prefetcher's priorities reach 1e9). */
+#define WARM_PRIORITY	1000000000
 
 enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_DRAINING };
 
@@ -335,6 +337,23 @@ int mp_adapters_unload(struct mp_adapters *set, const char *name)
 	return 0;
 }
 
+/*
+ * Every row of the slot's adapter read ahead, earlier layers first: the
+ * reads run together on the fill workers while the request's first step
+ * goes through the layers, instead of one demand read per layer it reaches.
+ * The slot is held, so its rows stay bound.
+ */
+static void warm(struct mp_adapters *set, const struct slot *s)
+{
+	const struct mp_row_ops *ops = set->cfg.rows;
+
+	for (uint32_t l = 0; l < set->layers; l++)
+		for (uint32_t e = 0; s->maps[l] && e < set->experts; e++)
+			if (s->maps[l][e] >= set->experts)
+				ops->prefetch(set->cfg.rows_ctx, l, s->maps[l][e],
+					      WARM_PRIORITY - (int)l);
+}
+
 int mp_adapters_acquire(struct mp_adapters *set, const char *name, const uint32_t *const **map)
 {
 	int i;
@@ -347,6 +366,8 @@ int mp_adapters_acquire(struct mp_adapters *set, const char *name, const uint32_
 		*map = set->slots[i].maps;
 	}
 	pthread_mutex_unlock(&set->lock);
+	if (i >= 0 && set->cfg.rows && set->cfg.warm_rows && set->cfg.rows->prefetch)
+		warm(set, &set->slots[i]);
 	return i;
 }
 

@@ -333,6 +333,7 @@ static int open_weave(struct ab_setup *s)
 	if (paged_rows) {
 		ac.rows = mp_pager_row_ops();
 		ac.rows_ctx = s->inst->pager;
+		ac.warm_rows = b->o->warm_rows;
 	}
 	err = mp_adapters_open(&ac, &s->set);
 	if (!err)

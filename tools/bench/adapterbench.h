@@ -30,6 +30,7 @@ struct ab_opts {
 	const char *prefetch;		/* paged: a prefetch policy over each pager; NULL: none */
 	bool paged_rows;		/* paged: weave's adapter rows are pager rows (one budget) */
 	bool no_row_prefetch;		/* paged rows: the prefetcher is not told requests' maps */
+	bool warm_rows;			/* paged rows: read at a request's admission */
 	struct cli_engine_opts eng;
 	uint32_t replicate;		/* adapters to reach (0: one per file) */
 	uint32_t requests, alone, max_tokens, prompt_tokens, max_batch, e_max, repeat;

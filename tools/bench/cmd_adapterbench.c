@@ -21,6 +21,7 @@ enum {
 	OPT_ADAPTERS = 0x100, OPT_REPLICATE, OPT_SETUPS, OPT_BUDGET, OPT_REQUESTS, OPT_ALONE,
 	OPT_RATE, OPT_MAX_TOKENS, OPT_PROMPT_TOKENS, OPT_MAX_BATCH, OPT_MIX_ALPHA, OPT_E_MAX,
 	OPT_REPEAT, OPT_SEED, OPT_JSON, OPT_PREFETCH, OPT_PAGED_ROWS, OPT_NO_ROW_PREFETCH,
+	OPT_WARM_ROWS,
 };
 
 static const char doc[] =
@@ -43,7 +44,8 @@ static const char doc[] =
 	"adapters leave, each merged model B / adapters; with --paged-rows weave's\n"
 	"adapter rows are pager rows under the whole budget, and --prefetch POLICY\n"
 	"puts a prefetcher over every pager (adapter rows predicted through each\n"
-	"request's map unless --no-row-prefetch). Figures are medians over\n"
+	"request's map unless --no-row-prefetch; --warm-rows reads a request's rows\n"
+	"when it is admitted). Figures are medians over\n"
 	"--repeat runs; ratios are against base.\n"
 	"\n"
 	"EXAMPLES:\n"
@@ -77,6 +79,8 @@ static const struct argp_option opts[] = {
 	  "Paged: weave's adapter rows are pager rows under the one budget", 0 },
 	{ "no-row-prefetch", OPT_NO_ROW_PREFETCH, NULL, 0,
 	  "Paged rows: the prefetcher predicts base rows only (the comparison)", 0 },
+	{ "warm-rows", OPT_WARM_ROWS, NULL, 0,
+	  "Paged rows: a request's adapter rows are read when it is admitted", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -147,6 +151,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_PREFETCH: env.prefetch = arg; break;
 	case OPT_PAGED_ROWS: env.paged_rows = true; break;
 	case OPT_NO_ROW_PREFETCH: env.no_row_prefetch = true; break;
+	case OPT_WARM_ROWS: env.warm_rows = true; break;
 	case OPT_SETUPS:
 		if (parse_setups(arg, &env.setups))
 			argp_error(state, "--setups: '%s' is not a list of weave, base, padded, merged",
@@ -163,6 +168,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--model FILE and --adapters DIR are required");
 		if (!env.budget && (env.prefetch || env.paged_rows))
 			argp_error(state, "--prefetch and --paged-rows page the experts: give --budget");
+		if (env.warm_rows && !env.paged_rows)
+			argp_error(state, "--warm-rows reads paged rows ahead: give --paged-rows");
 		if (env.no_row_prefetch && (!env.prefetch || !env.paged_rows))
 			argp_error(state, "--no-row-prefetch compares prefetchers of paged rows: give "
 				   "--prefetch and --paged-rows");
@@ -363,10 +370,12 @@ static void print_json(const struct ab_bench *b, const struct ab_row *rows, cons
 	json_object_set_new(o, "membw_gbps", json_real(rows[AB_BASE].ran ?
 						      rows[AB_BASE].fig[F_MEMBW] : 0));
 	json_object_set_new(o, "loadavg", json_pack("[f, f]", load[0], load[1]));
-	json_object_update_new(o, json_pack("{s:s?, s:b, s:b}", "prefetch", env.prefetch,
+	json_object_update_new(o, json_pack("{s:s?, s:b, s:b, s:b}", "prefetch", env.prefetch,
 					    "paged_rows", env.paged_rows && env.budget,
 					    "row_prefetch", env.prefetch && env.paged_rows &&
-					    !env.no_row_prefetch));
+					    !env.no_row_prefetch,
+					    "warm_rows", env.warm_rows && env.paged_rows &&
+					    env.budget));
 	json_dumpf(o, stdout, JSON_INDENT(1));
 	putchar('\n');
 	json_decref(o);

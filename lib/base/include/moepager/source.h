@@ -120,6 +120,8 @@ struct mp_row_ops {
 	int (*bind)(void *ctx, uint32_t layer, uint32_t row, int source, uint32_t expert);
 	/* Drops the row's memory and makes it spare again. 0 or -errno. */
 	int (*unbind)(void *ctx, uint32_t layer, uint32_t row);
+	/* Reads a bound row ahead of its first use (mp_pager_prefetch()). May be NULL. */
+	int (*prefetch)(void *ctx, uint32_t layer, uint32_t row, int priority);
 };
 
 #ifdef __cplusplus

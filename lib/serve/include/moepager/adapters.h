@@ -48,7 +48,13 @@ struct mp_adapters_config {
 	 */
 	const struct mp_row_ops *rows;
 	void *rows_ctx;
-	MP_RESERVED(4);
+	/*
+	 * With rows: a request's acquire asks the source to read every row of
+	 * its adapter that is not in memory, all at once ahead of its first
+	 * step, rather than one demand read per layer as its routes reach them.
+	 */
+	bool warm_rows;
+	MP_RESERVED(3);
 };
 
 /* Opens an empty set. Returns 0 and sets *out, -EINVAL (bad config) or -ENOMEM. */
