@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* Description: io_uring reads of lib/tier/io.c: in-order delivery, O_DIRECT tails, EOF, errors. */
+/* Description: io_uring reads of lib/tier/io.c: in-order delivery, O_DIRECT tails, EOF, errors; the checksum hash. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -7,9 +7,11 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "helpers.h"
 #include "base/base.h"
+#include "base/hash.h"
 #include "tier/io.h"
 
 #define FILE_BYTES	((3u << 20) + 1000)	/* ends off a block */
@@ -302,6 +304,37 @@ static void short_destination_is_refused(void **state)
 	munmap(buf, 4096);
 }
 
+/* The streaming hash the fills verify with gives libxxhash's one-shot XXH3 however it is fed. */
+static void hash_matches_xxh3_in_any_pieces(void **state)
+{
+	static const size_t lens[] = { 0, 1, 63, 64, 65, 240, 241, 1000, 4096, 65537,
+				       FILE_BYTES - 3 };
+	static const size_t pieces[] = { 1, 7, 64, 4096, 524288 };
+	struct mp_hash *h = mp_hash_new();
+
+	(void)state;
+	assert_non_null(h);
+	for (size_t i = 0; i < MP_ARRAY_SIZE(lens); i++) {
+		uint64_t want = XXH3_64bits(content + 3, lens[i]);
+
+		for (size_t j = 0; j < MP_ARRAY_SIZE(pieces); j++) {
+			size_t step = lens[i] > 100000 && pieces[j] < 64 ? 65521 : pieces[j];
+
+			mp_hash_reset(h);
+			for (size_t o = 0; o < lens[i]; o += step)
+				mp_hash_update(h, content + 3 + o, MP_MIN(step, lens[i] - o));
+			assert_int_equal(mp_hash_digest(h), want);
+		}
+	}
+	/* A different byte gives a different digest. */
+	mp_hash_reset(h);
+	mp_hash_update(h, content, 4096);
+	content[100] ^= 1;
+	assert_int_not_equal(mp_hash_digest(h), XXH3_64bits(content, 4096));
+	content[100] ^= 1;
+	mp_hash_free(h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -313,6 +346,7 @@ int main(void)
 		cmocka_unit_test(ready_abort_stops_the_read_with_its_value),
 		cmocka_unit_test(bad_fd_fails_with_its_errno_and_a_message),
 		cmocka_unit_test(short_destination_is_refused),
+		cmocka_unit_test(hash_matches_xxh3_in_any_pieces),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

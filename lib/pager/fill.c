@@ -6,12 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <xxhash.h>
 
 #include <moepager/store.h>
 #include <moepager/pager.h>
 
 #include "base/base.h"
+#include "base/hash.h"
 #include "pager/pager_priv.h"
 #include "base/probes.h"
 #include "tier/inject.h"
@@ -21,7 +21,7 @@
 
 /* What the tier's callbacks share during one fill. */
 struct fill_ctx {
-	XXH3_state_t *h;
+	struct mp_hash *h;
 	uint64_t got;
 	const atomic_bool *cancel;
 	struct mp_pager *p;
@@ -48,7 +48,7 @@ static int fill_ready(void *arg, const void *buf, size_t len)
 
 	if (atomic_load(fh->cancel))
 		return -ECANCELED;
-	XXH3_64bits_update(fh->h, buf, len);
+	mp_hash_update(fh->h, buf, len);
 	fh->got += len;
 	return 0;
 }
@@ -156,7 +156,7 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 	for (uint32_t attempt = 1; attempt <= p->read_attempts; attempt++) {
 		uint64_t sum;
 
-		XXH3_64bits_reset(w->hash);
+		mp_hash_reset(w->hash);
 		fh->got = 0;
 		err = mp_tier_read(tier, &rd);
 		if (!err && fh->got != p->expert_bytes)
@@ -165,7 +165,7 @@ static int read_expert(struct worker *w, struct fill_ctx *fh, int nseg, bool pre
 				     (unsigned long long)fh->got,
 				     (unsigned long long)p->expert_bytes);
 		if (!err) {
-			sum = XXH3_64bits_digest(w->hash);
+			sum = mp_hash_digest(w->hash);
 			if (sum != x->checksum)
 				err = mp_err(-EBADMSG, "layer %u expert %u: checksum mismatch "
 					     "reading %s at offset %llu (stored %016llx, computed "
@@ -397,7 +397,7 @@ static int worker_init(struct mp_pager *p, struct worker *w, uint32_t id)
 	w->p = p;
 	w->id = id;
 	w->iov = calloc(mp_region_chunks(p->region), sizeof(*w->iov));
-	w->hash = XXH3_createState();
+	w->hash = mp_hash_new();
 	if (!w->iov || !w->hash)
 		return -ENOMEM;
 	return mp_io_open(p->io_depth, &w->io);
@@ -407,8 +407,7 @@ static void worker_fini(struct worker *w)
 {
 	mp_io_close(w->io);
 	free(w->iov);
-	if (w->hash)
-		XXH3_freeState(w->hash);
+	mp_hash_free(w->hash);
 }
 
 int mp_pager_workers_start(struct mp_pager *p)

@@ -12,6 +12,7 @@
 #include <moepager/pager.h>
 #include <moepager/store.h>
 
+#include "base/hash.h"
 #include "tier/io.h"
 #include "evict/evict.h"
 #include "pager/slot.h"
@@ -23,7 +24,7 @@ struct worker {
 	pthread_t thread;
 	struct mp_io *io;
 	struct iovec *iov;
-	void *hash;		/* XXH3_state_t */
+	struct mp_hash *hash;
 	uint32_t id;
 	bool started;
 };

@@ -28,12 +28,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <linux/userfaultfd.h>
-#include <xxhash.h>
 
 #include <moepager/pager.h>
 #include <moepager/share.h>
 
 #include "base/base.h"
+#include "base/hash.h"
 #include "pager/share_priv.h"
 #include "tier/io.h"
 #include "tier/tier.h"
@@ -69,7 +69,7 @@ struct mp_pagerd {
 	int stop_fd;			/* eventfd */
 	struct mp_tier *tier;
 	struct mp_io *io;
-	XXH3_state_t *hash;
+	struct mp_hash *hash;
 
 	/* Per slot: present (bytes in the memfd), its epoch (bumped at eviction), last use. */
 	bool *present;
@@ -152,7 +152,7 @@ static void make_room(struct mp_pagerd *d, uint32_t keep, uint64_t extra)
 
 static int fill_ready(void *arg, const void *buf, size_t len)
 {
-	XXH3_64bits_update(arg, buf, len);
+	mp_hash_update(arg, buf, len);
 	return 0;
 }
 
@@ -171,11 +171,11 @@ static int slot_fill(struct mp_pagerd *d, uint32_t s)
 	int err;
 
 	make_room(d, s, d->expert_bytes);
-	XXH3_64bits_reset(d->hash);
+	mp_hash_reset(d->hash);
 	err = mp_tier_read(d->tier, &rd);
 	if (!err) {
 		STAT_ADD(d, disk_bytes_read, x->bytes);
-		sum = XXH3_64bits_digest(d->hash);
+		sum = mp_hash_digest(d->hash);
 		if (sum != x->checksum)
 			err = mp_err(-EBADMSG, "pagerd: layer %u expert %u: checksum mismatch "
 				     "reading %s at offset %llu", layer, expert, d->tier->name,
@@ -621,7 +621,7 @@ static int daemon_memory(struct mp_pagerd *d)
 	err = mp_tier_file_open(d->store, NULL, &d->tier);
 	if (!err)
 		err = mp_io_open(32, &d->io);
-	d->hash = XXH3_createState();
+	d->hash = mp_hash_new();
 	return err ? err : d->hash ? 0 : -ENOMEM;
 }
 
@@ -775,8 +775,7 @@ void mp_pagerd_close(struct mp_pagerd *d)
 		close(d->dense_fd);
 	mp_io_close(d->io);
 	mp_tier_destroy(d->tier);
-	if (d->hash)
-		XXH3_freeState(d->hash);
+	mp_hash_free(d->hash);
 	free(d->present);
 	free(d->epoch);
 	free(d->used);

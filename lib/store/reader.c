@@ -11,6 +11,7 @@
 #include <moepager/store.h>
 
 #include "base/base.h"
+#include "base/hash.h"
 #include "store/fileio.h"
 #include "store/format.h"
 #include "store/layout.h"
@@ -628,23 +629,23 @@ static int verify_read(struct mp_store *s, struct verify_io *io, uint64_t off, s
 }
 
 /* Streams an extent through XXH3 in chunks; 0, -EBADMSG or the read error. */
-static int check_extent(struct mp_store *s, XXH3_state_t *st, struct verify_io *io, uint64_t off,
-			uint64_t len, uint64_t want, const char *what, int level)
+static int check_extent(struct mp_store *s, struct mp_hash *st, struct verify_io *io,
+			uint64_t off, uint64_t len, uint64_t want, const char *what, int level)
 {
 	uint64_t done = 0, sum;
 	int err;
 
-	XXH3_64bits_reset(st);
+	mp_hash_reset(st);
 	while (done < len) {
 		size_t n = (size_t)MP_MIN(len - done, (uint64_t)VERIFY_CHUNK);
 
 		err = verify_read(s, io, off + done, n, what);
 		if (err)
 			return err;
-		XXH3_64bits_update(st, io->chunk, n);
+		mp_hash_update(st, io->chunk, n);
 		done += n;
 	}
-	sum = XXH3_64bits_digest(st);
+	sum = mp_hash_digest(st);
 	if (sum == want)
 		return 0;
 	mp_log(level,
@@ -660,12 +661,12 @@ int mp_store_verify(struct mp_store *s, struct mp_verify_result *bad, uint32_t m
 	struct verify_io io = { .direct_fd = -1 };
 	uint32_t n_bad = 0, n_bad_tensors = 0;
 	char what[MP_TENSOR_NAME_MAX + 48];
-	XXH3_state_t *st;
+	struct mp_hash *st;
 	int err;
 
 	if (!s)
 		return mp_err(-EINVAL, "mp_store_verify: NULL store");
-	st = XXH3_createState();
+	st = mp_hash_new();
 	if (posix_memalign(&io.chunk, DIRECT_ALIGN, VERIFY_CHUNK))
 		io.chunk = NULL;
 	if (!st || !io.chunk) {
@@ -703,6 +704,6 @@ free_bufs:
 	if (io.direct_fd >= 0)
 		close(io.direct_fd);
 	free(io.chunk);
-	XXH3_freeState(st);
+	mp_hash_free(st);
 	return err;
 }
