@@ -418,6 +418,9 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 			      !s ? "store" : !cfg ? "config" : !out ? "out" :
 			      !cfg->engine ? "engine" : "expert source");
 	err = mp_check_reserved(cfg->reserved, MP_ARRAY_SIZE(cfg->reserved), "runner config");
+	if (!err)
+		err = mp_check_reserved_ops(cfg->source->reserved,
+					    MP_ARRAY_SIZE(cfg->source->reserved), "runner source");
 	if (err)
 		return err;
 	r = calloc(1, sizeof(*r));

@@ -38,6 +38,8 @@ static void structs_end_in_reserved_words(void **state)
 	assert_true(ENDS_IN_RESERVED(mp_sim_config));
 	assert_true(ENDS_IN_RESERVED(mp_sim_result));
 	assert_true(ENDS_IN_RESERVED(mp_import_config));
+	assert_true(ENDS_IN_RESERVED(mp_expert_source_ops));
+	assert_true(ENDS_IN_RESERVED(mp_row_ops));
 	assert_true(ENDS_IN_RESERVED(mp_export_config));
 	assert_true(ENDS_IN_RESERVED(mp_image_config));
 	assert_true(ENDS_IN_RESERVED(mp_image_stats));
@@ -57,6 +59,8 @@ static void struct_sizes_are_those_released(void **state)
 	assert_int_equal(sizeof(struct mp_prefetcher_config), 128);
 	assert_int_equal(sizeof(struct mp_prefetcher_stats), 144);
 	assert_int_equal(sizeof(struct mp_runner_config), 112);
+	assert_int_equal(sizeof(struct mp_expert_source_ops), 128);
+	assert_int_equal(sizeof(struct mp_row_ops), 80);
 	assert_int_equal(sizeof(struct mp_runner_stats), 112);
 	assert_int_equal(sizeof(struct mp_runner_layer_times), 1088);
 	assert_int_equal(sizeof(struct mp_seq_config), 72);
@@ -154,6 +158,40 @@ static void nonzero_reserved_config_words_are_refused(void **state)
 		expect_refused(mp_image_open(&ic, &img), "image config");
 		assert_null(img);
 	}
+}
+
+static void noop(void)
+{
+}
+
+/* An ops table built for a newer library (an op this one does not know) is refused. */
+static void ops_with_a_reserved_slot_set_are_refused(void **state)
+{
+	struct fixture *f = *state;
+	struct mp_expert_source_ops src = *mp_resident_source_ops();
+	struct mp_runner_config rc = { .engine = f->engine, .source = &src };
+	struct mp_adapters_config ac = { .base = f->store, .source = &src };
+	struct mp_row_ops rows = *mp_pager_row_ops();
+	struct mp_adapters *set = NULL;
+	struct mp_runner *r = NULL;
+
+	src.reserved[7] = noop;
+	assert_int_equal(mp_runner_open(f->store, &rc, &r), -EINVAL);
+	assert_true(t_log_contains("runner source: reserved op 7 is set"));
+	assert_null(r);
+	assert_int_equal(mp_adapters_open(&ac, &set), -EINVAL);
+	assert_true(t_log_contains("adapters source: reserved op 7"));
+	assert_null(set);
+	t_log_reset();
+	src.reserved[7] = NULL;
+	rows.reserved[3] = noop;
+	ac.rows = &rows;
+	assert_int_equal(mp_adapters_open(&ac, &set), -EINVAL);
+	assert_true(t_log_contains("adapters row ops: reserved op 3"));
+	assert_null(set);
+	t_log_reset();
+	assert_int_equal(mp_runner_open(f->store, &rc, &r), 0);
+	mp_runner_close(r);
 }
 
 static void nonzero_reserved_words_of_import_and_export_are_refused(void **state)
@@ -265,6 +303,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			nonzero_reserved_words_of_prefetcher_and_simulator_are_refused, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(ops_with_a_reserved_slot_set_are_refused, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(nonzero_reserved_words_of_import_and_export_are_refused,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(stats_calls_zero_their_reserved_words, setup,

@@ -50,6 +50,8 @@ int mp_read_file(const char *what, const char *path, char **buf, size_t *len);
  * a message naming what (e.g. "pager config") when one is not.
  */
 int mp_check_reserved(const uint64_t *words, size_t n, const char *what);
+/* The same for an ops table's reserved slots (MP_RESERVED_OPS), which must be NULL. */
+int mp_check_reserved_ops(void (*const *slots)(void), size_t n, const char *what);
 
 /* Sorts v (n > 0 values); returns its median by nearest rank (the lower middle of an even n). */
 double mp_median(double *v, size_t n);

@@ -72,6 +72,15 @@ int mp_check_reserved(const uint64_t *words, size_t n, const char *what)
 	return 0;
 }
 
+int mp_check_reserved_ops(void (*const *slots)(void), size_t n, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		if (slots[i])
+			return mp_err(-EINVAL, "%s: reserved op %zu is set (an op this library "
+				      "version does not know)", what, i);
+	return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;

@@ -50,10 +50,18 @@ int mp_adapters_open(const struct mp_adapters_config *cfg, struct mp_adapters **
 {
 	const struct mp_geometry *g;
 	struct mp_adapters *set;
+	int err;
 
 	if (!cfg || !cfg->base || !cfg->source || !cfg->source->expert || !out)
 		return mp_err(-EINVAL, "mp_adapters_open: NULL base or source");
 	*out = NULL;
+	err = mp_check_reserved_ops(cfg->source->reserved, MP_ARRAY_SIZE(cfg->source->reserved),
+				    "adapters source");
+	if (!err && cfg->rows)
+		err = mp_check_reserved_ops(cfg->rows->reserved, MP_ARRAY_SIZE(cfg->rows->reserved),
+					    "adapters row ops");
+	if (err)
+		return err;
 	g = mp_store_geometry(cfg->base);
 	set = calloc(1, sizeof(*set));
 	if (!set)

@@ -123,6 +123,11 @@ static int check_config(const struct mp_multi_config *c)
 	if (mp_consolidation_models(c->map) != c->n)
 		return mp_err(-EMEDIUMTYPE, "multi: the map consolidates %u models, %u given",
 			      mp_consolidation_models(c->map), c->n);
+	if (mp_check_reserved_ops(c->source->reserved, MP_ARRAY_SIZE(c->source->reserved),
+				  "multi source") ||
+	    mp_check_reserved_ops(c->rows->reserved, MP_ARRAY_SIZE(c->rows->reserved),
+				  "multi row ops"))
+		return -EINVAL;
 	return mp_check_reserved(c->reserved, MP_ARRAY_SIZE(c->reserved), "multi config");
 }
 

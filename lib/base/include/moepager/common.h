@@ -27,6 +27,15 @@ extern "C" {
 #define MP_RESERVED(words) uint64_t reserved[words]
 
 /*
+ * The same for a table of operations a caller may write
+ * (mp_expert_source_ops, mp_row_ops): it ends in NULL slots, an op added
+ * later takes one, and a table built against an older header reads as
+ * "op absent" there. A call given a table whose reserved slot is set fails
+ * with -EINVAL: that op is one this library does not know.
+ */
+#define MP_RESERVED_OPS(slots) void (*reserved[slots])(void)
+
+/*
  * Library version
  */
 

@@ -98,6 +98,7 @@ struct mp_expert_source_ops {
 	 * NULL): the runner reads the file. Called at open only.
 	 */
 	const void *(*tensor)(void *ctx, const struct mp_tensor_info *t);
+	MP_RESERVED_OPS(8);
 };
 
 struct mp_store;
@@ -122,6 +123,7 @@ struct mp_row_ops {
 	int (*unbind)(void *ctx, uint32_t layer, uint32_t row);
 	/* Reads a bound row ahead of its first use (mp_pager_prefetch()). May be NULL. */
 	int (*prefetch)(void *ctx, uint32_t layer, uint32_t row, int priority);
+	MP_RESERVED_OPS(4);
 };
 
 #ifdef __cplusplus
