@@ -3,10 +3,11 @@
 # Live changes while serving (docs/elastic.md), on the trained model: `moepager serve
 # --attach` processes on one pager daemon behind loadgen's epoch pool; under Poisson load a
 # second server attaches, warms (reads nothing from disk) and joins (epoch 2), the first
-# leaves the pool and drains (epoch 3), the daemon's budget goes down and up: no request
-# fails, and the new server answers a greedy completion as the old one did. The new server
+# leaves the pool and drains (epoch 3), the first server's engine threads go 1 -> 2 -> 1 in
+# place (POST /admin/threads), the daemon's budget goes down and up: no request fails, and
+# the servers answer a greedy completion as the first did before any change. The new server
 # reads the dense weights in the daemon's memfd (lent, none read from the file). Bad pool files,
-# a bad --epoch and a bad --set-budget are refused with a message. bench-elastic --load on a
+# a bad --epoch, a bad --set-budget and a bad thread count are refused with a message. bench-elastic --load on a
 # small load: zero failed requests in every setup, the shared scale-up reads 0 bytes.
 # Needs userfaultfd (CI runs as root).
 set -u
@@ -41,6 +42,13 @@ pool() {	# pool EPOCH PORT...: a new pool file renamed over the old
 	{ echo "epoch $1"; shift; for p in "$@"; do echo "http://127.0.0.1:$p"; done; } >"$dir/pool.tmp"
 	mv "$dir/pool.tmp" "$dir/pool"
 }
+# threads PORT BODY: POST /admin/threads; prints the status, the answer in $dir/threads.json.
+threads() {
+	curl -s -o "$dir/threads.json" -w '%{http_code}' "127.0.0.1:$1/admin/threads" -d "$2"
+}
+metric() {	# metric PORT NAME: its value in /metrics
+	curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n "{") == 1 {print $2}'
+}
 greedy() {
 	curl -s "127.0.0.1:$1/v1/completions" \
 		-d '{"prompt": "Q: What is a", "max_tokens": 12, "temperature": 0}' |
@@ -57,8 +65,25 @@ pool 1 "$port_a"
 "$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 6 --duration 6 \
 	--max-tokens 8 --retry-s 60 --json >"$dir/lg.json" 2>"$dir/lg.err" &
 lg=$!
-sleep 1.5
-# b has two engine threads: the swap is how threads change (docs/elastic.md).
+sleep 0.5
+# a's engine threads, 1 -> 2 in place under load (between two of its scheduler's steps).
+[[ $(metric "$port_a" moepager_engine_threads) == 1 ]] || bad "server a does not show 1 thread"
+code=$(threads "$port_a" '{"threads": 2}')
+[[ $code == 200 && $(json "$dir/threads.json" threads) == 2 &&
+   $(json "$dir/threads.json" previous) == 1 ]] || bad "threads 1 -> 2: $code $(cat "$dir/threads.json")"
+[[ $(metric "$port_a" moepager_engine_threads) == 2 ]] || bad "server a does not show 2 threads"
+[[ $(greedy "$port_a") == "$text_a" ]] || bad "server a answers otherwise with 2 threads"
+# Bad thread counts: refused naming the field, nothing changed.
+for body in '{"threads": 0}' '{"threads": 1025}' '{"threads": "2"}' '{"thread": 2}' '{}' 'x'; do
+	code=$(threads "$port_a" "$body")
+	[[ $code == 400 ]] || bad "threads body $body: $code, not 400"
+	grep -q '"message"' "$dir/threads.json" || bad "no message for threads body $body"
+done
+[[ $(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port_a/admin/threads") == 405 ]] ||
+	bad "GET /admin/threads is not 405"
+[[ $(metric "$port_a" moepager_engine_threads) == 2 ]] || bad "a refused change changed a's threads"
+sleep 1
+# b has two engine threads from its start (a swap changes threads too: docs/elastic.md).
 serve b 2 2
 port_b=$PORT
 # What server a's requests read is in the daemon's memfd: b maps it before it listens.
@@ -72,7 +97,14 @@ copied=$(awk '/^moepager_runner_dense_read_bytes/ {print $2}' "$dir/b.metrics")
 [[ $copied == 0 && ${lent:-0} -gt 0 ]] || bad "server b's dense weights: $lent lent, $copied read"
 rchar=$(awk '/^rchar/ {print $2}' "/proc/$pid_b/io")
 (( rchar < ${lent:-0} )) || bad "server b read $rchar bytes; the dense weights are $lent"
-sleep 1.5
+sleep 0.5
+code=$(threads "$port_a" '{"threads": 1}')
+[[ $code == 200 && $(json "$dir/threads.json" previous) == 2 ]] || bad "threads 2 -> 1: $code"
+[[ $(metric "$port_a" moepager_engine_threads) == 1 &&
+   $(metric "$port_a" moepager_engine_thread_changes_total) == 2 ]] ||
+	bad "server a does not show 1 thread after 2 changes"
+[[ $(greedy "$port_a") == "$text_a" ]] || bad "server a answers otherwise back at 1 thread"
+sleep 1
 pool 3 "$port_b"
 kill -TERM "$pid_a"
 wait "$pid_a" || bad "server a exited non-zero when drained"
