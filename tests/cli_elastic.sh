@@ -4,11 +4,13 @@
 # --attach` processes on one pager daemon behind loadgen's epoch pool; under Poisson load a
 # second server attaches, warms (reads nothing from disk) and joins (epoch 2), the first
 # leaves the pool and drains (epoch 3), the first server's engine threads go 1 -> 2 -> 1 in
-# place (POST /admin/threads), the daemon's budget goes down and up: no request fails, and
+# place (POST /admin/threads), the daemon's budget goes down and up, its host tier moves to
+# NUMA node 0 (and node 1000 is refused): no request fails, and
 # the servers answer a greedy completion as the first did before any change. The new server
 # reads the dense weights in the daemon's memfd (lent, none read from the file). Bad pool files,
-# a bad --epoch, a bad --set-budget and a bad thread count are refused with a message. bench-elastic --load on a
-# small load: zero failed requests in every setup, the shared scale-up reads 0 bytes.
+# a bad --epoch, a bad --set-budget and a bad thread count are refused with a message.
+# bench-elastic --load on a small load: zero failed requests in every setup, the shared scale-up reads 0 bytes; and
+# with --threads-to a server's threads change in place and back, no request failed.
 # Needs userfaultfd (CI runs as root).
 set -u
 moepager=$1
@@ -114,6 +116,15 @@ grep -q "0 request(s) cut short" "$dir/a.err" || bad "server a cut requests shor
 	bad "--set-budget 50% under load"
 "$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% >/dev/null ||
 	bad "--set-budget 100% under load"
+# The host tier to NUMA node 0 under load (this machine's one node: the call path, the pages
+# counted on it), and a node that does not exist refused with a message.
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 0 >"$dir/node.out" ||
+	bad "--set-node 0 under load"
+grep -Eq 'host tier on node 0: ([1-9][0-9]*) of \1 resident' "$dir/node.out" ||
+	bad "--set-node 0: $(cat "$dir/node.out")"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 1000 2>"$dir/e6" &&
+	bad "--set-node 1000 was taken"
+grep -q "NUMA node 1000 does not exist" "$dir/e6" || bad "no message for node 1000: $(cat "$dir/e6")"
 wait $lg || { cat "$dir/lg.err"; bad "loadgen"; }
 [[ $(json "$dir/lg.json" errors) == 0 ]] || bad "$(json "$dir/lg.json" errors) requests failed"
 [[ $(json "$dir/lg.json" completed) == $(json "$dir/lg.json" requests) ]] ||
@@ -196,4 +207,18 @@ assert d["shared"]["new_server"]["dense_lent_bytes"] > 0, d["shared"]["new_serve
 assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
 assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$dir/bench.json" "$xbytes" ||
 	bad "bench-elastic --load's figures"
+# bench-elastic --threads-to: a server's threads 1 -> 2 -> 1 in place under load, none failed.
+"$moepager" bench-elastic --model "$model" --load 4 --phase 1 --threads-to 2 --json \
+	>"$dir/bench-t.json" 2>"$dir/bench-t.err" || { tail "$dir/bench-t.err"; bad "--threads-to"; }
+python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("fixed", "in_place"):
+	assert d[k]["failed_requests"] == 0 and d[k]["requests"] > 0, (k, d[k])
+ch = d["in_place"]["changes"]
+assert [(c["status"], c["from"], c["to"], c["threads_seen"]) for c in ch] == \
+	[(200, 1, 2, 2), (200, 2, 1, 1)], ch
+assert d["fixed"]["changes"] == []' "$dir/bench-t.json" || bad "bench-elastic --threads-to's figures"
+"$moepager" bench-elastic --model "$model" --threads-to 2 2>"$dir/e5" &&
+	bad "--threads-to without --load was taken"
+grep -q "needs --load" "$dir/e5" || bad "no message for --threads-to without --load"
 exit $fail
