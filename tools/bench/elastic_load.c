@@ -527,6 +527,17 @@ out:
 	return err;
 }
 
+/* A run's temporary directory (dir: a mkdtemp() template), its store and libcurl. */
+static int run_begin(const struct el_config *c, char *dir, struct mp_store **st)
+{
+	int err;
+
+	if (!mkdtemp(dir))
+		return -errno;
+	err = mp_store_open(c->model, st);
+	return err ? err : curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
+}
+
 int el_run_loaded(const struct el_config *c, json_t **out)
 {
 	struct outcome o[NKINDS];
@@ -535,13 +546,9 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 	char dir[] = "/tmp/moepager-elastic-XXXXXX";
 	int err;
 
-	if (!res || !mkdtemp(dir)) {
-		json_decref(res);
-		return -errno;
-	}
-	err = mp_store_open(c->model, &st);
-	if (!err)
-		err = curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
+	if (!res)
+		return -ENOMEM;
+	err = run_begin(c, dir, &st);
 	for (int k = 0; !err && k < NKINDS; k++)
 		err = run_setup(c, (enum setup_kind)k, dir, st, &sj[k], &o[k]);
 	for (int k = 0; !err && k < NKINDS; k++) {
@@ -698,13 +705,9 @@ int el_run_threads(const struct el_config *c, json_t **out)
 	char dir[] = "/tmp/moepager-elastic-XXXXXX";
 	int err;
 
-	if (!res || !mkdtemp(dir)) {
-		json_decref(res);
-		return -errno;
-	}
-	err = mp_store_open(c->model, &st);
-	if (!err)
-		err = curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
+	if (!res)
+		return -ENOMEM;
+	err = run_begin(c, dir, &st);
 	for (int k = 0; !err && k < 2; k++)
 		err = run_threads_setup(c, k == 1, dir, st, &sj[k]);
 	if (!err) {
