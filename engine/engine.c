@@ -196,6 +196,77 @@ void mp_engine_close(struct mp_engine *e)
 	free(ei);
 }
 
+/* Re-runs a plug-in's fini and init for e->threads; on an error, init for old instead. */
+static int reinit(struct mp_engine *e, uint32_t old)
+{
+	int err;
+
+	if (e->ops->fini)
+		e->ops->fini(e);
+	if (!e->ops->init)
+		return 0;
+	err = e->ops->init(e);
+	if (err) {
+		e->threads = old;
+		if (e->ops->init(e))
+			mp_err(err, "engine %s: its init failed again with %u threads", e->ops->name,
+			       old);
+	}
+	return err;
+}
+
+int mp_engine_set_threads(struct mp_engine *e, uint32_t threads)
+{
+	struct engine_impl *ei;
+	struct mp_pool *pool = NULL;
+	float **wbuf = NULL;
+	size_t *wbuf_len = NULL;
+	uint32_t old, keep;
+	int err;
+
+	if (!e)
+		return mp_err(-EINVAL, "engine set threads: NULL engine");
+	ei = engine_impl(e);
+	old = e->threads;
+	if (threads == old)
+		return 0;
+	if (threads > MAX_THREADS || !threads)
+		return mp_err(-EINVAL, "engine %s: %u threads is outside [1, %u]", ei->name, threads,
+			      MAX_THREADS);
+	/* Everything new is made first, so a failure leaves e as it was. */
+	wbuf = calloc(threads, sizeof(*wbuf));
+	wbuf_len = calloc(threads, sizeof(*wbuf_len));
+	if (!wbuf || !wbuf_len) {
+		err = mp_err(-ENOMEM, "engine %s: out of memory for %u threads", ei->name, threads);
+		goto free_new;
+	}
+	err = mp_pool_create(threads, &pool);
+	if (err)
+		goto free_new;
+	e->threads = threads;
+	err = reinit(e, old);
+	if (err)
+		goto free_new;
+	keep = MP_MIN(old, threads);
+	memcpy(wbuf, ei->wbuf, keep * sizeof(*wbuf));
+	memcpy(wbuf_len, ei->wbuf_len, keep * sizeof(*wbuf_len));
+	for (uint32_t i = keep; i < old; i++)
+		free(ei->wbuf[i]);
+	free(ei->wbuf);
+	free(ei->wbuf_len);
+	ei->wbuf = wbuf;
+	ei->wbuf_len = wbuf_len;
+	mp_pool_destroy(ei->pool);
+	ei->pool = pool;
+	return 0;
+
+free_new:
+	mp_pool_destroy(pool);
+	free(wbuf);
+	free(wbuf_len);
+	return err;
+}
+
 const char *mp_engine_name(const struct mp_engine *e)
 {
 	return engine_impl((struct mp_engine *)e)->name;

@@ -3,11 +3,14 @@
 # Live changes while serving (docs/elastic.md), on the trained model: `moepager serve
 # --attach` processes on one pager daemon behind loadgen's epoch pool; under Poisson load a
 # second server attaches, warms (reads nothing from disk) and joins (epoch 2), the first
-# leaves the pool and drains (epoch 3), the daemon's budget goes down and up: no request
-# fails, and the new server answers a greedy completion as the old one did. The new server
+# leaves the pool and drains (epoch 3), the first server's engine threads go 1 -> 2 -> 1 in
+# place (POST /admin/threads), the daemon's budget goes down and up, its host tier moves to
+# NUMA node 0 (and node 1000 is refused): no request fails, and
+# the servers answer a greedy completion as the first did before any change. The new server
 # reads the dense weights in the daemon's memfd (lent, none read from the file). Bad pool files,
-# a bad --epoch and a bad --set-budget are refused with a message. bench-elastic --load on a
-# small load: zero failed requests in every setup, the shared scale-up reads 0 bytes.
+# a bad --epoch, a bad --set-budget and a bad thread count are refused with a message.
+# bench-elastic --load on a small load: zero failed requests in every setup, the shared scale-up reads 0 bytes; and
+# with --threads-to a server's threads change in place and back, no request failed.
 # Needs userfaultfd (CI runs as root).
 set -u
 moepager=$1
@@ -41,6 +44,13 @@ pool() {	# pool EPOCH PORT...: a new pool file renamed over the old
 	{ echo "epoch $1"; shift; for p in "$@"; do echo "http://127.0.0.1:$p"; done; } >"$dir/pool.tmp"
 	mv "$dir/pool.tmp" "$dir/pool"
 }
+# threads PORT BODY: POST /admin/threads; prints the status, the answer in $dir/threads.json.
+threads() {
+	curl -s -o "$dir/threads.json" -w '%{http_code}' "127.0.0.1:$1/admin/threads" -d "$2"
+}
+metric() {	# metric PORT NAME: its value in /metrics
+	curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n "{") == 1 {print $2}'
+}
 greedy() {
 	curl -s "127.0.0.1:$1/v1/completions" \
 		-d '{"prompt": "Q: What is a", "max_tokens": 12, "temperature": 0}' |
@@ -57,8 +67,25 @@ pool 1 "$port_a"
 "$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 6 --duration 6 \
 	--max-tokens 8 --retry-s 60 --json >"$dir/lg.json" 2>"$dir/lg.err" &
 lg=$!
-sleep 1.5
-# b has two engine threads: the swap is how threads change (docs/elastic.md).
+sleep 0.5
+# a's engine threads, 1 -> 2 in place under load (between two of its scheduler's steps).
+[[ $(metric "$port_a" moepager_engine_threads) == 1 ]] || bad "server a does not show 1 thread"
+code=$(threads "$port_a" '{"threads": 2}')
+[[ $code == 200 && $(json "$dir/threads.json" threads) == 2 &&
+   $(json "$dir/threads.json" previous) == 1 ]] || bad "threads 1 -> 2: $code $(cat "$dir/threads.json")"
+[[ $(metric "$port_a" moepager_engine_threads) == 2 ]] || bad "server a does not show 2 threads"
+[[ $(greedy "$port_a") == "$text_a" ]] || bad "server a answers otherwise with 2 threads"
+# Bad thread counts: refused naming the field, nothing changed.
+for body in '{"threads": 0}' '{"threads": 1025}' '{"threads": "2"}' '{"thread": 2}' '{}' 'x'; do
+	code=$(threads "$port_a" "$body")
+	[[ $code == 400 ]] || bad "threads body $body: $code, not 400"
+	grep -q '"message"' "$dir/threads.json" || bad "no message for threads body $body"
+done
+[[ $(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port_a/admin/threads") == 405 ]] ||
+	bad "GET /admin/threads is not 405"
+[[ $(metric "$port_a" moepager_engine_threads) == 2 ]] || bad "a refused change changed a's threads"
+sleep 1
+# b has two engine threads from its start (a swap changes threads too: docs/elastic.md).
 serve b 2 2
 port_b=$PORT
 # What server a's requests read is in the daemon's memfd: b maps it before it listens.
@@ -72,7 +99,14 @@ copied=$(awk '/^moepager_runner_dense_read_bytes/ {print $2}' "$dir/b.metrics")
 [[ $copied == 0 && ${lent:-0} -gt 0 ]] || bad "server b's dense weights: $lent lent, $copied read"
 rchar=$(awk '/^rchar/ {print $2}' "/proc/$pid_b/io")
 (( rchar < ${lent:-0} )) || bad "server b read $rchar bytes; the dense weights are $lent"
-sleep 1.5
+sleep 0.5
+code=$(threads "$port_a" '{"threads": 1}')
+[[ $code == 200 && $(json "$dir/threads.json" previous) == 2 ]] || bad "threads 2 -> 1: $code"
+[[ $(metric "$port_a" moepager_engine_threads) == 1 &&
+   $(metric "$port_a" moepager_engine_thread_changes_total) == 2 ]] ||
+	bad "server a does not show 1 thread after 2 changes"
+[[ $(greedy "$port_a") == "$text_a" ]] || bad "server a answers otherwise back at 1 thread"
+sleep 1
 pool 3 "$port_b"
 kill -TERM "$pid_a"
 wait "$pid_a" || bad "server a exited non-zero when drained"
@@ -82,6 +116,15 @@ grep -q "0 request(s) cut short" "$dir/a.err" || bad "server a cut requests shor
 	bad "--set-budget 50% under load"
 "$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% >/dev/null ||
 	bad "--set-budget 100% under load"
+# The host tier to NUMA node 0 under load (this machine's one node: the call path, the pages
+# counted on it), and a node that does not exist refused with a message.
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 0 >"$dir/node.out" ||
+	bad "--set-node 0 under load"
+grep -Eq 'host tier on node 0: ([1-9][0-9]*) of \1 resident' "$dir/node.out" ||
+	bad "--set-node 0: $(cat "$dir/node.out")"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 1000 2>"$dir/e6" &&
+	bad "--set-node 1000 was taken"
+grep -q "NUMA node 1000 does not exist" "$dir/e6" || bad "no message for node 1000: $(cat "$dir/e6")"
 wait $lg || { cat "$dir/lg.err"; bad "loadgen"; }
 [[ $(json "$dir/lg.json" errors) == 0 ]] || bad "$(json "$dir/lg.json" errors) requests failed"
 [[ $(json "$dir/lg.json" completed) == $(json "$dir/lg.json" requests) ]] ||
@@ -164,4 +207,18 @@ assert d["shared"]["new_server"]["dense_lent_bytes"] > 0, d["shared"]["new_serve
 assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
 assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$dir/bench.json" "$xbytes" ||
 	bad "bench-elastic --load's figures"
+# bench-elastic --threads-to: a server's threads 1 -> 2 -> 1 in place under load, none failed.
+"$moepager" bench-elastic --model "$model" --load 4 --phase 1 --threads-to 2 --json \
+	>"$dir/bench-t.json" 2>"$dir/bench-t.err" || { tail "$dir/bench-t.err"; bad "--threads-to"; }
+python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("fixed", "in_place"):
+	assert d[k]["failed_requests"] == 0 and d[k]["requests"] > 0, (k, d[k])
+ch = d["in_place"]["changes"]
+assert [(c["status"], c["from"], c["to"], c["threads_seen"]) for c in ch] == \
+	[(200, 1, 2, 2), (200, 2, 1, 1)], ch
+assert d["fixed"]["changes"] == []' "$dir/bench-t.json" || bad "bench-elastic --threads-to's figures"
+"$moepager" bench-elastic --model "$model" --threads-to 2 2>"$dir/e5" &&
+	bad "--threads-to without --load was taken"
+grep -q "needs --load" "$dir/e5" || bad "no message for --threads-to without --load"
 exit $fail

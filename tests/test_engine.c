@@ -542,6 +542,56 @@ static void guard_wraps_weight_reads_and_its_error_is_returned(void **state)
 	free(ref);
 }
 
+struct worker_check {
+	const struct mp_engine *e;
+	atomic_uint bad;		/* chunks run by a worker index >= e->threads */
+	atomic_uint runs;
+};
+
+static int check_worker_chunk(void *ctx, uint32_t chunk, uint32_t worker)
+{
+	struct worker_check *w = ctx;
+
+	(void)chunk;
+	atomic_fetch_add(&w->runs, 1);
+	if (worker >= w->e->threads)
+		atomic_fetch_add(&w->bad, 1);
+	return 0;
+}
+
+/*
+ * The threads change in place (what a server does between two steps,
+ * docs/elastic.md): each count's ops give the right answers (the per-worker
+ * scratch grown and shrunk with the pool), chunks run on workers of the new
+ * pool only, and a bad count changes nothing.
+ */
+static void set_threads_resizes_in_place(void **state)
+{
+	const struct engine_case *c = *state;
+	static const uint32_t counts[] = { 3, 1, 4, 2 };
+	struct mp_engine *e = open_engine(c, 1);
+	const enum mp_dtype dt = dtypes[N_ELEMS(dtypes) - 1];
+
+	for (size_t i = 0; i < N_ELEMS(counts); i++) {
+		struct worker_check w = { .e = e };
+
+		assert_int_equal(mp_engine_set_threads(e, counts[i]), 0);
+		assert_int_equal(e->threads, counts[i]);
+		check_matmul(e, dt, 4099, fit(dt, 1031), 1);
+		check_expert(e, dt, fit(dt, 129), fit(dt, 515), 6);
+		assert_int_equal(mp_engine_parallel(e, NULL, 64, check_worker_chunk, &w), 0);
+		assert_int_equal(atomic_load(&w.runs), 64);
+		assert_int_equal(atomic_load(&w.bad), 0);
+	}
+	assert_int_equal(mp_engine_set_threads(e, 0), -EINVAL);
+	assert_int_equal(mp_engine_set_threads(e, 1025), -EINVAL);
+	assert_non_null(strstr(mp_last_error(), "1025 threads"));
+	assert_int_equal(e->threads, 2);
+	assert_int_equal(mp_engine_set_threads(NULL, 2), -EINVAL);
+	check_matmul(e, dt, 301, fit(dt, 129), 5);
+	mp_engine_close(e);
+}
+
 static int count_chunk(void *ctx, uint32_t chunk, uint32_t worker)
 {
 	atomic_uint *hits = ctx;
@@ -861,6 +911,7 @@ int main(void)
 		{ "guard_wraps_weight_reads_and_its_error_is_returned",
 		  guard_wraps_weight_reads_and_its_error_is_returned },
 		{ "parallel_runs_every_chunk_once", parallel_runs_every_chunk_once },
+		{ "set_threads_resizes_in_place", set_threads_resizes_in_place },
 		{ "parallel_returns_a_chunk_error", parallel_returns_a_chunk_error },
 		{ "membw_measures_a_positive_rate", membw_measures_a_positive_rate },
 		{ "bad_arguments_are_refused", bad_arguments_are_refused },

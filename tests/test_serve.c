@@ -8,7 +8,8 @@
  * head of another model (within it) and not after it, finish reasons, a
  * failed step fails its requests and serving goes on, the
  * on_step hook comes after each step's tokens and before its done callbacks,
- * and the sampler.
+ * a call runs between two steps on the scheduler's thread (the engine's
+ * threads changed under running requests), and the sampler.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -687,6 +688,96 @@ static void a_failed_step_fails_its_requests_and_serving_goes_on(void **state)
 	mp_runner_close(r);
 }
 
+/* mp_sched_call()'s fn: changes the engine's threads, says where and when it ran. */
+static struct {
+	uint32_t threads;
+	pthread_t thread;
+	atomic_bool ran;
+	struct mp_sched *s;
+	int ret;
+} call;
+
+static pthread_t step_thread;
+
+static const void *step_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	step_thread = pthread_self();
+	return gate_expert(ctx, layer, expert);
+}
+
+static const struct mp_expert_source_ops step_ops = {
+	.expert = step_expert,
+	.guard = gate_guard,
+};
+
+static int change_threads(void *arg)
+{
+	(void)arg;
+	call.thread = pthread_self();
+	atomic_store(&call.ran, true);
+	return mp_engine_set_threads(fx.engine, call.threads);
+}
+
+static void *caller(void *arg)
+{
+	(void)arg;
+	call.ret = mp_sched_call(call.s, change_threads, NULL);
+	return NULL;
+}
+
+/*
+ * A call waits for the running step to end, runs on the scheduler's thread,
+ * and the engine's threads change under running requests, which get the
+ * tokens they get without the change; idle, a call runs at once.
+ */
+static void a_call_runs_between_steps_and_threads_change_under_requests(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 12, .no_eos = true };
+	struct mp_runner *r = open_runner(&step_ops, NULL);
+	static struct result base[4], res[4];
+	struct mp_sched *s = open_sched(r, 4, 8, 0);
+	pthread_t th;
+
+	(void)state;
+	memset(base, 0, sizeof(base));
+	memset(res, 0, sizeof(res));
+	for (uint32_t i = 0; i < 4; i++)
+		submit(s, i, 5, &p, &base[i]);
+	wait_done(base, 4);
+
+	hold(true);
+	for (uint32_t i = 0; i < 4; i++)
+		submit(s, i, 5, &p, &res[i]);
+	wait_held();
+	call.threads = 3;
+	call.s = s;
+	assert_int_equal(pthread_create(&th, NULL, caller, NULL), 0);
+	usleep(20000);
+	assert_false(atomic_load(&call.ran));	/* the step still runs */
+	hold(false);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(call.ret, 0);
+	assert_true(pthread_equal(call.thread, step_thread));
+	assert_int_equal(fx.engine->threads, 3);
+	wait_done(res, 4);
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_int_equal(res[i].why, MP_FINISH_LENGTH);
+		assert_int_equal(res[i].n, 12);
+		assert_memory_equal(res[i].tokens, base[i].tokens, 12 * sizeof(uint32_t));
+	}
+
+	/* Idle: at once; fn's error is the result, and the engine keeps its threads. */
+	call.threads = 0;
+	assert_int_equal(mp_sched_call(s, change_threads, NULL), -EINVAL);
+	assert_int_equal(fx.engine->threads, 3);
+	call.threads = 2;
+	assert_int_equal(mp_sched_call(s, change_threads, NULL), 0);
+	assert_int_equal(fx.engine->threads, 2);
+	assert_int_equal(mp_sched_call(s, NULL, NULL), -EINVAL);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
 static void bad_requests_are_refused_naming_the_field(void **state)
 {
 	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
@@ -760,6 +851,7 @@ int main(void)
 		cmocka_unit_test(bad_requests_are_refused_naming_the_field),
 		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),
 		cmocka_unit_test(on_step_follows_each_steps_tokens_before_its_done_callbacks),
+		cmocka_unit_test(a_call_runs_between_steps_and_threads_change_under_requests),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

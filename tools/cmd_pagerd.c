@@ -16,12 +16,14 @@ static struct pagerd_env {
 	const char *socket;
 	const char *budget;
 	const char *set_budget;
+	int set_node;			/* -1: none */
 	uint32_t max_clients;
 	uint32_t pages;
 	bool json;
 } env;
 
-enum { OPT_SOCKET = 0x100, OPT_BUDGET, OPT_SET_BUDGET, OPT_MAX_CLIENTS, OPT_PAGES, OPT_JSON };
+enum { OPT_SOCKET = 0x100, OPT_BUDGET, OPT_SET_BUDGET, OPT_MAX_CLIENTS, OPT_PAGES, OPT_JSON,
+	OPT_SET_NODE };
 
 static const char doc[] =
 	"Hold a model's experts in one memfd (the host tier) under one budget and serve\n"
@@ -37,6 +39,12 @@ static const char doc[] =
 	"\n"
 	"--set-budget SIZE changes a running daemon's budget instead (it evicts down to a\n"
 	"smaller one before answering) and prints its counters.\n"
+	"\n"
+	"--set-node N moves a running daemon's host tier to NUMA node N instead: its\n"
+	"memfds' pages migrate in place (mbind MPOL_MF_MOVE_ALL; pages engines map need\n"
+	"CAP_SYS_NICE), every mapping follows, nothing is copied or remapped, later fills\n"
+	"land there; it prints how many resident pages are on N. A node that does not\n"
+	"exist is refused.\n"
 	"\n"
 	"--json prints the daemon's counters as one object at exit: budget_bytes,\n"
 	"dense_bytes, resident_bytes, resident_peak_bytes, memfd_bytes, disk_bytes_read, fills,\n"
@@ -54,6 +62,8 @@ static const struct argp_option opts[] = {
 	  "Expert memory across every process (\"8G\", \"40%\"; default half of RAM)", 0 },
 	{ "set-budget", OPT_SET_BUDGET, "SIZE", 0,
 	  "Change the budget of the daemon running on --socket, then exit", 0 },
+	{ "set-node", OPT_SET_NODE, "N", 0,
+	  "Move the host tier of the daemon running on --socket to NUMA node N, then exit", 0 },
 	{ "max-clients", OPT_MAX_CLIENTS, "N", 0, "Engines attached at once (default 64)", 0 },
 	{ "pages", OPT_PAGES, "KIND", 0,
 	  "small (4 KiB shmem, the default), thp (shmem asked for THP; the kernel's\n"
@@ -65,6 +75,8 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
+	uint32_t node;
+
 	switch (key) {
 	case 'm':
 		env.model = arg;
@@ -74,6 +86,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_BUDGET:
 		env.budget = arg;
+		break;
+	case OPT_SET_NODE:
+		if (cli_parse_u32("--set-node", arg, 0, 1023, &node))
+			argp_usage(state);
+		env.set_node = (int)node;
 		break;
 	case OPT_SET_BUDGET:
 		env.set_budget = arg;
@@ -166,6 +183,22 @@ static int set_budget(struct mp_store *s)
 	return 0;
 }
 
+/* --set-node: attach to the running daemon, ask it to move the host tier, print its account. */
+static int set_node(struct mp_store *s)
+{
+	char msg[256];
+	struct mp_attach *a;
+	int err = mp_attach_open(s, env.socket, &a);
+
+	if (err)
+		return err;
+	err = mp_attach_set_node(a, env.set_node, msg, sizeof(msg));
+	mp_attach_close(a);
+	if (!err)
+		printf("pagerd %s: %s\n", env.socket, msg);
+	return err;
+}
+
 int cmd_pagerd(int argc, char **argv)
 {
 	static char prog[] = "moepager pagerd";
@@ -177,6 +210,7 @@ int cmd_pagerd(int argc, char **argv)
 	int err;
 
 	memset(&env, 0, sizeof(env));
+	env.set_node = -1;
 	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
@@ -184,6 +218,11 @@ int cmd_pagerd(int argc, char **argv)
 	err = mp_store_open(env.model, &s);
 	if (err) {
 		fprintf(stderr, "moepager pagerd: %s: %s\n", env.model, strerror(-err));
+		return err;
+	}
+	if (env.set_node >= 0) {
+		err = set_node(s);
+		mp_store_close(s);
 		return err;
 	}
 	if (env.set_budget) {

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -460,6 +461,22 @@ int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
 	rep.message[sizeof(rep.message) - 1] = 0;
 	if (rep.status)
 		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
+	return 0;
+}
+
+int mp_attach_set_node(struct mp_attach *a, int node, char *msg, size_t len)
+{
+	struct mp_share_node req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_NODE, .node = node };
+	struct mp_share_reply rep;
+	int err = request(a, &req, sizeof(req), &rep, sizeof(rep), "moving the host tier");
+
+	if (err)
+		return err;
+	rep.message[sizeof(rep.message) - 1] = 0;
+	if (rep.status)
+		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
+	if (msg && len)
+		snprintf(msg, len, "%s", rep.message);
 	return 0;
 }
 

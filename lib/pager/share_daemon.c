@@ -27,7 +27,9 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <linux/mempolicy.h>
 #include <linux/userfaultfd.h>
+#include <sys/syscall.h>
 
 #include <moepager/pager.h>
 #include <moepager/share.h>
@@ -372,6 +374,98 @@ static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_shar
 	return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 }
 
+/*
+ * NUMA placement: the memfds' pages move to a node in place (mbind() with
+ * MPOL_MF_MOVE_ALL over the daemon's mappings): the same pages, every
+ * process's mapping of them follows, nothing is copied in user space and
+ * no engine remaps; later fills land on the node too (the memfd's policy).
+ */
+#define NODE_WORDS	16		/* nodes 0-1023 */
+#define NODE_BATCH	1024u
+
+static int bind_to_node(void *addr, uint64_t len, int node, bool *all)
+{
+	unsigned long mask[NODE_WORDS] = { 0 };
+	unsigned long maxnode = NODE_WORDS * 64 + 1;
+
+	if (!addr || !len)
+		return 0;
+	mask[node / 64] = 1ul << (node % 64);
+	if (!syscall(SYS_mbind, addr, len, MPOL_BIND, mask, maxnode, MPOL_MF_MOVE_ALL))
+		return 0;
+	/* Pages mapped by other processes move only with CAP_SYS_NICE. */
+	if (errno != EPERM)
+		return -errno;
+	*all = false;
+	return syscall(SYS_mbind, addr, len, MPOL_BIND, mask, maxnode, MPOL_MF_MOVE) ? -errno : 0;
+}
+
+/* Counts the pages of pg[0..n) that are on node (move_pages() without nodes: where each is). */
+static void count_on_node(void **pg, uint32_t n, int node, uint64_t *on, uint64_t *total)
+{
+	int st[NODE_BATCH];
+
+	if (!n || syscall(SYS_move_pages, 0, n, pg, NULL, st, 0))
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		*total += st[i] >= 0;
+		*on += st[i] == node;
+	}
+}
+
+/* Of the present experts' pages, how many are on node (*total: how many are in memory). */
+static uint64_t pages_on_node(struct mp_pagerd *d, int node, uint64_t *total)
+{
+	void *pg[NODE_BATCH];
+	uint64_t on = 0;
+	uint32_t n = 0;
+
+	*total = 0;
+	for (uint32_t s = 0; s < d->nslots; s++)
+		for (uint64_t off = 0; d->present[s] && off < d->data_bytes; off += d->page) {
+			pg[n++] = d->alias + s * d->slot_bytes + off;
+			if (n == NODE_BATCH) {
+				count_on_node(pg, n, node, &on, total);
+				n = 0;
+			}
+		}
+	count_on_node(pg, n, node, &on, total);
+	return on;
+}
+
+static int on_node(struct mp_pagerd *d, struct client *c, int node)
+{
+	struct mp_share_reply rep = { .magic = MP_SHARE_MAGIC };
+	char path[64];
+	uint64_t on, total;
+	bool all = true;
+	int err;
+
+	snprintf(path, sizeof(path), "/sys/devices/system/node/node%d", node);
+	if (node < 0 || node >= NODE_WORDS * 64 || access(path, F_OK)) {
+		rep.status = -ENODEV;
+		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: NUMA node %d does not "
+			 "exist (no %s)", d->path, node, path);
+		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
+	}
+	/* On the daemon's loop: faults wait while the pages move (none fails). */
+	err = bind_to_node(d->alias, d->memfd_bytes, node, &all);
+	if (!err)
+		err = bind_to_node(d->dense, d->dense_bytes, node, &all);
+	on = pages_on_node(d, node, &total);
+	rep.status = err;
+	if (err)
+		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: mbind to node %d: %s",
+			 d->path, node, strerror(-err));
+	else
+		snprintf(rep.message, sizeof(rep.message), "host tier on node %d: %llu of %llu "
+			 "resident expert pages there%s", node, (unsigned long long)on,
+			 (unsigned long long)total, all ? "" : " (pages engines map stay: moving "
+			 "them needs CAP_SYS_NICE)");
+	mp_info("pagerd: %s (asked by pid %d)", rep.message, (int)c->pid);
+	return mp_share_send(c->sock, &rep, sizeof(rep), -1);
+}
+
 /* One message on a client's socket. Returns 0, or -errno to drop the client. */
 static int client_request(struct mp_pagerd *d, struct client *c)
 {
@@ -379,6 +473,7 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		struct mp_share_hello h;
 		struct mp_share_attach a;
 		struct mp_share_budget b;
+		struct mp_share_node nd;
 		uint64_t w[8];
 	} m;
 	int fd;
@@ -407,6 +502,10 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		if (fd >= 0)
 			close(fd);
 		return on_dense(d, c);
+	case MP_SHARE_NODE:
+		if (fd >= 0)
+			close(fd);
+		return on_node(d, c, m.nd.node);
 	case MP_SHARE_STATS: {
 		struct mp_share_stats rep = { .magic = MP_SHARE_MAGIC };
 

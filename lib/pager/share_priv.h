@@ -20,6 +20,7 @@ enum mp_share_op {
 	MP_SHARE_BUDGET,	/* client -> daemon: struct mp_share_budget; a mp_share_reply */
 	MP_SHARE_DENSE,		/* client -> daemon; the reply (dense_bytes) carries the
 				 * sealed memfd of the dense weights */
+	MP_SHARE_NODE,		/* client -> daemon: struct mp_share_node; a mp_share_reply */
 };
 
 struct mp_share_hello {
@@ -58,6 +59,12 @@ struct mp_share_budget {
 	uint32_t op;
 	uint32_t pad;
 	uint64_t bytes;
+};
+
+struct mp_share_node {
+	uint64_t magic;
+	uint32_t op;
+	int32_t node;		/* the NUMA node the host tier moves to */
 };
 
 struct mp_share_stats {

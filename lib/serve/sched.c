@@ -68,6 +68,12 @@ struct mp_sched {
 	uint64_t kv_used;
 	bool draining, stopping;
 	struct mp_sched_stats st;
+	/* mp_sched_call(): one call at a time, run by the thread between two steps. */
+	int (*call_fn)(void *arg);
+	void *call_arg;
+	int call_ret;
+	bool call_busy, call_done;
+	pthread_cond_t called;		/* the caller: its call ran (or never will) */
 
 	/* The thread's own. */
 	struct mp_batch_item *items;
@@ -150,6 +156,7 @@ static void sched_free(struct mp_sched *s)
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->work);
 	pthread_cond_destroy(&s->idle);
+	pthread_cond_destroy(&s->called);
 	free(s);
 }
 
@@ -181,6 +188,7 @@ int mp_sched_open(const struct mp_sched_config *cfg, struct mp_sched **out)
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->work, NULL);
 	pthread_cond_init(&s->idle, NULL);
+	pthread_cond_init(&s->called, NULL);
 	s->run = calloc(s->cfg.max_batch, sizeof(*s->run));
 	s->items = calloc(s->cfg.max_batch, sizeof(*s->items));
 	s->item_req = calloc(s->cfg.max_batch, sizeof(*s->item_req));
@@ -723,6 +731,19 @@ static void reap_and_finish(struct mp_sched *s, bool all)
 	pthread_mutex_lock(&s->lock);
 }
 
+/* Runs a pending mp_sched_call() (no step runs: the thread is here). Called locked. */
+static void run_call(struct mp_sched *s)
+{
+	int (*fn)(void *) = s->call_fn;
+
+	s->call_fn = NULL;
+	pthread_mutex_unlock(&s->lock);
+	s->call_ret = fn(s->call_arg);
+	pthread_mutex_lock(&s->lock);
+	s->call_done = true;
+	pthread_cond_broadcast(&s->called);
+}
+
 static void *loop(void *arg)
 {
 	struct mp_sched *s = arg;
@@ -746,6 +767,10 @@ static void *loop(void *arg)
 		reap_and_finish(s, s->stopping);
 		if (s->stopping)
 			break;
+		if (s->call_fn) {
+			run_call(s);
+			continue;
+		}
 		admit(s);
 		if (!s->nrun) {
 			uint64_t t = mp_now_ns(), c = thread_cpu_ns();
@@ -780,6 +805,7 @@ static void *loop(void *arg)
 	s->stopping = true;
 	reap_and_finish(s, true);
 	pthread_cond_broadcast(&s->idle);
+	pthread_cond_broadcast(&s->called);	/* a call still pending never runs */
 	pthread_mutex_unlock(&s->lock);
 	free(run);
 	free(out.done);
@@ -832,6 +858,35 @@ void mp_sched_close(struct mp_sched *s)
 		pthread_join(s->thread, NULL);
 	}
 	sched_free(s);
+}
+
+int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg)
+{
+	int ret;
+
+	if (!s || !fn)
+		return mp_err(-EINVAL, "scheduler call: NULL %s", s ? "function" : "scheduler");
+	pthread_mutex_lock(&s->lock);
+	while (s->call_busy && !s->stopping)
+		pthread_cond_wait(&s->called, &s->lock);
+	if (s->stopping) {
+		pthread_mutex_unlock(&s->lock);
+		return -ESHUTDOWN;
+	}
+	s->call_busy = true;
+	s->call_done = false;
+	s->call_fn = fn;
+	s->call_arg = arg;
+	pthread_cond_signal(&s->work);
+	/* Taken (call_fn cleared) means running: wait for it even if stopping meanwhile. */
+	while (!s->call_done && !(s->stopping && s->call_fn))
+		pthread_cond_wait(&s->called, &s->lock);
+	ret = s->call_done ? s->call_ret : -ESHUTDOWN;
+	s->call_fn = NULL;
+	s->call_busy = false;
+	pthread_cond_broadcast(&s->called);
+	pthread_mutex_unlock(&s->lock);
+	return ret;
 }
 
 void mp_sched_stats(struct mp_sched *s, struct mp_sched_stats *out)

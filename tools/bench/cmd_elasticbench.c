@@ -60,13 +60,21 @@ static const char doc[] =
 	"new server's start went (new_server; docs/elastic.md). --pages picks the\n"
 	"shared setup's pages (hugetlb needs vm.nr_hugepages).\n"
 	"\n"
+	"With --load RATE --threads-to N one server on the shared tier changes its\n"
+	"engine threads in place (POST /admin/threads): --threads -> N at the second\n"
+	"phase, back at the third; setup fixed is the same load on a server whose\n"
+	"threads never change. Each gives failed and retried requests, throughput and\n"
+	"SLO attainment per phase, and in_place the changes (command_s: the POST's\n"
+	"answer, which waits for the running step; threads_seen: from /metrics).\n"
+	"\n"
 	"EXAMPLES:\n"
 	"  moepager bench-elastic --model mixtral-mini.mpk --budget 50% --json\n"
-	"  moepager bench-elastic --model mm8.mpk --load 1 --phase 20 --json\n";
+	"  moepager bench-elastic --model mm8.mpk --load 1 --phase 20 --json\n"
+	"  moepager bench-elastic --model mm8.mpk --load 4 --threads-to 2 --json\n";
 
 enum {
 	OPT_BUDGET = 0x100, OPT_LOAD, OPT_PHASE, OPT_THREADS, OPT_MAX_TOKENS, OPT_PROMPT_IDS,
-	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED, OPT_PAGES,
+	OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_RETRY, OPT_SEED, OPT_PAGES, OPT_THREADS_TO,
 };
 
 static const struct argp_option opts[] = {
@@ -76,6 +84,8 @@ static const struct argp_option opts[] = {
 	{ "load", OPT_LOAD, "RATE", 0, "Serve Poisson load of RATE requests/s while scaling", 0 },
 	{ "phase", OPT_PHASE, "S", 0, "--load: seconds before, during and after (default 20)", 0 },
 	{ "threads", OPT_THREADS, "N", 0, "--load: engine threads per server (default 1)", 0 },
+	{ "threads-to", OPT_THREADS_TO, "N", 0,
+	  "--load: change one server's threads to N and back in place, not the processes", 0 },
 	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "--load: tokens per request (default 16)", 0 },
 	{ "prompt-ids", OPT_PROMPT_IDS, "N", 0, "--load: prompt tokens per request (16)", 0 },
 	{ "slo-ttft-ms", OPT_SLO_TTFT, "MS", 0, "--load: TTFT bound of the SLO (default 2000)", 0 },
@@ -110,6 +120,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_THREADS:
 		if (cli_parse_u32("--threads", arg, 1, 1024, &env.load.threads))
+			argp_usage(state);
+		break;
+	case OPT_THREADS_TO:
+		if (cli_parse_u32("--threads-to", arg, 1, 1024, &env.load.threads_to))
 			argp_usage(state);
 		break;
 	case OPT_MAX_TOKENS:
@@ -479,6 +493,11 @@ int cmd_elasticbench(int argc, char **argv)
 		fprintf(stderr, "moepager bench-elastic: --model FILE is required\n");
 		return -EINVAL;
 	}
+	if (env.load.threads_to && (!env.load.rate || env.load.threads_to == env.load.threads)) {
+		fprintf(stderr, "moepager bench-elastic: --threads-to %u needs --load RATE and a "
+			"count other than --threads (%u)\n", env.load.threads_to, env.load.threads);
+		return -EINVAL;
+	}
 	err = mp_store_open(env.path, &s);
 	if (err) {
 		fprintf(stderr, "moepager bench-elastic: %s: %s\n", env.path, strerror(-err));
@@ -499,7 +518,8 @@ int cmd_elasticbench(int argc, char **argv)
 		env.load.model = env.path;
 		env.load.budget = budget;
 		env.load.fd = fd;
-		err = el_run_loaded(&env.load, &o);
+		err = env.load.threads_to ? el_run_threads(&env.load, &o) :
+					    el_run_loaded(&env.load, &o);
 		if (!err) {
 			json_object_set_new(o, "model", json_string(mp_store_path(s)));
 			json_object_set_new(o, "budget_bytes", json_integer((json_int_t)budget));

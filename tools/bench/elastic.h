@@ -29,6 +29,7 @@ struct el_config {
 	double rate;			/* requests per second (Poisson) */
 	double phase;			/* seconds before, during and after the change */
 	uint32_t threads;		/* engine threads of each server */
+	uint32_t threads_to;		/* el_run_threads(): the count changed to and back */
 	uint32_t max_tokens, prompt_ids;
 	double slo_ttft_ms, slo_tpot_ms, retry_s;
 	uint64_t seed;
@@ -42,5 +43,12 @@ struct el_config {
  * the JSON object, or -errno.
  */
 int el_run_loaded(const struct el_config *cfg, json_t **out);
+
+/*
+ * Engine threads changed in place under load: setups fixed (threads never
+ * change) and in_place (threads -> threads_to -> threads at the second and
+ * third phases, POST /admin/threads). Returns 0 and the JSON object, or -errno.
+ */
+int el_run_threads(const struct el_config *cfg, json_t **out);
 
 #endif /* MP_BENCH_ELASTIC_H */

@@ -237,6 +237,42 @@ static void *load_main(void *arg)
 	return NULL;
 }
 
+/* The load's pool (the file at path) and model (the store's file name without .mpk). */
+static int load_prepare(struct load *l, const char *path, struct mp_store *st)
+{
+	char name[256], *base, *dot;
+	int err = lg_pool_init(&l->pool, NULL, path);
+
+	snprintf(name, sizeof(name), "%s", mp_store_path(st));
+	base = strrchr(name, '/');
+	base = base ? base + 1 : name;
+	dot = strstr(base, ".mpk");
+	if (dot)
+		*dot = '\0';
+	return err ? err : lg_models(NULL, base, 1, &l->models);
+}
+
+/* Starts the Poisson load of three phases on its thread (first is the first server's URL). */
+static int load_start(const struct el_config *c, struct load *l, struct mp_store *st,
+		      const char *first)
+{
+	l->run = (struct lg_run){
+		.url = first, .rate = c->rate, .duration = 3 * c->phase, .drain = 600,
+		.max_tokens = c->max_tokens, .ignore_eos = true, .seed = c->seed,
+		.models = &l->models, .pool = &l->pool, .retry_s = c->retry_s,
+		.prompt_ids = c->prompt_ids, .vocab = mp_store_geometry(st)->vocab,
+	};
+	return pthread_create(&l->th, NULL, load_main, l) ? -EAGAIN : 0;
+}
+
+static void load_free(struct load *l)
+{
+	lg_run_free(&l->run);
+	lg_models_free(&l->models);
+	lg_pool_free(&l->pool);
+	free(l);
+}
+
 /* Share of a request's tokens inside [a, b): spread evenly from its first to its last token. */
 static double tokens_in(const struct lg_req *q, double a, double b)
 {
@@ -362,7 +398,7 @@ static int run_setup(const struct el_config *c, enum setup_kind k, const char *d
 	struct sampler sm = { .lock = PTHREAD_MUTEX_INITIALIZER };
 	struct pool_file pf = { 0 };
 	struct load *l = calloc(1, sizeof(*l));
-	char sock[96], name[64];
+	char sock[96];
 	uint64_t io0 = 0;
 	double t0, t_up = 0, t_down = 0;
 	pid_t d = 0;
@@ -388,37 +424,19 @@ static int run_setup(const struct el_config *c, enum setup_kind k, const char *d
 	if (!err)
 		err = pool_publish(&pf, only_a, 1);
 	if (!err)
-		err = lg_pool_init(&l->pool, NULL, pf.path);
-	snprintf(name, sizeof(name), "%s", mp_store_path(st));
-	{
-		char *base = strrchr(name, '/'), *dot;
-
-		base = base ? base + 1 : name;
-		dot = strstr(base, ".mpk");
-		if (dot)
-			*dot = '\0';
-		if (!err)
-			err = lg_models(NULL, base, 1, &l->models);
-	}
+		err = load_prepare(l, pf.path, st);
 	if (err)
 		goto out;
 	sm.pid[0] = d;
 	sm.pid[1] = a.pid;
 	if (!pthread_create(&sm.th, NULL, sampler_main, &sm))
 		sampling = true;
-	l->run = (struct lg_run){
-		.url = a.url, .rate = c->rate, .duration = 3 * c->phase, .drain = 600,
-		.max_tokens = c->max_tokens, .ignore_eos = true, .seed = c->seed,
-		.models = &l->models, .pool = &l->pool, .retry_s = c->retry_s,
-		.prompt_ids = c->prompt_ids, .vocab = mp_store_geometry(st)->vocab,
-	};
 	t0 = now_s();
 	pf.t0 = t0;
 	pf.marks[0].t = 0;	/* epoch 1 holds from the load's start */
-	if (pthread_create(&l->th, NULL, load_main, l)) {
-		err = -EAGAIN;
+	err = load_start(c, l, st, a.url);
+	if (err)
 		goto out;
-	}
 	loading = true;
 	sleep_until(t0 + c->phase);
 	o->before = sample(&sm);
@@ -502,14 +520,22 @@ out:
 			o->during_tok_s = json_real_value(json_object_get(w, "throughput_tok_s"));
 		}
 	}
-	lg_run_free(&l->run);
-	lg_models_free(&l->models);
-	lg_pool_free(&l->pool);
-	free(l);
+	load_free(l);
 	unlink(pf.path);
 	unlink(a.port_file);
 	unlink(b.port_file);
 	return err;
+}
+
+/* A run's temporary directory (dir: a mkdtemp() template), its store and libcurl. */
+static int run_begin(const struct el_config *c, char *dir, struct mp_store **st)
+{
+	int err;
+
+	if (!mkdtemp(dir))
+		return -errno;
+	err = mp_store_open(c->model, st);
+	return err ? err : curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
 }
 
 int el_run_loaded(const struct el_config *c, json_t **out)
@@ -520,13 +546,9 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 	char dir[] = "/tmp/moepager-elastic-XXXXXX";
 	int err;
 
-	if (!res || !mkdtemp(dir)) {
-		json_decref(res);
-		return -errno;
-	}
-	err = mp_store_open(c->model, &st);
-	if (!err)
-		err = curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
+	if (!res)
+		return -ENOMEM;
+	err = run_begin(c, dir, &st);
 	for (int k = 0; !err && k < NKINDS; k++)
 		err = run_setup(c, (enum setup_kind)k, dir, st, &sj[k], &o[k]);
 	for (int k = 0; !err && k < NKINDS; k++) {
@@ -556,6 +578,161 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 		*out = res;
 		res = NULL;
 	}
+	json_decref(res);
+	mp_store_close(st);
+	rmdir(dir);
+	return err;
+}
+
+/*
+ * --threads-to N: one server's engine threads changed in place under the
+ * load (POST /admin/threads), --threads -> N at the second phase and back at
+ * the third; against the same load on a server whose threads never change.
+ */
+
+struct thread_change {
+	uint32_t from, to, seen;	/* seen: moepager_engine_threads after the answer */
+	double t_s, command_s;		/* when it was sent (from the load's start), its answer */
+	long status;
+};
+
+/* POST /admin/threads {"threads": to}; then what /metrics shows. */
+static void change_threads(const char *url, uint32_t to, double t0, struct thread_change *ch)
+{
+	char body[48];
+	struct lg_metrics m;
+	json_t *j;
+	char *ans;
+
+	snprintf(body, sizeof(body), "{\"threads\": %u}", to);
+	ch->to = to;
+	ch->t_s = now_s() - t0;
+	ans = lg_post(url, "/admin/threads", body, &ch->status);
+	ch->command_s = now_s() - t0 - ch->t_s;
+	j = ans ? json_loads(ans, 0, NULL) : NULL;
+	ch->from = (uint32_t)json_integer_value(json_object_get(j, "previous"));
+	json_decref(j);
+	free(ans);
+	lg_scrape(url, &m);
+	ch->seen = m.engine_threads > 0 ? (uint32_t)m.engine_threads : 0;
+}
+
+static json_t *threads_json(const struct el_config *c, const struct lg_run *r,
+			    const struct thread_change *ch, uint32_t nch)
+{
+	json_t *changes = json_array(), *w;
+	uint32_t failed = 0, retried = 0;
+
+	for (uint32_t i = 0; i < r->n; i++) {
+		failed += r->reqs[i].error;
+		retried += r->reqs[i].retries > 0;
+	}
+	for (uint32_t i = 0; i < nch; i++)
+		json_array_append_new(changes, json_pack(
+			"{s:I, s:I, s:I, s:I, s:f, s:f}", "from", (json_int_t)ch[i].from,
+			"to", (json_int_t)ch[i].to, "threads_seen", (json_int_t)ch[i].seen,
+			"status", (json_int_t)ch[i].status, "t_s", ch[i].t_s,
+			"command_s", ch[i].command_s));
+	w = json_pack("{s:o, s:o, s:o}", "before", window_json(c, r, 0, c->phase),
+		      "during", window_json(c, r, c->phase, 2 * c->phase),
+		      "after", window_json(c, r, 2 * c->phase, 3 * c->phase));
+	return json_pack("{s:I, s:I, s:I, s:o, s:o}", "failed_requests", (json_int_t)failed,
+			 "retried_requests", (json_int_t)retried, "requests", (json_int_t)r->n,
+			 "windows", w, "changes", changes);
+}
+
+/* One server on the shared tier under the load; change: its threads go to N and back. */
+static int run_threads_setup(const struct el_config *c, bool change, const char *dir,
+			     struct mp_store *st, json_t **out)
+{
+	const struct server *only_a[1];
+	struct thread_change ch[2] = { 0 };
+	struct pool_file pf = { 0 };
+	struct load *l = calloc(1, sizeof(*l));
+	struct server a = { 0 };
+	char sock[96];
+	double t0;
+	pid_t d;
+	int err;
+
+	if (!l)
+		return -ENOMEM;
+	only_a[0] = &a;
+	snprintf(sock, sizeof(sock), "%s/pagerd.sock", dir);
+	snprintf(pf.path, sizeof(pf.path), "%s/pool", dir);
+	d = start_daemon(c, sock);
+	if (d < 0) {
+		free(l);
+		return (int)d;
+	}
+	err = server_spawn(c, dir, "a", sock, 1, &a);
+	if (!err)
+		err = server_wait(&a);
+	if (!err)
+		err = pool_publish(&pf, only_a, 1);
+	if (!err)
+		err = load_prepare(l, pf.path, st);
+	t0 = now_s();
+	if (!err)
+		err = load_start(c, l, st, a.url);
+	if (err)
+		goto out;
+	if (change) {
+		sleep_until(t0 + c->phase);
+		change_threads(a.url, c->threads_to, t0, &ch[0]);
+		sleep_until(t0 + 2 * c->phase);
+		change_threads(a.url, c->threads, t0, &ch[1]);
+	}
+	pthread_join(l->th, NULL);
+	err = l->err;
+	if (!err)
+		*out = threads_json(c, &l->run, ch, change ? 2 : 0);
+out:
+	server_stop(&a);
+	kill(d, SIGTERM);
+	waitpid(d, NULL, 0);
+	load_free(l);
+	unlink(pf.path);
+	unlink(a.port_file);
+	return err;
+}
+
+int el_run_threads(const struct el_config *c, json_t **out)
+{
+	static const char *const names[2] = { "fixed", "in_place" };
+	json_t *res = json_object(), *sj[2] = { 0 };
+	struct mp_store *st = NULL;
+	char dir[] = "/tmp/moepager-elastic-XXXXXX";
+	int err;
+
+	if (!res)
+		return -ENOMEM;
+	err = run_begin(c, dir, &st);
+	for (int k = 0; !err && k < 2; k++)
+		err = run_threads_setup(c, k == 1, dir, st, &sj[k]);
+	if (!err) {
+		double f = json_real_value(json_object_get(json_object_get(json_object_get(
+				sj[0], "windows"), "during"), "throughput_tok_s"));
+		double p = json_real_value(json_object_get(json_object_get(json_object_get(
+				sj[1], "windows"), "during"), "throughput_tok_s"));
+
+		json_object_set_new(sj[1], "during_throughput_to_fixed", json_real(f > 0 ? p / f : 0));
+		curl_global_cleanup();
+		json_object_set_new(res, "load", json_pack(
+			"{s:f, s:f, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate,
+			"phase_s", c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
+			(json_int_t)c->prompt_ids, "threads", (json_int_t)c->threads, "threads_to",
+			(json_int_t)c->threads_to, "slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms",
+			c->slo_tpot_ms, "retry_s", c->retry_s, "shared_pages", c->pages));
+		for (int k = 0; k < 2; k++) {
+			json_object_set_new(res, names[k], sj[k]);
+			sj[k] = NULL;
+		}
+		*out = res;
+		res = NULL;
+	}
+	for (int k = 0; k < 2; k++)
+		json_decref(sj[k]);
 	json_decref(res);
 	mp_store_close(st);
 	rmdir(dir);

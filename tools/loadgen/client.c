@@ -100,8 +100,8 @@ static size_t collect(char *data, size_t size, size_t n, void *arg)
 	return size * n;
 }
 
-/* GET url + path into a new string (NULL on failure). */
-static char *get(const char *url, const char *path, long *status)
+/* GET url + path (POST body when not NULL) into a new string (NULL on failure). */
+static char *request(const char *url, const char *path, const char *body, long *status)
 {
 	struct { char *s; size_t len; } b = { NULL, 0 };
 	char full[2048];
@@ -115,16 +115,29 @@ static char *get(const char *url, const char *path, long *status)
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+	if (body)
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
 	rc = curl_easy_perform(h);
 	*status = 0;
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
 	curl_easy_cleanup(h);
 	if (rc != CURLE_OK) {
-		fprintf(stderr, "moepager loadgen: GET %s: %s\n", full, curl_easy_strerror(rc));
+		fprintf(stderr, "moepager loadgen: %s %s: %s\n", body ? "POST" : "GET", full,
+			curl_easy_strerror(rc));
 		free(b.s);
 		return NULL;
 	}
 	return b.s;
+}
+
+static char *get(const char *url, const char *path, long *status)
+{
+	return request(url, path, NULL, status);
+}
+
+char *lg_post(const char *url, const char *path, const char *body, long *status)
+{
+	return request(url, path, body, status);
 }
 
 static int server_models(const char *url, struct lg_models *out)
@@ -229,5 +242,6 @@ void lg_scrape(const char *url, struct lg_metrics *out)
 	out->warm_s = family_sum(t, "moepager_serve_warm_seconds");
 	out->dense_lent = family_sum(t, "moepager_runner_dense_lent_bytes");
 	out->dense_read = family_sum(t, "moepager_runner_dense_read_bytes");
+	out->engine_threads = family_sum(t, "moepager_engine_threads");
 	free(t);
 }

@@ -37,11 +37,14 @@ struct lg_metrics {
 	double hits, misses, steps, step_s, sched_s, http_s, tokens, batch_sum, batch_count;
 	double sched_cpu_s, http_cpu_s, http_thread_cpu_s;
 	double ready_s, warm_s, dense_lent, dense_read;	/* the server's start */
+	double engine_threads;
 	bool ok;
 };
 
 /* Reads GET /metrics; out->ok false when the server has none. */
 void lg_scrape(const char *url, struct lg_metrics *out);
+/* POSTs body to url + path: the answer's body (free()) and *status, or NULL. */
+char *lg_post(const char *url, const char *path, const char *body, long *status);
 
 /*
  * Where requests go (pool.c): one URL, or a pool file rewritten (renamed

@@ -292,6 +292,27 @@ int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load
 	return e;
 }
 
+int api_parse_threads(const char *body, size_t len, uint32_t *threads, struct api_error *err)
+{
+	json_int_t n = 0;
+	const char *key;
+	json_t *o, *v;
+	int e = 0;
+
+	if (load_object(body, len, &o, err))
+		return -EINVAL;
+	json_object_foreach(o, key, v)
+		if (strcmp(key, "threads") && !e)
+			e = api_fail(err, 400, key, "unknown field '%.40s' (threads)", key);
+	if (!e)
+		e = get_int(o, "threads", 1, API_MAX_THREADS, &n, err);
+	if (!e && !n)
+		e = api_fail(err, 400, "threads", "threads is required");
+	json_decref(o);
+	*threads = (uint32_t)n;
+	return e;
+}
+
 /*
  * Generated text
  */

@@ -64,6 +64,10 @@ struct api_adapter_load {
 int api_parse_adapter_load(const char *body, size_t len, struct api_adapter_load *out,
 			   struct api_error *err);
 
+/* POST /admin/threads: {"threads": N}, N in [1, API_MAX_THREADS] (the engine's limit). */
+#define API_MAX_THREADS 1024
+int api_parse_threads(const char *body, size_t len, uint32_t *threads, struct api_error *err);
+
 /* Fills err (status, param may be NULL) and returns -EINVAL, for `return api_fail(...)`. */
 int api_fail(struct api_error *err, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

@@ -57,6 +57,15 @@ struct serve_backend_ops {
 	 * runs once this returns. NULL op: no such hook.
 	 */
 	void (*on_step)(struct serve_backend *b, void (*fn)(void *arg), void *arg);
+	/*
+	 * Changes the engine's threads in place between two scheduler steps
+	 * (mp_sched_call(), mp_engine_set_threads()): what runs finishes its
+	 * step, what waits waits the change. Blocks for a step at most: call it
+	 * off the HTTP thread. *before gets the count it had. 0 or -errno with
+	 * the reason in why. NULL op: not supported.
+	 */
+	int (*set_threads)(struct serve_backend *b, uint32_t threads, uint32_t *before,
+			   char *why, size_t len);
 	/* Frees everything, once nobody holds a model (stops first if need be). */
 	void (*close)(struct serve_backend *b);
 	/*

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,9 @@ struct local {
 	void (*step_fn)(void *arg);
 	void *step_arg;
 	uint64_t dense_lent, dense_read;	/* the runner's dense weights, from its open */
+	/* The engine's threads as /metrics reads them (the scheduler's thread changes them). */
+	_Atomic uint32_t threads;
+	_Atomic uint64_t thread_changes;
 };
 
 static const struct serve_model *local_acquire(struct serve_backend *b, const char *name)
@@ -174,6 +178,7 @@ static void local_metrics(struct serve_backend *b, struct strbuf *out)
 	}
 	pthread_rwlock_unlock(&l->sched_lock);
 	metrics_dense(out, l->m.name, l->dense_lent, l->dense_read);
+	metrics_threads(out, l->m.name, atomic_load(&l->threads), atomic_load(&l->thread_changes));
 	if (l->pager) {
 		struct mp_pager_stats ps;
 
@@ -215,6 +220,46 @@ void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
 		mp_multi_stats(l->multi, &out->multi);
 	if (l->runner)
 		mp_runner_layer_times(l->runner, &out->layers);
+}
+
+struct threads_call {
+	struct local *l;
+	uint32_t threads;
+	char why[256];
+};
+
+/* On the scheduler's thread, between two steps: no engine op runs. */
+static int threads_change(void *arg)
+{
+	struct threads_call *t = arg;
+	int err = mp_engine_set_threads(t->l->engine, t->threads);
+
+	if (err) {
+		snprintf(t->why, sizeof(t->why), "%s", mp_last_error());
+		return err;
+	}
+	atomic_store(&t->l->threads, t->threads);
+	atomic_fetch_add(&t->l->thread_changes, 1);
+	return 0;
+}
+
+static int local_set_threads(struct serve_backend *b, uint32_t threads, uint32_t *before,
+			     char *why, size_t len)
+{
+	struct local *l = (struct local *)b;
+	struct threads_call t = { .l = l, .threads = threads };
+	int err = -ESHUTDOWN;
+
+	*before = atomic_load(&l->threads);
+	pthread_rwlock_rdlock(&l->sched_lock);
+	if (l->sched)
+		err = mp_sched_call(l->sched, threads_change, &t);
+	pthread_rwlock_unlock(&l->sched_lock);
+	if (err == -ESHUTDOWN)
+		snprintf(why, len, "the server is shutting down");
+	else if (err)
+		snprintf(why, len, "%s", t.why);
+	return err;
 }
 
 /* From the thread that stops the server, while the scheduler is open. */
@@ -362,6 +407,7 @@ static const struct serve_backend_ops local_ops = {
 	.drain = local_drain,
 	.stop = local_stop,
 	.on_step = local_on_step,
+	.set_threads = local_set_threads,
 	.close = local_close,
 };
 
@@ -662,6 +708,8 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		err = open_tokenizer(l, cfg);
 	if (!err)
 		err = mp_engine_open(cfg->engine ? cfg->engine : "ref", &ec, &l->engine);
+	if (!err)
+		atomic_store(&l->threads, l->engine->threads);
 	if (!err && cfg->adapters)
 		err = scan_adapters(l, cfg);
 	if (!err)

@@ -37,11 +37,12 @@ typedef int mhd_result;
 typedef enum MHD_Result mhd_result;
 #endif
 
-enum endpoint { EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_ADAPTERS, EP_OTHER,
-		EP_COUNT };
+enum endpoint { EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_ADAPTERS, EP_THREADS,
+		EP_OTHER, EP_COUNT };
 
 static const char *const ep_name[EP_COUNT] = {
-	"/v1/completions", "/v1/models", "/health", "/metrics", "/v1/adapters", "other",
+	"/v1/completions", "/v1/models", "/health", "/metrics", "/v1/adapters", "/admin/threads",
+	"other",
 };
 static const int codes[] = { 200, 201, 400, 404, 405, 409, 413, 500, 503 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
@@ -70,9 +71,10 @@ struct req {
 	bool ended;			/* the last events (or the whole body) are in out */
 	atomic_bool gone;		/* the client left */
 	const struct serve_model *m;	/* acquired from the backend, released with the req */
-	bool admin;			/* POST /v1/adapters, not a completion */
-	struct api_adapter_load load;	/* admin: what to load */
-	struct api_error load_err;	/* admin: why it failed (err < 0) */
+	enum endpoint admin;		/* EP_ADAPTERS or EP_THREADS (a POST); a completion: 0 */
+	struct api_adapter_load load;	/* adapters: what to load */
+	uint32_t threads, threads_before;	/* threads: asked for, had */
+	struct api_error admin_err;	/* admin: why it failed (err < 0) */
 	struct api_request api;
 	uint64_t id;
 	struct textgen tg;
@@ -106,7 +108,7 @@ struct http_server {
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
-	atomic_uint loaders;		/* adapter loads running on their threads */
+	atomic_uint loaders;		/* admin requests running on their threads */
 	atomic_uint cut_short;
 	atomic_uint_fast64_t next_cmpl;
 	uint64_t count[EP_COUNT][NCODES];
@@ -601,26 +603,44 @@ static mhd_result completion(struct req *q, struct MHD_Connection *c)
 }
 
 /*
- * POST /v1/adapters: a load reads MBs to GBs, so it runs on a thread of its
- * own while the connection is suspended; requests keep being served.
+ * POST /v1/adapters and POST /admin/threads: a load reads MBs to GBs, a
+ * thread change waits for the scheduler's step to end, so each runs on a
+ * thread of its own while the connection is suspended; requests keep being
+ * served.
  */
 
-static void *load_thread(void *arg)
+/* The admin request's work, on its thread: 0, or -errno with q->admin_err filled. */
+static int admin_work(struct req *q)
+{
+	struct serve_backend *b = q->h->b;
+	char why[256] = "";
+	int err;
+
+	if (q->admin == EP_THREADS) {
+		err = b->ops->set_threads(b, q->threads, &q->threads_before, why, sizeof(why));
+		if (err)
+			api_fail(&q->admin_err, err == -ESHUTDOWN ? 503 : err == -EINVAL ? 400 : 500,
+				 "threads", "%s", why);
+		return err;
+	}
+	err = b->ops->adapter_load(b, q->load.file, q->load.name[0] ? q->load.name : NULL, why,
+				   sizeof(why));
+	if (err)
+		api_fail(&q->admin_err, err == -EEXIST || err == -ENOSPC ? 409 :
+			 err == -ENOENT ? 404 : 400, "file", "%s", why);
+	return err;
+}
+
+static void *admin_thread(void *arg)
 {
 	struct req *q = arg;
 	struct http_server *h = q->h;
 	struct MHD_Connection *c;
-	char why[256] = "";
 	bool wake;
-	int err;
+	int err = admin_work(q);
 
-	err = h->b->ops->adapter_load(h->b, q->load.file, q->load.name[0] ? q->load.name : NULL,
-				      why, sizeof(why));
 	pthread_mutex_lock(&q->lock);
 	q->err = err;
-	if (err)
-		api_fail(&q->load_err, err == -EEXIST || err == -ENOSPC ? 409 :
-			 err == -ENOENT ? 404 : 400, "file", "%s", why);
 	q->finished = true;
 	c = q->c;
 	wake = unpark(q);
@@ -632,40 +652,61 @@ static void *load_thread(void *arg)
 	return NULL;
 }
 
-/* The answer to a finished load. q->lock held. */
-static mhd_result answer_load(struct req *q, struct MHD_Connection *c)
+/* The answer to a finished admin request. q->lock held. */
+static mhd_result answer_admin(struct req *q, struct MHD_Connection *c)
 {
+	char *j;
+
 	if (q->err)
-		return answer_error(q->h, c, EP_ADAPTERS, &q->load_err);
-	return answer_json(q->h, c, EP_ADAPTERS, 201, q->h->b->ops->adapters_json(q->h->b));
+		return answer_error(q->h, c, q->admin, &q->admin_err);
+	if (q->admin == EP_ADAPTERS)
+		return answer_json(q->h, c, EP_ADAPTERS, 201,
+				   q->h->b->ops->adapters_json(q->h->b));
+	if (asprintf(&j, "{\"threads\":%u,\"previous\":%u}", q->threads, q->threads_before) < 0)
+		j = NULL;
+	return answer_json(q->h, c, EP_THREADS, 200, j);
 }
 
-static mhd_result adapter_post(struct req *q, struct MHD_Connection *c)
+/* Checks and parses an admin request's body: 0, or -EINVAL with e filled. */
+static int admin_parse(struct req *q, struct api_error *e)
+{
+	const struct serve_backend_ops *ops = q->h->b->ops;
+	const char *body = q->body.s ? q->body.s : "";
+
+	if (q->admin == EP_THREADS) {
+		if (!ops->set_threads)
+			return api_fail(e, 404, NULL, "this server cannot change its threads");
+		return api_parse_threads(body, q->body.len, &q->threads, e);
+	}
+	if (!ops->adapter_load)
+		return api_fail(e, 404, NULL, "this server serves no adapters (start it with "
+				"--adapters DIR)");
+	return api_parse_adapter_load(body, q->body.len, &q->load, e);
+}
+
+static mhd_result admin_post(struct req *q, struct MHD_Connection *c)
 {
 	struct http_server *h = q->h;
 	struct api_error e;
 	pthread_t th;
 
 	if (q->answered)
-		return resumed(q, c, answer_load);
+		return resumed(q, c, answer_admin);
 	q->answered = true;
 	if (q->too_big)
-		return fail(h, c, EP_ADAPTERS, 413, NULL, "the body is too large");
-	if (!h->b->ops->adapter_load)
-		return fail(h, c, EP_ADAPTERS, 404, NULL, "this server serves no adapters (start it "
-			    "with --adapters DIR)");
+		return fail(h, c, q->admin, 413, NULL, "the body is too large");
 	if (atomic_load(&h->draining))
-		return fail(h, c, EP_ADAPTERS, 503, NULL, "the server is shutting down");
-	if (api_parse_adapter_load(q->body.s ? q->body.s : "", q->body.len, &q->load, &e))
-		return answer_error(h, c, EP_ADAPTERS, &e);
+		return fail(h, c, q->admin, 503, NULL, "the server is shutting down");
+	if (admin_parse(q, &e))
+		return answer_error(h, c, q->admin, &e);
 	pthread_mutex_lock(&q->lock);
-	q->refs++;		/* the loader's */
+	q->refs++;		/* the admin thread's */
 	atomic_fetch_add(&h->loaders, 1);
-	if (pthread_create(&th, NULL, load_thread, q)) {
+	if (pthread_create(&th, NULL, admin_thread, q)) {
 		q->refs--;
 		atomic_fetch_sub(&h->loaders, 1);
 		pthread_mutex_unlock(&q->lock);
-		return fail(h, c, EP_ADAPTERS, 500, NULL, "cannot start the load");
+		return fail(h, c, q->admin, 500, NULL, "cannot start the admin thread");
 	}
 	pthread_detach(th);
 	/* The loader takes q->lock to finish: it resumes after this suspend, never before. */
@@ -691,7 +732,7 @@ static const char *adapter_in_url(const char *url)
 static enum endpoint route(const char *method, const char *url, bool *method_ok)
 {
 	static const char *const methods[EP_COUNT][2] = {
-		{ "POST" }, { "GET" }, { "GET" }, { "GET" }, { "GET", "POST" }, { NULL },
+		{ "POST" }, { "GET" }, { "GET" }, { "GET" }, { "GET", "POST" }, { "POST" }, { NULL },
 	};
 
 	if (adapter_in_url(url)) {
@@ -783,7 +824,7 @@ static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, en
 	default:
 		return fail(h, c, ep, 404, NULL, "no such endpoint (POST /v1/completions, GET "
 			    "/v1/models, /health, /metrics, GET/POST /v1/adapters, DELETE "
-			    "/v1/adapters/NAME)");
+			    "/v1/adapters/NAME, POST /admin/threads)");
 	}
 }
 
@@ -802,7 +843,8 @@ static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, co
 		*con_cls = &h->markers[EP_OTHER];
 		return fail(h, c, ep, 405, NULL, "method not allowed on this endpoint");
 	}
-	if (ep != EP_COMPLETIONS && !(ep == EP_ADAPTERS && !strcmp(method, "POST"))) {
+	if (ep != EP_COMPLETIONS && ep != EP_THREADS &&
+	    !(ep == EP_ADAPTERS && !strcmp(method, "POST"))) {
 		/* Answered on the next call: one queued now would close the connection. */
 		*con_cls = &h->markers[ep];
 		return MHD_YES;
@@ -815,7 +857,7 @@ static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, co
 	if (!q)
 		return MHD_NO;
 	q->h = h;
-	q->admin = ep == EP_ADAPTERS;
+	q->admin = ep == EP_COMPLETIONS ? 0 : ep;
 	q->refs = 1;		/* the connection's */
 	q->c = c;
 	ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -864,7 +906,7 @@ static mhd_result on_request(void *cls, struct MHD_Connection *c, const char *ur
 	} else {
 		set_phase(h, c, PH_BUSY);
 		q = *con_cls;
-		ret = q->admin ? adapter_post(q, c) : completion(q, c);
+		ret = q->admin ? admin_post(q, c) : completion(q, c);
 	}
 	atomic_fetch_add(&h->handler_cpu_ns, cli_clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0);
 	atomic_fetch_add(&h->handler_ns, now_ns() - t0);

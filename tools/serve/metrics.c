@@ -63,6 +63,18 @@ void metrics_dense(struct strbuf *o, const char *name, uint64_t lent, uint64_t r
 	    (double)read);
 }
 
+void metrics_threads(struct strbuf *o, const char *name, uint32_t threads, uint64_t changes)
+{
+	char buf[256];
+	const char *model = label(name, buf, sizeof(buf));
+
+	one(o, "moepager_engine_threads", "gauge",
+	    "Threads the engine's ops use now (POST /admin/threads changes them)", model,
+	    (double)threads);
+	one(o, "moepager_engine_thread_changes_total", "counter",
+	    "Changes of the engine's threads made while serving", model, (double)changes);
+}
+
 void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_stats *s)
 {
 	char buf[256];

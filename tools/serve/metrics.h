@@ -16,6 +16,9 @@ void metrics_multi(struct strbuf *o, const char *model, const struct mp_multi_st
 /* Where the runner's dense weights are: bytes lent by its source, bytes read from files. */
 void metrics_dense(struct strbuf *o, const char *model, uint64_t lent, uint64_t read);
 
+/* The engine's threads now, and how many times they were changed while serving. */
+void metrics_threads(struct strbuf *o, const char *model, uint32_t threads, uint64_t changes);
+
 /* A family's # HELP and # TYPE lines. */
 void metrics_family(struct strbuf *o, const char *name, const char *type, const char *help);
 

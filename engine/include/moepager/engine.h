@@ -69,6 +69,15 @@ MP_API int mp_engine_open(const char *name, const struct mp_engine_config *cfg,
 			  struct mp_engine **out);
 /* Stops the pool and frees the instance. NULL is allowed. */
 MP_API void mp_engine_close(struct mp_engine *e);
+/*
+ * Changes how many threads e's ops use (the caller included), in place:
+ * the pool is replaced and a plug-in's fini and init run again with the new
+ * count. No op may run on e meanwhile (the single-caller rule of an
+ * instance: call it from the thread that calls the ops, between two). On an
+ * error e keeps its threads. Returns 0, -EINVAL (0 or above 1024 threads),
+ * -ENOMEM, a pthread error or the plug-in's init error.
+ */
+MP_API int mp_engine_set_threads(struct mp_engine *e, uint32_t threads);
 
 MP_API const char *mp_engine_name(const struct mp_engine *e);
 /* The ISA the reference kernels use: "avx512", "avx2" or "scalar". */

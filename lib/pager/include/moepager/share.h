@@ -137,6 +137,16 @@ MP_API const struct mp_expert_source_ops *mp_attach_source_ops(void);
  */
 MP_API int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes);
 /*
+ * Moves the daemon's host tier (the experts' and the dense weights' memfds)
+ * to NUMA node `node` in place: its pages migrate (mbind() MPOL_MF_MOVE_ALL;
+ * the pages other processes map need CAP_SYS_NICE, else they stay), every
+ * mapping follows, nothing is copied or remapped, and later fills land
+ * there. msg (may be NULL) gets the daemon's account (pages on the node).
+ * Returns 0, -ENODEV (no such node, with the daemon's message), -ENOTCONN
+ * when it is gone, or -errno.
+ */
+MP_API int mp_attach_set_node(struct mp_attach *a, int node, char *msg, size_t len);
+/*
  * Warms the attachment: maps every expert the daemon's memfd holds now
  * into this process (one fault each, served without reading the disk), and
  * the dense weights, so the first requests do not fault on them. *touched

@@ -144,6 +144,16 @@ MP_API int mp_sched_cancel(struct mp_sched *s, uint64_t id);
  */
 MP_API int mp_sched_drain(struct mp_sched *s, uint32_t timeout_ms);
 
+/*
+ * Runs fn(arg) on the scheduler's thread between two steps (at once if it
+ * is idle), so fn may change what the steps use (the runner's engine
+ * threads: mp_engine_set_threads()) with no step running; requests wait
+ * meanwhile, none is dropped. Waits for it and returns fn's result, or
+ * -ESHUTDOWN when the scheduler is closing (fn did not run), -EINVAL.
+ * One call runs at a time; others wait their turn. Not from fn or a callback.
+ */
+MP_API int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg);
+
 /* Stops the thread; what still waits or runs ends with MP_FINISH_SHUTDOWN. NULL is allowed. */
 MP_API void mp_sched_close(struct mp_sched *s);
 
