@@ -25,11 +25,11 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <linux/mempolicy.h>
 #include <linux/userfaultfd.h>
-#include <sys/syscall.h>
 
 #include <moepager/pager.h>
 #include <moepager/share.h>
