@@ -182,7 +182,7 @@ void mp_engine_close(struct mp_engine *e)
 	if (!e)
 		return;
 	ei = engine_impl(e);
-	if (e->ops && e->ops->fini)
+	if (e->ops && e->ops->fini && !ei->broken)
 		e->ops->fini(e);
 	mp_pool_destroy(ei->pool);
 	for (uint32_t i = 0; ei->wbuf && i < e->threads; i++)
@@ -196,74 +196,98 @@ void mp_engine_close(struct mp_engine *e)
 	free(ei);
 }
 
-/* Re-runs a plug-in's fini and init for e->threads; on an error, init for old instead. */
-static int reinit(struct mp_engine *e, uint32_t old)
+/* The pool and per-worker scratch an instance runs its ops with. */
+struct workers {
+	struct mp_pool *pool;
+	float **wbuf;
+	size_t *wbuf_len;
+	uint32_t threads;
+};
+
+static void workers_swap(struct engine_impl *ei, struct workers *w)
 {
+	struct workers cur = { ei->pool, ei->wbuf, ei->wbuf_len, ei->pub.threads };
+
+	ei->pool = w->pool;
+	ei->wbuf = w->wbuf;
+	ei->wbuf_len = w->wbuf_len;
+	ei->pub.threads = w->threads;
+	*w = cur;
+}
+
+/*
+ * Frees what w holds past its first keep workers' scratch (which the other
+ * set shares, or took over).
+ */
+static void workers_free(struct workers *w, uint32_t keep)
+{
+	for (uint32_t i = keep; w->wbuf && i < w->threads; i++)
+		free(w->wbuf[i]);
+	free(w->wbuf);
+	free(w->wbuf_len);
+	mp_pool_destroy(w->pool);
+}
+
+/*
+ * A plug-in's fini and init run again under the workers installed, so its
+ * init sees the pool and scratch of the count it is given. When init fails
+ * the old workers come back and init runs for them; when that fails too
+ * the instance is broken: its ops fail with -EIO and close skips fini.
+ */
+static int reinit(struct engine_impl *ei, struct workers *w, uint32_t keep)
+{
+	struct mp_engine *e = &ei->pub;
 	int err;
 
 	if (e->ops->fini)
 		e->ops->fini(e);
-	if (!e->ops->init)
+	if (!e->ops->init || !(err = e->ops->init(e)))
 		return 0;
-	err = e->ops->init(e);
-	if (err) {
-		e->threads = old;
-		if (e->ops->init(e))
-			mp_err(err, "engine %s: its init failed again with %u threads", e->ops->name,
-			       old);
+	/* Scratch the failed init grew for the shared workers is kept by the old set. */
+	memcpy(w->wbuf, ei->wbuf, keep * sizeof(*w->wbuf));
+	memcpy(w->wbuf_len, ei->wbuf_len, keep * sizeof(*w->wbuf_len));
+	workers_swap(ei, w);
+	if (e->ops->init(e)) {
+		ei->broken = true;
+		mp_err(err, "engine %s: its init failed again with %u threads; the instance is "
+		       "unusable", ei->name, e->threads);
 	}
 	return err;
 }
 
 int mp_engine_set_threads(struct mp_engine *e, uint32_t threads)
 {
+	struct workers w = { .threads = threads };
 	struct engine_impl *ei;
-	struct mp_pool *pool = NULL;
-	float **wbuf = NULL;
-	size_t *wbuf_len = NULL;
-	uint32_t old, keep;
+	uint32_t keep;
 	int err;
 
 	if (!e)
 		return mp_err(-EINVAL, "engine set threads: NULL engine");
 	ei = engine_impl(e);
-	old = e->threads;
-	if (threads == old)
+	if (ei->broken)
+		return mp_err(-EIO, "engine %s: unusable since a failed re-initialisation", ei->name);
+	if (threads == e->threads)
 		return 0;
 	if (threads > MAX_THREADS || !threads)
 		return mp_err(-EINVAL, "engine %s: %u threads is outside [1, %u]", ei->name, threads,
 			      MAX_THREADS);
-	/* Everything new is made first, so a failure leaves e as it was. */
-	wbuf = calloc(threads, sizeof(*wbuf));
-	wbuf_len = calloc(threads, sizeof(*wbuf_len));
-	if (!wbuf || !wbuf_len) {
-		err = mp_err(-ENOMEM, "engine %s: out of memory for %u threads", ei->name, threads);
-		goto free_new;
+	/* Everything new is made first, so a failure here leaves e as it was. */
+	w.wbuf = calloc(threads, sizeof(*w.wbuf));
+	w.wbuf_len = calloc(threads, sizeof(*w.wbuf_len));
+	err = !w.wbuf || !w.wbuf_len ? -ENOMEM : mp_pool_create(threads, &w.pool);
+	if (err) {
+		mp_err(err, "engine %s: no pool or scratch for %u threads", ei->name, threads);
+		workers_free(&w, 0);
+		return err;
 	}
-	err = mp_pool_create(threads, &pool);
-	if (err)
-		goto free_new;
-	e->threads = threads;
-	err = reinit(e, old);
-	if (err)
-		goto free_new;
-	keep = MP_MIN(old, threads);
-	memcpy(wbuf, ei->wbuf, keep * sizeof(*wbuf));
-	memcpy(wbuf_len, ei->wbuf_len, keep * sizeof(*wbuf_len));
-	for (uint32_t i = keep; i < old; i++)
-		free(ei->wbuf[i]);
-	free(ei->wbuf);
-	free(ei->wbuf_len);
-	ei->wbuf = wbuf;
-	ei->wbuf_len = wbuf_len;
-	mp_pool_destroy(ei->pool);
-	ei->pool = pool;
-	return 0;
-
-free_new:
-	mp_pool_destroy(pool);
-	free(wbuf);
-	free(wbuf_len);
+	keep = MP_MIN(e->threads, threads);
+	memcpy(w.wbuf, ei->wbuf, keep * sizeof(*w.wbuf));
+	memcpy(w.wbuf_len, ei->wbuf_len, keep * sizeof(*w.wbuf_len));
+	workers_swap(ei, &w);
+	err = reinit(ei, &w, keep);
+	/* w now holds the set not in use: the old one, or the new one after a failure. */
+	workers_free(&w, keep);
 	return err;
 }
 
@@ -327,6 +351,15 @@ int mp_engine_parallel(struct mp_engine *e, const struct mp_guard *g, uint32_t n
  */
 #define OP(e, op) ((e)->ops->op ? (e)->ops->op : mp_ref_ops.op)
 
+/* After a failed re-initialisation the plug-in has no state to run on. */
+static int usable(struct mp_engine *e, const char *op)
+{
+	if (engine_impl(e)->broken)
+		return mp_err(-EIO, "engine %s: %s on an instance whose plug-in failed to "
+			      "re-initialise", engine_impl(e)->name, op);
+	return 0;
+}
+
 static int check_weights(const char *op, struct mp_engine *e, const struct mp_guard *g,
 			 enum mp_dtype dt, const void *w, uint32_t rows, uint32_t cols,
 			 const void *x, uint32_t n, const void *y)
@@ -352,6 +385,8 @@ int mp_engine_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dtyp
 {
 	int err = check_weights("matvec", e, g, dt, w, rows, cols, x, 1, y);
 
+	if (!err)
+		err = usable(e, "matvec");
 	return err ? err : OP(e, matvec)(e, g, dt, w, rows, cols, x, y);
 }
 
@@ -361,6 +396,8 @@ int mp_engine_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtyp
 {
 	int err = check_weights("matmul", e, g, dt, w, rows, cols, x, n, y);
 
+	if (!err)
+		err = usable(e, "matmul");
 	return err ? err : OP(e, matmul)(e, g, dt, w, rows, cols, x, n, y);
 }
 
@@ -373,6 +410,8 @@ int mp_engine_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_
 
 	if (!err)
 		err = check_weights("expert_ffn", e, g, dt, w, hidden, ffn, x, n, out);
+	if (!err)
+		err = usable(e, "expert_ffn");
 	return err ? err : OP(e, expert_ffn)(e, g, dt, w, hidden, ffn, x, n, out);
 }
 
@@ -382,6 +421,8 @@ int mp_engine_rmsnorm(struct mp_engine *e, const float *x, const float *weight, 
 	if (!e || !x || !weight || !y || !dim || !n || !(eps >= 0.0f))
 		return mp_err(-EINVAL, "engine rmsnorm: bad arguments (dim %u, n %u, eps %g)", dim,
 			      n, (double)eps);
+	if (usable(e, "rmsnorm"))
+		return -EIO;
 	return OP(e, rmsnorm)(e, x, weight, dim, n, eps, y);
 }
 
@@ -390,6 +431,8 @@ int mp_engine_topk(struct mp_engine *e, const float *logits, uint32_t experts, u
 {
 	if (!e || !logits || !ids || !weights || !k || k > experts)
 		return mp_err(-EINVAL, "engine topk: bad arguments (top-%u of %u)", k, experts);
+	if (usable(e, "topk"))
+		return -EIO;
 	return OP(e, topk)(e, logits, experts, k, ids, weights);
 }
 
@@ -399,6 +442,8 @@ int mp_engine_rope(struct mp_engine *e, float *x, uint32_t n, uint32_t heads, ui
 	if (!e || !x || !n || !heads || !head_dim || head_dim % 2 || !(theta > 0.0f))
 		return mp_err(-EINVAL, "engine rope: bad arguments (%u x %u heads of %u, theta %g)",
 			      n, heads, head_dim, (double)theta);
+	if (usable(e, "rope"))
+		return -EIO;
 	return OP(e, rope)(e, x, n, heads, head_dim, pos0, theta);
 }
 
@@ -407,5 +452,7 @@ int mp_engine_attention(struct mp_engine *e, const struct mp_attention *a)
 	if (!e || !a || !a->q || !a->k_cache || !a->v_cache || !a->out || !a->n || !a->heads ||
 	    !a->kv_heads || !a->head_dim || a->heads % a->kv_heads)
 		return mp_err(-EINVAL, "engine attention: bad arguments");
+	if (usable(e, "attention"))
+		return -EIO;
 	return OP(e, attention)(e, a);
 }

@@ -3,6 +3,8 @@
 #ifndef MP_ENGINE_IMPL_H
 #define MP_ENGINE_IMPL_H
 
+#include <stdbool.h>
+
 #include <moepager/engine.h>
 
 #include "engine/kernels.h"
@@ -16,6 +18,7 @@ struct engine_impl {
 	const struct mp_kernels *kern;	/* the reference kernels every engine can fall back to */
 	struct mp_pool *pool;
 	void *dl;			/* dlopen() handle of a plug-in, or NULL */
+	bool broken;			/* the plug-in's init failed twice (mp_engine_set_threads) */
 	/* Per-worker scratch (weights widened to f32, attention scores), grown by the caller. */
 	float **wbuf;
 	size_t *wbuf_len;

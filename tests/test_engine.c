@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <moepager/membw.h>
 
@@ -679,6 +680,90 @@ static void bad_arguments_are_refused(void **state)
 	}
 }
 
+/* A plug-in whose init fails for counts at or above fail_from (0: never). */
+static uint32_t fail_from;
+static unsigned int inits, finis;
+static uint32_t init_saw_pool;	/* workers a parallel run from init saw */
+
+struct meeting {
+	atomic_uint arrived;
+	uint32_t expect;
+};
+
+/* Waits (2 s at most) until every chunk runs at once: only a pool of expect workers can. */
+static int meet_chunk(void *ctx, uint32_t chunk, uint32_t worker)
+{
+	struct meeting *m = ctx;
+	struct timespec t0, t;
+
+	(void)chunk;
+	(void)worker;
+	atomic_fetch_add(&m->arrived, 1);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		if (atomic_load(&m->arrived) >= m->expect)
+			return 0;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (t.tv_sec - t0.tv_sec < 2);
+	return -ETIMEDOUT;
+}
+
+static int flaky_init(struct mp_engine *e)
+{
+	struct meeting m = { .expect = e->threads };
+
+	inits++;
+	if (e->host->parallel(e, NULL, e->threads, meet_chunk, &m))
+		return -EPROTO;
+	init_saw_pool = e->threads;
+	return fail_from && e->threads >= fail_from ? -ENOTRECOVERABLE : 0;
+}
+
+static void flaky_fini(struct mp_engine *e)
+{
+	(void)e;
+	finis++;
+}
+
+/*
+ * A plug-in's init runs again with the new pool in place; when it fails the
+ * old threads come back and still compute; when it fails for the old count
+ * too, the instance refuses every op with -EIO and close skips its fini.
+ */
+static void set_threads_survives_a_failing_plugin_init(void **state)
+{
+	struct mp_engine_config cfg = { .threads = 1 };
+	struct mp_engine *e = NULL;
+	struct mp_engine_ops ops;
+	float w[64], x[8], y[8];
+
+	(void)state;
+	memset(w, 0, sizeof(w));
+	memset(x, 0, sizeof(x));
+	assert_int_equal(mp_engine_open("ref", &cfg, &e), 0);
+	ops = *e->ops;
+	ops.init = flaky_init;
+	ops.fini = flaky_fini;
+	e->ops = &ops;
+	assert_int_equal(mp_engine_set_threads(e, 2), 0);
+	assert_int_equal(init_saw_pool, 2);
+	assert_int_equal(finis, 1);
+	fail_from = 3;
+	assert_int_equal(mp_engine_set_threads(e, 4), -ENOTRECOVERABLE);
+	assert_int_equal(e->threads, 2);
+	assert_int_equal(init_saw_pool, 2);
+	assert_int_equal(mp_engine_matvec(e, NULL, MP_DTYPE_F32, w, 8, 8, x, y), 0);
+	fail_from = 1;
+	assert_int_equal(mp_engine_set_threads(e, 1), -ENOTRECOVERABLE);
+	assert_non_null(strstr(mp_last_error(), "unusable"));
+	assert_int_equal(mp_engine_matvec(e, NULL, MP_DTYPE_F32, w, 8, 8, x, y), -EIO);
+	assert_int_equal(mp_engine_set_threads(e, 3), -EIO);
+	assert_int_equal(inits, 5);
+	assert_int_equal(finis, 3);
+	mp_engine_close(e);
+	assert_int_equal(finis, 3);
+}
+
 static void unknown_engine_is_enoent_naming_it(void **state)
 {
 	struct mp_engine *e = NULL;
@@ -918,6 +1003,7 @@ int main(void)
 	};
 	static const struct CMUnitTest global[] = {
 		cmocka_unit_test(unknown_engine_is_enoent_naming_it),
+		cmocka_unit_test(set_threads_survives_a_failing_plugin_init),
 		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),

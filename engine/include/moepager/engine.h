@@ -75,7 +75,9 @@ MP_API void mp_engine_close(struct mp_engine *e);
  * count. No op may run on e meanwhile (the single-caller rule of an
  * instance: call it from the thread that calls the ops, between two). On an
  * error e keeps its threads. Returns 0, -EINVAL (0 or above 1024 threads),
- * -ENOMEM, a pthread error or the plug-in's init error.
+ * -ENOMEM, a pthread error or the plug-in's init error; should the plug-in's
+ * init then fail for the old count too, e is unusable: its ops and this call
+ * fail with -EIO, and only mp_engine_close() (which skips fini) is left.
  */
 MP_API int mp_engine_set_threads(struct mp_engine *e, uint32_t threads);
 
@@ -180,7 +182,11 @@ struct mp_engine_ops {
 	uint32_t abi;			/* MP_ENGINE_ABI */
 	const char *name;
 	const char *description;
-	/* Sets up e->priv; e->host and e->threads are valid. Returns 0 or -errno. */
+	/*
+	 * Sets up e->priv; e->host and e->threads are valid. Returns 0 or
+	 * -errno. mp_engine_set_threads() runs fini then init again, with the
+	 * new e->threads and its pool and scratch already in place.
+	 */
 	int (*init)(struct mp_engine *e);
 	void (*fini)(struct mp_engine *e);
 
