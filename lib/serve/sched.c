@@ -862,6 +862,7 @@ void mp_sched_close(struct mp_sched *s)
 
 int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg)
 {
+	bool ran;
 	int ret;
 
 	if (!s || !fn)
@@ -871,7 +872,7 @@ int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg)
 		pthread_cond_wait(&s->called, &s->lock);
 	if (s->stopping) {
 		pthread_mutex_unlock(&s->lock);
-		return -ESHUTDOWN;
+		return mp_err(-ESHUTDOWN, "scheduler call: closing, the function did not run");
 	}
 	s->call_busy = true;
 	s->call_done = false;
@@ -881,11 +882,14 @@ int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg)
 	/* Taken (call_fn cleared) means running: wait for it even if stopping meanwhile. */
 	while (!s->call_done && !(s->stopping && s->call_fn))
 		pthread_cond_wait(&s->called, &s->lock);
-	ret = s->call_done ? s->call_ret : -ESHUTDOWN;
+	ran = s->call_done;
+	ret = s->call_ret;
 	s->call_fn = NULL;
 	s->call_busy = false;
 	pthread_cond_broadcast(&s->called);
 	pthread_mutex_unlock(&s->lock);
+	if (!ran)
+		return mp_err(-ESHUTDOWN, "scheduler call: closing, the function did not run");
 	return ret;
 }
 

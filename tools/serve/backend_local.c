@@ -225,6 +225,7 @@ void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
 struct threads_call {
 	struct local *l;
 	uint32_t threads;
+	uint32_t before;		/* read where the change is made: calls run one at a time */
 	char why[256];
 };
 
@@ -232,8 +233,12 @@ struct threads_call {
 static int threads_change(void *arg)
 {
 	struct threads_call *t = arg;
-	int err = mp_engine_set_threads(t->l->engine, t->threads);
+	int err;
 
+	t->before = atomic_load(&t->l->threads);
+	if (t->threads == t->before)
+		return 0;
+	err = mp_engine_set_threads(t->l->engine, t->threads);
 	if (err) {
 		snprintf(t->why, sizeof(t->why), "%s", mp_last_error());
 		return err;
@@ -250,11 +255,11 @@ static int local_set_threads(struct serve_backend *b, uint32_t threads, uint32_t
 	struct threads_call t = { .l = l, .threads = threads };
 	int err = -ESHUTDOWN;
 
-	*before = atomic_load(&l->threads);
 	pthread_rwlock_rdlock(&l->sched_lock);
 	if (l->sched)
 		err = mp_sched_call(l->sched, threads_change, &t);
 	pthread_rwlock_unlock(&l->sched_lock);
+	*before = err ? atomic_load(&l->threads) : t.before;
 	if (err == -ESHUTDOWN)
 		snprintf(why, len, "the server is shutting down");
 	else if (err)

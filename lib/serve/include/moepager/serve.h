@@ -149,8 +149,10 @@ MP_API int mp_sched_drain(struct mp_sched *s, uint32_t timeout_ms);
  * is idle), so fn may change what the steps use (the runner's engine
  * threads: mp_engine_set_threads()) with no step running; requests wait
  * meanwhile, none is dropped. Waits for it and returns fn's result, or
- * -ESHUTDOWN when the scheduler is closing (fn did not run), -EINVAL.
- * One call runs at a time; others wait their turn. Not from fn or a callback.
+ * -ESHUTDOWN when the scheduler is stopping (fn did not run), -EINVAL.
+ * One call runs at a time; others wait their turn. Not from fn or a
+ * callback, and not concurrently with mp_sched_close(), which frees s (a
+ * server orders the two as it does its other calls on s).
  */
 MP_API int mp_sched_call(struct mp_sched *s, int (*fn)(void *arg), void *arg);
 
