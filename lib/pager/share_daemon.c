@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -466,6 +467,23 @@ static int on_node(struct mp_pagerd *d, struct client *c, int node)
 	return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 }
 
+/* The bytes a request of op carries (the magic and op: those without a body). */
+static size_t request_bytes(uint32_t op)
+{
+	switch (op) {
+	case MP_SHARE_HELLO:
+		return sizeof(struct mp_share_hello);
+	case MP_SHARE_ATTACH:
+		return sizeof(struct mp_share_attach);
+	case MP_SHARE_BUDGET:
+		return sizeof(struct mp_share_budget);
+	case MP_SHARE_NODE:
+		return sizeof(struct mp_share_node);
+	default:
+		return offsetof(struct mp_share_hello, proto);
+	}
+}
+
 /* One message on a client's socket. Returns 0, or -errno to drop the client. */
 static int client_request(struct mp_pagerd *d, struct client *c)
 {
@@ -475,12 +493,18 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 		struct mp_share_budget b;
 		struct mp_share_node nd;
 		uint64_t w[8];
-	} m;
+	} m = { 0 };
 	int fd;
 	ssize_t n = mp_share_recv(c->sock, &m, sizeof(m), &fd);
 
 	if (n < 0)
 		return (int)n;
+	if (m.h.magic == MP_SHARE_MAGIC && (size_t)n < request_bytes(m.h.op)) {
+		if (fd >= 0)
+			close(fd);
+		return refuse(d, c, -EPROTO, "pager daemon %s: request %u of %zd bytes is short "
+			      "(%zu needed)", d->path, m.h.op, n, request_bytes(m.h.op));
+	}
 	if (m.h.magic != MP_SHARE_MAGIC) {
 		if (fd >= 0)
 			close(fd);
