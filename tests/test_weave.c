@@ -382,6 +382,16 @@ static void warm_rows_reads_the_acquired_adapters_rows_only(void **state)
 	int idx;
 
 	(void)state;
+	{
+		/* Warming needs rows paged by ops that prefetch. */
+		struct mp_adapters_config c = { .base = fx.base, .source = mp_pager_source_ops(),
+						.source_ctx = p, .warm_rows = true };
+		struct mp_adapters *bad = NULL;
+
+		assert_int_equal(mp_adapters_open(&c, &bad), -EINVAL);
+		assert_non_null(strstr(mp_last_error(), "warm_rows needs paged rows"));
+		assert_null(bad);
+	}
 	load_all(set);
 	for (size_t i = 0; i < N_ELEMS(rows); i++)
 		assert_int_equal(mp_pager_residency(p, rows[i][0], rows[i][1]), MP_RES_NONE);

@@ -60,6 +60,8 @@ int mp_adapters_open(const struct mp_adapters_config *cfg, struct mp_adapters **
 	if (!err && cfg->rows)
 		err = mp_check_reserved_ops(cfg->rows->reserved, MP_ARRAY_SIZE(cfg->rows->reserved),
 					    "adapters row ops");
+	if (!err && cfg->warm_rows && (!cfg->rows || !cfg->rows->prefetch))
+		err = mp_err(-EINVAL, "adapters: warm_rows needs paged rows whose ops can prefetch");
 	if (err)
 		return err;
 	g = mp_store_geometry(cfg->base);
@@ -374,7 +376,7 @@ int mp_adapters_acquire(struct mp_adapters *set, const char *name, const uint32_
 		*map = set->slots[i].maps;
 	}
 	pthread_mutex_unlock(&set->lock);
-	if (i >= 0 && set->cfg.rows && set->cfg.warm_rows && set->cfg.rows->prefetch)
+	if (i >= 0 && set->cfg.warm_rows)
 		warm(set, &set->slots[i]);
 	return i;
 }
