@@ -305,14 +305,12 @@ static void short_destination_is_refused(void **state)
 }
 
 /* The streaming hash the fills verify with gives libxxhash's one-shot XXH3 however it is fed. */
-static void hash_matches_xxh3_in_any_pieces(void **state)
+static void hash_build_matches_xxh3_in_any_pieces(struct mp_hash *h)
 {
 	static const size_t lens[] = { 0, 1, 63, 64, 65, 240, 241, 1000, 4096, 65537,
 				       FILE_BYTES - 3 };
 	static const size_t pieces[] = { 1, 7, 64, 4096, 524288 };
-	struct mp_hash *h = mp_hash_new();
 
-	(void)state;
 	assert_non_null(h);
 	for (size_t i = 0; i < MP_ARRAY_SIZE(lens); i++) {
 		uint64_t want = XXH3_64bits(content + 3, lens[i]);
@@ -333,6 +331,27 @@ static void hash_matches_xxh3_in_any_pieces(void **state)
 	assert_int_not_equal(mp_hash_digest(h), XXH3_64bits(content, 4096));
 	content[100] ^= 1;
 	mp_hash_free(h);
+}
+
+/* Every build the library has for this CPU, and the one it picks: x86-64 with AVX2 gets it. */
+static void hash_matches_xxh3_in_any_pieces(void **state)
+{
+	struct mp_hash *best = mp_hash_new();
+	bool avx2 = false;
+
+	(void)state;
+#if defined(__x86_64__)
+	avx2 = __builtin_cpu_supports("avx2");
+#endif
+	assert_non_null(best);
+	assert_string_equal(mp_hash_build_name(best), avx2 ? "avx2" : "lib");
+	print_message("hash builds: lib%s\n", avx2 ? ", avx2 (picked)" : "");
+	hash_build_matches_xxh3_in_any_pieces(best);
+	hash_build_matches_xxh3_in_any_pieces(mp_hash_new_build(MP_HASH_LIB));
+	if (avx2)
+		hash_build_matches_xxh3_in_any_pieces(mp_hash_new_build(MP_HASH_AVX2));
+	else
+		assert_null(mp_hash_new_build(MP_HASH_AVX2));
 }
 
 int main(void)

@@ -11,6 +11,7 @@
 #define STATE_ALIGN 64u
 
 struct hash_ops {
+	const char *name;
 	size_t (*size)(void);
 	void (*reset)(void *st);
 	void (*update)(void *st, const void *buf, size_t len);
@@ -42,27 +43,39 @@ static uint64_t lib_digest(const void *st)
 	return XXH3_64bits_digest(st);
 }
 
-static const struct hash_ops *pick(void)
+static const struct hash_ops *pick(enum mp_hash_build b)
 {
-	static const struct hash_ops lib = { lib_size, lib_reset, lib_update, lib_digest };
+	static const struct hash_ops lib = { "lib", lib_size, lib_reset, lib_update,
+					     lib_digest };
 #if defined(MP_HAVE_HASH_AVX2)
-	static const struct hash_ops avx2 = { mp_hash_avx2_size, mp_hash_avx2_reset,
+	static const struct hash_ops avx2 = { "avx2", mp_hash_avx2_size, mp_hash_avx2_reset,
 					      mp_hash_avx2_update, mp_hash_avx2_digest };
 
 	/* Also checks that the OS saves the vector state. */
-	if (__builtin_cpu_supports("avx2"))
+	if (b != MP_HASH_LIB && __builtin_cpu_supports("avx2"))
 		return &avx2;
 #endif
-	return &lib;
+	return b == MP_HASH_AVX2 ? NULL : &lib;
 }
 
 struct mp_hash *mp_hash_new(void)
 {
-	struct mp_hash *h = calloc(1, sizeof(*h));
+	return mp_hash_new_build(MP_HASH_BEST);
+}
+
+const char *mp_hash_build_name(const struct mp_hash *h)
+{
+	return h->ops->name;
+}
+
+struct mp_hash *mp_hash_new_build(enum mp_hash_build b)
+{
+	const struct hash_ops *ops = pick(b);
+	struct mp_hash *h = ops ? calloc(1, sizeof(*h)) : NULL;
 
 	if (!h)
 		return NULL;
-	h->ops = pick();
+	h->ops = ops;
 	h->st = aligned_alloc(STATE_ALIGN, MP_ALIGN_UP(h->ops->size(), STATE_ALIGN));
 	if (!h->st) {
 		free(h);

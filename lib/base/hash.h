@@ -10,6 +10,17 @@ struct mp_hash;
 
 /* A new streaming state (NULL when out of memory); the same digests as libxxhash's XXH3_64bits. */
 struct mp_hash *mp_hash_new(void);
+
+enum mp_hash_build {
+	MP_HASH_BEST,		/* what mp_hash_new() picks for this CPU */
+	MP_HASH_LIB,		/* libxxhash's, as packaged */
+	MP_HASH_AVX2,
+};
+
+/* A state of that build: NULL when out of memory or not in this library or CPU (tests). */
+struct mp_hash *mp_hash_new_build(enum mp_hash_build b);
+/* "lib" or "avx2": the build h runs. */
+const char *mp_hash_build_name(const struct mp_hash *h);
 void mp_hash_free(struct mp_hash *h);
 void mp_hash_reset(struct mp_hash *h);
 void mp_hash_update(struct mp_hash *h, const void *buf, size_t len);
