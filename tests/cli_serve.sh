@@ -251,7 +251,12 @@ check "later requests ran in finished requests' KV caches" \
 check "the adapter server stops cleanly" stop
 # Paged (--budget): adapter rows are the pager's, under its budget with the base's experts;
 # the texts must not change (checked against the merged models below).
-start --adapters "$A" --max-batch 4 --budget 30% || exit 1
+check "--warm-rows without paged adapters is refused" \
+	bash -c '"$1" serve --model "$2" --warm-rows 2>&1 | grep -q "warm-rows needs --adapters"' _ \
+	"$MOEPAGER" "$MODEL"
+# Warm rows: a request's adapter rows are read when it is admitted, as prefetches (the
+# server runs no prefetch policy, so every one counted is a warm row's).
+start --adapters "$A" --max-batch 4 --budget 30% --warm-rows || exit 1
 pids=()
 for m in legal code legal; do
 	curl -s "$URL/v1/completions" -d "{\"model\": \"$m\", \"prompt\": \"Fortune says\", $GREEDY}" >"$T/mixed.$m.paged${#pids[@]}" &
@@ -261,11 +266,12 @@ wait "${pids[@]}"
 curl -s "$URL/metrics" >"$T/metrics.paged"
 "$PY" - "$T/metrics.paged" <<'EOF'
 import sys
-m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1]) if l.startswith("moepager_pager_")}
+m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1]) if l.startswith(("moepager_pager_", "moepager_prefetch_"))}
 get = lambda k: next(v for n, v in m.items() if n.startswith(k + "{"))
 assert get("moepager_pager_resident_bytes") <= get("moepager_pager_budget_bytes"), m
 assert get("moepager_pager_evictions_total") > 0, m
-print("ok: paged adapters: resident within the budget, with evictions")
+assert get("moepager_prefetch_issued_total") > 0, m
+print("ok: paged adapters: resident within the budget, with evictions and warm rows")
 EOF
 [[ $? == 0 ]] || bad "paged adapters: the budget or eviction figures are wrong"
 check "the paged adapter server stops cleanly" stop

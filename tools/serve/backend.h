@@ -111,6 +111,7 @@ struct serve_local_config {
 	uint32_t adapter_slots;		/* N; 0: 32 */
 	uint32_t adapter_rows;		/* E_max; 0: the most any adapter in the directory needs */
 	bool adapters_padded;		/* the padded layout (a baseline for benchmarks) */
+	bool warm_rows;			/* paged: read a request's adapter rows when it is admitted */
 	/*
 	 * Model variants served together (Multi-MoE, docs/multi.md): model is
 	 * the first, more[0..n_more) the others, in the order of the map at

@@ -539,6 +539,7 @@ static int open_adapters(struct local *l, const struct serve_local_config *cfg,
 	if (l->pager && !cfg->adapters_padded) {
 		ac.rows = mp_pager_row_ops();
 		ac.rows_ctx = l->pager;
+		ac.warm_rows = cfg->warm_rows;
 	}
 	l->adapter_files = NULL;
 	err = mp_adapters_open(&ac, &l->adapters);

@@ -33,7 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS,
+	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS,
 };
 
 static const char doc[] =
@@ -113,6 +113,8 @@ static const struct argp_option opts[] = {
 	  "Experts an adapter may replace per layer (default: the most DIR's adapters do)", 0 },
 	{ "adapters-padded", OPT_ADAPTERS_PADDED, NULL, 0,
 	  "Hold every adapter's E rows in every layer (a baseline for benchmarks)", 0 },
+	{ "warm-rows", OPT_WARM_ROWS, NULL, 0,
+	  "Paged adapters: read a request's adapter rows all at once when it is admitted", 0 },
 	{ "consolidate", OPT_CONSOLIDATE, "MAP", 0,
 	  "Serve the --model variants together with this .mpc map (needs --budget)", 0 },
 	{ "mixed-batches", OPT_MIXED, NULL, 0,
@@ -216,6 +218,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_ADAPTERS: env.local.adapters = arg; break;
 	case OPT_ADAPTERS_PADDED: env.local.adapters_padded = true; break;
+	case OPT_WARM_ROWS: env.local.warm_rows = true; break;
 	case OPT_ADAPTER_SLOTS:
 		if (cli_parse_u32("--adapter-slots", arg, 1, 4096, &env.local.adapter_slots))
 			argp_usage(state);
@@ -259,6 +262,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		     env.local.adapters_padded) && !env.local.adapters)
 			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "
 				   "need --adapters DIR");
+		if (env.local.warm_rows && (!env.local.adapters || !env.local.budget ||
+					    env.local.adapters_padded))
+			argp_error(state, "--warm-rows needs --adapters DIR paged under --budget "
+				   "(not --adapters-padded)");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
