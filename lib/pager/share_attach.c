@@ -449,35 +449,36 @@ int mp_attach_daemon_stats(struct mp_attach *a, struct mp_pagerd_stats *out)
 	return err;
 }
 
-int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
+/* A request answered by a status and a message (copied to msg when it succeeds). */
+static int request_status(struct mp_attach *a, const void *req, size_t len, const char *what,
+			  char *msg, size_t msg_len)
 {
-	struct mp_share_budget req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_BUDGET,
-				       .bytes = bytes };
 	struct mp_share_reply rep;
-	int err = request(a, &req, sizeof(req), &rep, sizeof(rep), "setting the budget");
+	int err = request(a, req, len, &rep, sizeof(rep), what);
 
 	if (err)
 		return err;
 	rep.message[sizeof(rep.message) - 1] = 0;
 	if (rep.status)
 		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
+	if (msg && msg_len)
+		snprintf(msg, msg_len, "%s", rep.message);
 	return 0;
+}
+
+int mp_attach_set_budget(struct mp_attach *a, uint64_t bytes)
+{
+	struct mp_share_budget req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_BUDGET,
+				       .bytes = bytes };
+
+	return request_status(a, &req, sizeof(req), "setting the budget", NULL, 0);
 }
 
 int mp_attach_set_node(struct mp_attach *a, int node, char *msg, size_t len)
 {
 	struct mp_share_node req = { .magic = MP_SHARE_MAGIC, .op = MP_SHARE_NODE, .node = node };
-	struct mp_share_reply rep;
-	int err = request(a, &req, sizeof(req), &rep, sizeof(rep), "moving the host tier");
 
-	if (err)
-		return err;
-	rep.message[sizeof(rep.message) - 1] = 0;
-	if (rep.status)
-		return mp_err(rep.status, "attach %s: %s", a->path, rep.message);
-	if (msg && len)
-		snprintf(msg, len, "%s", rep.message);
-	return 0;
+	return request_status(a, &req, sizeof(req), "moving the host tier", msg, len);
 }
 
 static const void *source_expert(void *ctx, uint32_t layer, uint32_t expert)

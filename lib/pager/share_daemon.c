@@ -381,17 +381,18 @@ static int on_attach(struct mp_pagerd *d, struct client *c, const struct mp_shar
  * process's mapping of them follows, nothing is copied in user space and
  * no engine remaps; later fills land on the node too (the memfd's policy).
  */
-#define NODE_WORDS	16		/* nodes 0-1023 */
+#define NODE_WORD_BITS	(8 * (int)sizeof(unsigned long))
+#define NODE_WORDS	(1024 / NODE_WORD_BITS)	/* nodes 0-1023 */
 #define NODE_BATCH	1024u
 
 static int bind_to_node(void *addr, uint64_t len, int node, bool *all)
 {
 	unsigned long mask[NODE_WORDS] = { 0 };
-	unsigned long maxnode = NODE_WORDS * 64 + 1;
+	unsigned long maxnode = NODE_WORDS * NODE_WORD_BITS + 1;
 
 	if (!addr || !len)
 		return 0;
-	mask[node / 64] = 1ul << (node % 64);
+	mask[node / NODE_WORD_BITS] = 1ul << (node % NODE_WORD_BITS);
 	if (!syscall(SYS_mbind, addr, len, MPOL_BIND, mask, maxnode, MPOL_MF_MOVE_ALL))
 		return 0;
 	/* Pages mapped by other processes move only with CAP_SYS_NICE. */
@@ -443,7 +444,7 @@ static int on_node(struct mp_pagerd *d, struct client *c, int node)
 	int err;
 
 	snprintf(path, sizeof(path), "/sys/devices/system/node/node%d", node);
-	if (node < 0 || node >= NODE_WORDS * 64 || access(path, F_OK)) {
+	if (node < 0 || node >= NODE_WORDS * NODE_WORD_BITS || access(path, F_OK)) {
 		rep.status = -ENODEV;
 		snprintf(rep.message, sizeof(rep.message), "pager daemon %s: NUMA node %d does not "
 			 "exist (no %s)", d->path, node, path);
@@ -499,48 +500,36 @@ static int client_request(struct mp_pagerd *d, struct client *c)
 
 	if (n < 0)
 		return (int)n;
-	if (m.h.magic == MP_SHARE_MAGIC && (size_t)n < request_bytes(m.h.op)) {
-		if (fd >= 0)
-			close(fd);
-		return refuse(d, c, -EPROTO, "pager daemon %s: request %u of %zd bytes is short "
-			      "(%zu needed)", d->path, m.h.op, n, request_bytes(m.h.op));
+	/* Only an attach carries a descriptor (the client's userfaultfd): any other is closed. */
+	if (fd >= 0 && (m.h.magic != MP_SHARE_MAGIC || m.h.op != MP_SHARE_ATTACH ||
+			(size_t)n < request_bytes(m.h.op))) {
+		close(fd);
+		fd = -1;
 	}
-	if (m.h.magic != MP_SHARE_MAGIC) {
-		if (fd >= 0)
-			close(fd);
+	if (m.h.magic != MP_SHARE_MAGIC)
 		return refuse(d, c, -EPROTO, "pager daemon %s: not a moepager client (bad magic)",
 			      d->path);
-	}
+	if ((size_t)n < request_bytes(m.h.op))
+		return refuse(d, c, -EPROTO, "pager daemon %s: request %u of %zd bytes is short "
+			      "(%zu needed)", d->path, m.h.op, n, request_bytes(m.h.op));
 	switch (m.h.op) {
 	case MP_SHARE_HELLO:
-		if (fd >= 0)
-			close(fd);
 		return on_hello(d, c, &m.h);
 	case MP_SHARE_ATTACH:
 		return on_attach(d, c, &m.a, fd);
 	case MP_SHARE_BUDGET:
-		if (fd >= 0)
-			close(fd);
 		return on_budget(d, c, m.b.bytes);
 	case MP_SHARE_DENSE:
-		if (fd >= 0)
-			close(fd);
 		return on_dense(d, c);
 	case MP_SHARE_NODE:
-		if (fd >= 0)
-			close(fd);
 		return on_node(d, c, m.nd.node);
 	case MP_SHARE_STATS: {
 		struct mp_share_stats rep = { .magic = MP_SHARE_MAGIC };
 
-		if (fd >= 0)
-			close(fd);
 		mp_pagerd_stats(d, &rep.stats);
 		return mp_share_send(c->sock, &rep, sizeof(rep), -1);
 	}
 	}
-	if (fd >= 0)
-		close(fd);
 	return refuse(d, c, -EPROTO, "pager daemon %s: unknown request %u", d->path, m.h.op);
 }
 

@@ -538,6 +538,23 @@ static int run_begin(const struct el_config *c, char *dir, struct mp_store **st)
 	return err ? err : curl_global_init(CURL_GLOBAL_DEFAULT) ? -EIO : 0;
 }
 
+/* Undoes run_begin(), whatever of it was done. */
+static void run_end(struct mp_store *st, const char *dir)
+{
+	curl_global_cleanup();
+	mp_store_close(st);
+	rmdir(dir);
+}
+
+/* The load both scenarios put on their servers, for the report. */
+static json_t *load_json(const struct el_config *c)
+{
+	return json_pack("{s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate, "phase_s",
+			 c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
+			 (json_int_t)c->prompt_ids, "slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms",
+			 c->slo_tpot_ms, "retry_s", c->retry_s, "shared_pages", c->pages);
+}
+
 int el_run_loaded(const struct el_config *c, json_t **out)
 {
 	struct outcome o[NKINDS];
@@ -566,21 +583,15 @@ int el_run_loaded(const struct el_config *c, json_t **out)
 	for (int k = 0; k < NKINDS; k++)
 		json_decref(sj[k]);
 	if (!err) {
-		curl_global_cleanup();
-		json_object_set_new(res, "load", json_pack(
-			"{s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate, "phase_s",
-			c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
-			(json_int_t)c->prompt_ids, "threads_per_server", (json_int_t)c->threads,
-			"slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms", c->slo_tpot_ms, "retry_s",
-			c->retry_s, "shared_pages", c->pages));
-	}
-	if (!err) {
+		json_t *load = load_json(c);
+
+		json_object_set_new(load, "threads_per_server", json_integer(c->threads));
+		json_object_set_new(res, "load", load);
 		*out = res;
 		res = NULL;
 	}
 	json_decref(res);
-	mp_store_close(st);
-	rmdir(dir);
+	run_end(st, dir);
 	return err;
 }
 
@@ -716,14 +727,12 @@ int el_run_threads(const struct el_config *c, json_t **out)
 		double p = json_real_value(json_object_get(json_object_get(json_object_get(
 				sj[1], "windows"), "during"), "throughput_tok_s"));
 
+		json_t *load = load_json(c);
+
 		json_object_set_new(sj[1], "during_throughput_to_fixed", json_real(f > 0 ? p / f : 0));
-		curl_global_cleanup();
-		json_object_set_new(res, "load", json_pack(
-			"{s:f, s:f, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s}", "rate", c->rate,
-			"phase_s", c->phase, "max_tokens", (json_int_t)c->max_tokens, "prompt_ids",
-			(json_int_t)c->prompt_ids, "threads", (json_int_t)c->threads, "threads_to",
-			(json_int_t)c->threads_to, "slo_ttft_ms", c->slo_ttft_ms, "slo_tpot_ms",
-			c->slo_tpot_ms, "retry_s", c->retry_s, "shared_pages", c->pages));
+		json_object_set_new(load, "threads", json_integer(c->threads));
+		json_object_set_new(load, "threads_to", json_integer(c->threads_to));
+		json_object_set_new(res, "load", load);
 		for (int k = 0; k < 2; k++) {
 			json_object_set_new(res, names[k], sj[k]);
 			sj[k] = NULL;
@@ -734,7 +743,6 @@ int el_run_threads(const struct el_config *c, json_t **out)
 	for (int k = 0; k < 2; k++)
 		json_decref(sj[k]);
 	json_decref(res);
-	mp_store_close(st);
-	rmdir(dir);
+	run_end(st, dir);
 	return err;
 }
