@@ -211,6 +211,27 @@ static void finish_busy(struct mp_pager *p, uint32_t slot)
 }
 
 /*
+ * Gives spare chunks back only past what the memory bound allows (pages
+ * held <= budget + spare_bytes). An eviction turns the victim's chunks into
+ * spares without growing what is held; trimming the spares themselves to
+ * spare_bytes released the chunks a prefetch had just evicted for (it
+ * evicts, then takes chunks), and a demand fill then found no spare and
+ * zeroed new pages on its reader's critical path: ds26 zeroed 5 GB in 256
+ * tokens that way (docs/region.md). Called locked.
+ */
+static void trim_spares(struct mp_pager *p)
+{
+	uint64_t limit = p->mem.budget + p->mem.spare_bytes, excess;
+	struct mp_region_mem m;
+
+	mp_region_mem(p->region, &m);
+	if (m.populated_bytes <= limit)
+		return;
+	excess = m.populated_bytes - limit;
+	mp_region_trim(p->region, m.spare_bytes > excess ? m.spare_bytes - excess : 0);
+}
+
+/*
  * MAPPED/HOST -> HOST (keep_host) or EMPTY. Called locked, never on the
  * handler thread (a lost slot is discarded here, which zaps the range).
  */
@@ -269,7 +290,7 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 			p->st.prefetch_wasted++;
 		}
 		MP_PROBE(evict, s->layer, s->expert, p->expert_bytes);
-		mp_region_trim(p->region, p->mem.spare_bytes);
+		trim_spares(p);
 	}
 	/* No handler to serve the next touch: make it an error, not a hang. */
 	if (p->broken)
