@@ -833,6 +833,33 @@ static void demand_fill_evicts_while_its_read_is_in_flight(void **state)
 }
 
 /*
+ * An eviction keeps its victim's chunks as spares while the memory held
+ * stays within budget + spare_bytes: refilling that room zeroes no new
+ * pages (trimming the spares to spare_bytes released one here).
+ */
+static void evictions_keep_spares_within_the_memory_bound(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_region_mem a, b;
+	struct mp_pager_stats st;
+
+	(void)state;
+	for (uint32_t e = 0; e < 4; e++)
+		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
+	for (uint32_t e = 0; e < 3; e++)
+		assert_int_equal(mp_pager_evict(p, 0, e, 0), 0);
+	mp_region_mem(p->region, &a);
+	for (uint32_t e = 4; e < 7; e++)
+		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
+	mp_region_mem(p->region, &b);
+	assert_int_equal(b.fresh_bytes, a.fresh_bytes);
+	mp_pager_stats(p, &st);
+	assert_true(st.memory_bytes <= st.budget_bytes + p->mem.spare_bytes +
+				       4 * (p->data_bytes - xbytes));
+	mp_pager_close(p);
+}
+
+/*
  * Engine requests resolved on the asking thread (MP_RESOLVE_CALLER)
  */
 
@@ -1476,6 +1503,7 @@ int main(void)
 		cmocka_unit_test(projections_point_into_the_expert),
 		cmocka_unit_test(route_fill_reads_routed_experts_before_the_touch),
 		cmocka_unit_test(demand_fill_evicts_while_its_read_is_in_flight),
+		cmocka_unit_test(evictions_keep_spares_within_the_memory_bound),
 		cmocka_unit_test(routed_expert_is_read_on_the_asking_thread_before_its_touch),
 		cmocka_unit_test(expert_a_fill_thread_reads_is_waited_for_not_read_twice),
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),
