@@ -6,7 +6,7 @@
  * exactly those of X's dense weights with each owned position's owner's
  * expert in place of X's (its "consolidated model", written as an .mpk and
  * decoded alone), and differ from X alone; owned rows cost no I/O; the
- * runner's swap of the active dense weights changes nothing but refuses a
+ * runner's swap of the active model changes nothing but refuses a
  * sequence of an inactive model; models not the map's are refused. With
  * the owners' experts paged, the logits are the same and every row is the
  * pager's. A prefetcher's predictions reach each model's own rows, never an
