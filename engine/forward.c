@@ -90,7 +90,7 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 
 static void embed(struct mp_runner *r, const struct step_item *it)
 {
-	const struct dense_set *d = mp_runner_dense(r, it->seq->model);
+	const struct dense_set *d = &r->models[it->seq->model];
 	const size_t row = mp_dtype_bytes(d->embd_dtype, r->g.hidden);
 
 	for (uint32_t t = 0; t < it->n; t++)

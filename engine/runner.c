@@ -484,70 +484,21 @@ void mp_runner_close(struct mp_runner *r)
 	mp_seq_close(r->seq0);
 	for (uint32_t i = 0; i < r->n_models; i++)
 		free_dense(&r->models[i]);
-	free_dense(&r->active);
 	free(r->models);
 	free(r);
 }
 
-const struct dense_set *mp_runner_dense(const struct mp_runner *r, uint32_t model)
-{
-	return r->active_model < 0 ? &r->models[model] : &r->active;
-}
-
 /*
- * p, a pointer into from's weights, at the same offset in to's; a tensor
- * the source lent (outside the block) is read where it is by both.
+ * Multi-MoE's swap. Every model's dense weights are already in host memory
+ * (mp_runner_add_model()) and the engine reads them there, so activating a
+ * model copies nothing: it only restricts steps to that model's sequences,
+ * which read its own set as they would unswapped.
  */
-static const void *rebase(const struct dense_set *from, const struct dense_set *to, const void *p)
-{
-	uintptr_t at = (uintptr_t)p, lo = (uintptr_t)from->weights;
-
-	if (!p || at < lo || at >= lo + from->weights_len)
-		return p;
-	return (const char *)to->weights + (at - lo);
-}
-
 int mp_runner_activate(struct mp_runner *r, uint32_t model)
 {
-	const struct dense_set *m;
-	struct dense_set *a;
-
 	if (!r || model >= r->n_models)
 		return mp_err(-EINVAL, "runner activate: model %u, the runner has %u", model,
 			      r ? r->n_models : 0);
-	m = &r->models[model];
-	a = &r->active;
-	if (!a->weights) {
-		a->weights_len = m->weights_len;
-		a->weights = aligned_alloc(TENSOR_ALIGN, MP_ALIGN_UP(m->weights_len, TENSOR_ALIGN));
-		a->layers = calloc(r->g.layers, sizeof(*a->layers));
-		if (!a->weights || !a->layers) {
-			free_dense(a);
-			*a = (struct dense_set){ 0 };
-			return mp_err(-ENOMEM, "runner: out of memory for the active weights");
-		}
-	}
-	if (m->weights_len != a->weights_len)
-		return mp_err(-EINVAL, "runner activate: %s's weights take %zu bytes, the active "
-			      "set %zu", mp_store_path(m->store), m->weights_len, a->weights_len);
-	memcpy(a->weights, m->weights, m->weights_len);
-	a->store = m->store;
-	a->tok_embd = rebase(m, a, m->tok_embd);
-	a->output = rebase(m, a, m->output);
-	a->output_norm = rebase(m, a, m->output_norm);
-	a->embd_dtype = m->embd_dtype;
-	a->output_dtype = m->output_dtype;
-	a->layer_bytes = m->layer_bytes;
-	for (uint32_t l = 0; l < r->g.layers; l++) {
-		const struct layer_weights *s = &m->layers[l];
-
-		a->layers[l] = (struct layer_weights){
-			.attn_norm = rebase(m, a, s->attn_norm), .wq = rebase(m, a, s->wq),
-			.wk = rebase(m, a, s->wk), .wv = rebase(m, a, s->wv),
-			.wo = rebase(m, a, s->wo), .ffn_norm = rebase(m, a, s->ffn_norm),
-			.router = rebase(m, a, s->router), .router_dtype = s->router_dtype,
-		};
-	}
 	r->active_model = (int32_t)model;
 	return 0;
 }
@@ -596,7 +547,7 @@ static void order_items(struct mp_runner *r, const struct mp_batch_item *batch, 
 	for (uint32_t m = 0; m < r->n_models && n < count; m++) {
 		struct step_run *run = &r->runs[r->n_runs];
 
-		*run = (struct step_run){ .d = mp_runner_dense(r, m), .item = n, .first = rows };
+		*run = (struct step_run){ .d = &r->models[m], .item = n, .first = rows };
 		for (uint32_t i = 0; i < count; i++) {
 			if (batch[i].seq->model != m)
 				continue;

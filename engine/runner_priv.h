@@ -84,12 +84,7 @@ struct mp_runner {
 	/* Every non-expert tensor of each model, read once (models[0]: at open). */
 	struct dense_set *models;
 	uint32_t n_models;
-	/*
-	 * Swapping (mp_runner_activate()): the one set steps read, a copy of
-	 * models[active_model]'s made at the swap; active_model -1: none, each
-	 * sequence's model's own set is read.
-	 */
-	struct dense_set active;
+	/* The model whose sequences alone a step may hold (mp_runner_activate()); -1: any. */
 	int32_t active_model;
 	uint64_t expert_bytes;
 	/* Dense tensor bytes the source lent and bytes read from files, every model's. */
@@ -115,8 +110,6 @@ struct mp_runner {
 };
 
 /* forward.c: runs one step over items (validated); advances nothing on error. */
-/* The dense weights a sequence of model reads: its own, or the active copy (swapping). */
-const struct dense_set *mp_runner_dense(const struct mp_runner *r, uint32_t model);
 int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t count,
 		      uint32_t rows);
 /* forward.c: room for a step of rows tokens and count items. */

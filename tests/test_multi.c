@@ -6,7 +6,7 @@
  * exactly those of X's dense weights with each owned position's owner's
  * expert in place of X's (its "consolidated model", written as an .mpk and
  * decoded alone), and differ from X alone; owned rows cost no I/O; the
- * runner's swap of the active dense weights changes nothing but refuses a
+ * runner's swap of the active model changes nothing but refuses a
  * sequence of an inactive model; models not the map's are refused. With
  * the owners' experts paged, the logits are the same and every row is the
  * pager's. A prefetcher's predictions reach each model's own rows, never an
@@ -286,7 +286,7 @@ static void swapped_dense_weights_change_nothing_and_refuse_other_models(void **
 				MP_BATCH_DECODE }, 1), -EINVAL);
 	assert_true(t_log_contains("model 1 is active"));
 	for (uint32_t t = 0; t < STEPS; t++) {
-		/* Model 1 from the active copy; then model 0 after a swap back, each its own. */
+		/* Model 1 active; then model 0 after a swap back: each its own logits. */
 		for (uint32_t i = 0; i < 2; i++) {
 			assert_int_equal(mp_runner_activate(sv.runner, 1 - i), 0);
 			assert_int_equal(mp_runner_batch(sv.runner, &(struct mp_batch_item){

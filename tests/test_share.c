@@ -595,8 +595,8 @@ static uint64_t rchar_of(pid_t pid)
 /*
  * A runner over src (an attachment, or the resident experts): the logits of
  * four tokens. With swap (a second model's store), its dense weights are
- * added and swapped in, then the runner's own swapped back (a copy of the
- * lent weights' pointers) before the tokens run.
+ * added and swapped in, then the runner's own swapped back (its lent
+ * weights read where they are) before the tokens run.
  */
 static void runner_logits(struct mp_store *s, const struct mp_expert_source_ops *ops, void *ctx,
 			  struct mp_store *swap, float *logits, struct mp_runner_stats *st,

@@ -476,7 +476,7 @@ static bool head_model_ready(struct mp_sched *s)
 	if (s->nrun)
 		return false;
 	t0 = mp_now_ns();
-	/* A failed swap (no memory) lets it join anyway: its step fails it, nobody hangs. */
+	/* A refused swap (no such model) lets it join anyway: its step fails it, nobody hangs. */
 	if (mp_runner_activate(s->r, s->qhead->p.model))
 		return true;
 	if (s->cfg.on_swap)

@@ -163,14 +163,14 @@ MP_API int mp_runner_add_model(struct mp_runner *r, struct mp_store *s);
 MP_API uint32_t mp_runner_models(const struct mp_runner *r);
 
 /*
- * Multi-MoE's swap: from now on steps read one active copy of the dense
- * weights, made here from model's host copy (a memory copy, no file read),
- * and a step may hold only that model's sequences (others fail with
- * -EINVAL until their model is activated). Returns 0, -EINVAL (bad model,
- * another layout) or -ENOMEM.
+ * Multi-MoE's swap: from now on a step may hold only model's sequences
+ * (others fail with -EINVAL until their model is activated). Its steps read
+ * its dense weights where mp_runner_add_model() put them, in host memory,
+ * as they would unswapped: nothing is copied or read. Returns 0 or -EINVAL
+ * (bad model).
  */
 MP_API int mp_runner_activate(struct mp_runner *r, uint32_t model);
-/* The active model, or -1 when none was activated (each sequence's own weights are read). */
+/* The active model, or -1 when none was activated (a step may mix models). */
 MP_API int mp_runner_active(const struct mp_runner *r);
 
 /* Returns 0 and sets *out, -EINVAL (bad config, a trace that does not fit) or -ENOMEM. */
