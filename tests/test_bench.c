@@ -90,7 +90,8 @@ static void bench_runs_every_policy_and_baseline(void **state)
 	policies = root_user ? "none,finemoe,oracle,pread-lru,mmap" :
 			       "none,finemoe,oracle,pread-lru";
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --model %s --trace %s --budget 50%% "
-		 "--policies %s --max-tokens 4 --threads 1 --json --csv %s --plot %s",
+		 "--policies %s --max-tokens 4 --threads 1 --fill-threads 3 --json --csv %s "
+		 "--plot %s",
 		 root("MOEPAGER_BUILD_ROOT"), model, trace, policies, t_path("out.csv"),
 		 t_path("plots"));
 	j = run_json(cmd);
@@ -240,6 +241,10 @@ static void bad_arguments_fail_with_a_message(void **state)
 	(void)state;
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace "
 		 "%s/data/traces/mixtral-8x7b/gsm8k.csv --policies psychic 2>/dev/null",
+		 root("MOEPAGER_BUILD_ROOT"), root("MOEPAGER_SOURCE_ROOT"));
+	assert_int_not_equal(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace "
+		 "%s/data/traces/mixtral-8x7b/gsm8k.csv --fill-threads 0 2>/dev/null",
 		 root("MOEPAGER_BUILD_ROOT"), root("MOEPAGER_SOURCE_ROOT"));
 	assert_int_not_equal(system(cmd), 0);
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace /nonexistent.csv "

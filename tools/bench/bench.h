@@ -35,6 +35,7 @@ struct bench_opts {
 	uint32_t emap_capacity;
 	uint32_t max_tokens;
 	uint32_t io_channels;
+	uint32_t fill_threads;	/* real runs: the pager's fill threads; 0: its default */
 	uint32_t repeat;
 	bool no_drop;
 	bool no_admit;

@@ -26,7 +26,7 @@ enum {
 	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
 	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS,
 	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT,
-	OPT_NO_SEMANTIC,
+	OPT_NO_SEMANTIC, OPT_FILL_THREADS,
 };
 
 static const char doc[] =
@@ -97,6 +97,8 @@ static const struct argp_option opts[] = {
 	  "--simulate: one expert load in expert-FFN times (default 2)", 0 },
 	{ "io-channels", OPT_IO_CHANNELS, "N", 0,
 	  "--simulate: loads in flight at once, sharing nothing (default 1)", 0 },
+	{ "fill-threads", OPT_FILL_THREADS, "N", 0,
+	  "Real runs: the pager's fill threads, N - 1 of them for prefetches (default 2)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print {\"results\": [...]} on stdout", 0 },
 	{ "csv", OPT_CSV, "FILE", 0, "Also write the results as CSV", 0 },
 	{ "plot", OPT_PLOT, "DIR", 0, "Write SVG and PNG plots (gnuplot) into DIR", 0 },
@@ -170,6 +172,10 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_IO_CHANNELS:
 		if (cli_parse_u32("--io-channels", arg, 1, 64, &env.io_channels))
+			argp_usage(state);
+		break;
+	case OPT_FILL_THREADS:
+		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
 			argp_usage(state);
 		break;
 	case OPT_DISTANCE:

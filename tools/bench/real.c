@@ -224,6 +224,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	mp_pager_config_init(&pc);
 	pc.budget_bytes = c->budget;
 	pc.eviction = c->spec->evict;
+	pc.fill_threads = c->o->fill_threads;
 	err = mp_pager_open(c->store, &pc, &p);
 	if (err) {
 		fprintf(stderr, "moepager bench: pager: %s\n", mp_last_error());
