@@ -34,11 +34,11 @@ static struct sb_env {
 	struct cli_engine_opts eng;
 	uint32_t conc[MAX_CONC];
 	uint32_t nconc, max_conc;
-	uint32_t tokens, prompt, repeat;
+	uint32_t tokens, prompt, repeat, rounds;
 	bool json;
 } env;
 
-enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_JSON };
+enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON };
 
 static const char doc[] =
 	"Measures the HTTP and scheduling overhead of `moepager serve` per step. For\n"
@@ -49,9 +49,10 @@ static const char doc[] =
 	"(the argmax between them is not); and (2) through a `moepager serve` child\n"
 	"(resident; the same engine, threads and build) by C streaming clients (libcurl,\n"
 	"this process) sent at once, timed from the first request sent to the last\n"
-	"stream's [DONE]. Per step is per --tokens steps (what the runner alone took):\n"
-	"overhead_us = (served - alone) / tokens, overhead_share = (served - alone) /\n"
-	"alone. Everything serving adds counts: the HTTP requests and their parsing,\n"
+	"stream's [DONE]. A run is --rounds such rounds, one after the other, each\n"
+	"with its own prompts. Per step is per the runner's steps alone (--tokens a\n"
+	"round): overhead_us = (served - alone) / steps, overhead_share = (served -\n"
+	"alone) / alone. Everything serving adds counts: the HTTP requests and their parsing,\n"
 	"the scheduler (admission, sampling, text, events), the HTTP thread (wake-ups,\n"
 	"send), the loopback sockets and the clients' own CPU on the same machine.\n"
 	"The server's /metrics give where it goes (server: its steps, mean batch, and\n"
@@ -69,6 +70,8 @@ static const struct argp_option opts[] = {
 	{ "tokens", OPT_TOKENS, "N", 0, "Tokens each request generates (default 128)", 0 },
 	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each request (default 16)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per concurrency (default 3)", 0 },
+	{ "rounds", OPT_ROUNDS, "N", 0, "Rounds of C requests in a run, one after the other "
+	  "(default 10)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
 };
@@ -107,6 +110,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
+			argp_usage(state);
+		break;
+	case OPT_ROUNDS:
+		if (cli_parse_u32("--rounds", arg, 1, 1000, &env.rounds))
 			argp_usage(state);
 		break;
 	case OPT_JSON: env.json = true; break;
@@ -412,10 +419,12 @@ static json_t *run_json(const struct one *o)
 	double steps = o->after.steps - o->before.steps;
 	double bc = o->after.batch_count - o->before.batch_count;
 
+	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
+
 	return json_pack("{s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
-			 "alone_step_us", o->alone_us / env.tokens,
-			 "served_step_us", o->served_us / env.tokens,
-			 "overhead_us", (o->served_us - o->alone_us) / env.tokens,
+			 "alone_step_us", o->alone_us / n,
+			 "served_step_us", o->served_us / n,
+			 "overhead_us", (o->served_us - o->alone_us) / n,
 			 "overhead_share", (o->served_us - o->alone_us) / o->alone_us,
 			 "server", "steps", steps,
 			 "mean_batch", bc > 0 ? (o->after.batch_sum - o->before.batch_sum) / bc : 0,
@@ -459,17 +468,22 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 {
 	struct one runs[MAX_REPEAT] = { 0 };
 	double us;
-	int err = alone_run(a, C, env.repeat, &us);
+	int err = alone_run(a, C, UINT32_MAX, &us);
 
 	if (!err)
-		err = served_run(s->url, C, env.repeat, a->vocab, &us);
+		err = served_run(s->url, C, UINT32_MAX, a->vocab, &us);
 	for (uint32_t r = 0; r < env.repeat && !err; r++) {
 		struct one *o = &runs[r];
 
-		err = alone_run(a, C, r, &o->alone_us);
+		for (uint32_t k = 0; k < env.rounds && !err; k++) {
+			err = alone_run(a, C, r * env.rounds + k, &us);
+			o->alone_us += us;
+		}
 		lg_scrape(s->url, &o->before);
-		if (!err)
-			err = served_run(s->url, C, r, a->vocab, &o->served_us);
+		for (uint32_t k = 0; k < env.rounds && !err; k++) {
+			err = served_run(s->url, C, r * env.rounds + k, a->vocab, &us);
+			o->served_us += us;
+		}
 		lg_scrape(s->url, &o->after);
 		if (!err && (!o->before.ok || !o->after.ok)) {
 			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
@@ -503,6 +517,7 @@ int cmd_servebench(int argc, char **argv)
 	env.tokens = 128;
 	env.prompt = 16;
 	env.repeat = 3;
+	env.rounds = 10;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nconc)
@@ -527,11 +542,11 @@ int cmd_servebench(int argc, char **argv)
 		err = measure(&a, &s, env.conc[i], results);
 	clean = server_stop(&s);
 	if (!err && env.json) {
-		json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:o}", "model", env.model,
-				      "engine", env.eng.engine ? env.eng.engine : "ref", "threads",
-				      (int)a.engine->threads, "tokens", (int)env.tokens, "prompt",
-				      (int)env.prompt, "repeat", (int)env.repeat, "server_exit_clean",
-				      clean, "results", results);
+		json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
+				      env.model, "engine", env.eng.engine ? env.eng.engine : "ref",
+				      "threads", (int)a.engine->threads, "tokens", (int)env.tokens,
+				      "prompt", (int)env.prompt, "repeat", (int)env.repeat, "rounds",
+				      (int)env.rounds, "server_exit_clean", clean, "results", results);
 
 		results = NULL;
 		json_dumpf(o, stdout, JSON_INDENT(1));
