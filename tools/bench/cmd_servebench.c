@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,7 +57,8 @@ static const char doc[] =
 	"the scheduler (admission, sampling, text, events), the HTTP thread (wake-ups,\n"
 	"send), the loopback sockets and the clients' own CPU on the same machine.\n"
 	"The server's /metrics give where it goes (server: its steps, mean batch, and\n"
-	"per step its runner time and the scheduler's and HTTP thread's time).\n"
+	"per step its runner time and the scheduler's and HTTP thread's time), and\n"
+	"client_cpu_us is the clients' CPU time per step (this process's thread).\n"
 	"Figures are medians over --repeat runs, alone and served alternating, after\n"
 	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
 	"\n"
@@ -399,8 +401,20 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 
 struct one {
 	double alone_us, served_us;	/* the whole run's */
+	double client_cpu_us;		/* this thread's CPU while served: the clients' */
 	struct lg_metrics before, after;
 };
+
+/* This thread's CPU time (user + system): the clients run on it. */
+static double thread_cpu_us(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_THREAD, &ru))
+		return 0;
+	return (double)ru.ru_utime.tv_sec * 1e6 + (double)ru.ru_utime.tv_usec +
+	       (double)ru.ru_stime.tv_sec * 1e6 + (double)ru.ru_stime.tv_usec;
+}
 
 /* The server's counter at off, per step of the run, in us. */
 static double per_step(const struct one *o, size_t off)
@@ -421,7 +435,8 @@ static json_t *run_json(const struct one *o)
 
 	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
 
-	return json_pack("{s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+			 "client_cpu_us", o->client_cpu_us / n,
 			 "alone_step_us", o->alone_us / n,
 			 "served_step_us", o->served_us / n,
 			 "overhead_us", (o->served_us - o->alone_us) / n,
@@ -438,7 +453,7 @@ static json_t *run_json(const struct one *o)
 static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 {
 	static const char *const top[] = { "alone_step_us", "served_step_us", "overhead_us",
-					   "overhead_share" };
+					   "overhead_share", "client_cpu_us" };
 	static const char *const srv[] = { "steps", "mean_batch", "step_us", "sched_wall_us",
 					   "sched_cpu_us", "http_thread_cpu_us" };
 	json_t *rj = json_array(), *o = json_pack("{s:i}", "concurrency", (int)C);
@@ -480,10 +495,12 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 			o->alone_us += us;
 		}
 		lg_scrape(s->url, &o->before);
+		o->client_cpu_us = -thread_cpu_us();
 		for (uint32_t k = 0; k < env.rounds && !err; k++) {
 			err = served_run(s->url, C, r * env.rounds + k, a->vocab, &us);
 			o->served_us += us;
 		}
+		o->client_cpu_us += thread_cpu_us();
 		lg_scrape(s->url, &o->after);
 		if (!err && (!o->before.ok || !o->after.ok)) {
 			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
