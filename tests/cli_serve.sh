@@ -63,7 +63,7 @@ check "a completion answers 200" test "$(cat "$T/code")" = 200
 cp "$T/body" "$T/plain"
 check "usage counts the prompt and the completion" \
 	test "$(json "$T/plain" "j['usage']['prompt_tokens'] + j['usage']['completion_tokens'] == j['usage']['total_tokens'] and j['usage']['completion_tokens'] > 0")" = True
-curl -sN "$URL/v1/completions" -d '{"prompt": "The meaning of life is", "max_tokens": 24, "temperature": 0, "stream": true}' >"$T/sse"
+curl -sN -D "$T/sse.h" "$URL/v1/completions" -d '{"prompt": "The meaning of life is", "max_tokens": 24, "temperature": 0, "stream": true}' >"$T/sse"
 check "the stream ends with [DONE]" test "$(tail -n 2 "$T/sse" | head -n 1)" = "data: [DONE]"
 "$PY" - "$T/sse" "$T/plain" <<'EOF'
 import json, sys
@@ -78,6 +78,49 @@ assert finish[-1] == plain["finish_reason"] and all(f is None for f in finish[:-
 print("ok: the stream's chunks join into the plain completion's text (%d chunks)" % len(chunks))
 EOF
 [[ $? == 0 ]] || bad "stream and plain completion differ"
+
+# The bytes clients parse (the OpenAI SDK, node-llama-cpp), pinned: every event and the
+# plain answer rebuilt from their values in the one layout the server writes, byte for byte.
+check "the stream's headers: event-stream, no-cache, chunked" \
+	test "$(grep -ci -e '^Content-Type: text/event-stream' -e '^Cache-Control: no-cache' \
+		-e '^Transfer-Encoding: chunked' "$T/sse.h")" = 3
+"$PY" - "$T/sse" "$T/plain" <<'EOF'
+import json, sys
+
+def esc(s):
+    # jansson's escapes: quote, backslash, the short control ones, other controls as \u00XX
+    short = {'"': '\\"', '\\': '\\\\', '\b': '\\b', '\f': '\\f', '\n': '\\n', '\r': '\\r',
+             '\t': '\\t'}
+    return '"' + ''.join(short.get(c) or ('\\u%04X' % ord(c) if ord(c) < 0x20 else c)
+                         for c in s) + '"'
+
+def head(j):
+    return ('{"id":"%s","object":"text_completion","created":%d,"model":"%s","choices":'
+            '[{"text":%s,"index":0,"logprobs":null,"finish_reason":' %
+            (j["id"], j["created"], j["model"], esc(j["choices"][0]["text"])))
+
+def usage(j):
+    u = j["usage"]
+    return (',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}' %
+            (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]))
+
+raw = open(sys.argv[1], "rb").read()
+events = raw.split(b"\n\n")
+assert events[-1] == b"" and events[-2] == b"data: [DONE]", events[-2:]
+chunks = [json.loads(e[6:]) for e in events[:-2]]
+want = "".join("data: " + head(c) + "null}]}\n\n" for c in chunks[:-1])
+last = chunks[-1]
+want += "data: " + head(last) + '"%s"}]' % last["choices"][0]["finish_reason"] + usage(last)
+want += "\n\ndata: [DONE]\n\n"
+assert raw == want.encode(), (raw[:300], want[:300])
+assert all(c["id"] == last["id"] and c["created"] == last["created"] for c in chunks)
+plain = open(sys.argv[2], "rb").read()
+p = json.loads(plain)
+assert plain == (head(p) + '"%s"}]' % p["choices"][0]["finish_reason"] + usage(p)).encode(), plain
+print("ok: the stream's %d events and the plain answer are in their layout, byte for byte"
+      % len(chunks))
+EOF
+[[ $? == 0 ]] || bad "the stream's or the plain answer's bytes are not in the layout clients parse"
 
 # Token ids as the prompt, and a stop string that ends the text before it.
 post '{"prompt": [1, 450, 693], "max_tokens": 5, "temperature": 0}' >/dev/null

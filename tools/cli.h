@@ -30,6 +30,7 @@ int cmd_faultbench(int argc, char **argv);
 int cmd_preloadbench(int argc, char **argv);
 int cmd_elasticbench(int argc, char **argv);
 int cmd_batchbench(int argc, char **argv);
+int cmd_servebench(int argc, char **argv);
 int cmd_adapterbench(int argc, char **argv);
 int cmd_multibench(int argc, char **argv);
 int cmd_pagerd(int argc, char **argv);

@@ -28,6 +28,8 @@ static const struct cli_command commands[] = {
 	{ "bench-elastic", "1 -> 2 -> 1 engine processes: a shared host tier vs a copy, a restart",
 	  cmd_elasticbench },
 	{ "batchbench", "batched decode throughput against its memory-bandwidth bound", cmd_batchbench },
+	{ "bench-serve", "HTTP and scheduling overhead per step: the runner alone vs served",
+	  cmd_servebench },
 	{ "bench-adapters", "many expert adapters over one base vs base, padded and merged",
 	  cmd_adapterbench },
 	{ "bench-multi", "model variants consolidated vs one model, a split and time-sharing",

@@ -1,0 +1,576 @@
+// SPDX-License-Identifier: MIT
+/*
+ * moepager bench-serve: what serving costs per step. The same requests are
+ * decoded by the runner alone (no HTTP, no scheduler) and through a
+ * `moepager serve` child driven by C concurrent streaming clients; the
+ * overhead is the served step period, as the clients see it, less the
+ * runner's own step time at the same batch size.
+ */
+#include <argp.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <moepager.h>
+
+#include "cli.h"
+#include "loadgen/loadgen.h"
+
+#define MAX_CONC 8
+#define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MAX_REPEAT 15
+
+static struct sb_env {
+	const char *model;
+	struct cli_engine_opts eng;
+	uint32_t conc[MAX_CONC];
+	uint32_t nconc, max_conc;
+	uint32_t tokens, prompt, repeat, rounds;
+	bool json;
+} env;
+
+enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON };
+
+static const char doc[] =
+	"Measures the HTTP and scheduling overhead of `moepager serve` per step. For\n"
+	"each concurrency C and repeat, the same C requests (--prompt random token ids\n"
+	"each, --tokens greedy tokens, the end-of-sequence token ignored) are decoded\n"
+	"(1) by the runner alone: the C prompts prefilled in one step, then --tokens - 1\n"
+	"steps of the C sequences decoding together, each mp_runner_batch() call timed\n"
+	"(the argmax between them is not); and (2) through a `moepager serve` child\n"
+	"(resident; the same engine, threads and build) by C streaming clients (libcurl,\n"
+	"this process) sent at once, timed from the first request sent to the last\n"
+	"stream's [DONE]. A run is --rounds such rounds, one after the other, each\n"
+	"with its own prompts. Per step is per the runner's steps alone (--tokens a\n"
+	"round): overhead_us = (served - alone) / steps, overhead_share = (served -\n"
+	"alone) / alone. Everything serving adds counts: the HTTP requests and their parsing,\n"
+	"the scheduler (admission, sampling, text, events), the HTTP thread (wake-ups,\n"
+	"send), the loopback sockets and the clients' own CPU on the same machine.\n"
+	"The server's /metrics give where it goes (server: its steps, mean batch, and\n"
+	"per step its runner time and the scheduler's and HTTP thread's time), and\n"
+	"client_cpu_us is the clients' CPU time per step (this process's thread).\n"
+	"Figures are medians over --repeat runs, alone and served alternating, after\n"
+	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
+	"\n"
+	"EXAMPLES:\n"
+	"  moepager bench-serve --model data/models/tiny-real.mpk --concurrency 1,4,8 --json\n";
+
+static const struct argp_option opts[] = {
+	{ "model", 'm', "FILE", 0, "The .mpk model (required; resident)", 0 },
+	{ "concurrency", OPT_CONC, "C[,C...]", 0, "Concurrent requests (default 1,4,8; at most 8 "
+	  "values)", 0 },
+	{ "tokens", OPT_TOKENS, "N", 0, "Tokens each request generates (default 128)", 0 },
+	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each request (default 16)", 0 },
+	{ "repeat", OPT_REPEAT, "N", 0, "Runs per concurrency (default 3)", 0 },
+	{ "rounds", OPT_ROUNDS, "N", 0, "Rounds of C requests in a run, one after the other "
+	  "(default 10)", 0 },
+	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
+	{ 0 },
+};
+
+static int parse_conc(const char *s)
+{
+	char *copy = strdup(s), *save = NULL;
+	int err = copy ? 0 : -ENOMEM;
+
+	env.nconc = 0;
+	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
+		if (env.nconc == MAX_CONC)
+			err = -EINVAL;
+		else
+			err = cli_parse_u32("--concurrency", t, 1, 64, &env.conc[env.nconc++]);
+	}
+	free(copy);
+	return err;
+}
+
+static error_t parse_arg(int key, char *arg, struct argp_state *state)
+{
+	switch (key) {
+	case 'm': env.model = arg; break;
+	case OPT_CONC:
+		if (parse_conc(arg))
+			argp_error(state, "--concurrency wants up to %u values in [1, 64]", MAX_CONC);
+		break;
+	case OPT_TOKENS:
+		if (cli_parse_u32("--tokens", arg, 8, 1u << 16, &env.tokens))
+			argp_usage(state);
+		break;
+	case OPT_PROMPT:
+		if (cli_parse_u32("--prompt", arg, 1, 1u << 16, &env.prompt))
+			argp_usage(state);
+		break;
+	case OPT_REPEAT:
+		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
+			argp_usage(state);
+		break;
+	case OPT_ROUNDS:
+		if (cli_parse_u32("--rounds", arg, 1, 1000, &env.rounds))
+			argp_usage(state);
+		break;
+	case OPT_JSON: env.json = true; break;
+	case ARGP_KEY_INIT:
+		state->child_inputs[0] = &env.eng;
+		break;
+	case ARGP_KEY_ARG:
+		argp_usage(state);
+		break;
+	case ARGP_KEY_END:
+		if (!env.model)
+			argp_error(state, "--model FILE is required");
+		break;
+	default:
+		return ARGP_ERR_UNKNOWN;
+	}
+	return 0;
+}
+
+static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
+static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
+
+/* Request i's prompt of run rep: the same ids for the runner alone and the server. */
+static void prompt_of(uint32_t i, uint32_t rep, uint32_t vocab, uint32_t *ids)
+{
+	for (uint32_t t = 0; t < env.prompt; t++)
+		ids[t] = (i * 7919u + rep * 104729u + t * 613u + 1) % vocab;
+}
+
+/*
+ * The runner alone
+ */
+
+struct alone {
+	struct mp_store *store;
+	struct mp_engine *engine;
+	struct mp_resident *resident;
+	struct mp_runner *runner;
+	struct mp_seq *seq[64];
+	uint32_t vocab, context;
+};
+
+static int alone_open(struct alone *a)
+{
+	struct mp_engine_config ec = { .threads = env.eng.threads };
+	struct mp_runner_config rc = { 0 };
+	int err;
+
+	err = mp_store_open(env.model, &a->store);
+	if (!err)
+		err = mp_engine_open(env.eng.engine ? env.eng.engine : "ref", &ec, &a->engine);
+	if (!err)
+		err = mp_resident_open(a->store, NULL, NULL, &a->resident);
+	rc.source = mp_resident_source_ops();
+	rc.source_ctx = a->resident;
+	rc.engine = a->engine;
+	if (!err)
+		err = mp_runner_open(a->store, &rc, &a->runner);
+	if (!err) {
+		a->vocab = mp_store_geometry(a->store)->vocab;
+		a->context = mp_store_geometry(a->store)->max_seq;
+	}
+	/* Sequences of the whole context, reused run after run, as the scheduler's are. */
+	for (uint32_t i = 0; i < env.max_conc && !err; i++)
+		err = mp_seq_open(a->runner, &(struct mp_seq_config){ .request = i + 1,
+				  .max_seq = a->context }, &a->seq[i]);
+	return err;
+}
+
+static void alone_close(struct alone *a)
+{
+	for (uint32_t i = 0; i < env.max_conc; i++)
+		mp_seq_close(a->seq[i]);
+	mp_runner_close(a->runner);
+	mp_resident_close(a->resident);
+	mp_engine_close(a->engine);
+	mp_store_close(a->store);
+}
+
+/*
+ * C prompts prefilled in one step, then tokens - 1 decode steps of C, greedy;
+ * *us: the time in the runner (the argmax is left out: served, it is the
+ * scheduler's, and counts as overhead).
+ */
+static int alone_run(struct alone *a, uint32_t C, uint32_t rep, double *us)
+{
+	struct mp_batch_item items[64];
+	uint32_t prompts[64][64], next[64];
+	uint64_t ns = 0;
+	int err = 0;
+
+	for (uint32_t i = 0; i < C && !err; i++) {
+		prompt_of(i, rep, a->vocab, prompts[i]);
+		err = mp_seq_reuse(a->seq[i], &(struct mp_seq_config){ .request = i + 1 });
+		items[i] = (struct mp_batch_item){ a->seq[i], prompts[i], env.prompt,
+						   MP_BATCH_PREFILL };
+	}
+	for (uint32_t s = 0; s < env.tokens && !err; s++) {
+		uint64_t t0;
+
+		for (uint32_t i = 0; i < C && s; i++) {
+			next[i] = mp_logits_argmax(mp_seq_logits(a->seq[i]), a->vocab);
+			items[i] = (struct mp_batch_item){ a->seq[i], &next[i], 1, MP_BATCH_DECODE };
+		}
+		t0 = cli_now_ns();
+		err = mp_runner_batch(a->runner, items, C);
+		ns += cli_now_ns() - t0;
+	}
+	*us = (double)ns / 1e3;
+	return err;
+}
+
+/*
+ * The server and its clients
+ */
+
+struct server {
+	pid_t pid;
+	char port_file[64];
+	char url[64];
+};
+
+static int server_start(struct server *s, uint32_t threads)
+{
+	char th[16], mb[16];
+	struct timespec ts = { 0, 5000000L };
+	unsigned port;
+
+	snprintf(s->port_file, sizeof(s->port_file), "/tmp/moepager-bench-serve.%d.port",
+		 (int)getpid());
+	snprintf(th, sizeof(th), "%u", threads);
+	snprintf(mb, sizeof(mb), "%u", SB_MAX(env.max_conc, 8u));
+	unlink(s->port_file);
+	s->pid = fork();
+	if (s->pid < 0)
+		return -errno;
+	if (s->pid == 0) {
+		/* stdout is the bench's JSON: the server's banner goes to stderr. */
+		dup2(STDERR_FILENO, STDOUT_FILENO);
+		execl("/proc/self/exe", "moepager", "serve", "--model", env.model, "--listen",
+		      "127.0.0.1:0", "--port-file", s->port_file, "--threads", th, "--max-batch",
+		      mb, "--engine", env.eng.engine ? env.eng.engine : "ref", (char *)NULL);
+		_exit(127);
+	}
+	for (;;) {
+		FILE *f = fopen(s->port_file, "re");
+		int n = f ? fscanf(f, "%u", &port) : 0;
+
+		if (f)
+			fclose(f);
+		if (n == 1)
+			break;
+		if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
+			fprintf(stderr, "moepager bench-serve: the server exited before listening\n");
+			s->pid = 0;
+			return -ECHILD;
+		}
+		nanosleep(&ts, NULL);
+	}
+	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%u", port);
+	return 0;
+}
+
+/* SIGTERM; true when it exited 0. */
+static bool server_stop(struct server *s)
+{
+	int status = 0;
+
+	if (s->pid <= 0)
+		return false;
+	kill(s->pid, SIGTERM);
+	waitpid(s->pid, &status, 0);
+	s->pid = 0;
+	unlink(s->port_file);
+	return WIFEXITED(status) && !WEXITSTATUS(status);
+}
+
+/* A stream: its request's body, and the stream's last bytes (it ends with [DONE]). */
+struct stream {
+	CURL *h;
+	char *body;
+	char tail[16];
+	size_t ntail;
+	bool done;
+	double t_end;		/* us, cli_now_ns(): the stream's last bytes */
+};
+
+/* No JSON is parsed, to take as little of the machine's CPU as a client can. */
+static size_t on_data(char *data, size_t size, size_t nmemb, void *arg)
+{
+	static const char done[] = "data: [DONE]\n\n";
+	struct stream *st = arg;
+	size_t len = size * nmemb, keep = SB_MIN(len, sizeof(st->tail) - 1);
+
+	st->t_end = (double)cli_now_ns() / 1e3;
+	if (st->ntail + keep > sizeof(st->tail) - 1) {
+		size_t drop = st->ntail + keep - (sizeof(st->tail) - 1);
+
+		memmove(st->tail, st->tail + drop, st->ntail - drop);
+		st->ntail -= drop;
+	}
+	memcpy(st->tail + st->ntail, data + len - keep, keep);
+	st->ntail += keep;
+	st->done = st->ntail >= sizeof(done) - 1 &&
+		   !memcmp(st->tail + st->ntail - (sizeof(done) - 1), done, sizeof(done) - 1);
+	return len;
+}
+
+static int stream_start(CURLM *m, struct stream *st, const char *url, const uint32_t *ids,
+			struct curl_slist *hdrs)
+{
+	json_t *p = json_array(), *j;
+
+	for (uint32_t k = 0; p && k < env.prompt; k++)
+		json_array_append_new(p, json_integer(ids[k]));
+	j = json_pack("{s:o, s:i, s:i, s:b, s:b}", "prompt", p, "max_tokens", (int)env.tokens,
+		      "temperature", 0, "stream", 1, "ignore_eos", 1);
+	st->body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	st->h = curl_easy_init();
+	if (!st->body || !st->h)
+		return -ENOMEM;
+	curl_easy_setopt(st->h, CURLOPT_URL, url);
+	curl_easy_setopt(st->h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(st->h, CURLOPT_POSTFIELDS, st->body);
+	curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
+	curl_easy_setopt(st->h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(st->h, CURLOPT_TCP_NODELAY, 1L);
+	curl_multi_add_handle(m, st->h);
+	return 0;
+}
+
+/* C streams sent at once; *us: from sending them to the last one's [DONE]. */
+static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab, double *us)
+{
+	struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+	struct stream st[64] = { 0 };
+	CURLM *m = curl_multi_init();
+	double t0 = 0, end = 0;
+	char url[128];
+	int running = 1, err = m && hdrs ? 0 : -ENOMEM;
+
+	snprintf(url, sizeof(url), "%s/v1/completions", base);
+	for (uint32_t i = 0; i < C && !err; i++) {
+		uint32_t ids[64];
+
+		prompt_of(i, rep, vocab, ids);
+		if (!i)
+			t0 = (double)cli_now_ns() / 1e3;
+		err = stream_start(m, &st[i], url, ids, hdrs);
+	}
+	while (!err && running) {
+		curl_multi_perform(m, &running);
+		if (running)
+			curl_multi_poll(m, NULL, 0, 100, NULL);
+	}
+	for (uint32_t i = 0; i < C; i++) {
+		long status = 0;
+
+		if (st[i].h)
+			curl_easy_getinfo(st[i].h, CURLINFO_RESPONSE_CODE, &status);
+		if (!err && (status != 200 || !st[i].done)) {
+			fprintf(stderr, "moepager bench-serve: stream %u of %u failed (HTTP %ld%s)\n",
+				i, C, status, st[i].done ? "" : ", no [DONE]");
+			err = -EIO;
+		}
+		end = SB_MAX(end, st[i].t_end);
+		if (st[i].h)
+			curl_multi_remove_handle(m, st[i].h);
+		curl_easy_cleanup(st[i].h);
+		free(st[i].body);
+	}
+	curl_multi_cleanup(m);
+	curl_slist_free_all(hdrs);
+	*us = end - t0;
+	return err;
+}
+
+/*
+ * The runs and the report
+ */
+
+struct one {
+	double alone_us, served_us;	/* the whole run's */
+	double client_cpu_us;		/* this thread's CPU while served: the clients' */
+	struct lg_metrics before, after;
+};
+
+/* This thread's CPU time (user + system): the clients run on it. */
+static double thread_cpu_us(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_THREAD, &ru))
+		return 0;
+	return (double)ru.ru_utime.tv_sec * 1e6 + (double)ru.ru_utime.tv_usec +
+	       (double)ru.ru_stime.tv_sec * 1e6 + (double)ru.ru_stime.tv_usec;
+}
+
+/* The server's counter at off, per step of the run, in us. */
+static double per_step(const struct one *o, size_t off)
+{
+	double steps = o->after.steps - o->before.steps;
+	double a = *(const double *)((const char *)&o->after + off);
+	double b = *(const double *)((const char *)&o->before + off);
+
+	return steps > 0 ? (a - b) / steps * 1e6 : 0;
+}
+
+#define SRV(field) offsetof(struct lg_metrics, field)
+
+static json_t *run_json(const struct one *o)
+{
+	double steps = o->after.steps - o->before.steps;
+	double bc = o->after.batch_count - o->before.batch_count;
+
+	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
+
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+			 "client_cpu_us", o->client_cpu_us / n,
+			 "alone_step_us", o->alone_us / n,
+			 "served_step_us", o->served_us / n,
+			 "overhead_us", (o->served_us - o->alone_us) / n,
+			 "overhead_share", (o->served_us - o->alone_us) / o->alone_us,
+			 "server", "steps", steps,
+			 "mean_batch", bc > 0 ? (o->after.batch_sum - o->before.batch_sum) / bc : 0,
+			 "step_us", per_step(o, SRV(step_s)),
+			 "sched_wall_us", per_step(o, SRV(sched_s)),
+			 "sched_cpu_us", per_step(o, SRV(sched_cpu_s)),
+			 "http_thread_cpu_us", per_step(o, SRV(http_thread_cpu_s)));
+}
+
+/* Medians over the runs of each figure of run_json(). */
+static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
+{
+	static const char *const top[] = { "alone_step_us", "served_step_us", "overhead_us",
+					   "overhead_share", "client_cpu_us" };
+	static const char *const srv[] = { "steps", "mean_batch", "step_us", "sched_wall_us",
+					   "sched_cpu_us", "http_thread_cpu_us" };
+	json_t *rj = json_array(), *o = json_pack("{s:i}", "concurrency", (int)C);
+	json_t *so = json_object();
+	double v[MAX_REPEAT];
+
+	for (uint32_t i = 0; i < n; i++)
+		json_array_append_new(rj, run_json(&runs[i]));
+	for (size_t k = 0; k < sizeof(top) / sizeof(top[0]); k++) {
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = json_real_value(json_object_get(json_array_get(rj, i), top[k]));
+		json_object_set_new(o, top[k], json_real(cli_median(v, n)));
+	}
+	for (size_t k = 0; k < sizeof(srv) / sizeof(srv[0]); k++) {
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = json_real_value(json_object_get(json_object_get(
+				json_array_get(rj, i), "server"), srv[k]));
+		json_object_set_new(so, srv[k], json_real(cli_median(v, n)));
+	}
+	json_object_set_new(o, "server", so);
+	json_object_set_new(o, "runs", rj);
+	return o;
+}
+
+/* One concurrency: a warm-up of each, then repeat runs alternating alone and served. */
+static int measure(struct alone *a, struct server *s, uint32_t C, json_t *results)
+{
+	struct one runs[MAX_REPEAT] = { 0 };
+	double us;
+	int err = alone_run(a, C, UINT32_MAX, &us);
+
+	if (!err)
+		err = served_run(s->url, C, UINT32_MAX, a->vocab, &us);
+	for (uint32_t r = 0; r < env.repeat && !err; r++) {
+		struct one *o = &runs[r];
+
+		for (uint32_t k = 0; k < env.rounds && !err; k++) {
+			err = alone_run(a, C, r * env.rounds + k, &us);
+			o->alone_us += us;
+		}
+		lg_scrape(s->url, &o->before);
+		o->client_cpu_us = -thread_cpu_us();
+		for (uint32_t k = 0; k < env.rounds && !err; k++) {
+			err = served_run(s->url, C, r * env.rounds + k, a->vocab, &us);
+			o->served_us += us;
+		}
+		o->client_cpu_us += thread_cpu_us();
+		lg_scrape(s->url, &o->after);
+		if (!err && (!o->before.ok || !o->after.ok)) {
+			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
+			err = -EIO;
+		}
+	}
+	if (err)
+		return err;
+	json_array_append_new(results, result_json(C, runs, env.repeat));
+	if (!env.json) {
+		json_t *last = json_array_get(results, json_array_size(results) - 1);
+
+		printf("C %2u: alone %8.1f us/step, served %8.1f, overhead %7.1f us (%.2f %%)\n",
+		       C, json_real_value(json_object_get(last, "alone_step_us")),
+		       json_real_value(json_object_get(last, "served_step_us")),
+		       json_real_value(json_object_get(last, "overhead_us")),
+		       100 * json_real_value(json_object_get(last, "overhead_share")));
+	}
+	return 0;
+}
+
+int cmd_servebench(int argc, char **argv)
+{
+	struct alone a = { 0 };
+	struct server s = { 0 };
+	json_t *results = json_array();
+	bool clean = false;
+	int err;
+
+	memset(&env, 0, sizeof(env));
+	env.tokens = 128;
+	env.prompt = 16;
+	env.repeat = 3;
+	env.rounds = 10;
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
+		return 1;
+	if (!env.nconc)
+		parse_conc("1,4,8");
+	if (env.prompt > 64) {
+		fprintf(stderr, "moepager bench-serve: --prompt is at most 64\n");
+		return 1;
+	}
+	for (uint32_t i = 0; i < env.nconc; i++)
+		env.max_conc = SB_MAX(env.max_conc, env.conc[i]);
+	err = results ? alone_open(&a) : -ENOMEM;
+	if (err) {
+		fprintf(stderr, "moepager bench-serve: %s\n", mp_last_error());
+	} else if (env.prompt + env.tokens > a.context) {
+		fprintf(stderr, "moepager bench-serve: --prompt + --tokens exceed the context of "
+			"%u\n", a.context);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = server_start(&s, a.engine->threads);
+	for (uint32_t i = 0; i < env.nconc && !err; i++)
+		err = measure(&a, &s, env.conc[i], results);
+	clean = server_stop(&s);
+	if (!err && env.json) {
+		json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
+				      env.model, "engine", env.eng.engine ? env.eng.engine : "ref",
+				      "threads", (int)a.engine->threads, "tokens", (int)env.tokens,
+				      "prompt", (int)env.prompt, "repeat", (int)env.repeat, "rounds",
+				      (int)env.rounds, "server_exit_clean", clean, "results", results);
+
+		results = NULL;
+		json_dumpf(o, stdout, JSON_INDENT(1));
+		putchar('\n');
+		json_decref(o);
+	}
+	json_decref(results);
+	alone_close(&a);
+	return err ? 1 : 0;
+}
