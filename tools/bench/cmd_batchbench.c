@@ -48,8 +48,10 @@ static const char doc[] =
 	"daemon holds is mapped before the runs).\n"
 	"\n"
 	"--json prints {model, threads, membw_gbps, results: [{batch, tok_s, steps_s,\n"
-	"weight_bytes_per_step, weights_gbps, bound_tok_s, bound_ratio, speedup}]}:\n"
-	"speedup is tok_s over batch 1's.\n"
+	"weight_bytes_per_step, weights_gbps, membw_gbps, membw_min_gbps,\n"
+	"membw_max_gbps, bound_tok_s, bound_ratio, speedup}]}: a batch size's membw is\n"
+	"the median of the samples before and after each of its runs (min and max:\n"
+	"their spread); speedup is tok_s over batch 1's.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager batchbench --model mixtral-mini.mpk --batch 1,2,4,8,16 --json\n";
@@ -257,14 +259,21 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 	{
 		double t = cli_median(tps, env.repeat), s = cli_median(sps, env.repeat);
 		double bytes = cli_median(bps, env.repeat), membw = cli_median(bw, nb);
-		double bound = membw * 1e9 / bytes * B;
+		double bound = membw * 1e9 / bytes * B, bw_lo = bw[0], bw_hi = bw[0];
+
+		/* the samples' spread: how far the bound itself moves within a batch size */
+		for (uint32_t i = 1; i < nb; i++) {
+			bw_lo = bw[i] < bw_lo ? bw[i] : bw_lo;
+			bw_hi = bw[i] > bw_hi ? bw[i] : bw_hi;
+		}
 
 		if (B == env.sizes[0])
 			*tok1 = t / B;
 		json_array_append_new(results, json_pack(
-			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", (int)B,
+			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", (int)B,
 			"tok_s", t, "steps_s", s, "weight_bytes_per_step", bytes,
-			"weights_gbps", bytes * s / 1e9, "membw_gbps", membw, "bound_tok_s", bound,
+			"weights_gbps", bytes * s / 1e9, "membw_gbps", membw, "membw_min_gbps",
+			bw_lo, "membw_max_gbps", bw_hi, "bound_tok_s", bound,
 			"bound_ratio", t / bound, "speedup", *tok1 > 0 ? t / *tok1 : 0));
 		if (!env.json)
 			printf("batch %3u: %8.1f tok/s  %7.2f steps/s  %7.1f MB/step  %5.1f GB/s of "
