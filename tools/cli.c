@@ -60,6 +60,23 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 	return err;
 }
 
+int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
+		       uint32_t *out, uint32_t max, uint32_t *n)
+{
+	char *copy = strdup(s), *save = NULL;
+	int err = copy ? 0 : -ENOMEM;
+
+	*n = 0;
+	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
+		if (*n == max)
+			err = -EINVAL;
+		else
+			err = cli_parse_u32(opt, t, lo, hi, &out[(*n)++]);
+	}
+	free(copy);
+	return err ? err : *n ? 0 : -EINVAL;
+}
+
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out)
 {
 	char *end;

@@ -55,6 +55,14 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 
 /*
+ * Parses a comma-separated list of at most max numbers, each in [lo, hi],
+ * into out; *n is how many. Returns 0, or -EINVAL for a bad or missing
+ * number or too many (-ENOMEM if the list cannot be copied).
+ */
+int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
+		       uint32_t *out, uint32_t max, uint32_t *n);
+
+/*
  * Parses a size: "8G", "512M", "64K", "4096" (bytes, powers of 1024).
  * Returns 0 or -EINVAL.
  */

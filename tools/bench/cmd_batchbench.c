@@ -68,28 +68,12 @@ static const struct argp_option opts[] = {
 	{ 0 },
 };
 
-static int parse_sizes(const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	int err = copy ? 0 : -ENOMEM;
-
-	env.nsizes = 0;
-	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
-		if (env.nsizes == MAX_SIZES)
-			err = -EINVAL;
-		else
-			err = cli_parse_u32("--batch", t, 1, 256, &env.sizes[env.nsizes++]);
-	}
-	free(copy);
-	return err;
-}
-
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
 	case 'm': env.model = arg; break;
 	case OPT_BATCH:
-		if (parse_sizes(arg))
+		if (cli_parse_u32_list("--batch", arg, 1, 256, env.sizes, MAX_SIZES, &env.nsizes))
 			argp_error(state, "--batch wants up to %u sizes in [1, 256]", MAX_SIZES);
 		break;
 	case OPT_TOKENS:
@@ -298,7 +282,7 @@ int cmd_batchbench(int argc, char **argv)
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nsizes)
-		parse_sizes("1,2,4,8,16");
+		cli_parse_u32_list("--batch", "1,2,4,8,16", 1, 256, env.sizes, MAX_SIZES, &env.nsizes);
 	err = results ? open_bench(&b) : -ENOMEM;
 	for (uint32_t i = 0; i < env.nsizes && !err; i++)
 		err = measure(&b, env.sizes[i], results, &tok1, bw, &nbw);

@@ -78,28 +78,12 @@ static const struct argp_option opts[] = {
 	{ 0 },
 };
 
-static int parse_conc(const char *s)
-{
-	char *copy = strdup(s), *save = NULL;
-	int err = copy ? 0 : -ENOMEM;
-
-	env.nconc = 0;
-	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
-		if (env.nconc == MAX_CONC)
-			err = -EINVAL;
-		else
-			err = cli_parse_u32("--concurrency", t, 1, 64, &env.conc[env.nconc++]);
-	}
-	free(copy);
-	return err;
-}
-
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
 	case 'm': env.model = arg; break;
 	case OPT_CONC:
-		if (parse_conc(arg))
+		if (cli_parse_u32_list("--concurrency", arg, 1, 64, env.conc, MAX_CONC, &env.nconc))
 			argp_error(state, "--concurrency wants up to %u values in [1, 64]", MAX_CONC);
 		break;
 	case OPT_TOKENS:
@@ -538,7 +522,7 @@ int cmd_servebench(int argc, char **argv)
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nconc)
-		parse_conc("1,4,8");
+		cli_parse_u32_list("--concurrency", "1,4,8", 1, 64, env.conc, MAX_CONC, &env.nconc);
 	if (env.prompt > 64) {
 		fprintf(stderr, "moepager bench-serve: --prompt is at most 64\n");
 		return 1;
