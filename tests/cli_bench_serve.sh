@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Description: `moepager bench-serve` on a generated tiny model: one run per concurrency
+# decodes the same requests with the runner alone and through a `serve` child, and the
+# JSON says what the docs describe (per-step times alone and served, their difference and
+# its share, the clients' CPU, the server's own step accounting, one entry per run); the
+# server child exits cleanly; the plain report has a line per concurrency; bad command
+# lines and a missing model are refused with a message.
+#
+#   cli_bench_serve.sh MOEPAGER
+set -uo pipefail
+MOEPAGER=$1
+PY=/usr/bin/python3
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/check_lib.sh"
+
+refused() {	# refused MESSAGE ARGS...: bench-serve ARGS fails, saying MESSAGE
+	local msg=$1
+	shift
+	"$MOEPAGER" bench-serve "$@" >/dev/null 2>"$T/err" && return 1
+	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
+}
+"$MOEPAGER" gen --preset tiny --seed 1 --name bs --out "$T/m.mpk" --quiet || exit 1
+A=(--model "$T/m.mpk" --tokens 8 --rounds 2)
+
+"$MOEPAGER" bench-serve "${A[@]}" --concurrency 1,3 --repeat 3 --json >"$T/out.json" 2>"$T/err"
+check "bench-serve runs each concurrency alone and served" test $? = 0
+cat >"$T/check.py" <<'PYEOF'
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+assert d["tokens"] == 8 and d["rounds"] == 2 and d["repeat"] == 3, d
+assert d["server_exit_clean"] is True, d
+assert [r["concurrency"] for r in d["results"]] == [1, 3], d["results"]
+for r in d["results"]:
+    c = r["concurrency"]
+    assert len(r["runs"]) == 3, r
+    # Each figure is the median of the runs' own (taken field by field).
+    for k in ("alone_step_us", "served_step_us", "overhead_us", "overhead_share",
+              "client_cpu_us"):
+        assert r[k] == sorted(x[k] for x in r["runs"])[1], (k, r)
+    for x in r["runs"]:
+        assert x["alone_step_us"] > 0 and x["served_step_us"] > 0, x
+        assert math.isclose(x["overhead_us"], x["served_step_us"] - x["alone_step_us"],
+                            rel_tol=1e-6, abs_tol=1e-6), x
+        assert math.isclose(x["overhead_share"], x["overhead_us"] / x["alone_step_us"],
+                            rel_tol=1e-6, abs_tol=1e-9), x
+        assert x["client_cpu_us"] >= 0, x
+        s = x["server"]
+        # Every round decodes 8 tokens per request: at least 8 steps a round.
+        assert s["steps"] >= 8 and 1 <= s["mean_batch"] <= c, s
+        assert s["step_us"] > 0 and s["sched_wall_us"] > 0 and s["sched_cpu_us"] > 0 and s["http_thread_cpu_us"] > 0, s
+PYEOF
+check "bench-serve's JSON holds together" "$PY" "$T/check.py" "$T/out.json"
+
+"$MOEPAGER" bench-serve "${A[@]}" --concurrency 2 --repeat 1 >"$T/out.txt" 2>"$T/err"
+check "bench-serve prints a line per concurrency" \
+	grep -q "^C  2: alone .* us/step, served .*, overhead .* us (.* %)" "$T/out.txt"
+
+check "--model is required" refused "--model FILE is required" --concurrency 1
+check "a missing model is refused" refused "cannot open" --model "$T/none.mpk" --tokens 8
+check "--concurrency 0 is refused" refused "--concurrency wants" "${A[@]}" --concurrency 0
+check "nine concurrencies are refused" refused "--concurrency wants" "${A[@]}" \
+	--concurrency 1,2,3,4,5,6,7,8,9
+check "an empty --concurrency is refused" refused "--concurrency wants" "${A[@]}" \
+	--concurrency ,
+check "--tokens below 8 is refused" refused "--tokens" "${A[@]}" --tokens 4
+check "--prompt over 64 is refused" refused "--prompt is at most 64" "${A[@]}" --prompt 65
+
+[[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }
