@@ -859,6 +859,28 @@ static void evictions_keep_spares_within_the_memory_bound(void **state)
 	mp_pager_close(p);
 }
 
+/* A smaller budget lowers the bound on spares too, when it evicts nothing. */
+static void a_smaller_budget_gives_spares_back(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct mp_pager_stats st;
+
+	(void)state;
+	for (uint32_t e = 0; e < 4; e++)
+		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
+	for (uint32_t e = 0; e < 4; e++)
+		assert_int_equal(mp_pager_evict(p, 0, e, 0), 0);
+	mp_pager_stats(p, &st);
+	assert_true(st.memory_bytes >= 4 * xbytes);	/* kept as spares */
+	assert_int_equal(mp_pager_set_budget(p, p->expert_bytes), 0);
+	mp_pager_stats(p, &st);
+	assert_true(st.memory_bytes <= st.budget_bytes + p->mem.spare_bytes +
+				       4 * (p->data_bytes - xbytes));
+	for (uint32_t e = 0; e < 2; e++)
+		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
+	mp_pager_close(p);
+}
+
 /*
  * Engine requests resolved on the asking thread (MP_RESOLVE_CALLER)
  */
@@ -1504,6 +1526,7 @@ int main(void)
 		cmocka_unit_test(route_fill_reads_routed_experts_before_the_touch),
 		cmocka_unit_test(demand_fill_evicts_while_its_read_is_in_flight),
 		cmocka_unit_test(evictions_keep_spares_within_the_memory_bound),
+		cmocka_unit_test(a_smaller_budget_gives_spares_back),
 		cmocka_unit_test(routed_expert_is_read_on_the_asking_thread_before_its_touch),
 		cmocka_unit_test(expert_a_fill_thread_reads_is_waited_for_not_read_twice),
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),

@@ -243,6 +243,8 @@ int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
 	/* Stored atomically: a fill reads it unlocked (fill.c: slack_for_one). */
 	__atomic_store_n(&p->mem.budget, bytes, __ATOMIC_RELAXED);
 	mp_pager_enforce_budget(p);
+	/* A smaller budget lowers the bound even when nothing had to be evicted. */
+	mp_pager_trim_spares(p);
 	pthread_cond_broadcast(&p->state_cv);
 	pthread_mutex_unlock(&p->lock);
 	return 0;

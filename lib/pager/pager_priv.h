@@ -158,6 +158,8 @@ void mp_pager_demand_fill(struct mp_pager *p, uint32_t slot);
 int mp_pager_map_locked(struct mp_pager *p, uint32_t slot);
 void mp_pager_unreserve(struct mp_pager *p, uint32_t slot);
 int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host);
+/* Spare chunks past budget + spare_bytes of memory held go back to the kernel. */
+void mp_pager_trim_spares(struct mp_pager *p);
 /* Not locked: POISONED -> EMPTY, so the next access reads the expert again. */
 int mp_pager_clear(struct mp_pager *p, uint32_t slot);
 

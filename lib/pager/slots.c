@@ -217,9 +217,10 @@ static void finish_busy(struct mp_pager *p, uint32_t slot)
  * spare_bytes released the chunks a prefetch had just evicted for (it
  * evicts, then takes chunks), and a demand fill then found no spare and
  * zeroed new pages on its reader's critical path: ds26 zeroed 5 GB in 256
- * tokens that way (docs/region.md). Called locked.
+ * tokens that way (docs/region.md). Called locked, after each eviction and
+ * when the budget changes.
  */
-static void trim_spares(struct mp_pager *p)
+void mp_pager_trim_spares(struct mp_pager *p)
 {
 	uint64_t limit = p->mem.budget + p->mem.spare_bytes, excess;
 	struct mp_region_mem m;
@@ -290,7 +291,7 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 			p->st.prefetch_wasted++;
 		}
 		MP_PROBE(evict, s->layer, s->expert, p->expert_bytes);
-		trim_spares(p);
+		mp_pager_trim_spares(p);
 	}
 	/* No handler to serve the next touch: make it an error, not a hang. */
 	if (p->broken)
