@@ -136,7 +136,8 @@ static inline ALWAYS_INLINE TARGET const char *pf_at_bf16(const char *w, size_t 
 {
 	const size_t block = 4 * rs;
 
-	return w + (MP_PF_AHEAD + block - 1) / block * block;
+	/* No columns, no row to sweep (and no division by zero). */
+	return block ? w + (MP_PF_AHEAD + block - 1) / block * block : w + MP_PF_AHEAD;
 }
 
 static inline ALWAYS_INLINE TARGET void pf_bf16(const char *pw, size_t rs, uint32_t c)

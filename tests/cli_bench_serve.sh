@@ -65,6 +65,6 @@ check "nine concurrencies are refused" refused "--concurrency wants" "${A[@]}" \
 check "an empty --concurrency is refused" refused "--concurrency wants" "${A[@]}" \
 	--concurrency ,
 check "--tokens below 8 is refused" refused "--tokens" "${A[@]}" --tokens 4
-check "--prompt over 64 is refused" refused "--prompt is at most 64" "${A[@]}" --prompt 65
+check "--prompt over 64 is refused" refused "--prompt: '65' is not a number in \[1, 64\]" "${A[@]}" --prompt 65
 
 [[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }

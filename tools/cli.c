@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,21 +61,88 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 	return err;
 }
 
+pid_t cli_serve_spawn(const char *const *args)
+{
+	const char *argv[32] = { "moepager", "serve" };
+	pid_t parent = getpid(), pid;
+	size_t n = 2;
+
+	while (*args && n < 31)
+		argv[n++] = *args++;
+	if (*args)
+		return -E2BIG;
+	pid = fork();
+	if (pid)
+		return pid < 0 ? -errno : pid;
+	/* Dies with the bench (killed by a test's timeout, say), checked once set. */
+	if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() != parent)
+		_exit(126);
+	dup2(STDERR_FILENO, STDOUT_FILENO);
+	execv("/proc/self/exe", (char *const *)argv);
+	_exit(127);
+}
+
+static int reap(pid_t pid, int *status)
+{
+	pid_t r;
+
+	while ((r = waitpid(pid, status, 0)) < 0 && errno == EINTR)
+		;
+	return r == pid ? 0 : -errno;
+}
+
+int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
+			unsigned timeout_ms, unsigned *port)
+{
+	const struct timespec ts = { 0, 2000000L };
+	const uint64_t deadline = cli_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+
+	for (;;) {
+		FILE *f = fopen(port_file, "re");
+		int n = f ? fscanf(f, "%u", port) : 0;
+		int status;
+
+		if (f)
+			fclose(f);
+		if (n == 1)
+			return 0;
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			fprintf(stderr, "moepager %s: the server exited before listening\n", who);
+			return -ECHILD;
+		}
+		if (cli_now_ns() > deadline) {
+			fprintf(stderr, "moepager %s: the server did not listen within %u ms\n",
+				who, timeout_ms);
+			kill(pid, SIGKILL);
+			reap(pid, &status);
+			return -ETIMEDOUT;
+		}
+		nanosleep(&ts, NULL);
+	}
+}
+
+int cli_serve_stop(pid_t pid)
+{
+	int status = 0, err;
+
+	if (kill(pid, SIGTERM))
+		return -errno;
+	err = reap(pid, &status);
+	return err ? err : status;
+}
+
 int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
 		       uint32_t *out, uint32_t max, uint32_t *n)
 {
-	char *copy = strdup(s), *save = NULL;
+	char *copy = strdup(s), *rest = copy, *t;
 	int err = copy ? 0 : -ENOMEM;
 
 	*n = 0;
-	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
-		if (*n == max)
-			err = -EINVAL;
-		else
-			err = cli_parse_u32(opt, t, lo, hi, &out[(*n)++]);
-	}
+	/* strsep, not strtok: an empty field ("1,,2") is an error, not skipped. */
+	while (!err && (t = strsep(&rest, ",")))
+		err = *n == max ? -EINVAL : cli_parse_u32(opt, t, lo, hi, &out[(*n)++]);
 	free(copy);
-	return err ? err : *n ? 0 : -EINVAL;
+	return err;
 }
 
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out)

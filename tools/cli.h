@@ -47,6 +47,23 @@ int cmd_export(int argc, char **argv);
 void cli_install_log_handler(void);
 
 /*
+ * A `moepager serve` child of this binary, for the benches: args are what
+ * follows "serve" (NULL-ended, at most 30). Its stdout goes to stderr (the
+ * caller's stdout is its JSON), and it gets SIGTERM if the caller dies.
+ * Returns the pid, or -errno.
+ */
+pid_t cli_serve_spawn(const char *const *args);
+/*
+ * Waits up to timeout_ms for the port a serve child writes to port_file once
+ * it listens. Returns 0, -ECHILD if the child exited (reaped), or -ETIMEDOUT
+ * (the child killed and reaped); says which on stderr, after who.
+ */
+int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
+			unsigned timeout_ms, unsigned *port);
+/* SIGTERM, then reaps it: its wait status, or -errno. */
+int cli_serve_stop(pid_t pid);
+
+/*
  * Parses a number with strtoull+errno: the whole string must be a number
  * in [lo, hi]. Returns 0 or -EINVAL (and prints which option was bad).
  */
@@ -56,8 +73,8 @@ int cli_parse_double(const char *opt, const char *s, double lo, double hi, doubl
 
 /*
  * Parses a comma-separated list of at most max numbers, each in [lo, hi],
- * into out; *n is how many. Returns 0, or -EINVAL for a bad or missing
- * number or too many (-ENOMEM if the list cannot be copied).
+ * into out; *n is how many. Returns 0, or -EINVAL for a bad or empty field
+ * or too many (-ENOMEM if the list cannot be copied).
  */
 int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
 		       uint32_t *out, uint32_t max, uint32_t *n);

@@ -70,7 +70,7 @@ static const struct argp_option opts[] = {
 	{ "concurrency", OPT_CONC, "C[,C...]", 0, "Concurrent requests (default 1,4,8; at most 8 "
 	  "values)", 0 },
 	{ "tokens", OPT_TOKENS, "N", 0, "Tokens each request generates (default 128)", 0 },
-	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each request (default 16)", 0 },
+	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each request (default 16, at most 64)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per concurrency (default 3)", 0 },
 	{ "rounds", OPT_ROUNDS, "N", 0, "Rounds of C requests in a run, one after the other "
 	  "(default 10)", 0 },
@@ -91,7 +91,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_PROMPT:
-		if (cli_parse_u32("--prompt", arg, 1, 1u << 16, &env.prompt))
+		if (cli_parse_u32("--prompt", arg, 1, 64, &env.prompt))
 			argp_usage(state);
 		break;
 	case OPT_REPEAT:
@@ -208,6 +208,8 @@ static int alone_run(struct alone *a, uint32_t C, uint32_t rep, double *us)
 		err = mp_runner_batch(a->runner, items, C);
 		ns += cli_now_ns() - t0;
 	}
+	if (err)
+		fprintf(stderr, "moepager bench-serve: the runner alone: %s\n", mp_last_error());
 	*us = (double)ns / 1e3;
 	return err;
 }
@@ -218,6 +220,7 @@ static int alone_run(struct alone *a, uint32_t C, uint32_t rep, double *us)
 
 struct server {
 	pid_t pid;
+	char dir[48];		/* mkdtemp(): the port file's, not a guessable /tmp name */
 	char port_file[64];
 	char url[64];
 };
@@ -225,39 +228,32 @@ struct server {
 static int server_start(struct server *s, uint32_t threads)
 {
 	char th[16], mb[16];
-	struct timespec ts = { 0, 5000000L };
 	unsigned port;
+	int err;
 
-	snprintf(s->port_file, sizeof(s->port_file), "/tmp/moepager-bench-serve.%d.port",
-		 (int)getpid());
+	snprintf(s->dir, sizeof(s->dir), "/tmp/moepager-bench-serve.XXXXXX");
+	if (!mkdtemp(s->dir)) {
+		err = -errno;
+		fprintf(stderr, "moepager bench-serve: mkdtemp %s: %s\n", s->dir, strerror(-err));
+		s->dir[0] = 0;
+		return err;
+	}
+	snprintf(s->port_file, sizeof(s->port_file), "%s/port", s->dir);
 	snprintf(th, sizeof(th), "%u", threads);
 	snprintf(mb, sizeof(mb), "%u", SB_MAX(env.max_conc, 8u));
-	unlink(s->port_file);
-	s->pid = fork();
-	if (s->pid < 0)
-		return -errno;
-	if (s->pid == 0) {
-		/* stdout is the bench's JSON: the server's banner goes to stderr. */
-		dup2(STDERR_FILENO, STDOUT_FILENO);
-		execl("/proc/self/exe", "moepager", "serve", "--model", env.model, "--listen",
-		      "127.0.0.1:0", "--port-file", s->port_file, "--threads", th, "--max-batch",
-		      mb, "--engine", env.eng.engine ? env.eng.engine : "ref", (char *)NULL);
-		_exit(127);
+	s->pid = cli_serve_spawn((const char *[]){ "--model", env.model, "--listen",
+		"127.0.0.1:0", "--port-file", s->port_file, "--threads", th, "--max-batch", mb,
+		"--engine", env.eng.engine ? env.eng.engine : "ref", NULL });
+	if (s->pid < 0) {
+		err = s->pid;
+		s->pid = 0;
+		fprintf(stderr, "moepager bench-serve: starting the server: %s\n", strerror(-err));
+		return err;
 	}
-	for (;;) {
-		FILE *f = fopen(s->port_file, "re");
-		int n = f ? fscanf(f, "%u", &port) : 0;
-
-		if (f)
-			fclose(f);
-		if (n == 1)
-			break;
-		if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
-			fprintf(stderr, "moepager bench-serve: the server exited before listening\n");
-			s->pid = 0;
-			return -ECHILD;
-		}
-		nanosleep(&ts, NULL);
+	err = cli_serve_wait_port("bench-serve", s->pid, s->port_file, 120000, &port);
+	if (err) {
+		s->pid = 0;
+		return err;
 	}
 	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%u", port);
 	return 0;
@@ -266,15 +262,14 @@ static int server_start(struct server *s, uint32_t threads)
 /* SIGTERM; true when it exited 0. */
 static bool server_stop(struct server *s)
 {
-	int status = 0;
+	int status = s->pid > 0 ? cli_serve_stop(s->pid) : -ECHILD;
 
-	if (s->pid <= 0)
-		return false;
-	kill(s->pid, SIGTERM);
-	waitpid(s->pid, &status, 0);
 	s->pid = 0;
-	unlink(s->port_file);
-	return WIFEXITED(status) && !WEXITSTATUS(status);
+	if (s->dir[0]) {
+		unlink(s->port_file);
+		rmdir(s->dir);
+	}
+	return status >= 0 && WIFEXITED(status) && !WEXITSTATUS(status);
 }
 
 /* A stream: its request's body, and the stream's last bytes (it ends with [DONE]). */
@@ -329,6 +324,9 @@ static int stream_start(CURLM *m, struct stream *st, const char *url, const uint
 	curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
 	curl_easy_setopt(st->h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(st->h, CURLOPT_TCP_NODELAY, 1L);
+	/* A server that stalls fails the run instead of hanging it. */
+	curl_easy_setopt(st->h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(st->h, CURLOPT_LOW_SPEED_TIME, 60L);
 	curl_multi_add_handle(m, st->h);
 	return 0;
 }
@@ -523,15 +521,12 @@ int cmd_servebench(int argc, char **argv)
 		return 1;
 	if (!env.nconc)
 		cli_parse_u32_list("--concurrency", "1,4,8", 1, 64, env.conc, MAX_CONC, &env.nconc);
-	if (env.prompt > 64) {
-		fprintf(stderr, "moepager bench-serve: --prompt is at most 64\n");
-		return 1;
-	}
 	for (uint32_t i = 0; i < env.nconc; i++)
 		env.max_conc = SB_MAX(env.max_conc, env.conc[i]);
 	err = results ? alone_open(&a) : -ENOMEM;
 	if (err) {
-		fprintf(stderr, "moepager bench-serve: %s\n", mp_last_error());
+		fprintf(stderr, "moepager bench-serve: %s\n",
+			results ? mp_last_error() : strerror(ENOMEM));
 	} else if (env.prompt + env.tokens > a.context) {
 		fprintf(stderr, "moepager bench-serve: --prompt + --tokens exceed the context of "
 			"%u\n", a.context);

@@ -127,17 +127,16 @@ static int server_spawn(const struct el_config *c, const char *dir, const char *
 	snprintf(ep, sizeof(ep), "%llu", (unsigned long long)epoch);
 	unlink(s->port_file);
 	s->t_spawn = now_s();
-	s->pid = fork();
-	if (s->pid < 0)
-		return -errno;
-	if (s->pid == 0) {
-		/* stdout is the bench's JSON: the server's banner goes to stderr. */
-		dup2(STDERR_FILENO, STDOUT_FILENO);
-		execl("/proc/self/exe", "moepager", "serve", "--model", c->model, "--listen",
-		      "127.0.0.1:0", "--port-file", s->port_file, "--warm", "--epoch", ep,
-		      "--grace-ms", "600000", "--threads", threads, "--max-batch", "8",
-		      sock ? "--attach" : "--budget", sock ? sock : budget, (char *)NULL);
-		_exit(127);
+	s->pid = cli_serve_spawn((const char *[]){ "--model", c->model, "--listen",
+		"127.0.0.1:0", "--port-file", s->port_file, "--warm", "--epoch", ep,
+		"--grace-ms", "600000", "--threads", threads, "--max-batch", "8",
+		sock ? "--attach" : "--budget", sock ? sock : budget, NULL });
+	if (s->pid < 0) {
+		int err = s->pid;
+
+		s->pid = 0;
+		fprintf(stderr, "moepager bench-elastic: starting a server: %s\n", strerror(-err));
+		return err;
 	}
 	return 0;
 }
@@ -145,25 +144,13 @@ static int server_spawn(const struct el_config *c, const char *dir, const char *
 /* Waits for the server's port file (it is written once warmed and listening). */
 static int server_wait(struct server *s)
 {
-	struct timespec ts = { 0, 2000000L };
 	unsigned port;
+	/* Warming reads the budget's experts from a dropped page cache: minutes at worst. */
+	int err = cli_serve_wait_port("bench-elastic", s->pid, s->port_file, 600000, &port);
 
-	for (;;) {
-		FILE *f = fopen(s->port_file, "re");
-
-		if (f) {
-			int n = fscanf(f, "%u", &port);
-
-			fclose(f);
-			if (n == 1)
-				break;
-		}
-		if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
-			fprintf(stderr, "moepager bench-elastic: a server exited before ready\n");
-			s->pid = 0;
-			return -ECHILD;
-		}
-		nanosleep(&ts, NULL);
+	if (err) {
+		s->pid = 0;
+		return err;
 	}
 	s->t_ready = now_s();
 	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%u", port);
@@ -177,8 +164,7 @@ static double server_stop(struct server *s)
 
 	if (s->pid <= 0)
 		return 0;
-	kill(s->pid, SIGTERM);
-	waitpid(s->pid, NULL, 0);
+	cli_serve_stop(s->pid);
 	s->pid = 0;
 	return now_s() - t;
 }
