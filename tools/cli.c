@@ -61,11 +61,11 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 	return err;
 }
 
-pid_t cli_serve_spawn(const char *const *args)
+pid_t cli_spawn_self(const char *const *args, int out_fd)
 {
-	const char *argv[32] = { "moepager", "serve" };
+	const char *argv[32] = { "moepager" };
 	pid_t parent = getpid(), pid;
-	size_t n = 2;
+	size_t n = 1;
 
 	while (*args && n < 31)
 		argv[n++] = *args++;
@@ -77,7 +77,7 @@ pid_t cli_serve_spawn(const char *const *args)
 	/* Dies with the bench (killed by a test's timeout, say), checked once set. */
 	if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() != parent)
 		_exit(126);
-	dup2(STDERR_FILENO, STDOUT_FILENO);
+	dup2(out_fd, STDOUT_FILENO);
 	execv("/proc/self/exe", (char *const *)argv);
 	_exit(127);
 }
@@ -121,7 +121,7 @@ int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
 	}
 }
 
-int cli_serve_stop(pid_t pid)
+int cli_child_stop(pid_t pid)
 {
 	int status = 0, err;
 
@@ -403,13 +403,8 @@ pid_t cli_start_pagerd(const char *model, const char *sock, uint64_t budget, con
 	snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long)budget);
 	if (pipe(out))
 		return -errno;
-	pid = fork();
-	if (pid == 0) {
-		dup2(out[1], STDOUT_FILENO);
-		execl("/proc/self/exe", "moepager", "pagerd", "--model", model, "--socket", sock,
-		      "--budget", bytes, "--pages", pages, (char *)NULL);
-		_exit(127);
-	}
+	pid = cli_spawn_self((const char *[]){ "pagerd", "--model", model, "--socket", sock,
+				"--budget", bytes, "--pages", pages, NULL }, out[1]);
 	close(out[1]);
 	pfd = (struct pollfd){ .fd = out[0], .events = POLLIN };
 	if (pid < 0 || poll(&pfd, 1, 30000) != 1 || read(out[0], line, sizeof(line) - 1) <= 0 ||

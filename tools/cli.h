@@ -47,12 +47,12 @@ int cmd_export(int argc, char **argv);
 void cli_install_log_handler(void);
 
 /*
- * A `moepager serve` child of this binary, for the benches: args are what
- * follows "serve" (NULL-ended, at most 30). Its stdout goes to stderr (the
- * caller's stdout is its JSON), and it gets SIGTERM if the caller dies.
- * Returns the pid, or -errno.
+ * This binary as a child, `moepager ARGS...` (args NULL-ended, at most 30),
+ * for the benches: its stdout on out_fd (STDERR_FILENO when the caller's
+ * stdout is its JSON), and SIGTERM when the calling thread ends (so call it
+ * from one that outlives the child). Returns the pid, or -errno.
  */
-pid_t cli_serve_spawn(const char *const *args);
+pid_t cli_spawn_self(const char *const *args, int out_fd);
 /*
  * Waits up to timeout_ms for the port a serve child writes to port_file once
  * it listens. Returns 0, -ECHILD if the child exited (reaped), or -ETIMEDOUT
@@ -60,8 +60,8 @@ pid_t cli_serve_spawn(const char *const *args);
  */
 int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
 			unsigned timeout_ms, unsigned *port);
-/* SIGTERM, then reaps it: its wait status, or -errno. */
-int cli_serve_stop(pid_t pid);
+/* SIGTERM to a child, then reaps it: its wait status, or -errno. */
+int cli_child_stop(pid_t pid);
 
 /*
  * Parses a number with strtoull+errno: the whole string must be a number

@@ -372,8 +372,7 @@ static int run_shared(uint64_t budget, int fd, struct setup *o)
 	}
 	o->scale_down_s = engine_stop(&e1);
 	engine_stop(&e2);
-	kill(d, SIGTERM);
-	waitpid(d, NULL, 0);
+	cli_child_stop(d);
 	return err;
 }
 

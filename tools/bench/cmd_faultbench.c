@@ -562,8 +562,7 @@ static int shared_bench(struct mp_store *s, struct results *res)
 		fprintf(stderr, "moepager faultbench: shared host tier: %s (%s)\n", strerror(-err),
 			mp_last_error());
 	mp_attach_close(a);
-	kill(d, SIGTERM);
-	waitpid(d, NULL, 0);
+	cli_child_stop(d);
 	if (fd >= 0)
 		close(fd);
 	free(ids);

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -241,9 +240,9 @@ static int server_start(struct server *s, uint32_t threads)
 	snprintf(s->port_file, sizeof(s->port_file), "%s/port", s->dir);
 	snprintf(th, sizeof(th), "%u", threads);
 	snprintf(mb, sizeof(mb), "%u", SB_MAX(env.max_conc, 8u));
-	s->pid = cli_serve_spawn((const char *[]){ "--model", env.model, "--listen",
+	s->pid = cli_spawn_self((const char *[]){ "serve", "--model", env.model, "--listen",
 		"127.0.0.1:0", "--port-file", s->port_file, "--threads", th, "--max-batch", mb,
-		"--engine", env.eng.engine ? env.eng.engine : "ref", NULL });
+		"--engine", env.eng.engine ? env.eng.engine : "ref", NULL }, STDERR_FILENO);
 	if (s->pid < 0) {
 		err = s->pid;
 		s->pid = 0;
@@ -262,7 +261,7 @@ static int server_start(struct server *s, uint32_t threads)
 /* SIGTERM; true when it exited 0. */
 static bool server_stop(struct server *s)
 {
-	int status = s->pid > 0 ? cli_serve_stop(s->pid) : -ECHILD;
+	int status = s->pid > 0 ? cli_child_stop(s->pid) : -ECHILD;
 
 	s->pid = 0;
 	if (s->dir[0]) {
@@ -390,12 +389,7 @@ struct one {
 /* This thread's CPU time (user + system): the clients run on it. */
 static double thread_cpu_us(void)
 {
-	struct rusage ru;
-
-	if (getrusage(RUSAGE_THREAD, &ru))
-		return 0;
-	return (double)ru.ru_utime.tv_sec * 1e6 + (double)ru.ru_utime.tv_usec +
-	       (double)ru.ru_stime.tv_sec * 1e6 + (double)ru.ru_stime.tv_usec;
+	return (double)cli_clock_ns(CLOCK_THREAD_CPUTIME_ID) / 1e3;
 }
 
 /* The server's counter at off, per step of the run, in us. */

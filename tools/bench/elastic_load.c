@@ -127,10 +127,10 @@ static int server_spawn(const struct el_config *c, const char *dir, const char *
 	snprintf(ep, sizeof(ep), "%llu", (unsigned long long)epoch);
 	unlink(s->port_file);
 	s->t_spawn = now_s();
-	s->pid = cli_serve_spawn((const char *[]){ "--model", c->model, "--listen",
+	s->pid = cli_spawn_self((const char *[]){ "serve", "--model", c->model, "--listen",
 		"127.0.0.1:0", "--port-file", s->port_file, "--warm", "--epoch", ep,
 		"--grace-ms", "600000", "--threads", threads, "--max-batch", "8",
-		sock ? "--attach" : "--budget", sock ? sock : budget, NULL });
+		sock ? "--attach" : "--budget", sock ? sock : budget, NULL }, STDERR_FILENO);
 	if (s->pid < 0) {
 		int err = s->pid;
 
@@ -164,7 +164,7 @@ static double server_stop(struct server *s)
 
 	if (s->pid <= 0)
 		return 0;
-	cli_serve_stop(s->pid);
+	cli_child_stop(s->pid);
 	s->pid = 0;
 	return now_s() - t;
 }
@@ -363,8 +363,7 @@ static pid_t start_daemon(const struct el_config *c, const char *sock)
 		return d;
 	err = eb_warm_tier(sock);
 	if (err) {
-		kill(d, SIGTERM);
-		waitpid(d, NULL, 0);
+		cli_child_stop(d);
 		return err;
 	}
 	return d;
@@ -489,10 +488,8 @@ out:
 	o->peak = sm.peak;
 	server_stop(&a);
 	server_stop(&b);
-	if (d > 0) {
-		kill(d, SIGTERM);
-		waitpid(d, NULL, 0);
-	}
+	if (d > 0)
+		cli_child_stop(d);
 	if (!err) {
 		for (uint32_t i = 0; i < l->run.n; i++) {
 			o->failed += l->run.reqs[i].error;
@@ -686,8 +683,7 @@ static int run_threads_setup(const struct el_config *c, bool change, const char 
 		*out = threads_json(c, &l->run, ch, change ? 2 : 0);
 out:
 	server_stop(&a);
-	kill(d, SIGTERM);
-	waitpid(d, NULL, 0);
+	cli_child_stop(d);
 	load_free(l);
 	unlink(pf.path);
 	unlink(a.port_file);
