@@ -136,6 +136,14 @@ check "a zero I/O rate is refused" refused "--io-rate wants" "${M[@]}" --io-rate
 check "a bad rate is refused" refused "--rates wants" "${M[@]}" --rates 1,x
 check "a budget without room beyond the owned experts is refused" \
 	refused "must hold the map's" "${M[@]}" --budget 25%
+check "a budget without room beyond the owned experts is refused for mixed batches" \
+	refused "must hold the map's" "${M[@]}" --budget 25% --setups single,mixed
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --budget 25% --rates 20 --setups single,paged \
+	--json >"$T/paged.json" 2>"$T/err"
+check "that budget runs the setups that page the owned experts (single, paged)" \
+	$PY -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert [r["setup"] for r in d["results"]] == ["single", "paged"], d["results"]
+assert all(r["runs"][0]["completed"] == 6 for r in d["results"]), d["results"]' "$T/paged.json"
 check "models in another order than the map's are refused" \
 	refused "v2" --model "$T/v2.mpk" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
 

@@ -677,6 +677,7 @@ static int make_plan(struct plan *pl)
 	struct mp_store *st[MP_CONSOL_MAX_MODELS] = { 0 };
 	struct mp_consolidation *map = NULL, *none = NULL;
 	uint64_t stride, all;
+	bool held;
 	int err = 0;
 
 	memset(pl, 0, sizeof(*pl));
@@ -696,9 +697,13 @@ static int make_plan(struct plan *pl)
 		goto out;
 	pl->owned = mp_consolidation_capacity(map) * stride;
 	pl->topk = mp_store_geometry(st[0])->topk;
-	if (pl->budget < pl->owned + stride || pl->budget / env.n < stride) {
+	/* Only consolidated and mixed hold the owned experts outside the pager's budget. */
+	held = env.setups[S_CONSOL] || env.setups[S_MIXED];
+	if (pl->budget < stride || (held && pl->budget < pl->owned + stride) ||
+	    (env.setups[S_SPLIT] && pl->budget / env.n < stride)) {
 		fprintf(stderr, "moepager bench-multi: --budget %s (%llu bytes) must hold the map's "
-			"%u owned experts and one more, and one expert per split server\n",
+			"%u owned experts and one more (consolidated, mixed), and one expert per "
+			"split server\n",
 			env.budget, (unsigned long long)pl->budget, mp_consolidation_capacity(map));
 		err = -EINVAL;
 		goto out;
