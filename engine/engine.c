@@ -18,10 +18,11 @@ static const struct mp_engine_ops *const builtins[] = {
 	&mp_ref_scalar_ops,
 	&mp_ref_avx2_ops,
 	&mp_ref_avx512_ops,
+	&mp_ref_amx_ops,
 };
 
 static const char *const builtin_names[] = {
-	"ref", "ref-scalar", "ref-avx2", "ref-avx512", NULL,
+	"ref", "ref-scalar", "ref-avx2", "ref-avx512", "ref-amx", NULL,
 };
 
 const char *const *mp_engine_builtin_names(void)
@@ -89,8 +90,8 @@ static int find_plugin(const char *name, const char *dir, char *path, size_t len
 	if (try_dir(MP_ENGINE_DIR, strlen(MP_ENGINE_DIR), name, path, len))
 		return 0;
 	return mp_err(-ENOENT,
-		      "engine '%s': not built in (ref, ref-scalar, ref-avx2, ref-avx512) and no "
-		      "%s.so in %s%s$MOEPAGER_ENGINE_PATH (%s) or %s", name, name,
+		      "engine '%s': not built in (ref, ref-scalar, ref-avx2, ref-avx512, "
+		      "ref-amx) and no %s.so in %s%s$MOEPAGER_ENGINE_PATH (%s) or %s", name, name,
 		      dir ? dir : "", dir ? ", " : "", env ? env : "unset", MP_ENGINE_DIR);
 }
 

@@ -71,6 +71,9 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 
 	if (j->n * xrow > X_BLOCK_BYTES) {
 		tblock = MP_MAX(1u, (uint32_t)(X_BLOCK_BYTES / xrow));
+		/* Whole groups of the kernels' vector order (xgroup). */
+		if (k->xgroup)
+			tblock = MP_MAX(k->xgroup, tblock / k->xgroup * k->xgroup);
 		rblock = MP_MAX(MP_KERN_ROWS, (uint32_t)(W_BLOCK_BYTES / rowb) &
 					      ~(MP_KERN_ROWS - 1));
 	}
@@ -413,6 +416,13 @@ static int ref_avx512_init(struct mp_engine *e)
 	return init_isa(e, MP_ISA_AVX512, "AVX-512 F+BW+VL");
 }
 
+static int ref_amx_init(struct mp_engine *e)
+{
+	return init_isa(e, MP_ISA_AMX,
+			"AMX-BF16 (cpuid amx_tile and amx_bf16, and the kernel's permission "
+			"for tile data: arch_prctl ARCH_REQ_XCOMP_PERM)");
+}
+
 #define REF_OPS(sym, nm, desc, initfn)						\
 const struct mp_engine_ops sym = {						\
 	.abi = MP_ENGINE_ABI,							\
@@ -432,3 +442,6 @@ REF_OPS(mp_ref_ops, "ref", "reference CPU engine, widest ISA of this CPU", ref_i
 REF_OPS(mp_ref_scalar_ops, "ref-scalar", "reference CPU engine, portable C", ref_scalar_init);
 REF_OPS(mp_ref_avx2_ops, "ref-avx2", "reference CPU engine, AVX2+FMA", ref_avx2_init);
 REF_OPS(mp_ref_avx512_ops, "ref-avx512", "reference CPU engine, AVX-512", ref_avx512_init);
+REF_OPS(mp_ref_amx_ops, "ref-amx",
+	"reference CPU engine, AVX-512 with bf16 weights' products on AMX over bf16-rounded "
+	"activations (not the bits of ref)", ref_amx_init);

@@ -2,6 +2,8 @@
 /* Picks the kernel table for the ISA this CPU and OS support (cpuid, at run time). */
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "engine/kernels.h"
@@ -26,6 +28,27 @@ static bool has_avx512(void)
 	return has_avx2() && __builtin_cpu_supports("avx512f") &&
 	       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
+
+/* arch_prctl() codes of <asm/prctl.h> (Linux 5.16), which older headers lack. */
+#define ARCH_REQ_XCOMP_PERM	0x1023
+#define XFEATURE_XTILEDATA	18
+
+/*
+ * AMX-TILE and AMX-BF16 (cpuid 7.0 EDX bits 24, 22), and the kernel's
+ * permission for this process to use the tile data state. The request is
+ * idempotent and process-wide (threads and children inherit it), so
+ * asking at each lookup keeps no state here; it fails on kernels without
+ * AMX support or where a filter forbids it.
+ */
+static bool has_amx(void)
+{
+	unsigned a, b, c, d;
+
+	if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) ||
+	    !(d & (1u << 24)) || !(d & (1u << 22)))
+		return false;
+	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
 #endif
 
 enum mp_isa mp_isa_best(void)
@@ -49,6 +72,8 @@ const struct mp_kernels *mp_kernels_for(enum mp_isa isa)
 		return has_avx2() ? &mp_kernels_avx2 : NULL;
 	case MP_ISA_AVX512:
 		return has_avx512() ? &mp_kernels_avx512 : NULL;
+	case MP_ISA_AMX:
+		return has_amx() ? &mp_kernels_amx : NULL;
 #endif
 	default:
 		return NULL;

@@ -76,6 +76,12 @@ struct mp_kernels {
 	 * the order gemm[type] reads them in; NULL: as they are.
 	 */
 	void (*xprep[MP_DTYPE_COUNT])(const float *x, uint32_t n, uint32_t cols, float *out);
+	/*
+	 * Vectors the xprep order lays out together (0: each on its own). A
+	 * gemm call's vectors then start at a multiple of it: x + t * cols of
+	 * the prepared vectors is vector t's group only when t is one.
+	 */
+	uint32_t xgroup;
 	/* dst[i] = (float)src[i] */
 	void (*widen[MP_DTYPE_COUNT])(const void *src, float *dst, size_t n);
 	float (*dot)(const float *a, const float *b, uint32_t n);
@@ -93,11 +99,15 @@ struct mp_kernels {
  * blocks of MP_QBLOCK: the engine's entry points refuse other shapes.
  */
 #define MP_KERNELS_DEFINE(sym, isa_name, xprep_bf16)					\
+	MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16, 0)
+/* The same with another bf16 product (its own vector order and groups). */
+#define MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16_fn, xgroup_bf16)	\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
 		.xprep = { [MP_DTYPE_BF16] = xprep_bf16 },				\
+		.xgroup = xgroup_bf16,							\
 		.gemm = { [MP_DTYPE_F32] = gemm_f32, [MP_DTYPE_F16] = gemm_f16,		\
-			  [MP_DTYPE_BF16] = gemm_bf16, [MP_DTYPE_Q8_0] = gemm_q8_0,	\
+			  [MP_DTYPE_BF16] = gemm_bf16_fn, [MP_DTYPE_Q8_0] = gemm_q8_0,	\
 			  [MP_DTYPE_Q4_0] = gemm_q4_0 },				\
 		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
 			   [MP_DTYPE_BF16] = widen_bf16, [MP_DTYPE_Q8_0] = widen_q8_0,	\
@@ -112,15 +122,28 @@ extern const struct mp_kernels mp_kernels_scalar;
 #define MP_HAVE_X86_KERNELS 1
 extern const struct mp_kernels mp_kernels_avx2;
 extern const struct mp_kernels mp_kernels_avx512;
+extern const struct mp_kernels mp_kernels_amx;
+
+/*
+ * AMX-BF16 (kern_amx.c): activations rounded to bf16 (mp_f32_to_bf16())
+ * and laid out for TDPBF16PS in groups of MP_AMX_GROUP vectors; the
+ * products of bf16 weights with them, summed by the tile unit in f32.
+ */
+#define MP_AMX_GROUP	16u
+void mp_amx_xprep_bf16(const float *x, uint32_t n, uint32_t cols, float *out);
+void mp_amx_gemm_bf16(const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		      float *y, size_t ystride);
 #endif
 
 enum mp_isa {
 	MP_ISA_SCALAR,
 	MP_ISA_AVX2,
 	MP_ISA_AVX512,
+	/* AVX-512 with bf16 products on AMX over bf16-rounded activations: not the same bits */
+	MP_ISA_AMX,
 };
 
-/* The widest ISA this CPU (and OS) supports. */
+/* The widest ISA this CPU (and OS) supports whose products are the f32 ones (never AMX). */
 enum mp_isa mp_isa_best(void);
 /* The kernels of an ISA, or NULL when this build or CPU lacks it. */
 const struct mp_kernels *mp_kernels_for(enum mp_isa isa);

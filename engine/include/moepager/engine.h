@@ -56,13 +56,15 @@ struct mp_engine_config {
 
 /*
  * Opens the engine called name: a built-in ("ref" picks the widest ISA this
- * CPU has; "ref-scalar", "ref-avx2" and "ref-avx512" force one), else the
+ * CPU has; "ref-scalar", "ref-avx2" and "ref-avx512" force one; "ref-amx"
+ * is ref-avx512 with bf16 weights' products on AMX tiles over activations
+ * rounded to bf16, opt-in: not the same bits), else the
  * plug-in name.so searched in cfg->plugin_dir, each directory of
  * $MOEPAGER_ENGINE_PATH (colon-separated), then the install's
  * <libdir>/moepager/engines; a name containing '/' is a plug-in path.
  * cfg may be NULL. Returns 0 and sets *out, -ENOENT (no such engine),
- * -EOPNOTSUPP (this CPU lacks the forced ISA), -ENOEXEC (a plug-in that
- * does not load or lacks mp_engine_plugin_ops, or has another ABI),
+ * -EOPNOTSUPP (this CPU or kernel lacks the forced ISA), -ENOEXEC (a
+ * plug-in that does not load or lacks mp_engine_plugin_ops, or has another ABI),
  * -EINVAL or -ENOMEM.
  */
 MP_API int mp_engine_open(const char *name, const struct mp_engine_config *cfg,
