@@ -88,6 +88,7 @@ struct req {
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
+	uint64_t flushed_ns;		/* stream: when a token last resumed it; 0: none yet */
 };
 
 struct http_server {
@@ -110,6 +111,7 @@ struct http_server {
 	atomic_uint live;		/* reqs allocated */
 	atomic_uint loaders;		/* admin requests running on their threads */
 	atomic_uint cut_short;
+	atomic_uint_fast64_t resumes;	/* connections resumed: wake-ups of this thread's work */
 	atomic_uint_fast64_t next_cmpl;
 	uint64_t count[EP_COUNT][NCODES];
 	uint64_t slow_closed;
@@ -262,6 +264,7 @@ static void resume(struct http_server *h, struct MHD_Connection *c)
 {
 	MHD_resume_connection(c);
 	atomic_fetch_sub(&h->suspended, 1);
+	atomic_fetch_add(&h->resumes, 1);
 }
 
 /*
@@ -271,6 +274,27 @@ static void resume(struct http_server *h, struct MHD_Connection *c)
 static const char *finish_name(enum mp_sched_finish why)
 {
 	return why == MP_FINISH_LENGTH ? "length" : "stop";
+}
+
+/*
+ * Whether a stream's bytes go now: its first token, and then at most once
+ * per stream_interval_us; between, a step's token waits in q->out for the
+ * next one's (on_done() sends the rest). A token waits at most until the
+ * interval has passed and a step has ended. q->lock held.
+ */
+static bool flush_due(struct req *q)
+{
+	uint64_t now;
+
+	if (!q->suspended)
+		return false;	/* the reader is running: it takes the bytes */
+	if (!q->h->cfg.stream_interval_us)
+		return true;
+	now = now_ns();
+	if (q->flushed_ns && now - q->flushed_ns < q->h->cfg.stream_interval_us * 1000ull)
+		return false;
+	q->flushed_ns = now;
+	return true;
 }
 
 static int on_token(void *arg, uint32_t tok)
@@ -295,7 +319,7 @@ static int on_token(void *arg, uint32_t tok)
 		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
-	wake = q->stream && unpark(q);
+	wake = q->stream && flush_due(q) && unpark(q);
 	if (wake && q->h->per_step) {
 		q->wc = c;
 		pthread_mutex_lock(&q->h->lock);
@@ -1012,6 +1036,11 @@ void http_metrics(struct http_server *h, struct strbuf *o)
 		       "The same as CPU time of the thread running them.");
 	sb_printf(o, "moepager_http_handler_cpu_seconds_total %.9f\n",
 		  (double)atomic_load(&h->handler_cpu_ns) / 1e9);
+	metrics_family(o, "moepager_http_resumes_total", "counter",
+		       "Suspended connections resumed: a stream's new tokens (one write for "
+		       "those of --stream-interval-us), an answer's end.");
+	sb_printf(o, "moepager_http_resumes_total %llu\n",
+		  (unsigned long long)atomic_load(&h->resumes));
 	metrics_family(o, "moepager_http_thread_cpu_seconds_total", "counter",
 		       "CPU time of the HTTP thread (sockets, parsing, handlers, answers).");
 	sb_printf(o, "moepager_http_thread_cpu_seconds_total %.9f\n",
