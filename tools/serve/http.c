@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * The HTTP front end (see http.h). Threads: libmicrohttpd's one epoll
- * thread runs the handlers; the backend's scheduler thread delivers tokens
- * through callbacks; the main thread ticks the janitor.
+ * The HTTP front end (see http.h). Threads: the HTTP thread (http_loop())
+ * runs libmicrohttpd in its external epoll mode and so the handlers; the
+ * backend's scheduler thread delivers tokens through callbacks; the main
+ * thread ticks the janitor.
  *
  * A completion is a reference-counted struct req: one reference for the
  * connection, one for the scheduler until done, one for a stream's reader.
@@ -21,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,12 +103,19 @@ struct http_server {
 	struct conn *conns;
 	struct req *parked;
 	/*
-	 * Streams a step gave a token, resumed together after the step
-	 * (wake_step()): one wake-up of this thread per step, not per token.
-	 * per_step: the backend calls wake_step(); else each token resumes.
+	 * Streams a step gave a token, handed to the HTTP thread after the
+	 * step (wake_step()), which resumes them: one eventfd write per step
+	 * on the scheduler's thread, not one libmicrohttpd resume (and its
+	 * eventfd write) per stream. per_step: the backend calls wake_step();
+	 * else each token resumes. handed: the write is made, not yet read.
 	 */
 	struct req *wake;
-	bool per_step;
+	bool per_step, handed;
+	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
+	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
+	pthread_t thread;
+	bool thread_started;
+	atomic_bool stop;
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
@@ -259,7 +269,36 @@ static bool unpark(struct req *q)
 	return true;
 }
 
-/* Resumes a connection unpark() released. No lock held. */
+/*
+ * Hands q, unpark()ed (so still suspended: valid), to the HTTP thread,
+ * which resumes its connection c (resume_handed()). now: it must wake for
+ * it; else the step's end wakes it (wake_step()). q->lock held. Returns
+ * true when the caller must wake it (wake_loop(), after unlocking).
+ */
+static bool hand(struct req *q, struct MHD_Connection *c, bool now)
+{
+	struct http_server *h = q->h;
+	bool sig;
+
+	q->wc = c;
+	pthread_mutex_lock(&h->lock);
+	q->wnext = h->wake;
+	h->wake = q;
+	sig = now && !h->handed;
+	h->handed |= sig;
+	pthread_mutex_unlock(&h->lock);
+	return sig;
+}
+
+static void wake_loop(struct http_server *h)
+{
+	uint64_t one = 1;
+
+	if (write(h->efd, &one, sizeof(one)) != sizeof(one))
+		fprintf(stderr, "moepager serve: waking the HTTP thread: %s\n", strerror(errno));
+}
+
+/* The HTTP thread: resumes a connection unpark() released. No lock held. */
 static void resume(struct http_server *h, struct MHD_Connection *c)
 {
 	MHD_resume_connection(c);
@@ -319,42 +358,59 @@ static int on_token(void *arg, uint32_t tok)
 		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
-	wake = q->stream && flush_due(q) && unpark(q);
-	if (wake && q->h->per_step) {
-		q->wc = c;
-		pthread_mutex_lock(&q->h->lock);
-		q->wnext = q->h->wake;
-		q->h->wake = q;
-		pthread_mutex_unlock(&q->h->lock);
-		wake = false;
-	}
+	wake = q->stream && flush_due(q) && unpark(q) && hand(q, c, !q->h->per_step);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(q->h, c);
+		wake_loop(q->h);
 	return stop;
 }
 
 /*
- * After a step (the backend's on_step hook, the scheduler's thread): resumes
- * the streams its tokens went to, one after the other, so that the HTTP
- * thread wakes once for them all. Each stays suspended until then, so its
- * connection and req are valid.
+ * After a step (the backend's on_step hook, the scheduler's thread): hands
+ * the streams its tokens went to to the HTTP thread, which resumes them
+ * (resume_handed()), with one eventfd write. Each stays suspended until
+ * then, so its connection and req are valid.
  */
 static void wake_step(void *arg)
 {
 	struct http_server *h = arg;
+	bool write_it;
+
+	pthread_mutex_lock(&h->lock);
+	write_it = h->wake && !h->handed;
+	h->handed |= write_it;
+	pthread_mutex_unlock(&h->lock);
+	if (write_it)
+		wake_loop(h);
+}
+
+/*
+ * The HTTP thread: resumes the connections handed to it, in one go. Only
+ * this thread resumes, so it knows when libmicrohttpd has one to run again.
+ * Returns how many.
+ */
+static uint32_t resume_handed(struct http_server *h)
+{
 	struct req *list;
+	uint32_t k = 0;
+	uint64_t n;
 
 	pthread_mutex_lock(&h->lock);
 	list = h->wake;
 	h->wake = NULL;
+	if (h->handed && read(h->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		fprintf(stderr, "moepager serve: reading the HTTP thread's eventfd: %s\n",
+			strerror(errno));
+	h->handed = false;
 	pthread_mutex_unlock(&h->lock);
 	while (list) {
 		struct req *q = list;
 
 		list = q->wnext;	/* before the resume, after which q may go */
 		resume(h, q->wc);
+		k++;
 	}
+	return k;
 }
 
 /*
@@ -417,10 +473,10 @@ static void on_done(void *arg, enum mp_sched_finish why, int err, const struct m
 	q->finished = true;
 	q->why = why;
 	q->err = err;
-	wake = unpark(q);
+	wake = unpark(q) && hand(q, c, true);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(q->h, c);
+		wake_loop(q->h);
 	req_unref(q);
 }
 
@@ -667,10 +723,10 @@ static void *admin_thread(void *arg)
 	q->err = err;
 	q->finished = true;
 	c = q->c;
-	wake = unpark(q);
+	wake = unpark(q) && hand(q, c, true);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(h, c);
+		wake_loop(h);
 	atomic_fetch_sub(&h->loaders, 1);
 	req_unref(q);
 	return NULL;
@@ -1114,6 +1170,89 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 		vfprintf(stderr, fmt, ap);
 }
 
+/*
+ * The HTTP thread: libmicrohttpd's work (sockets, handlers, answers) and
+ * the resumes steps hand over; it sleeps in epoll_wait() on both, no longer
+ * than libmicrohttpd's next timeout.
+ */
+static void *http_loop(void *arg)
+{
+	struct http_server *h = arg;
+	struct epoll_event ev[4];
+
+	while (!atomic_load(&h->stop)) {
+		MHD_UNSIGNED_LONG_LONG to;
+		int ms = 1000;
+
+		if (MHD_get_timeout(h->d, &to) == MHD_YES && to < 1000)
+			ms = (int)to;
+		if (epoll_wait(h->ep, ev, 4, ms) < 0 && errno != EINTR) {
+			fprintf(stderr, "moepager serve: epoll_wait: %s\n", strerror(errno));
+			usleep(1000);	/* not a busy loop if it keeps failing */
+		}
+		/*
+		 * A connection resumed is run by the libmicrohttpd call after
+		 * the one that takes it back (MHD_get_timeout() does not count
+		 * it: without the second call it waits for the timeout).
+		 */
+		if (resume_handed(h))
+			MHD_run(h->d);
+		MHD_run(h->d);
+	}
+	return NULL;
+}
+
+/* The HTTP thread's eventfd and epoll set, and the thread. 0, or -errno after saying why. */
+static int loop_start(struct http_server *h)
+{
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+	struct epoll_event ev = { .events = EPOLLIN };
+	int err;
+
+	h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	h->ep = epoll_create1(EPOLL_CLOEXEC);
+	if (!di || h->efd < 0 || h->ep < 0)
+		goto fail;
+	ev.data.fd = h->efd;
+	if (epoll_ctl(h->ep, EPOLL_CTL_ADD, h->efd, &ev))
+		goto fail;
+	ev.data.fd = di->epoll_fd;
+	if (epoll_ctl(h->ep, EPOLL_CTL_ADD, di->epoll_fd, &ev))
+		goto fail;
+	err = pthread_create(&h->thread, NULL, http_loop, h);
+	if (err) {
+		errno = err;
+		goto fail;
+	}
+	pthread_setname_np(h->thread, "serve-http");
+	h->thread_started = true;
+	return 0;
+fail:
+	err = -(errno ? errno : EINVAL);
+	fprintf(stderr, "moepager serve: starting the HTTP thread: %s\n", strerror(-err));
+	return err;
+}
+
+/* Stops the HTTP thread (libmicrohttpd is stopped after it) and closes its fds. */
+static void loop_stop(struct http_server *h)
+{
+	uint64_t one = 1;
+
+	if (h->thread_started) {
+		atomic_store(&h->stop, true);
+		if (write(h->efd, &one, sizeof(one)) != sizeof(one))
+			fprintf(stderr, "moepager serve: stopping the HTTP thread: %s\n",
+				strerror(errno));
+		pthread_join(h->thread, NULL);
+		h->thread_started = false;
+	}
+	if (h->efd >= 0)
+		close(h->efd);
+	if (h->ep >= 0)
+		close(h->ep);
+	h->efd = h->ep = -1;
+}
+
 int http_start(const struct http_config *cfg, struct serve_backend *b, struct http_server **out)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(cfg->port) };
@@ -1136,14 +1275,15 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->cfg.body_timeout_s = cfg->body_timeout_s ? cfg->body_timeout_s : 30;
 	h->b = b;
 	h->next_cmpl = 1;
+	h->efd = h->ep = -1;
 	pthread_mutex_init(&h->lock, NULL);
 	/* Before any request can come (the threads MHD starts see it set). */
 	if (b->ops->on_step) {
 		h->per_step = true;
 		b->ops->on_step(b, wake_step, h);
 	}
-	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD |
-				MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL,
+	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0,
+				NULL, NULL,
 				on_request, h,
 				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
@@ -1161,6 +1301,15 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return -EADDRINUSE;
+	}
+	if (loop_start(h)) {
+		loop_stop(h);
+		MHD_stop_daemon(h->d);
+		if (b->ops->on_step)
+			b->ops->on_step(b, NULL, NULL);
+		pthread_mutex_destroy(&h->lock);
+		free(h);
+		return -EAGAIN;
 	}
 	di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = di ? di->port : cfg->port;
@@ -1229,6 +1378,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	 * there is none. The backend goes after MHD, whose requests hold its
 	 * models until they are freed.
 	 */
+	loop_stop(h);
 	if (none_suspended(h) && no_loads(h)) {
 		MHD_stop_daemon(h->d);
 		h->b->ops->close(h->b);
