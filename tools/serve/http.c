@@ -8,11 +8,12 @@
  * A completion is a reference-counted struct req: one reference for the
  * connection, one for the scheduler until done, one for a stream's reader.
  * A request waiting for tokens is suspended (MHD_suspend_connection() with
- * req->lock held, from an MHD callback) and resumed by a callback
- * (MHD_resume_connection() with no lock held): a resume can never come
- * before its suspend, and libmicrohttpd's locks never nest inside ours the
- * other way round. A suspended connection cannot complete, so its fd and
- * req stay valid until the resume.
+ * req->lock held, from an MHD callback); a callback takes it off the parked
+ * list (unpark(), req->lock held) and hands it to the HTTP thread (hand()),
+ * which resumes it (MHD_resume_connection() with no lock held): a resume
+ * can never come before its suspend, and libmicrohttpd's locks never nest
+ * inside ours the other way round. A suspended connection cannot complete,
+ * so its fd and req stay valid until the resume.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -393,15 +394,11 @@ static uint32_t resume_handed(struct http_server *h)
 {
 	struct req *list;
 	uint32_t k = 0;
-	uint64_t n;
 
 	pthread_mutex_lock(&h->lock);
 	list = h->wake;
 	h->wake = NULL;
-	if (h->handed && read(h->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
-		fprintf(stderr, "moepager serve: reading the HTTP thread's eventfd: %s\n",
-			strerror(errno));
-	h->handed = false;
+	h->handed = false;	/* a write made after this wakes it once more, harmlessly */
 	pthread_mutex_unlock(&h->lock);
 	while (list) {
 		struct req *q = list;
@@ -1182,14 +1179,21 @@ static void *http_loop(void *arg)
 
 	while (!atomic_load(&h->stop)) {
 		MHD_UNSIGNED_LONG_LONG to;
-		int ms = 1000;
+		int ms = 1000, n;
+		uint64_t v;
 
 		if (MHD_get_timeout(h->d, &to) == MHD_YES && to < 1000)
 			ms = (int)to;
-		if (epoll_wait(h->ep, ev, 4, ms) < 0 && errno != EINTR) {
+		n = epoll_wait(h->ep, ev, 4, ms);
+		if (n < 0 && errno != EINTR) {
 			fprintf(stderr, "moepager serve: epoll_wait: %s\n", strerror(errno));
 			usleep(1000);	/* not a busy loop if it keeps failing */
 		}
+		for (int i = 0; i < n; i++)
+			if (ev[i].data.fd == h->efd && read(h->efd, &v, sizeof(v)) < 0 &&
+			    errno != EAGAIN)
+				fprintf(stderr, "moepager serve: the HTTP thread's eventfd: %s\n",
+					strerror(errno));
 		/*
 		 * A connection resumed is run by the libmicrohttpd call after
 		 * the one that takes it back (MHD_get_timeout() does not count
@@ -1236,13 +1240,9 @@ fail:
 /* Stops the HTTP thread (libmicrohttpd is stopped after it) and closes its fds. */
 static void loop_stop(struct http_server *h)
 {
-	uint64_t one = 1;
-
 	if (h->thread_started) {
 		atomic_store(&h->stop, true);
-		if (write(h->efd, &one, sizeof(one)) != sizeof(one))
-			fprintf(stderr, "moepager serve: stopping the HTTP thread: %s\n",
-				strerror(errno));
+		wake_loop(h);
 		pthread_join(h->thread, NULL);
 		h->thread_started = false;
 	}
@@ -1367,7 +1367,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	h->b->ops->drain(h->b, grace_ms);
 	/* What still runs ends with an error its client is sent. */
 	h->b->ops->stop(h->b);
-	/* The scheduler has stopped: its last step's streams are resumed. */
+	/* The scheduler has stopped: its last step's streams are handed to the HTTP thread. */
 	if (h->b->ops->on_step)
 		h->b->ops->on_step(h->b, NULL, NULL);
 	wait_until(h, no_loads, 60000);

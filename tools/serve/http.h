@@ -3,8 +3,8 @@
  * The HTTP front end of `moepager serve` (libmicrohttpd): OpenAI-style
  * POST /v1/completions (JSON or server-sent events), GET /v1/models,
  * /health and /metrics, over a backend. One epoll thread answers; requests
- * waiting for tokens are suspended and resumed by the backend's callbacks,
- * so no thread is held per connection.
+ * waiting for tokens are suspended, and resumed by it when the backend's
+ * callbacks hand them back, so no thread is held per connection.
  */
 #ifndef MP_SERVE_HTTP_H
 #define MP_SERVE_HTTP_H
