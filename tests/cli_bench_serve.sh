@@ -50,12 +50,20 @@ for r in d["results"]:
         # Every round decodes 8 tokens per request: at least 8 steps a round.
         assert s["steps"] >= 8 and 1 <= s["mean_batch"] <= c, s
         assert s["step_us"] > 0 and s["sched_wall_us"] > 0 and s["sched_cpu_us"] > 0 and s["http_thread_cpu_us"] > 0, s
+        # The streams' wake-ups; a run starts from an idle server, which gathers.
+        assert s["resumes_per_step"] > 0 and s["gathers"] >= 1 and s["gather_us"] > 0, s
 PYEOF
 check "bench-serve's JSON holds together" "$PY" "$T/check.py" "$T/out.json"
 
 "$MOEPAGER" bench-serve "${A[@]}" --concurrency 2 --repeat 1 >"$T/out.txt" 2>"$T/err"
 check "bench-serve prints a line per concurrency" \
 	grep -q "^C  2: alone .* us/step, served .*, overhead .* us (.* %)" "$T/out.txt"
+
+# The server's options pass through: no gathering at --gather-us 0.
+"$MOEPAGER" bench-serve "${A[@]}" --concurrency 2 --repeat 1 --gather-us 0 \
+	--stream-interval-us 0 --json >"$T/g0.json" 2>"$T/err"
+check "bench-serve --gather-us 0: the server never gathered" "$PY" -c \
+	"import json,sys; d=json.load(open(sys.argv[1])); assert all(x['server']['gathers'] == 0 for r in d['results'] for x in r['runs']), d" "$T/g0.json"
 
 check "--model is required" refused "--model FILE is required" --concurrency 1
 check "a missing model is refused" refused "cannot open" --model "$T/none.mpk" --tokens 8
@@ -65,6 +73,7 @@ check "nine concurrencies are refused" refused "--concurrency wants" "${A[@]}" \
 check "an empty --concurrency is refused" refused "--concurrency wants" "${A[@]}" \
 	--concurrency ,
 check "--tokens below 8 is refused" refused "--tokens" "${A[@]}" --tokens 4
+check "--gather-us over 100000 is refused" refused "--gather-us" "${A[@]}" --gather-us 100001
 check "--prompt over 64 is refused" refused "--prompt: '65' is not a number in \[1, 64\]" "${A[@]}" --prompt 65
 
 [[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }

@@ -216,6 +216,23 @@ EOF
 
 check "SIGTERM with nothing running exits 0" stop
 
+# --stream-interval-us: a stream's tokens between writes wait for one write. At 1 s a
+# stream of 48 tokens is resumed for its first token and its end only, and its bytes are
+# those of a server writing after every step (0), "created" aside.
+for iv in 0 1000000; do
+	start --stream-interval-us "$iv" || exit 1
+	curl -sN "$URL/v1/completions" -d '{"prompt": "The meaning of life is", "max_tokens": 48, "temperature": 0, "ignore_eos": true, "stream": true}' |
+		sed 's/"created":[0-9]*/"created":0/g' >"$T/iv$iv.sse"
+	curl -s "$URL/metrics" | awk '$1 == "moepager_http_resumes_total" {print $2}' >"$T/iv$iv.resumes"
+	check "a stream at --stream-interval-us $iv ends with [DONE]" \
+		test "$(tail -n 2 "$T/iv$iv.sse" | head -n 1)" = "data: [DONE]"
+	check "the server at --stream-interval-us $iv stops cleanly" stop
+done
+check "a stream coalesced for 1 s has the bytes of one written every step" \
+	cmp "$T/iv0.sse" "$T/iv1000000.sse"
+check "coalesced: 2 or 3 wake-ups for 48 tokens ($(cat "$T/iv1000000.resumes")), more every step ($(cat "$T/iv0.resumes"))" \
+	test "$(cat "$T/iv1000000.resumes")" -le 3 -a "$(cat "$T/iv0.resumes")" -gt 3
+
 # Adapters (ExpertWeave): served by name beside the base, mixed in batches, each request as
 # its merged model alone; bad adapters skipped at start with the reason; loads and unloads
 # at run time, one while a request of it runs.

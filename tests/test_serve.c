@@ -849,6 +849,77 @@ static void sampler_is_greedy_at_zero_and_reproducible_with_a_seed(void **state)
 	assert_true(distinct > 3);
 }
 
+static struct mp_sched *open_gather(struct mp_runner *r, uint32_t max_batch, uint64_t gather_ns)
+{
+	struct mp_sched_config c = { .runner = r, .max_batch = max_batch, .prefill_chunk = 5,
+				     .gather_ns = gather_ns };
+	struct mp_sched *s;
+
+	assert_int_equal(mp_sched_open(&c, &s), 0);
+	return s;
+}
+
+/*
+ * Requests that reach an idle scheduler one after another within gather_ns
+ * of each other share their first step (the burst's prefills run together);
+ * a full batch ends the wait at once; once steps have run, a lone request
+ * waits at most a quarter of a mean step; 0 waits for nothing.
+ */
+static void a_burst_from_idle_shares_its_first_step(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 6, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched_config bad = { .runner = r, .gather_ns = 2000000000ull };
+	static struct result res[4];
+	struct mp_sched_stats st, st2;
+	struct mp_sched *s;
+
+	(void)state;
+	assert_int_equal(mp_sched_open(&bad, &s), -EINVAL);
+	/* Three requests 10 ms apart: one prefill step for the three, then 5 decodes. */
+	memset(res, 0, sizeof(res));
+	s = open_gather(r, 4, 300000000ull);
+	for (uint32_t i = 0; i < 3; i++) {
+		if (i)
+			usleep(10000);
+		submit(s, i, 3, &p, &res[i]);
+	}
+	wait_done(res, 3);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.steps, p.max_tokens);
+	assert_int_equal(st.batch_size[2], p.max_tokens);	/* every step of 3 sequences */
+	assert_int_equal(st.gathers, 1);
+	assert_true(st.gather_seconds >= 0.29);		/* quiet for gather_ns after the last */
+	/* A lone request after steps have run: a quarter of a mean step, not gather_ns. */
+	submit(s, 3, 3, &p, &res[3]);
+	wait_done(&res[3], 1);
+	mp_sched_stats(s, &st2);
+	mp_sched_close(s);
+	assert_int_equal(st2.gathers, 2);
+	assert_true(st2.gather_seconds - st.gather_seconds <
+		    MP_MAX(0.15, st.step_seconds / (double)st.steps));
+	/* max_batch requests waiting end the wait at once. */
+	memset(res, 0, sizeof(res));
+	s = open_gather(r, 2, 1000000000ull);
+	submit(s, 0, 3, &p, &res[0]);
+	submit(s, 1, 3, &p, &res[1]);
+	wait_done(res, 2);
+	mp_sched_stats(s, &st);
+	mp_sched_close(s);
+	assert_int_equal(st.steps, p.max_tokens);
+	assert_true(st.gather_seconds < 0.5);
+	/* 0: no wait. */
+	memset(res, 0, sizeof(res));
+	s = open_gather(r, 2, 0);
+	submit(s, 0, 3, &p, &res[0]);
+	wait_done(res, 1);
+	mp_sched_stats(s, &st);
+	mp_sched_close(s);
+	mp_runner_close(r);
+	assert_int_equal(st.gathers, 0);
+	assert_true(st.gather_seconds == 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -866,6 +937,7 @@ int main(void)
 		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),
 		cmocka_unit_test(on_step_follows_each_steps_tokens_before_its_done_callbacks),
 		cmocka_unit_test(a_call_runs_between_steps_and_threads_change_under_requests),
+		cmocka_unit_test(a_burst_from_idle_shares_its_first_step),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -139,6 +139,9 @@ static int check_config(const struct mp_sched_config *c)
 	if (c->step_tokens && c->step_tokens < (c->max_batch ? c->max_batch : DEFAULT_MAX_BATCH))
 		return mp_err(-EINVAL, "scheduler: step_tokens %u below max_batch: a step must hold "
 			      "every decode", c->step_tokens);
+	if (c->gather_ns > 1000000000u)
+		return mp_err(-EINVAL, "scheduler: gather_ns %llu above 1 s",
+			      (unsigned long long)c->gather_ns);
 	return 0;
 }
 
@@ -529,6 +532,53 @@ static void admit_group(struct mp_sched *s)
 	}
 }
 
+/* The realtime clock (the conditions') at now_ns + ns on mp_now_ns()'s clock. */
+static void deadline_at(struct timespec *ts, uint64_t ns)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += (time_t)(ns / 1000000000u);
+	ts->tv_nsec += (long)(ns % 1000000000u);
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/*
+ * The batch is empty and a request waits: waits while more keep coming
+ * (each within gather_ns of the last) so a burst's prefills share a step.
+ * The wait is bounded by a quarter of a mean step (what a late request
+ * would lose: a step of its own) and 4 x gather_ns, and ends once
+ * max_batch wait. Called locked; returns the time it waited.
+ */
+static uint64_t gather(struct mp_sched *s)
+{
+	uint64_t t0 = mp_now_ns(), limit = 4 * s->cfg.gather_ns, end, waited;
+
+	if (!s->cfg.gather_ns || !s->qhead || s->nrun)
+		return 0;
+	if (s->st.steps)
+		limit = MP_MIN(limit, (uint64_t)(s->st.step_seconds / (double)s->st.steps * 0.25e9));
+	end = t0 + limit;
+	for (;;) {
+		uint64_t now = mp_now_ns(), until;
+		struct timespec ts;
+
+		if (!s->qtail || s->nq >= s->cfg.max_batch || s->stopping || s->draining ||
+		    s->call_fn)
+			break;
+		until = MP_MIN(s->qtail->t_submit + s->cfg.gather_ns, end);
+		if (now >= until)
+			break;
+		deadline_at(&ts, until - now);
+		pthread_cond_timedwait(&s->work, &s->lock, &ts);
+	}
+	waited = mp_now_ns() - t0;
+	s->st.gathers++;
+	s->st.gather_seconds += seconds(waited);
+	return waited;
+}
+
 /* Heads of the queue join the batch while it has a place and the KV budget room. Under lock. */
 static void admit(struct mp_sched *s)
 {
@@ -771,6 +821,7 @@ static void *loop(void *arg)
 			run_call(s);
 			continue;
 		}
+		t_mark += gather(s);	/* an empty batch's; asleep: not the thread's work */
 		admit(s);
 		if (!s->nrun) {
 			uint64_t t = mp_now_ns(), c = thread_cpu_ns();

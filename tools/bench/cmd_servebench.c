@@ -35,10 +35,13 @@ static struct sb_env {
 	uint32_t conc[MAX_CONC];
 	uint32_t nconc, max_conc;
 	uint32_t tokens, prompt, repeat, rounds;
+	/* The server's --gather-us and --stream-interval-us; NULL: its defaults. */
+	char *gather, *stream;
 	bool json;
 } env;
 
-enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON };
+enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON, OPT_GATHER,
+       OPT_STREAM };
 
 static const char doc[] =
 	"Measures the HTTP and scheduling overhead of `moepager serve` per step. For\n"
@@ -74,6 +77,9 @@ static const struct argp_option opts[] = {
 	{ "rounds", OPT_ROUNDS, "N", 0, "Rounds of C requests in a run, one after the other "
 	  "(default 10)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
+	{ "gather-us", OPT_GATHER, "US", 0, "The server's --gather-us (default: serve's)", 0 },
+	{ "stream-interval-us", OPT_STREAM, "US", 0,
+	  "The server's --stream-interval-us (default: serve's)", 0 },
 	{ 0 },
 };
 
@@ -102,6 +108,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_JSON: env.json = true; break;
+	case OPT_GATHER:
+	case OPT_STREAM: {
+		uint32_t us;
+
+		if (cli_parse_u32(key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
+				  0, key == OPT_GATHER ? 100000 : 1000000, &us))
+			argp_usage(state);
+		*(key == OPT_GATHER ? &env.gather : &env.stream) = arg;
+		break;
+	}
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
 		break;
@@ -227,6 +243,11 @@ struct server {
 static int server_start(struct server *s, uint32_t threads)
 {
 	char th[16], mb[16];
+	/* th and mb are filled in below; the optional arguments go after the 13 fixed ones. */
+	const char *args[20] = { "serve", "--model", env.model, "--listen", "127.0.0.1:0",
+		"--port-file", s->port_file, "--threads", th, "--max-batch", mb, "--engine",
+		env.eng.engine ? env.eng.engine : "ref" };
+	uint32_t na = 13;
 	unsigned port;
 	int err;
 
@@ -240,9 +261,15 @@ static int server_start(struct server *s, uint32_t threads)
 	snprintf(s->port_file, sizeof(s->port_file), "%s/port", s->dir);
 	snprintf(th, sizeof(th), "%u", threads);
 	snprintf(mb, sizeof(mb), "%u", SB_MAX(env.max_conc, 8u));
-	s->pid = cli_spawn_self((const char *[]){ "serve", "--model", env.model, "--listen",
-		"127.0.0.1:0", "--port-file", s->port_file, "--threads", th, "--max-batch", mb,
-		"--engine", env.eng.engine ? env.eng.engine : "ref", NULL }, STDERR_FILENO);
+	if (env.gather) {
+		args[na++] = "--gather-us";
+		args[na++] = env.gather;
+	}
+	if (env.stream) {
+		args[na++] = "--stream-interval-us";
+		args[na++] = env.stream;
+	}
+	s->pid = cli_spawn_self(args, STDERR_FILENO);
 	if (s->pid < 0) {
 		err = s->pid;
 		s->pid = 0;
@@ -408,10 +435,11 @@ static json_t *run_json(const struct one *o)
 {
 	double steps = o->after.steps - o->before.steps;
 	double bc = o->after.batch_count - o->before.batch_count;
+	double gathers = o->after.gathers - o->before.gathers;
 
 	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
 
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
 			 "client_cpu_us", o->client_cpu_us / n,
 			 "alone_step_us", o->alone_us / n,
 			 "served_step_us", o->served_us / n,
@@ -422,7 +450,12 @@ static json_t *run_json(const struct one *o)
 			 "step_us", per_step(o, SRV(step_s)),
 			 "sched_wall_us", per_step(o, SRV(sched_s)),
 			 "sched_cpu_us", per_step(o, SRV(sched_cpu_s)),
-			 "http_thread_cpu_us", per_step(o, SRV(http_thread_cpu_s)));
+			 "http_thread_cpu_us", per_step(o, SRV(http_thread_cpu_s)),
+			 "resumes_per_step", steps > 0 ? (o->after.resumes - o->before.resumes) /
+							 steps : 0,
+			 "gathers", gathers,
+			 "gather_us", gathers > 0 ? (o->after.gather_s - o->before.gather_s) /
+						    gathers * 1e6 : 0);
 }
 
 /* Medians over the runs of each figure of run_json(). */
@@ -431,7 +464,8 @@ static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 	static const char *const top[] = { "alone_step_us", "served_step_us", "overhead_us",
 					   "overhead_share", "client_cpu_us" };
 	static const char *const srv[] = { "steps", "mean_batch", "step_us", "sched_wall_us",
-					   "sched_cpu_us", "http_thread_cpu_us" };
+					   "sched_cpu_us", "http_thread_cpu_us", "resumes_per_step",
+					   "gathers", "gather_us" };
 	json_t *rj = json_array(), *o = json_pack("{s:i}", "concurrency", (int)C);
 	json_t *so = json_object();
 	double v[MAX_REPEAT];

@@ -235,6 +235,9 @@ void lg_scrape(const char *url, struct lg_metrics *out)
 	out->sched_cpu_s = family_sum(t, "moepager_sched_cpu_seconds_total");
 	out->http_cpu_s = family_sum(t, "moepager_http_handler_cpu_seconds_total");
 	out->http_thread_cpu_s = family_sum(t, "moepager_http_thread_cpu_seconds_total");
+	out->gathers = family_sum(t, "moepager_gathers_total");
+	out->resumes = family_sum(t, "moepager_http_resumes_total");
+	out->gather_s = family_sum(t, "moepager_gather_seconds_total");
 	out->tokens = family_sum(t, "moepager_generation_tokens_total");
 	out->batch_sum = family_sum(t, "moepager_batch_size_sum");
 	out->batch_count = family_sum(t, "moepager_batch_size_count");

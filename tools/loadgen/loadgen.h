@@ -36,6 +36,8 @@ void lg_models_free(struct lg_models *m);
 struct lg_metrics {
 	double hits, misses, steps, step_s, sched_s, http_s, tokens, batch_sum, batch_count;
 	double sched_cpu_s, http_cpu_s, http_thread_cpu_s;
+	double gathers, gather_s;	/* an empty batch's waits for a burst */
+	double resumes;			/* connections the HTTP thread resumed */
 	double ready_s, warm_s, dense_lent, dense_read;	/* the server's start */
 	double engine_threads;
 	bool ok;

@@ -33,7 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS,
+	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
 };
 
 static const char doc[] =
@@ -101,6 +101,14 @@ static const struct argp_option opts[] = {
 	{ "kv-budget", OPT_KV_BUDGET, "SIZE", 0, "KV cache bytes of the running batch", 0 },
 	{ "prefill-chunk", OPT_PREFILL_CHUNK, "N", 0, "Prompt tokens per sequence and step", 0 },
 	{ "step-tokens", OPT_STEP_TOKENS, "N", 0, "Tokens per step at most (default 512)", 0 },
+	{ "gather-us", OPT_GATHER_US, "US", 0,
+	  "With the batch empty, a request waits while more come within US us of the last "
+	  "(at most 4 x US and a quarter of a mean step) so a burst's prefills share a step "
+	  "(default 500; 0: none)", 0 },
+	{ "stream-interval-us", OPT_STREAM_US, "US", 0,
+	  "A stream's tokens are sent at most once per US us (the first and the last at "
+	  "once); those of the steps between go in one write (default 1000; 0: every step)",
+	  0 },
 	{ "grace-ms", OPT_GRACE, "MS", 0, "Time running requests get at shutdown (10000)", 0 },
 	{ "max-body", OPT_MAX_BODY, "SIZE", 0, "Largest request body (default 1M)", 0 },
 	{ "max-connections", OPT_MAX_CONNECTIONS, "N", 0, "Open connections at most (256)", 0 },
@@ -164,6 +172,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
 			argp_usage(state);
 		sc->group_ns = size * 1000000;
+		break;
+	case OPT_GATHER_US:
+		if (cli_parse_u64("--gather-us", arg, 0, 100000, &size))
+			argp_usage(state);
+		sc->gather_ns = size * 1000;
+		break;
+	case OPT_STREAM_US:
+		if (cli_parse_u32("--stream-interval-us", arg, 0, 1000000,
+				  &env.http.stream_interval_us))
+			argp_usage(state);
 		break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
@@ -320,6 +338,8 @@ int cmd_serve(int argc, char **argv)
 	env.local.warmed = &warmed;
 	env.local.warm_s = &warm_s;
 	env.grace_ms = 10000;
+	env.local.sched.gather_ns = 500000;
+	env.http.stream_interval_us = 1000;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	env.local.engine = env.eng.engine;

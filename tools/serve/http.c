@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: MIT
 /*
- * The HTTP front end (see http.h). Threads: libmicrohttpd's one epoll
- * thread runs the handlers; the backend's scheduler thread delivers tokens
- * through callbacks; the main thread ticks the janitor.
+ * The HTTP front end (see http.h). Threads: the HTTP thread (http_loop())
+ * runs libmicrohttpd in its external epoll mode and so the handlers; the
+ * backend's scheduler thread delivers tokens through callbacks; the main
+ * thread ticks the janitor.
  *
  * A completion is a reference-counted struct req: one reference for the
  * connection, one for the scheduler until done, one for a stream's reader.
  * A request waiting for tokens is suspended (MHD_suspend_connection() with
- * req->lock held, from an MHD callback) and resumed by a callback
- * (MHD_resume_connection() with no lock held): a resume can never come
- * before its suspend, and libmicrohttpd's locks never nest inside ours the
- * other way round. A suspended connection cannot complete, so its fd and
- * req stay valid until the resume.
+ * req->lock held, from an MHD callback); a callback takes it off the parked
+ * list (unpark(), req->lock held) and hands it to the HTTP thread (hand()),
+ * which resumes it (MHD_resume_connection() with no lock held): a resume
+ * can never come before its suspend, and libmicrohttpd's locks never nest
+ * inside ours the other way round. A suspended connection cannot complete,
+ * so its fd and req stay valid until the resume.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,6 +92,7 @@ struct req {
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
+	uint64_t flushed_ns;		/* stream: when a token last resumed it; 0: none yet */
 };
 
 struct http_server {
@@ -99,17 +104,25 @@ struct http_server {
 	struct conn *conns;
 	struct req *parked;
 	/*
-	 * Streams a step gave a token, resumed together after the step
-	 * (wake_step()): one wake-up of this thread per step, not per token.
-	 * per_step: the backend calls wake_step(); else each token resumes.
+	 * Streams a step gave a token, handed to the HTTP thread after the
+	 * step (wake_step()), which resumes them: one eventfd write per step
+	 * on the scheduler's thread, not one libmicrohttpd resume (and its
+	 * eventfd write) per stream. per_step: the backend calls wake_step();
+	 * else each token resumes. handed: the write is made, not yet read.
 	 */
 	struct req *wake;
-	bool per_step;
+	bool per_step, handed;
+	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
+	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
+	pthread_t thread;
+	bool thread_started;
+	atomic_bool stop;
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
 	atomic_uint loaders;		/* admin requests running on their threads */
 	atomic_uint cut_short;
+	atomic_uint_fast64_t resumes;	/* connections resumed: wake-ups of this thread's work */
 	atomic_uint_fast64_t next_cmpl;
 	uint64_t count[EP_COUNT][NCODES];
 	uint64_t slow_closed;
@@ -257,11 +270,41 @@ static bool unpark(struct req *q)
 	return true;
 }
 
-/* Resumes a connection unpark() released. No lock held. */
+/*
+ * Hands q, unpark()ed (so still suspended: valid), to the HTTP thread,
+ * which resumes its connection c (resume_handed()). now: it must wake for
+ * it; else the step's end wakes it (wake_step()). q->lock held. Returns
+ * true when the caller must wake it (wake_loop(), after unlocking).
+ */
+static bool hand(struct req *q, struct MHD_Connection *c, bool now)
+{
+	struct http_server *h = q->h;
+	bool sig;
+
+	q->wc = c;
+	pthread_mutex_lock(&h->lock);
+	q->wnext = h->wake;
+	h->wake = q;
+	sig = now && !h->handed;
+	h->handed |= sig;
+	pthread_mutex_unlock(&h->lock);
+	return sig;
+}
+
+static void wake_loop(struct http_server *h)
+{
+	uint64_t one = 1;
+
+	if (write(h->efd, &one, sizeof(one)) != sizeof(one))
+		fprintf(stderr, "moepager serve: waking the HTTP thread: %s\n", strerror(errno));
+}
+
+/* The HTTP thread: resumes a connection unpark() released. No lock held. */
 static void resume(struct http_server *h, struct MHD_Connection *c)
 {
 	MHD_resume_connection(c);
 	atomic_fetch_sub(&h->suspended, 1);
+	atomic_fetch_add(&h->resumes, 1);
 }
 
 /*
@@ -271,6 +314,27 @@ static void resume(struct http_server *h, struct MHD_Connection *c)
 static const char *finish_name(enum mp_sched_finish why)
 {
 	return why == MP_FINISH_LENGTH ? "length" : "stop";
+}
+
+/*
+ * Whether a stream's bytes go now: its first token, and then at most once
+ * per stream_interval_us; between, a step's token waits in q->out for the
+ * next one's (on_done() sends the rest). A token waits at most until the
+ * interval has passed and a step has ended. q->lock held.
+ */
+static bool flush_due(struct req *q)
+{
+	uint64_t now;
+
+	if (!q->suspended)
+		return false;	/* the reader is running: it takes the bytes */
+	if (!q->h->cfg.stream_interval_us)
+		return true;
+	now = now_ns();
+	if (q->flushed_ns && now - q->flushed_ns < q->h->cfg.stream_interval_us * 1000ull)
+		return false;
+	q->flushed_ns = now;
+	return true;
 }
 
 static int on_token(void *arg, uint32_t tok)
@@ -295,42 +359,55 @@ static int on_token(void *arg, uint32_t tok)
 		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
-	wake = q->stream && unpark(q);
-	if (wake && q->h->per_step) {
-		q->wc = c;
-		pthread_mutex_lock(&q->h->lock);
-		q->wnext = q->h->wake;
-		q->h->wake = q;
-		pthread_mutex_unlock(&q->h->lock);
-		wake = false;
-	}
+	wake = q->stream && flush_due(q) && unpark(q) && hand(q, c, !q->h->per_step);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(q->h, c);
+		wake_loop(q->h);
 	return stop;
 }
 
 /*
- * After a step (the backend's on_step hook, the scheduler's thread): resumes
- * the streams its tokens went to, one after the other, so that the HTTP
- * thread wakes once for them all. Each stays suspended until then, so its
- * connection and req are valid.
+ * After a step (the backend's on_step hook, the scheduler's thread): hands
+ * the streams its tokens went to to the HTTP thread, which resumes them
+ * (resume_handed()), with one eventfd write. Each stays suspended until
+ * then, so its connection and req are valid.
  */
 static void wake_step(void *arg)
 {
 	struct http_server *h = arg;
+	bool write_it;
+
+	pthread_mutex_lock(&h->lock);
+	write_it = h->wake && !h->handed;
+	h->handed |= write_it;
+	pthread_mutex_unlock(&h->lock);
+	if (write_it)
+		wake_loop(h);
+}
+
+/*
+ * The HTTP thread: resumes the connections handed to it, in one go. Only
+ * this thread resumes, so it knows when libmicrohttpd has one to run again.
+ * Returns how many.
+ */
+static uint32_t resume_handed(struct http_server *h)
+{
 	struct req *list;
+	uint32_t k = 0;
 
 	pthread_mutex_lock(&h->lock);
 	list = h->wake;
 	h->wake = NULL;
+	h->handed = false;	/* a write made after this wakes it once more, harmlessly */
 	pthread_mutex_unlock(&h->lock);
 	while (list) {
 		struct req *q = list;
 
 		list = q->wnext;	/* before the resume, after which q may go */
 		resume(h, q->wc);
+		k++;
 	}
+	return k;
 }
 
 /*
@@ -393,10 +470,10 @@ static void on_done(void *arg, enum mp_sched_finish why, int err, const struct m
 	q->finished = true;
 	q->why = why;
 	q->err = err;
-	wake = unpark(q);
+	wake = unpark(q) && hand(q, c, true);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(q->h, c);
+		wake_loop(q->h);
 	req_unref(q);
 }
 
@@ -643,10 +720,10 @@ static void *admin_thread(void *arg)
 	q->err = err;
 	q->finished = true;
 	c = q->c;
-	wake = unpark(q);
+	wake = unpark(q) && hand(q, c, true);
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
-		resume(h, c);
+		wake_loop(h);
 	atomic_fetch_sub(&h->loaders, 1);
 	req_unref(q);
 	return NULL;
@@ -1012,6 +1089,11 @@ void http_metrics(struct http_server *h, struct strbuf *o)
 		       "The same as CPU time of the thread running them.");
 	sb_printf(o, "moepager_http_handler_cpu_seconds_total %.9f\n",
 		  (double)atomic_load(&h->handler_cpu_ns) / 1e9);
+	metrics_family(o, "moepager_http_resumes_total", "counter",
+		       "Suspended connections resumed: a stream's new tokens (one write for "
+		       "those of --stream-interval-us), an answer's end.");
+	sb_printf(o, "moepager_http_resumes_total %llu\n",
+		  (unsigned long long)atomic_load(&h->resumes));
 	metrics_family(o, "moepager_http_thread_cpu_seconds_total", "counter",
 		       "CPU time of the HTTP thread (sockets, parsing, handlers, answers).");
 	sb_printf(o, "moepager_http_thread_cpu_seconds_total %.9f\n",
@@ -1085,6 +1167,92 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 		vfprintf(stderr, fmt, ap);
 }
 
+/*
+ * The HTTP thread: libmicrohttpd's work (sockets, handlers, answers) and
+ * the resumes steps hand over; it sleeps in epoll_wait() on both, no longer
+ * than libmicrohttpd's next timeout.
+ */
+static void *http_loop(void *arg)
+{
+	struct http_server *h = arg;
+	struct epoll_event ev[4];
+
+	while (!atomic_load(&h->stop)) {
+		MHD_UNSIGNED_LONG_LONG to;
+		int ms = 1000, n;
+		uint64_t v;
+
+		if (MHD_get_timeout(h->d, &to) == MHD_YES && to < 1000)
+			ms = (int)to;
+		n = epoll_wait(h->ep, ev, 4, ms);
+		if (n < 0 && errno != EINTR) {
+			fprintf(stderr, "moepager serve: epoll_wait: %s\n", strerror(errno));
+			usleep(1000);	/* not a busy loop if it keeps failing */
+		}
+		for (int i = 0; i < n; i++)
+			if (ev[i].data.fd == h->efd && read(h->efd, &v, sizeof(v)) < 0 &&
+			    errno != EAGAIN)
+				fprintf(stderr, "moepager serve: the HTTP thread's eventfd: %s\n",
+					strerror(errno));
+		/*
+		 * A connection resumed is run by the libmicrohttpd call after
+		 * the one that takes it back (MHD_get_timeout() does not count
+		 * it: without the second call it waits for the timeout).
+		 */
+		if (resume_handed(h))
+			MHD_run(h->d);
+		MHD_run(h->d);
+	}
+	return NULL;
+}
+
+/* The HTTP thread's eventfd and epoll set, and the thread. 0, or -errno after saying why. */
+static int loop_start(struct http_server *h)
+{
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+	struct epoll_event ev = { .events = EPOLLIN };
+	int err;
+
+	h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	h->ep = epoll_create1(EPOLL_CLOEXEC);
+	if (!di || h->efd < 0 || h->ep < 0)
+		goto fail;
+	ev.data.fd = h->efd;
+	if (epoll_ctl(h->ep, EPOLL_CTL_ADD, h->efd, &ev))
+		goto fail;
+	ev.data.fd = di->epoll_fd;
+	if (epoll_ctl(h->ep, EPOLL_CTL_ADD, di->epoll_fd, &ev))
+		goto fail;
+	err = pthread_create(&h->thread, NULL, http_loop, h);
+	if (err) {
+		errno = err;
+		goto fail;
+	}
+	pthread_setname_np(h->thread, "serve-http");
+	h->thread_started = true;
+	return 0;
+fail:
+	err = -(errno ? errno : EINVAL);
+	fprintf(stderr, "moepager serve: starting the HTTP thread: %s\n", strerror(-err));
+	return err;
+}
+
+/* Stops the HTTP thread (libmicrohttpd is stopped after it) and closes its fds. */
+static void loop_stop(struct http_server *h)
+{
+	if (h->thread_started) {
+		atomic_store(&h->stop, true);
+		wake_loop(h);
+		pthread_join(h->thread, NULL);
+		h->thread_started = false;
+	}
+	if (h->efd >= 0)
+		close(h->efd);
+	if (h->ep >= 0)
+		close(h->ep);
+	h->efd = h->ep = -1;
+}
+
 int http_start(const struct http_config *cfg, struct serve_backend *b, struct http_server **out)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(cfg->port) };
@@ -1107,14 +1275,15 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->cfg.body_timeout_s = cfg->body_timeout_s ? cfg->body_timeout_s : 30;
 	h->b = b;
 	h->next_cmpl = 1;
+	h->efd = h->ep = -1;
 	pthread_mutex_init(&h->lock, NULL);
 	/* Before any request can come (the threads MHD starts see it set). */
 	if (b->ops->on_step) {
 		h->per_step = true;
 		b->ops->on_step(b, wake_step, h);
 	}
-	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD |
-				MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL,
+	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0,
+				NULL, NULL,
 				on_request, h,
 				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
@@ -1132,6 +1301,15 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return -EADDRINUSE;
+	}
+	if (loop_start(h)) {
+		loop_stop(h);
+		MHD_stop_daemon(h->d);
+		if (b->ops->on_step)
+			b->ops->on_step(b, NULL, NULL);
+		pthread_mutex_destroy(&h->lock);
+		free(h);
+		return -EAGAIN;
 	}
 	di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = di ? di->port : cfg->port;
@@ -1189,7 +1367,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	h->b->ops->drain(h->b, grace_ms);
 	/* What still runs ends with an error its client is sent. */
 	h->b->ops->stop(h->b);
-	/* The scheduler has stopped: its last step's streams are resumed. */
+	/* The scheduler has stopped: its last step's streams are handed to the HTTP thread. */
 	if (h->b->ops->on_step)
 		h->b->ops->on_step(h->b, NULL, NULL);
 	wait_until(h, no_loads, 60000);
@@ -1200,6 +1378,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 	 * there is none. The backend goes after MHD, whose requests hold its
 	 * models until they are freed.
 	 */
+	loop_stop(h);
 	if (none_suspended(h) && no_loads(h)) {
 		MHD_stop_daemon(h->d);
 		h->b->ops->close(h->b);

@@ -3,8 +3,8 @@
  * The HTTP front end of `moepager serve` (libmicrohttpd): OpenAI-style
  * POST /v1/completions (JSON or server-sent events), GET /v1/models,
  * /health and /metrics, over a backend. One epoll thread answers; requests
- * waiting for tokens are suspended and resumed by the backend's callbacks,
- * so no thread is held per connection.
+ * waiting for tokens are suspended, and resumed by it when the backend's
+ * callbacks hand them back, so no thread is held per connection.
  */
 #ifndef MP_SERVE_HTTP_H
 #define MP_SERVE_HTTP_H
@@ -21,6 +21,12 @@ struct http_config {
 	uint32_t idle_timeout_s;	/* a connection with nothing happening; 0: 15 */
 	uint32_t header_timeout_s;	/* to send the headers of a request; 0: 10 */
 	uint32_t body_timeout_s;	/* to send its body; 0: 30 */
+	/*
+	 * A stream's bytes wait until this long after its last write (its
+	 * first token and its end go at once): the tokens of the steps
+	 * between leave in one write, one wake-up. 0: after every step.
+	 */
+	uint32_t stream_interval_us;
 	uint64_t epoch;			/* the pool epoch the server joined at (--epoch) */
 	double ready_s;			/* start to ready: backend open and warmed */
 	double warm_s;			/* of which warming (--warm) */

@@ -129,6 +129,12 @@ void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_sta
 	one(o, "moepager_model_grouped_total", "counter",
 	    "Requests that passed an older head of another model (--group-ms).", model,
 	    (double)s->grouped);
+	one(o, "moepager_gathers_total", "counter",
+	    "Times an empty batch waited for a burst's requests (--gather-us).", model,
+	    (double)s->gathers);
+	one(o, "moepager_gather_seconds_total", "counter",
+	    "Time spent in those waits (part of their requests' time to first token).", model,
+	    s->gather_seconds);
 }
 
 void metrics_multi(struct strbuf *o, const char *name, const struct mp_multi_stats *s)

@@ -52,7 +52,15 @@ struct mp_sched_config {
 	 * has waited this long, none pass it and it is served next. 0: FIFO.
 	 */
 	uint64_t group_ns;
-	MP_RESERVED(3);
+	/*
+	 * A burst: requests that come one after another while the batch is
+	 * empty. The first waits until none has come for this long (no longer
+	 * than a quarter of a mean step, nor 4x this in all, nor once
+	 * max_batch wait), so their prefills share one step instead of the
+	 * first running alone. 0: a request starts at once.
+	 */
+	uint64_t gather_ns;
+	MP_RESERVED(2);
 };
 
 /* How a request samples its tokens. A zeroed struct means greedy, 16 tokens. */
@@ -194,7 +202,9 @@ struct mp_sched_stats {
 	double sched_cpu_seconds;	/* the same in the thread's CPU time (not preempted) */
 	uint64_t seqs_reused;		/* sequences opened in a finished one's KV cache */
 	uint64_t grouped;		/* requests that joined ahead of an older head (group_ns) */
-	MP_RESERVED(3);
+	uint64_t gathers;		/* waits of an empty batch for a burst (gather_ns) */
+	double gather_seconds;		/* spent in them (part of their requests' TTFT) */
+	MP_RESERVED(1);
 };
 
 /* A snapshot of the counters. */
