@@ -511,6 +511,9 @@ static void racing_faults_on_one_expert_read_it_once(void **state)
 	assert_int_equal(atomic_load(&ttier.reads), 1);
 	assert_true(st.fault_waits >= 2 && st.fault_waits <= 8);
 	assert_true(st.stall_ns >= st.fault_waits * 10ull * 1000 * 1000);
+	/* Every wait counted once, and as the asking thread's only when asked for. */
+	assert_int_equal(st.caller_stall_ns,
+			 resolve_now == MP_RESOLVE_CALLER ? st.stall_ns : 0);
 	mp_pager_close(p);
 }
 
@@ -937,6 +940,8 @@ static void routed_expert_is_read_on_the_asking_thread_before_its_touch(void **s
 	assert_int_equal(st.faults_file, 1);
 	assert_int_equal(st.fault_waits, 1);
 	assert_true(st.stall_ns >= 30ull * 1000 * 1000);
+	/* The whole wait was the asking thread's (the engine's others wait for it). */
+	assert_int_equal(st.caller_stall_ns, st.stall_ns);
 	assert_true(mp_pager_stats_quantile(&st, 0.5) > 0);
 	let_go();
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
@@ -980,6 +985,7 @@ static void expert_a_fill_thread_reads_is_waited_for_not_read_twice(void **state
 	assert_int_equal(st.faults_file, 1);
 	assert_int_equal(st.fault_waits, 1);
 	assert_true(st.stall_ns >= 10ull * 1000 * 1000);
+	assert_int_equal(st.caller_stall_ns, st.stall_ns);
 	mp_pager_close(p);
 }
 

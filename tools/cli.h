@@ -114,6 +114,20 @@ bool cli_progress_enabled(void);
 void cli_progress(const char *label, uint64_t done, uint64_t total);
 void cli_progress_end(void);
 
+/*
+ * The engine's wall time lost to the pager's waits, in s, from its summed
+ * stall_ns and caller_stall_ns (struct mp_pager_stats): a fault blocks every
+ * engine thread reading the expert and each counts, so those waits are
+ * divided by the thread count; a request resolved on the asking thread
+ * counts that thread alone while the others wait for it too.
+ */
+static inline double cli_engine_stall_s(uint64_t stall_ns, uint64_t caller_stall_ns,
+					uint32_t threads)
+{
+	return ((double)(stall_ns - caller_stall_ns) / (threads ? threads : 1) +
+		(double)caller_stall_ns) / 1e9;
+}
+
 /* clock_gettime(clk) in ns; cli_now_ns() on CLOCK_MONOTONIC. */
 uint64_t cli_clock_ns(clockid_t clk);
 static inline uint64_t cli_now_ns(void)

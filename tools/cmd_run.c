@@ -256,6 +256,7 @@ struct run {
 /* Paging counters summed over the measured steps (resident: nothing is paged). */
 struct paging {
 	uint64_t hits, misses, demand_faults, bytes_read, bytes_host, evictions, stall_ns;
+	uint64_t caller_stall_ns;	/* of stall_ns (cli_engine_stall_s()) */
 };
 
 /* One repetition's figures. */
@@ -480,6 +481,7 @@ static void paging_now(struct run *r, struct paging *pg)
 	pg->bytes_host = ps.bytes_host;
 	pg->evictions = ps.evictions;
 	pg->stall_ns = ps.stall_ns;
+	pg->caller_stall_ns = ps.caller_stall_ns;
 }
 
 /* sum += now - before, field by field. */
@@ -492,6 +494,7 @@ static void paging_add(struct paging *sum, const struct paging *before, const st
 	sum->bytes_host += now->bytes_host - before->bytes_host;
 	sum->evictions += now->evictions - before->evictions;
 	sum->stall_ns += now->stall_ns - before->stall_ns;
+	sum->caller_stall_ns += now->caller_stall_ns - before->caller_stall_ns;
 }
 
 static void close_run(struct run *r)
@@ -782,13 +785,10 @@ static int generate(struct run *r, struct results *res)
 	res->measured += measured;
 	res->weight_bytes += st.dense_bytes + st.expert_bytes;
 	res->trace_overrides += st.trace_overrides;
-	/*
-	 * Compute time: the decode wall time less the time lost to faults. The
-	 * pager sums the time every blocked thread waited, and an expert's
-	 * fault blocks all the engine threads reading it, so the wall time
-	 * lost is estimated as that sum over the thread count.
-	 */
-	compute_s = decode_s - (double)(pg1.stall_ns - pg0.stall_ns) / 1e9 / r->engine->threads;
+	/* Compute time: the decode wall time less the time lost to the pager's waits. */
+	compute_s = decode_s - cli_engine_stall_s(pg1.stall_ns - pg0.stall_ns,
+						  pg1.caller_stall_ns - pg0.caller_stall_ns,
+						  r->engine->threads);
 	rep->tps = decode_s > 0 ? measured / decode_s : 0.0;
 	rep->weights_gbps = compute_s > 0 ? (st.dense_bytes + st.expert_bytes) / compute_s / 1e9 :
 			    0.0;

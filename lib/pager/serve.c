@@ -41,6 +41,8 @@ static void join(struct mp_pager *p, uint32_t slot, bool host)
 	}
 	s->waiters++;
 	s->wait_sum_ns += now;
+	s->caller_waiters++;
+	s->caller_wait_sum_ns += now;
 	p->st.fault_waits++;
 	if (p->evict.ops->on_fault)
 		p->evict.ops->on_fault(&p->evict, slot);

@@ -52,6 +52,8 @@ struct slot {
 	int err;		/* why it is poisoned */
 	uint32_t waiters;	/* blocked threads (fault messages) not yet released */
 	uint64_t wait_sum_ns;	/* sum of their fault times */
+	uint32_t caller_waiters;	/* of them, engine requests resolved on their thread */
+	uint64_t caller_wait_sum_ns;
 	uint64_t fault_begin;	/* first fault of the current episode, 0: none */
 	uint64_t fault_addr;
 	uint64_t mapped_at;

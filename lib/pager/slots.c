@@ -36,6 +36,8 @@ void mp_pager_release_waiters(struct mp_pager *p, struct slot *s, int err)
 
 	if (s->waiters)
 		p->st.stall_ns += s->waiters * now - s->wait_sum_ns;
+	if (s->caller_waiters)
+		p->st.caller_stall_ns += s->caller_waiters * now - s->caller_wait_sum_ns;
 	if (s->fault_begin) {
 		uint64_t lat = now - s->fault_begin;
 
@@ -45,6 +47,8 @@ void mp_pager_release_waiters(struct mp_pager *p, struct slot *s, int err)
 	}
 	s->waiters = 0;
 	s->wait_sum_ns = 0;
+	s->caller_waiters = 0;
+	s->caller_wait_sum_ns = 0;
 	s->fault_begin = 0;
 	s->counted = false;
 }

@@ -204,6 +204,7 @@ static void pager_mark(void *arg, bool start)
 	m->sum.hits += now.hits - m->before.hits;
 	m->sum.misses += now.misses - m->before.misses;
 	m->sum.stall_ns += now.stall_ns - m->before.stall_ns;
+	m->sum.caller_stall_ns += now.caller_stall_ns - m->before.caller_stall_ns;
 	m->sum.prefetch_issued += now.prefetch_issued - m->before.prefetch_issued;
 	m->sum.prefetch_used += now.prefetch_used - m->before.prefetch_used;
 	m->sum.prefetch_wasted += now.prefetch_wasted - m->before.prefetch_wasted;
@@ -268,8 +269,8 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 				     &res->seconds, &res->tokens);
 	res->uses = marks.sum.hits + marks.sum.misses;
 	res->hits = marks.sum.hits;
-	/* The pager sums every blocked thread's wait; a fault blocks all engine threads. */
-	res->stall_seconds = marks.sum.stall_ns / 1e9 / (e->threads ? e->threads : 1);
+	res->stall_seconds = cli_engine_stall_s(marks.sum.stall_ns, marks.sum.caller_stall_ns,
+						e->threads);
 	res->prefetch_issued = marks.sum.prefetch_issued;
 	res->prefetch_used = marks.sum.prefetch_used;
 	res->prefetch_wasted = marks.sum.prefetch_wasted;

@@ -339,7 +339,13 @@ struct mp_pager_stats {
 	uint64_t file_read_ns;
 	/* Of the demand reads, those done by the asking engine thread (MP_RESOLVE_CALLER). */
 	uint64_t caller_reads;
-	MP_RESERVED(7);
+	/*
+	 * Of stall_ns, the waits of engine requests resolved on the asking
+	 * thread (read there or waited for): one thread counted, yet the
+	 * engine's other threads wait for it too (a fault blocks each of them).
+	 */
+	uint64_t caller_stall_ns;
+	MP_RESERVED(6);
 };
 
 /* A snapshot of the counters. */
