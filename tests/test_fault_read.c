@@ -204,6 +204,37 @@ static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
 }
 
 /*
+ * Routing to an expert whose prefetch is queued makes it a demand read at
+ * once: it does not wait behind the prefetches queued before it (every
+ * layer-0 read takes 100 ms; one prefetch is read at a time).
+ */
+static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
+{
+	struct mp_pager_config cfg;
+	struct mp_pager_stats st;
+	struct mp_pager *p;
+	uint32_t last, mapped = 0;
+
+	(void)state;
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 16 * fx.xbytes;
+	cfg.fill_threads = 2;
+	p = fx_open(NULL, "read:delay=100ms:layer=0", 1, 0, &cfg);
+	last = fx.geo->experts - 1;
+	for (uint32_t e = 0; e <= last; e++)
+		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
+	assert_int_equal(mp_pager_route(p, 0, 0, 0, &last, NULL, 1), 0);
+	assert_int_equal(fx_read(p, 0, last), 0);
+	for (uint32_t e = 0; e < last; e++)
+		mapped += mp_pager_residency(p, 0, e) == MP_RES_MAPPED;
+	assert_true(mapped < last / 2);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.prefetch_used, 0);
+	assert_int_equal(mp_pager_wait_idle(p, 20000), 0);
+	mp_pager_close(p);
+}
+
+/*
  * The engine routes to an expert whose prefetch is still being read (every
  * layer-1 read takes 200 ms): a late prefetch, counted once, though the
  * route's note of the use leaves the fault that follows nothing to tell.
@@ -378,6 +409,7 @@ int main(void)
 		cmocka_unit_test(transient_corruption_is_read_again),
 		cmocka_unit_test(latency_spikes_leave_demand_first_and_no_deadlock),
 		cmocka_unit_test(random_latency_spikes_with_many_readers_finish),
+		cmocka_unit_test(a_routed_expert_overtakes_the_queued_prefetches),
 		cmocka_unit_test(a_prefetch_routed_while_read_is_late),
 		cmocka_unit_test(tier_enomem_is_reported_not_fatal),
 		cmocka_unit_test(transient_tier_enomem_is_retried),
