@@ -176,19 +176,26 @@ static void transient_corruption_is_read_again(void **state)
 	mp_pager_close(p);
 }
 
-static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
+/* A pager under the fault rules spec: 16 experts of budget, two fill threads (one for prefetch). */
+static struct mp_pager *two_fillers(const char *spec, bool route_fill)
 {
 	struct mp_pager_config cfg;
+
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 16 * fx.xbytes;
+	cfg.no_route_fill = !route_fill;
+	cfg.fill_threads = 2;
+	return fx_open(NULL, spec, 1, 0, &cfg);
+}
+
+static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
+{
 	struct mp_pager *p;
 	uint32_t mapped = 0;
 
 	(void)state;
-	mp_pager_config_init(&cfg);
-	cfg.budget_bytes = 16 * fx.xbytes;
-	cfg.no_route_fill = true;
-	cfg.fill_threads = 2;
 	/* Every layer-0 read takes 300 ms; the others are fast. */
-	p = fx_open(NULL, "read:delay=300ms:layer=0", 1, 0, &cfg);
+	p = two_fillers("read:delay=300ms:layer=0", false);
 	for (uint32_t e = 0; e < fx.geo->experts; e++)
 		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
 	/* Demand overtakes the eight slow prefetches queued before it. */
@@ -210,16 +217,12 @@ static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
  */
 static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
 {
-	struct mp_pager_config cfg;
 	struct mp_pager_stats st;
 	struct mp_pager *p;
 	uint32_t last, mapped = 0;
 
 	(void)state;
-	mp_pager_config_init(&cfg);
-	cfg.budget_bytes = 16 * fx.xbytes;
-	cfg.fill_threads = 2;
-	p = fx_open(NULL, "read:delay=100ms:layer=0", 1, 0, &cfg);
+	p = two_fillers("read:delay=100ms:layer=0", true);
 	last = fx.geo->experts - 1;
 	for (uint32_t e = 0; e <= last; e++)
 		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
@@ -241,16 +244,12 @@ static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
  */
 static void a_prefetch_routed_while_read_is_late(void **state)
 {
-	struct mp_pager_config cfg;
 	struct mp_pager_stats st;
 	struct mp_pager *p;
 	uint32_t id = 1;
 
 	(void)state;
-	mp_pager_config_init(&cfg);
-	cfg.budget_bytes = 16 * fx.xbytes;
-	cfg.fill_threads = 2;
-	p = fx_open(NULL, "read:delay=200ms:layer=1", 1, 0, &cfg);
+	p = two_fillers("read:delay=200ms:layer=1", true);
 	assert_int_equal(mp_pager_prefetch(p, 1, id, 1), 1);
 	for (int i = 0; mp_pager_residency(p, 1, id) != MP_RES_FILLING; i++) {
 		assert_true(i < 5000);
