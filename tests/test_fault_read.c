@@ -176,19 +176,26 @@ static void transient_corruption_is_read_again(void **state)
 	mp_pager_close(p);
 }
 
-static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
+/* A pager under the fault rules spec: 16 experts of budget, two fill threads (one for prefetch). */
+static struct mp_pager *two_fillers(const char *spec, bool route_fill)
 {
 	struct mp_pager_config cfg;
+
+	mp_pager_config_init(&cfg);
+	cfg.budget_bytes = 16 * fx.xbytes;
+	cfg.no_route_fill = !route_fill;
+	cfg.fill_threads = 2;
+	return fx_open(NULL, spec, 1, 0, &cfg);
+}
+
+static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
+{
 	struct mp_pager *p;
 	uint32_t mapped = 0;
 
 	(void)state;
-	mp_pager_config_init(&cfg);
-	cfg.budget_bytes = 16 * fx.xbytes;
-	cfg.no_route_fill = true;
-	cfg.fill_threads = 2;
 	/* Every layer-0 read takes 300 ms; the others are fast. */
-	p = fx_open(NULL, "read:delay=300ms:layer=0", 1, 0, &cfg);
+	p = two_fillers("read:delay=300ms:layer=0", false);
 	for (uint32_t e = 0; e < fx.geo->experts; e++)
 		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
 	/* Demand overtakes the eight slow prefetches queued before it. */
@@ -200,6 +207,61 @@ static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
 	assert_int_equal(mp_pager_wait_idle(p, 20000), 0);
 	for (uint32_t e = 0; e < fx.geo->experts; e++)
 		assert_int_equal(mp_pager_residency(p, 0, e), MP_RES_MAPPED);
+	mp_pager_close(p);
+}
+
+/*
+ * Routing to an expert whose prefetch is queued makes it a demand read at
+ * once: it does not wait behind the prefetches queued before it (every
+ * layer-0 read takes 100 ms; one prefetch is read at a time).
+ */
+static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
+{
+	struct mp_pager_stats st;
+	struct mp_pager *p;
+	uint32_t last, mapped = 0;
+
+	(void)state;
+	p = two_fillers("read:delay=100ms:layer=0", true);
+	last = fx.geo->experts - 1;
+	for (uint32_t e = 0; e <= last; e++)
+		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
+	assert_int_equal(mp_pager_route(p, 0, 0, 0, &last, NULL, 1), 0);
+	assert_int_equal(fx_read(p, 0, last), 0);
+	for (uint32_t e = 0; e < last; e++)
+		mapped += mp_pager_residency(p, 0, e) == MP_RES_MAPPED;
+	assert_true(mapped < last / 2);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.prefetch_used, 0);
+	assert_int_equal(mp_pager_wait_idle(p, 20000), 0);
+	mp_pager_close(p);
+}
+
+/*
+ * The engine routes to an expert whose prefetch is still being read (every
+ * layer-1 read takes 200 ms): a late prefetch, counted once, though the
+ * route's note of the use leaves the fault that follows nothing to tell.
+ */
+static void a_prefetch_routed_while_read_is_late(void **state)
+{
+	struct mp_pager_stats st;
+	struct mp_pager *p;
+	uint32_t id = 1;
+
+	(void)state;
+	p = two_fillers("read:delay=200ms:layer=1", true);
+	assert_int_equal(mp_pager_prefetch(p, 1, id, 1), 1);
+	for (int i = 0; mp_pager_residency(p, 1, id) != MP_RES_FILLING; i++) {
+		assert_true(i < 5000);
+		usleep(1000);
+	}
+	assert_int_equal(mp_pager_route(p, 0, 0, 1, &id, NULL, 1), 0);
+	assert_int_equal(fx_read(p, 1, id), 0);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.prefetch_issued, 1);
+	assert_int_equal(st.prefetch_late, 1);
+	assert_int_equal(st.prefetch_used, 1);
+	assert_int_equal(st.misses, 1);
 	mp_pager_close(p);
 }
 
@@ -346,6 +408,8 @@ int main(void)
 		cmocka_unit_test(transient_corruption_is_read_again),
 		cmocka_unit_test(latency_spikes_leave_demand_first_and_no_deadlock),
 		cmocka_unit_test(random_latency_spikes_with_many_readers_finish),
+		cmocka_unit_test(a_routed_expert_overtakes_the_queued_prefetches),
+		cmocka_unit_test(a_prefetch_routed_while_read_is_late),
 		cmocka_unit_test(tier_enomem_is_reported_not_fatal),
 		cmocka_unit_test(transient_tier_enomem_is_retried),
 		cmocka_unit_test(alloc_enomem_is_reported_not_fatal),

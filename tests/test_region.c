@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -227,6 +228,90 @@ static void recycled_chunks_come_in_ascending_order(void **state)
 		assert_ptr_equal(iov[i].iov_base, (uint8_t *)iov[i - 1].iov_base + (2u << 20));
 	assert_int_equal(mp_region_slot_free(r, 1), 0);
 	mp_region_destroy(r);
+}
+
+/* A chunk creation held in the region's test seam until the main thread has had its turn. */
+struct creation {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool creating, released, timed_out;
+	struct mp_region *r;
+	int alloc_ret;
+};
+
+static void hold_creation(struct mp_region *r, void *arg)
+{
+	struct creation *c = arg;
+	struct timespec until;
+
+	(void)r;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	pthread_mutex_lock(&c->lock);
+	if (!c->creating) {
+		c->creating = true;
+		pthread_cond_broadcast(&c->cv);
+		while (!c->released && !c->timed_out)
+			c->timed_out = pthread_cond_timedwait(&c->cv, &c->lock, &until) == ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void *alloc_slot_1(void *arg)
+{
+	struct creation *c = arg;
+	struct iovec iov[4];
+
+	c->alloc_ret = mp_region_slot_alloc(c->r, 1, iov, false);
+	return NULL;
+}
+
+/*
+ * Creating a chunk takes milliseconds (zeroing, compaction): while one fill
+ * creates its chunks, another frees, allocates from the spares and reads
+ * the counters without waiting for it (under the region lock they queued
+ * behind it; the seam would time out and the test fail).
+ */
+static void slot_alloc_does_not_wait_for_another_threads_chunk_creation(void **state)
+{
+	struct mp_region_config cf = cfg;
+	struct creation c = { .alloc_ret = -1 };
+	struct mp_region_mem m;
+	struct iovec iov[4];
+	pthread_t t;
+
+	(void)state;
+	cf.nslots = 3;
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cv, NULL);
+	assert_int_equal(mp_region_create(&cf, &own_ops, NULL, &c.r), 0);
+	assert_int_equal(mp_region_slot_alloc(c.r, 0, iov, false), 2);
+	c.r->creating_arg = &c;
+	c.r->creating = hold_creation;
+	assert_int_equal(pthread_create(&t, NULL, alloc_slot_1, &c), 0);
+	pthread_mutex_lock(&c.lock);
+	while (!c.creating)
+		pthread_cond_wait(&c.cv, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	/* Slot 1's spots are taken and counted before its pages exist: the bound holds. */
+	mp_region_mem(c.r, &m);
+	assert_int_equal(m.populated_bytes, 2 * DATA);
+	assert_int_equal(mp_region_slot_free(c.r, 0), 0);
+	assert_int_equal(mp_region_slot_alloc(c.r, 2, iov, true), 2);
+	pthread_mutex_lock(&c.lock);
+	c.released = true;
+	pthread_cond_broadcast(&c.cv);
+	pthread_mutex_unlock(&c.lock);
+	pthread_join(t, NULL);
+	assert_false(c.timed_out);
+	assert_int_equal(c.alloc_ret, 2);
+	mp_region_mem(c.r, &m);
+	assert_int_equal(m.fresh_bytes, 2 * DATA);
+	assert_int_equal(m.populated_bytes, 2 * DATA);
+	assert_int_equal(m.spare_bytes, 0);
+	mp_region_destroy(c.r);
+	pthread_cond_destroy(&c.cv);
+	pthread_mutex_destroy(&c.lock);
 }
 
 /*
@@ -533,6 +618,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(unmap_then_touch_refaults_with_same_bytes),
 		cmocka_unit_test(freed_chunks_are_recycled_not_reallocated),
 		cmocka_unit_test(recycled_chunks_come_in_ascending_order),
+		cmocka_unit_test(slot_alloc_does_not_wait_for_another_threads_chunk_creation),
 		cmocka_unit_test(tail_spots_are_never_collapsed),
 		cmocka_unit_test(poisoned_slot_raises_sigbus_until_cleared),
 		cmocka_unit_test(access_past_data_is_poisoned_not_hung),

@@ -10,6 +10,7 @@
 #include "uffd/region.h"
 
 #define SPOT_NONE	UINT32_MAX
+#define NNURSERY	4
 
 enum { CLS_FULL = 0, CLS_TAIL = 1, NCLS = 2 };
 
@@ -52,8 +53,18 @@ struct mp_region {
 	uint64_t bytes;
 	char *pool;		/* parking spots, registered on pool_uffd */
 	uint64_t pool_bytes;
-	char *nursery;		/* unregistered: where new chunk pages are born */
+	/*
+	 * Unregistered: where new chunk pages are born, NNURSERY places of a
+	 * full and a tail chunk each, so that fills create chunks at once
+	 * without the lock; nursery_busy (locked) marks the places in use.
+	 */
+	char *nursery;
 	uint64_t nursery_bytes;
+	uint32_t nursery_busy;
+	pthread_cond_t nursery_cv;
+	/* Test seam: called unlocked as a new chunk is created (NULL: none). */
+	void (*creating)(struct mp_region *r, void *arg);
+	void *creating_arg;
 
 	int uffd;		/* the range's: faults and events, read by the handler */
 	/*
@@ -66,11 +77,14 @@ struct mp_region {
 	uint64_t features;
 	bool user_mode_only;
 
-	pthread_mutex_t lock;	/* spot stacks, counters, the nursery */
+	pthread_mutex_t lock;	/* spot stacks, the nursery places; counters are written locked */
 	struct spot_class cls[NCLS];
 	uint32_t *slot_spots;	/* nslots x nchunks spot ids */
 	_Atomic uint8_t *slot_mem;	/* enum slot_mem per slot */
-	struct mp_region_mem mem;
+	/* mp_region_mem's counters: atomic, read without the lock on every demand fill. */
+	struct {
+		_Atomic uint64_t populated, spare, fresh, released;
+	} mem;
 
 	/* The handler thread (handler.c). */
 	pthread_t thread;

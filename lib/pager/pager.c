@@ -104,8 +104,16 @@ int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_
 			continue;
 		}
 		p->st.misses++;
-		if (s->state == ST_FILLING)
+		if (s->state == ST_FILLING) {
+			/*
+			 * Routed while its prefetch is read: late, as a fault on it
+			 * would count. The note below clears prefetched, so that
+			 * fault no longer tells.
+			 */
+			if (s->prefetched && !s->counted)
+				p->st.prefetch_late++;
 			mp_pager_note_use(p, s);
+		}
 		if (p->evict.ops->on_access)
 			p->evict.ops->on_access(&p->evict, keys[i]);
 		if (p->route_fill && !atomic_load(&p->closing) &&

@@ -61,6 +61,7 @@ struct bench_result {
 	uint64_t prefetch_issued;
 	uint64_t prefetch_used;
 	uint64_t prefetch_wasted;
+	uint64_t prefetch_late;		/* still being read when routed or touched */
 	uint64_t bytes_read;		/* from the model file */
 	uint64_t peak_rss;
 	/* The prefetcher's own figures (policy runs). */

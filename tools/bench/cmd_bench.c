@@ -328,6 +328,7 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 	sum->prefetch_issued += r->prefetch_issued;
 	sum->prefetch_used += r->prefetch_used;
 	sum->prefetch_wasted += r->prefetch_wasted;
+	sum->prefetch_late += r->prefetch_late;
 	sum->bytes_read += r->bytes_read;
 	if (r->peak_rss > sum->peak_rss)
 		sum->peak_rss = r->peak_rss;
@@ -459,6 +460,7 @@ static json_t *result_json(const struct bench_row *row)
 		json_object_set_new(o, "prefetch_events_dropped",
 				    json_integer((json_int_t)r->events_dropped));
 		json_object_set_new(o, "prefetch_expired", json_integer((json_int_t)r->expired));
+		json_object_set_new(o, "prefetch_late", json_integer((json_int_t)r->prefetch_late));
 		json_object_set_new(o, "emap_records", json_integer(r->emap_records));
 		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
 		json_object_set_new(o, "load_ratio", json_real(r->load_ratio));

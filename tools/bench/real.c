@@ -208,6 +208,7 @@ static void pager_mark(void *arg, bool start)
 	m->sum.prefetch_issued += now.prefetch_issued - m->before.prefetch_issued;
 	m->sum.prefetch_used += now.prefetch_used - m->before.prefetch_used;
 	m->sum.prefetch_wasted += now.prefetch_wasted - m->before.prefetch_wasted;
+	m->sum.prefetch_late += now.prefetch_late - m->before.prefetch_late;
 	m->sum.bytes_file += now.bytes_file - m->before.bytes_file;
 }
 
@@ -274,6 +275,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	res->prefetch_issued = marks.sum.prefetch_issued;
 	res->prefetch_used = marks.sum.prefetch_used;
 	res->prefetch_wasted = marks.sum.prefetch_wasted;
+	res->prefetch_late = marks.sum.prefetch_late;
 	res->bytes_read = marks.sum.bytes_file;
 	struct mp_prefetcher_stats ps;
 
