@@ -213,7 +213,7 @@ static void latency_spikes_leave_demand_first_and_no_deadlock(void **state)
 /*
  * Routing to an expert whose prefetch is queued makes it a demand read at
  * once: it does not wait behind the prefetches queued before it (every
- * layer-0 read takes 100 ms; one prefetch is read at a time).
+ * layer-0 read takes 200 ms; one prefetch is read at a time).
  */
 static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
 {
@@ -222,7 +222,7 @@ static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
 	uint32_t last, mapped = 0;
 
 	(void)state;
-	p = two_fillers("read:delay=100ms:layer=0", true);
+	p = two_fillers("read:delay=200ms:layer=0", true);
 	last = fx.geo->experts - 1;
 	for (uint32_t e = 0; e <= last; e++)
 		assert_int_equal(mp_pager_prefetch(p, 0, e, 10), 1);
@@ -239,7 +239,7 @@ static void a_routed_expert_overtakes_the_queued_prefetches(void **state)
 
 /*
  * The engine routes to an expert whose prefetch is still being read (every
- * layer-1 read takes 200 ms): a late prefetch, counted once, though the
+ * layer-1 read takes 500 ms, ample for a loaded CI): a late prefetch, counted once, though the
  * route's note of the use leaves the fault that follows nothing to tell.
  */
 static void a_prefetch_routed_while_read_is_late(void **state)
@@ -249,7 +249,7 @@ static void a_prefetch_routed_while_read_is_late(void **state)
 	uint32_t id = 1;
 
 	(void)state;
-	p = two_fillers("read:delay=200ms:layer=1", true);
+	p = two_fillers("read:delay=500ms:layer=1", true);
 	assert_int_equal(mp_pager_prefetch(p, 1, id, 1), 1);
 	for (int i = 0; mp_pager_residency(p, 1, id) != MP_RES_FILLING; i++) {
 		assert_true(i < 5000);

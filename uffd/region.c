@@ -215,6 +215,8 @@ static int chunk_create(struct mp_region *r, int cls, uint32_t spot)
 			err = rlog_err(r, errno == ENOMEM ? -ENOMEM : -errno,
 				       "allocating a %llu-byte chunk: %s",
 				       (unsigned long long)size, strerror(errno));
+			/* Pages populated before the failure are counted nowhere. */
+			madvise(nursery, size, MADV_DONTNEED);
 			goto out;
 		}
 		/* Kernel without MADV_POPULATE_WRITE (< 5.14): touch every page. */
@@ -223,7 +225,13 @@ static int chunk_create(struct mp_region *r, int cls, uint32_t spot)
 	}
 	err = mp_uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), nursery, size, 0, NULL);
 	if (err) {
+		/*
+		 * A move can fail part way: the pages it moved would make every
+		 * later move into this spot fail with -EEXIST once it is a hole
+		 * again. Zap both ends (the pool raises no EVENT_REMOVE).
+		 */
 		madvise(nursery, size, MADV_DONTNEED);
+		madvise(spot_addr(r, cls, spot), size, MADV_DONTNEED);
 		rlog_err(r, err, "moving a new chunk into the pool: %s", strerror(-err));
 		goto out;
 	}

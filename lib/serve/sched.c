@@ -532,7 +532,7 @@ static void admit_group(struct mp_sched *s)
 	}
 }
 
-/* The realtime clock (the conditions') at now_ns + ns on mp_now_ns()'s clock. */
+/* The realtime clock (the conditions') ns from now. */
 static void deadline_at(struct timespec *ts, uint64_t ns)
 {
 	clock_gettime(CLOCK_REALTIME, ts);
@@ -868,23 +868,12 @@ static void *loop(void *arg)
  * Draining, closing, statistics
  */
 
-static void deadline_in(struct timespec *ts, uint32_t ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
 int mp_sched_drain(struct mp_sched *s, uint32_t timeout_ms)
 {
 	struct timespec ts;
 	int err = 0;
 
-	deadline_in(&ts, timeout_ms);
+	deadline_at(&ts, (uint64_t)timeout_ms * 1000000u);
 	pthread_mutex_lock(&s->lock);
 	s->draining = true;
 	pthread_cond_signal(&s->work);

@@ -117,6 +117,13 @@ struct http_server {
 	pthread_t thread;
 	bool thread_started;
 	atomic_bool stop;
+	/*
+	 * The listening socket is taken back (MHD_quiesce_daemon()) on the HTTP
+	 * thread: libmicrohttpd's epoll set is not to be changed while that
+	 * thread runs MHD_run(). 0: not asked, 1: asked, 2: done (lsock set).
+	 */
+	atomic_int quiesce;
+	MHD_socket lsock;
 	atomic_bool draining;
 	atomic_uint suspended;
 	atomic_uint live;		/* reqs allocated */
@@ -1202,6 +1209,10 @@ static void *http_loop(void *arg)
 		if (resume_handed(h))
 			MHD_run(h->d);
 		MHD_run(h->d);
+		if (atomic_load(&h->quiesce) == 1) {
+			h->lsock = MHD_quiesce_daemon(h->d);
+			atomic_store(&h->quiesce, 2);
+		}
 	}
 	return NULL;
 }
@@ -1355,9 +1366,27 @@ static bool none_busy(struct http_server *h)
 	return !busy;
 }
 
+static bool quiesced(struct http_server *h)
+{
+	return atomic_load(&h->quiesce) == 2;
+}
+
+/* Takes the listening socket back from libmicrohttpd, on the thread that runs it. */
+static MHD_socket quiesce(struct http_server *h)
+{
+	if (!h->thread_started)
+		return MHD_quiesce_daemon(h->d);
+	h->lsock = MHD_INVALID_SOCKET;
+	atomic_store(&h->quiesce, 1);
+	wake_loop(h);
+	if (!wait_until(h, quiesced, 5000))
+		return MHD_INVALID_SOCKET;	/* still listening: stopped with the daemon */
+	return h->lsock;
+}
+
 uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 {
-	MHD_socket lsock = MHD_quiesce_daemon(h->d);
+	MHD_socket lsock = quiesce(h);
 	uint32_t cut;
 
 	/* New connections are refused at once instead of waiting in the backlog. */
