@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <moepager/runner.h>
 #include <moepager/source.h>
@@ -297,6 +298,10 @@ int coe_model_touch(struct mp_coe *c, struct mp_pager *p, uint32_t model)
 	return mp_pager_guard(p, touch_slots, &t);
 }
 
+/* How long an eviction waits for a read in flight: 5000 x 200 us, 1 s. */
+#define EVICT_BUSY_TRIES	5000u
+#define EVICT_BUSY_US		200u
+
 uint32_t coe_model_evict(struct mp_coe *c, struct mp_pager *p, uint32_t model, bool keep_host)
 {
 	uint32_t n = c->archs[c->models[model].arch].slots, busy = 0;
@@ -307,6 +312,16 @@ uint32_t coe_model_evict(struct mp_coe *c, struct mp_pager *p, uint32_t model, b
 
 		model_slot(c, model, s, &cl, &ce);
 		err = mp_pager_evict(p, cl, ce, keep_host ? MP_EVICT_KEEP_HOST : 0);
+		/*
+		 * -EBUSY: a prefetch is still reading it. Left there, its pages
+		 * would go only when the pager's own budget evicts, and that picks
+		 * its least recently used expert: a pinned model's, say. A read
+		 * ends in a read's time, so wait for it (bounded).
+		 */
+		for (uint32_t t = 0; err == -EBUSY && t < EVICT_BUSY_TRIES; t++) {
+			usleep(EVICT_BUSY_US);
+			err = mp_pager_evict(p, cl, ce, keep_host ? MP_EVICT_KEEP_HOST : 0);
+		}
 		/* -ENOENT: not in memory (never read, or the pager's own budget took it). */
 		busy += err == -EBUSY;
 	}

@@ -89,7 +89,7 @@ static void evict(struct coe_pool *pl, uint32_t m)
 	t0 = mp_now_ns();
 	busy = coe_model_evict(pl->c, pl->p, m, false);
 	pl->manage_ns += mp_now_ns() - t0;
-	/* Its pages stay until the pager's own budget takes them: correct, only later. */
+	/* Busy after a second: its pages stay until the pager's own budget takes them. */
 	if (busy)
 		mp_debug("coe pool: model %s: %u experts busy, not evicted", pl->c->models[m].name,
 			 busy);
