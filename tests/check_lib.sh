@@ -12,3 +12,9 @@ check() {	# check DESCRIPTION COMMAND...
 	shift
 	if "$@"; then ok "$what"; else bad "$what"; fi
 }
+refused_by() {	# refused_by MESSAGE COMMAND...: COMMAND fails, saying MESSAGE ($T/err keeps it)
+	local msg=$1
+	shift
+	"$@" >/dev/null 2>"$T/err" && return 1
+	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
+}

@@ -17,12 +17,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/check_lib.sh"
 
-refused() {	# refused MESSAGE ARGS...: bench-multi ARGS fails, saying MESSAGE
-	local msg=$1
-	shift
-	"$MOEPAGER" bench-multi "$@" >/dev/null 2>"$T/err" && return 1
-	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
-}
+refused() { refused_by "$1" "$MOEPAGER" bench-multi "${@:2}"; }	# refused MESSAGE ARGS...
 for s in 1 2; do
 	"$MOEPAGER" gen --preset tiny --seed $s --name v$s --out "$T/v$s.mpk" --quiet || exit 1
 done

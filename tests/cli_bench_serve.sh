@@ -15,12 +15,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/check_lib.sh"
 
-refused() {	# refused MESSAGE ARGS...: bench-serve ARGS fails, saying MESSAGE
-	local msg=$1
-	shift
-	"$MOEPAGER" bench-serve "$@" >/dev/null 2>"$T/err" && return 1
-	grep -q -- "$msg" "$T/err" || { cat "$T/err"; return 1; }
-}
+refused() { refused_by "$1" "$MOEPAGER" bench-serve "${@:2}"; }	# refused MESSAGE ARGS...
 "$MOEPAGER" gen --preset tiny --seed 1 --name bs --out "$T/m.mpk" --quiet || exit 1
 A=(--model "$T/m.mpk" --tokens 8 --rounds 2)
 
