@@ -651,11 +651,12 @@ static uint32_t argmax_scan(const float *v, uint32_t n)
 /*
  * mp_logits_argmax() runs in two passes over independent maxima; it gives
  * the scan's id on ties, signed zeros, infinities and NaNs (logits[0]
- * included), at sizes around its 16-wide blocks and at a vocabulary's.
+ * included), at sizes around its 16- and 32-wide blocks and at a vocabulary's.
  */
 static void logits_argmax_is_the_first_of_the_largest(void **state)
 {
-	static const uint32_t sizes[] = { 1, 2, 15, 16, 17, 31, 33, 4096, 32000 };
+	static const uint32_t sizes[] = { 1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 4096,
+					      4099, 32000 };
 	const float specials[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f };
 	float *v = malloc(32000 * sizeof(*v));
 	uint64_t rng = 7;
@@ -678,6 +679,19 @@ static void logits_argmax_is_the_first_of_the_largest(void **state)
 			if (trial == 2)
 				for (uint32_t i = 0; i < n; i++)
 					v[i] = -INFINITY;
+			/* One largest value anywhere, so the second pass runs far; a -0 twin later. */
+			if (trial % 4 == 3) {
+				uint32_t at = (uint32_t)(rng >> 7) % n;
+
+				for (uint32_t i = 0; i < n; i++)
+					if (!(v[i] <= 2.0f))
+						v[i] = 1.0f;
+				for (uint32_t i = 0; i < n; i++)
+					v[i] = v[i] == 0.0f ? -1.0f : v[i] - 3.0f;
+				v[at] = trial % 8 == 3 ? -0.0f : 0.0f;
+				if (at + 7 < n)
+					v[at + 7] = -v[at];
+			}
 			if (mp_logits_argmax(v, n) != argmax_scan(v, n))
 				fail_msg("size %u trial %u: argmax %u, a scan gives %u", n, trial,
 					 mp_logits_argmax(v, n), argmax_scan(v, n));
