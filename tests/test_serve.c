@@ -44,7 +44,8 @@ static struct {
 	bool hold;
 	bool held;		/* the thread is inside the step, waiting */
 	atomic_int fail_layer;	/* -1: none */
-} gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, -1 };
+	atomic_uint slow_us;	/* sleep per expert read (slow steps) */
+} gate = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, -1, 0 };
 
 static const void *gate_expert(void *ctx, uint32_t layer, uint32_t expert)
 {
@@ -57,6 +58,8 @@ static const void *gate_expert(void *ctx, uint32_t layer, uint32_t expert)
 	}
 	gate.held = false;
 	pthread_mutex_unlock(&gate.lock);
+	if (atomic_load(&gate.slow_us))
+		usleep(atomic_load(&gate.slow_us));
 	return mp_resident_source_ops()->expert(fx.res, layer, expert);
 }
 
@@ -924,6 +927,113 @@ static void a_burst_from_idle_shares_its_first_step(void **state)
 	assert_true(st.gather_seconds == 0);
 }
 
+/*
+ * Once steps have run, a burst is gathered while each request comes within a
+ * quarter of a mean step of the last, however long the whole burst takes
+ * (up to 4 x gather_ns): five requests, each a tenth of a mean step after
+ * the last (0.4 steps in all), share their first step. Slow steps (~0.2 s)
+ * give the gaps room on a loaded machine.
+ */
+static void a_burst_longer_than_a_quarter_step_is_gathered(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 2, .no_eos = true };
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	static struct result res[7];
+	struct mp_sched_stats st, st2;
+	struct mp_sched *s;
+	double step;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	/* Calibrates the sleep per expert read for ~0.2 s steps. */
+	atomic_store(&gate.slow_us, 100);
+	s = open_gather(r, 8, 0);
+	submit(s, 0, 3, &p, &res[0]);
+	wait_done(res, 1);
+	mp_sched_stats(s, &st);
+	mp_sched_close(s);
+	step = st.step_seconds / (double)st.steps;
+	atomic_store(&gate.slow_us, (unsigned)MP_MIN(100 * 0.2 / step, 200000.0));
+
+	s = open_gather(r, 8, 1000000000ull);
+	submit(s, 1, 3, &p, &res[1]);
+	wait_done(res + 1, 1);
+	mp_sched_stats(s, &st);
+	step = st.step_seconds / (double)st.steps;
+	for (uint32_t i = 2; i < 7; i++) {
+		if (i > 2)
+			usleep((useconds_t)(step * 1e5));	/* a tenth of a step */
+		submit(s, i, 3, &p, &res[i]);
+	}
+	wait_done(res + 2, 5);
+	atomic_store(&gate.slow_us, 0);
+	mp_sched_stats(s, &st2);
+	mp_sched_close(s);
+	mp_runner_close(r);
+	assert_int_equal(st2.steps - st.steps, p.max_tokens);
+	assert_int_equal(st2.gathers, 2);
+}
+
+/* Holds the scheduler's thread (an mp_sched_call()) until the test lets it go. */
+static struct {
+	struct mp_sched *s;
+	atomic_bool held, release;
+} holding;
+
+static int hold_thread(void *arg)
+{
+	(void)arg;
+	atomic_store(&holding.held, true);
+	while (!atomic_load(&holding.release))
+		usleep(100);
+	return 0;
+}
+
+static void *holder(void *arg)
+{
+	(void)arg;
+	assert_int_equal(mp_sched_call(holding.s, hold_thread, NULL), 0);
+	return NULL;
+}
+
+/*
+ * No wait is counted that did not wait: max_batch requests found queued at
+ * once start without one. A request queued behind a full batch has waited
+ * already: when the batch empties it starts in the next step, not after a
+ * gathering wait.
+ */
+static void a_request_queued_behind_a_full_batch_is_not_gathered(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 4, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	static struct result res[3];
+	struct mp_sched_stats st;
+	pthread_t th;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	holding.s = open_gather(r, 2, 200000000ull);
+	atomic_store(&holding.held, false);
+	atomic_store(&holding.release, false);
+	assert_int_equal(pthread_create(&th, NULL, holder, NULL), 0);
+	while (!atomic_load(&holding.held))
+		usleep(100);
+	for (uint32_t i = 0; i < 3; i++)
+		submit(holding.s, i, 3, &p, &res[i]);
+	atomic_store(&holding.release, true);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	wait_done(res, 3);
+	mp_sched_stats(holding.s, &st);
+	mp_sched_close(holding.s);
+	mp_runner_close(r);
+	/* Two together for 4 steps, then the third alone for 4. */
+	assert_int_equal(st.steps, 2 * p.max_tokens);
+	assert_int_equal(st.batch_size[1], p.max_tokens);
+	assert_int_equal(st.batch_size[0], p.max_tokens);
+	assert_int_equal(st.gathers, 0);
+	assert_true(st.gather_seconds == 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -942,6 +1052,8 @@ int main(void)
 		cmocka_unit_test(on_step_follows_each_steps_tokens_before_its_done_callbacks),
 		cmocka_unit_test(a_call_runs_between_steps_and_threads_change_under_requests),
 		cmocka_unit_test(a_burst_from_idle_shares_its_first_step),
+		cmocka_unit_test(a_request_queued_behind_a_full_batch_is_not_gathered),
+		cmocka_unit_test(a_burst_longer_than_a_quarter_step_is_gathered),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

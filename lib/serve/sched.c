@@ -66,6 +66,7 @@ struct mp_sched {
 	uint32_t nrun;
 	uint64_t next_id;
 	uint64_t kv_used;
+	uint64_t t_step_end;		/* the last step's end (gather(): who waited already) */
 	bool draining, stopping;
 	struct mp_sched_stats st;
 	/* mp_sched_call(): one call at a time, run by the thread between two steps. */
@@ -546,20 +547,24 @@ static void deadline_at(struct timespec *ts, uint64_t ns)
 
 /*
  * The batch is empty and a request waits: waits while more keep coming
- * (each within gather_ns of the last) so a burst's prefills share a step.
- * The wait is bounded by a quarter of a mean step (what a late request
- * would lose: a step of its own) and 4 x gather_ns, and ends once
- * max_batch wait. Called locked; returns the time it waited.
+ * (each within gather_ns of the last, or of the start of the wait) so a
+ * burst's prefills share a step. Once steps have run, that quiet window is
+ * at most a quarter of a mean step (what a late request would lose: a step
+ * of its own); the whole wait is at most 4 x gather_ns and ends once
+ * max_batch wait. A head queued before the last step ended (behind a full
+ * batch or the KV budget) has waited already: no wait then. Called locked;
+ * returns the time it slept, and counts a wait only when it slept.
  */
 static uint64_t gather(struct mp_sched *s)
 {
-	uint64_t t0 = mp_now_ns(), limit = 4 * s->cfg.gather_ns, end, waited;
+	uint64_t t0 = mp_now_ns(), quiet = s->cfg.gather_ns, end, waited;
+	bool slept = false;
 
-	if (!s->cfg.gather_ns || !s->qhead || s->nrun)
+	if (!s->cfg.gather_ns || !s->qhead || s->nrun || s->qhead->t_submit < s->t_step_end)
 		return 0;
 	if (s->st.steps)
-		limit = MP_MIN(limit, (uint64_t)(s->st.step_seconds / (double)s->st.steps * 0.25e9));
-	end = t0 + limit;
+		quiet = MP_MIN(quiet, (uint64_t)(s->st.step_seconds / (double)s->st.steps * 0.25e9));
+	end = t0 + 4 * s->cfg.gather_ns;
 	for (;;) {
 		uint64_t now = mp_now_ns(), until;
 		struct timespec ts;
@@ -567,12 +572,15 @@ static uint64_t gather(struct mp_sched *s)
 		if (!s->qtail || s->nq >= s->cfg.max_batch || s->stopping || s->draining ||
 		    s->call_fn)
 			break;
-		until = MP_MIN(s->qtail->t_submit + s->cfg.gather_ns, end);
+		until = MP_MIN(MP_MAX(s->qtail->t_submit, t0) + quiet, end);
 		if (now >= until)
 			break;
 		deadline_at(&ts, until - now);
 		pthread_cond_timedwait(&s->work, &s->lock, &ts);
+		slept = true;
 	}
+	if (!slept)
+		return 0;
 	waited = mp_now_ns() - t0;
 	s->st.gathers++;
 	s->st.gather_seconds += seconds(waited);
@@ -846,6 +854,7 @@ static void *loop(void *arg)
 		s->st.sched_cpu_seconds += seconds(out.c0 - c_mark);
 		t_mark = out.t1;
 		c_mark = out.c1;
+		s->t_step_end = out.t1;
 		settle(s, run, nrun, &out);
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
