@@ -102,9 +102,9 @@ static const struct argp_option opts[] = {
 	{ "prefill-chunk", OPT_PREFILL_CHUNK, "N", 0, "Prompt tokens per sequence and step", 0 },
 	{ "step-tokens", OPT_STEP_TOKENS, "N", 0, "Tokens per step at most (default 512)", 0 },
 	{ "gather-us", OPT_GATHER_US, "US", 0,
-	  "With the batch empty, a request waits while more come within US us of the last "
-	  "(at most 4 x US and a quarter of a mean step) so a burst's prefills share a step "
-	  "(default 500; 0: none)", 0 },
+	  "With the batch empty, a request waits while more come within US us (and a "
+	  "quarter of a mean step) of the last, at most 4 x US in all, so a burst's "
+	  "prefills share a step (default 500; 0: none)", 0 },
 	{ "stream-interval-us", OPT_STREAM_US, "US", 0,
 	  "A stream's tokens are sent at most once per US us (the first and the last at "
 	  "once); those of the steps between go in one write (default 1000; 0: every step)",

@@ -54,10 +54,11 @@ struct mp_sched_config {
 	uint64_t group_ns;
 	/*
 	 * A burst: requests that come one after another while the batch is
-	 * empty. The first waits until none has come for this long (no longer
-	 * than a quarter of a mean step, nor 4x this in all, nor once
-	 * max_batch wait), so their prefills share one step instead of the
-	 * first running alone. 0: a request starts at once.
+	 * empty. The first waits until none has come for this long or for a
+	 * quarter of a mean step, the shorter (no longer than 4x this in all,
+	 * nor once max_batch wait), so their prefills share one step instead
+	 * of the first running alone. A head queued before the last step ended
+	 * does not wait. 0: a request starts at once.
 	 */
 	uint64_t gather_ns;
 	MP_RESERVED(2);
