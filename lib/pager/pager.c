@@ -182,11 +182,15 @@ int mp_pager_evict(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned
 
 	if (check_id(p, layer, expert, "evict"))
 		return -EINVAL;
-	if (flags & ~MP_EVICT_KEEP_HOST)
+	if (flags & ~(MP_EVICT_KEEP_HOST | MP_EVICT_DEFER))
 		return plog_err(p, -EINVAL, "evict: unknown flags %#x", flags);
 	pthread_mutex_lock(&p->lock);
-	err = mp_pager_evict_locked(p, mp_pager_slot(p, layer, expert),
-				    flags & MP_EVICT_KEEP_HOST);
+	if (flags & MP_EVICT_DEFER)
+		err = mp_pager_evict_deferred(p, mp_pager_slot(p, layer, expert),
+					      flags & MP_EVICT_KEEP_HOST);
+	else
+		err = mp_pager_evict_locked(p, mp_pager_slot(p, layer, expert),
+					    flags & MP_EVICT_KEEP_HOST);
 	pthread_mutex_unlock(&p->lock);
 	return err;
 }
