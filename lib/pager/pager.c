@@ -284,6 +284,7 @@ void mp_pager_stats(struct mp_pager *p, struct mp_pager_stats *out)
 	out->budget_bytes = p->mem.budget;
 	out->resident_experts = p->mem.resident_n;
 	out->mapped_experts = p->mem.mapped_n;
+	out->fill_threads = p->nworkers;
 	pthread_mutex_unlock(&p->lock);
 	out->memory_bytes = mem.populated_bytes;
 }

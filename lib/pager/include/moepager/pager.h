@@ -357,7 +357,8 @@ struct mp_pager_stats {
 	 * engine's other threads wait for it too (a fault blocks each of them).
 	 */
 	uint64_t caller_stall_ns;
-	MP_RESERVED(6);
+	uint64_t fill_threads;		/* config.fill_threads, or the default */
+	MP_RESERVED(5);
 };
 
 /* A snapshot of the counters. */
