@@ -897,6 +897,18 @@ static struct mp_pager *open_caller(uint64_t budget_experts, uint32_t fill_threa
 	return open_pager_cfg(budget_experts, &(struct mode){ NULL, MP_RESOLVE_CALLER }, &cfg);
 }
 
+/* Holds the read of expert l.e, asked for as a prefetch, until let_go(); waits for it to begin. */
+static void hold_prefetch(struct mp_pager *p, uint32_t l, uint32_t e)
+{
+	int reads = atomic_load(&ttier.reads);
+
+	atomic_store(&ttier.hold, (int)(l * geo->experts + e));
+	assert_int_equal(mp_pager_prefetch(p, l, e, 0), 1);
+	while (atomic_load(&ttier.reads) == reads)
+		usleep(100);
+	assert_int_equal(mp_pager_residency(p, l, e), MP_RES_FILLING);
+}
+
 /*
  * Keeps the only fill thread reading expert 0.0 (a prefetch) until the test
  * lets it go (ttier.hold = -1); every other read takes delay_ms. Waits for
@@ -905,13 +917,8 @@ static struct mp_pager *open_caller(uint64_t budget_experts, uint32_t fill_threa
  */
 static void occupy_the_fill_thread(struct mp_pager *p, unsigned delay_ms)
 {
-	int reads = atomic_load(&ttier.reads);
-
 	atomic_store(&ttier.delay_ms, delay_ms);
-	atomic_store(&ttier.hold, 0);
-	assert_int_equal(mp_pager_prefetch(p, 0, 0, 0), 1);
-	while (atomic_load(&ttier.reads) == reads)
-		usleep(100);
+	hold_prefetch(p, 0, 0);
 }
 
 static void let_go(void)
@@ -946,18 +953,6 @@ static void routed_expert_is_read_on_the_asking_thread_before_its_touch(void **s
 	let_go();
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
 	mp_pager_close(p);
-}
-
-/* Holds the read of expert l.e, asked for as a prefetch, until let_go(); waits for it to begin. */
-static void hold_prefetch(struct mp_pager *p, uint32_t l, uint32_t e)
-{
-	int reads = atomic_load(&ttier.reads);
-
-	atomic_store(&ttier.hold, (int)(l * geo->experts + e));
-	assert_int_equal(mp_pager_prefetch(p, l, e, 0), 1);
-	while (atomic_load(&ttier.reads) == reads)
-		usleep(100);
-	assert_int_equal(mp_pager_residency(p, l, e), MP_RES_FILLING);
 }
 
 /*
