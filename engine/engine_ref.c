@@ -418,6 +418,13 @@ static int ref_avx512_init(struct mp_engine *e)
 
 static int ref_amx_init(struct mp_engine *e)
 {
+	int why = mp_isa_amx_check();
+
+	/* The CPU has it and the kernel said no: say why (a filter's EPERM, say). */
+	if (why && why != -ENODEV)
+		return mp_err(-EOPNOTSUPP, "engine %s: this CPU has AMX-BF16, but the kernel "
+			      "refused this process the tile data state (arch_prctl "
+			      "ARCH_REQ_XCOMP_PERM: %s)", e->ops->name, strerror(-why));
 	return init_isa(e, MP_ISA_AMX,
 			"AMX-BF16 (cpuid amx_tile and amx_bf16, and the kernel's permission "
 			"for tile data: arch_prctl ARCH_REQ_XCOMP_PERM)");

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* Picks the kernel table for the ISA this CPU and OS support (cpuid, at run time). */
+#include <errno.h>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -40,16 +42,25 @@ static bool has_avx512(void)
  * asking at each lookup keeps no state here; it fails on kernels without
  * AMX support or where a filter forbids it.
  */
-static bool has_amx(void)
+static int amx_check(void)
 {
 	unsigned a, b, c, d;
 
 	if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) ||
 	    !(d & (1u << 24)) || !(d & (1u << 22)))
-		return false;
-	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+		return -ENODEV;
+	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) ? -errno : 0;
 }
 #endif
+
+int mp_isa_amx_check(void)
+{
+#if defined(MP_HAVE_X86_KERNELS)
+	return amx_check();
+#else
+	return -ENODEV;
+#endif
+}
 
 enum mp_isa mp_isa_best(void)
 {
@@ -73,7 +84,7 @@ const struct mp_kernels *mp_kernels_for(enum mp_isa isa)
 	case MP_ISA_AVX512:
 		return has_avx512() ? &mp_kernels_avx512 : NULL;
 	case MP_ISA_AMX:
-		return has_amx() ? &mp_kernels_amx : NULL;
+		return amx_check() ? NULL : &mp_kernels_amx;
 #endif
 	default:
 		return NULL;

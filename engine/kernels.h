@@ -145,6 +145,12 @@ enum mp_isa {
 
 /* The widest ISA this CPU (and OS) supports whose products are the f32 ones (never AMX). */
 enum mp_isa mp_isa_best(void);
+/*
+ * Whether AMX may be used: 0, -ENODEV when this build or CPU lacks AMX-TILE,
+ * AMX-BF16 or AVX-512, else the -errno of the kernel's refusal of the tile
+ * data state (arch_prctl ARCH_REQ_XCOMP_PERM).
+ */
+int mp_isa_amx_check(void);
 /* The kernels of an ISA, or NULL when this build or CPU lacks it. */
 const struct mp_kernels *mp_kernels_for(enum mp_isa isa);
 

@@ -73,6 +73,10 @@ for c in d["compare"]:
         assert c[k] > 0, c
     assert isinstance(c["split_saturated"], bool)
 assert d["owned_bytes"] > 0 and d["budget_bytes"] > d["owned_bytes"]
+# Per row, the memory held outside the budget: paged keeps its owned experts inside it.
+for r in rows:
+    held = r["setup"] in ("consolidated", "mixed")
+    assert r["owned_bytes"] == (d["owned_bytes"] if held else 0), r
 assert d["group_ms"] == 0
 assert d["io_rate"] == 256 << 20 and d["models"] == [sys.argv[2], sys.argv[3]]
 EOF

@@ -93,11 +93,12 @@ static void *reader(void *arg)
 			ret = ret < 0 ? ret : 0;
 			w->prefetches++;
 		} else {
-			unsigned flags = rand_r(&w->seed) % 2 ? MP_EVICT_KEEP_HOST : 0;
+			unsigned flags = (rand_r(&w->seed) % 2 ? MP_EVICT_KEEP_HOST : 0) |
+					 (rand_r(&w->seed) % 2 ? MP_EVICT_DEFER : 0);
 
 			ret = mp_pager_evict(w->p, l, e, flags);
-			/* Not resident, or busy being read: both normal here. */
-			ret = ret == -ENOENT || ret == -EBUSY ? 0 : ret;
+			/* Not resident, pinned or being read, or evicted when read: all normal. */
+			ret = ret == -ENOENT || ret == -EBUSY || ret == 1 ? 0 : ret;
 			w->evictions++;
 		}
 		if (ret == -EILSEQ) {

@@ -124,6 +124,12 @@ static void bench_runs_every_policy_and_baseline(void **state)
 		assert_int_equal(json_is_true(json_object_get(row, "semantic")),
 				 strcmp(pol, "pread-lru") && strcmp(pol, "mmap"));
 		check_policy_cost(row, strcmp(pol, "pread-lru") && strcmp(pol, "mmap"), true);
+		/* --fill-threads 3 reached the pager (its own count); the baselines have none. */
+		if (strcmp(pol, "pread-lru") && strcmp(pol, "mmap"))
+			assert_int_equal(json_integer_value(json_object_get(row, "fill_threads")),
+					 3);
+		else
+			assert_null(json_object_get(row, "fill_threads"));
 	}
 	json_decref(j);
 	assert_true(file_size(t_path("out.csv")) > 100);

@@ -897,6 +897,18 @@ static struct mp_pager *open_caller(uint64_t budget_experts, uint32_t fill_threa
 	return open_pager_cfg(budget_experts, &(struct mode){ NULL, MP_RESOLVE_CALLER }, &cfg);
 }
 
+/* Holds the read of expert l.e, asked for as a prefetch, until let_go(); waits for it to begin. */
+static void hold_prefetch(struct mp_pager *p, uint32_t l, uint32_t e)
+{
+	int reads = atomic_load(&ttier.reads);
+
+	atomic_store(&ttier.hold, (int)(l * geo->experts + e));
+	assert_int_equal(mp_pager_prefetch(p, l, e, 0), 1);
+	while (atomic_load(&ttier.reads) == reads)
+		usleep(100);
+	assert_int_equal(mp_pager_residency(p, l, e), MP_RES_FILLING);
+}
+
 /*
  * Keeps the only fill thread reading expert 0.0 (a prefetch) until the test
  * lets it go (ttier.hold = -1); every other read takes delay_ms. Waits for
@@ -905,13 +917,8 @@ static struct mp_pager *open_caller(uint64_t budget_experts, uint32_t fill_threa
  */
 static void occupy_the_fill_thread(struct mp_pager *p, unsigned delay_ms)
 {
-	int reads = atomic_load(&ttier.reads);
-
 	atomic_store(&ttier.delay_ms, delay_ms);
-	atomic_store(&ttier.hold, 0);
-	assert_int_equal(mp_pager_prefetch(p, 0, 0, 0), 1);
-	while (atomic_load(&ttier.reads) == reads)
-		usleep(100);
+	hold_prefetch(p, 0, 0);
 }
 
 static void let_go(void)
@@ -945,6 +952,118 @@ static void routed_expert_is_read_on_the_asking_thread_before_its_touch(void **s
 	assert_true(mp_pager_stats_quantile(&st, 0.5) > 0);
 	let_go();
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	mp_pager_close(p);
+}
+
+/*
+ * An eviction asked for while a prefetch reads the expert (MP_EVICT_DEFER)
+ * takes effect when the read ends: the expert is not left resident for the
+ * budget to push out the least recently used instead (the CoE pool's pinned
+ * model, docs/coe.md). Without the flag it is -EBUSY, as before.
+ */
+static void deferred_eviction_takes_effect_when_the_read_ends(void **state)
+{
+	struct mp_pager *p = open_pager(3, NULL);
+	struct mp_pager_stats st;
+
+	(void)state;
+	for (uint32_t e = 0; e < 2; e++)
+		assert_memory_equal(mp_pager_expert(p, 1, e), want(1, e), xbytes);
+	hold_prefetch(p, 0, 0);
+	assert_int_equal(mp_pager_evict(p, 0, 0, 0), -EBUSY);
+	assert_int_equal(mp_pager_evict(p, 0, 0, MP_EVICT_DEFER), 1);
+	assert_int_equal(mp_pager_evict(p, 0, 0, MP_EVICT_DEFER | MP_EVICT_KEEP_HOST), 1);
+	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_FILLING);
+	let_go();
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	/* Dropped (the stronger of the two asked for), its share of the budget back. */
+	assert_int_equal(mp_pager_residency(p, 0, 0), MP_RES_NONE);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.evictions, 1);
+	assert_int_equal(st.prefetch_wasted, 1);
+	assert_int_equal(st.resident_experts, 2);
+	assert_int_equal(st.resident_bytes, 2 * xbytes);
+	assert_true(st.memory_bytes <= st.budget_bytes + p->mem.spare_bytes +
+				       3 * (p->data_bytes - xbytes));
+	/* The next expert fits beside the two without evicting either. */
+	assert_memory_equal(mp_pager_expert(p, 0, 1), want(0, 1), xbytes);
+	for (uint32_t e = 0; e < 2; e++)
+		assert_int_equal(mp_pager_residency(p, 1, e), MP_RES_MAPPED);
+	/* Kept in host memory when that is all that was asked for. */
+	assert_int_equal(mp_pager_evict(p, 0, 1, 0), 0);
+	hold_prefetch(p, 0, 2);
+	assert_int_equal(mp_pager_evict(p, 0, 2, MP_EVICT_DEFER | MP_EVICT_KEEP_HOST), 1);
+	let_go();
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(mp_pager_residency(p, 0, 2), MP_RES_HOST);
+	mp_pager_close(p);
+}
+
+struct one_read {
+	struct mp_pager *p;
+	uint32_t layer, expert;
+	int same;
+};
+
+static void *read_one(void *arg)
+{
+	struct one_read *r = arg;
+
+	r->same = !memcmp(mp_pager_expert(r->p, r->layer, r->expert),
+			  want(r->layer, r->expert), xbytes);
+	return NULL;
+}
+
+/*
+ * A thread that faults on the expert after the deferred eviction was asked
+ * for is woken with the read's bytes; the eviction follows, so its access
+ * may fault once more and read it again (a second read at most): right
+ * bytes either way, and no hang.
+ */
+static void deferred_eviction_serves_a_fault_on_the_read_first(void **state)
+{
+	struct mp_pager *p = open_pager(4, NULL);
+	struct one_read r = { .p = p, .layer = 2, .expert = 3 };
+	struct mp_pager_stats st;
+	pthread_t th;
+	int reads;
+
+	(void)state;
+	hold_prefetch(p, 2, 3);
+	reads = atomic_load(&ttier.reads);
+	assert_int_equal(mp_pager_evict(p, 2, 3, MP_EVICT_DEFER), 1);
+	pthread_create(&th, NULL, read_one, &r);
+	do {
+		usleep(1000);
+		mp_pager_stats(p, &st);
+	} while (!st.fault_waits);
+	let_go();
+	pthread_join(th, NULL);
+	assert_int_equal(r.same, 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.evictions, 1);
+	assert_true(atomic_load(&ttier.reads) - reads <= 1);
+	assert_int_equal(mp_pager_residency(p, 2, 3),
+			 atomic_load(&ttier.reads) > reads ? MP_RES_MAPPED : MP_RES_NONE);
+	mp_pager_close(p);
+}
+
+/* A prefetch still queued would bring the expert back after the eviction: dropped. */
+static void deferred_eviction_drops_a_queued_prefetch(void **state)
+{
+	struct mp_pager *p = open_caller(8, 1);
+	int reads;
+
+	(void)state;
+	occupy_the_fill_thread(p, 0);
+	reads = atomic_load(&ttier.reads);
+	assert_int_equal(mp_pager_prefetch(p, 1, 1, 0), 1);
+	assert_int_equal(mp_pager_evict(p, 1, 1, MP_EVICT_DEFER), -ENOENT);
+	let_go();
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	assert_int_equal(atomic_load(&ttier.reads), reads);
+	assert_int_equal(mp_pager_residency(p, 1, 1), MP_RES_NONE);
 	mp_pager_close(p);
 }
 
@@ -1534,6 +1653,9 @@ int main(void)
 		cmocka_unit_test(evictions_keep_spares_within_the_memory_bound),
 		cmocka_unit_test(a_smaller_budget_gives_spares_back),
 		cmocka_unit_test(routed_expert_is_read_on_the_asking_thread_before_its_touch),
+		cmocka_unit_test(deferred_eviction_takes_effect_when_the_read_ends),
+		cmocka_unit_test(deferred_eviction_serves_a_fault_on_the_read_first),
+		cmocka_unit_test(deferred_eviction_drops_a_queued_prefetch),
 		cmocka_unit_test(expert_a_fill_thread_reads_is_waited_for_not_read_twice),
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),
 		cmocka_unit_test(close_releases_a_thread_reading_its_own_expert),

@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <moepager/runner.h>
 #include <moepager/source.h>
@@ -298,30 +297,22 @@ int coe_model_touch(struct mp_coe *c, struct mp_pager *p, uint32_t model)
 	return mp_pager_guard(p, touch_slots, &t);
 }
 
-/* How long an eviction waits for a read in flight: 5000 x 200 us, 1 s. */
-#define EVICT_BUSY_TRIES	5000u
-#define EVICT_BUSY_US		200u
-
 uint32_t coe_model_evict(struct mp_coe *c, struct mp_pager *p, uint32_t model, bool keep_host)
 {
 	uint32_t n = c->archs[c->models[model].arch].slots, busy = 0;
+	/*
+	 * Deferred: an expert a prefetch is still reading goes when the read
+	 * ends. Left to the pager's own budget, its pages would push out that
+	 * budget's least recently used expert instead: a pinned model's, say.
+	 */
+	unsigned flags = MP_EVICT_DEFER | (keep_host ? MP_EVICT_KEEP_HOST : 0);
 
 	for (uint32_t s = 0; s < n; s++) {
 		uint32_t cl, ce;
 		int err;
 
 		model_slot(c, model, s, &cl, &ce);
-		err = mp_pager_evict(p, cl, ce, keep_host ? MP_EVICT_KEEP_HOST : 0);
-		/*
-		 * -EBUSY: a prefetch is still reading it. Left there, its pages
-		 * would go only when the pager's own budget evicts, and that picks
-		 * its least recently used expert: a pinned model's, say. A read
-		 * ends in a read's time, so wait for it (bounded).
-		 */
-		for (uint32_t t = 0; err == -EBUSY && t < EVICT_BUSY_TRIES; t++) {
-			usleep(EVICT_BUSY_US);
-			err = mp_pager_evict(p, cl, ce, keep_host ? MP_EVICT_KEEP_HOST : 0);
-		}
+		err = mp_pager_evict(p, cl, ce, flags);
 		/* -ENOENT: not in memory (never read, or the pager's own budget took it). */
 		busy += err == -EBUSY;
 	}

@@ -294,6 +294,8 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	pthread_mutex_unlock(&p->lock);
 	mp_region_slot_wake(p->region, slot);
 	pthread_mutex_lock(&p->lock);
+	/* Before the budget picks a victim: this one frees its share. */
+	mp_pager_evict_pending(p, slot);
 	if (p->mem.resident > p->mem.budget)
 		mp_pager_enforce_budget(p);
 	return;
@@ -312,11 +314,14 @@ failed:
 	 * refusal, before this lock, gets a demand fill, which is never refused.
 	 */
 	if (fh.room_err == -EAGAIN && s->waiters && !atomic_load(&p->closing)) {
+		/* An eviction asked for meanwhile waits for that fill (a thread waits). */
 		s->state = ST_EMPTY;
 		mp_pager_demand_fill(p, slot);
 		pthread_cond_broadcast(&p->state_cv);
 		return;
 	}
+	/* Nothing was mapped: an eviction asked for during the read has nothing to do. */
+	s->evict_pending = PENDING_NONE;
 	/*
 	 * A thread waits, or will (demand): poison, so it gets an error now
 	 * rather than a fault that blocks forever. An unwanted prefetch just

@@ -182,11 +182,15 @@ int mp_pager_evict(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned
 
 	if (check_id(p, layer, expert, "evict"))
 		return -EINVAL;
-	if (flags & ~MP_EVICT_KEEP_HOST)
+	if (flags & ~(MP_EVICT_KEEP_HOST | MP_EVICT_DEFER))
 		return plog_err(p, -EINVAL, "evict: unknown flags %#x", flags);
 	pthread_mutex_lock(&p->lock);
-	err = mp_pager_evict_locked(p, mp_pager_slot(p, layer, expert),
-				    flags & MP_EVICT_KEEP_HOST);
+	if (flags & MP_EVICT_DEFER)
+		err = mp_pager_evict_deferred(p, mp_pager_slot(p, layer, expert),
+					      flags & MP_EVICT_KEEP_HOST);
+	else
+		err = mp_pager_evict_locked(p, mp_pager_slot(p, layer, expert),
+					    flags & MP_EVICT_KEEP_HOST);
 	pthread_mutex_unlock(&p->lock);
 	return err;
 }
@@ -280,6 +284,7 @@ void mp_pager_stats(struct mp_pager *p, struct mp_pager_stats *out)
 	out->budget_bytes = p->mem.budget;
 	out->resident_experts = p->mem.resident_n;
 	out->mapped_experts = p->mem.mapped_n;
+	out->fill_threads = p->nworkers;
 	pthread_mutex_unlock(&p->lock);
 	out->memory_bytes = mem.populated_bytes;
 }

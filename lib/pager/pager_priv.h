@@ -158,6 +158,10 @@ void mp_pager_demand_fill(struct mp_pager *p, uint32_t slot);
 int mp_pager_map_locked(struct mp_pager *p, uint32_t slot);
 void mp_pager_unreserve(struct mp_pager *p, uint32_t slot);
 int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host);
+/* MP_EVICT_DEFER: a read in flight is marked (returns 1) and evicted when it ends. */
+int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host);
+/* The end of a successful fill: the eviction asked for during it, if any. */
+void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot);
 /* Spare chunks past budget + spare_bytes of memory held go back to the kernel. */
 void mp_pager_trim_spares(struct mp_pager *p);
 /* Not locked: POISONED -> EMPTY, so the next access reads the expert again. */

@@ -32,10 +32,14 @@ enum queue_class { Q_NONE = 0, Q_DEMAND, Q_PREFETCH };
 /* Where a BUSY slot is headed. */
 enum busy_op { BUSY_MAP = 0, BUSY_UNMAP, BUSY_DROP };
 
+/* An eviction asked for during a read (MP_EVICT_DEFER): done when the read ends. */
+enum pending_evict { PENDING_NONE = 0, PENDING_UNMAP, PENDING_DROP };
+
 struct slot {
 	uint8_t state;		/* enum slot_state */
 	uint8_t queued;		/* enum queue_class */
 	uint8_t busy_op;	/* enum busy_op, while BUSY */
+	uint8_t evict_pending;	/* enum pending_evict: asked for while FILLING */
 	bool refault;		/* faulted while BUSY/CLEARING: serve when that ends */
 	bool lost;		/* pages zapped behind our back: discard and refill */
 	bool gone;		/* the application unmapped this part of the range */

@@ -304,6 +304,65 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 	return 0;
 }
 
+/* A map or unmap is a few ioctls; this bound only keeps a wedged one from hanging the caller. */
+#define BUSY_WAIT_NS		(1000ull * 1000 * 1000)
+#define BUSY_WAIT_STEP_NS	(1000ull * 1000)
+
+/*
+ * Waits (locked) while another thread maps, unmaps or drops the slot. Not
+ * every end of a BUSY transition broadcasts, so it waits in short steps.
+ */
+static void wait_not_busy(struct mp_pager *p, struct slot *s)
+{
+	uint64_t deadline = mp_now_ns() + BUSY_WAIT_NS;
+
+	while (s->state == ST_BUSY && !atomic_load(&p->closing) && mp_now_ns() < deadline)
+		mp_pager_wait_ns(p, &p->state_cv, BUSY_WAIT_STEP_NS);
+}
+
+/*
+ * mp_pager_evict(MP_EVICT_DEFER). A queued prefetch of the expert would
+ * bring it back: dropped. A read in flight: marked, and the fill evicts
+ * when it ends (mp_pager_evict_pending()). Called locked, never on the
+ * handler thread. Returns 1 (deferred) or what mp_pager_evict_locked() does.
+ */
+int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host)
+{
+	struct slot *s = &p->slots[slot];
+
+	if (s->queued == Q_PREFETCH) {
+		mp_pager_unqueue(p, slot);
+		mp_pager_after_idle(p);
+	}
+	wait_not_busy(p, s);
+	if (s->state == ST_FILLING) {
+		s->evict_pending = MP_MAX(s->evict_pending,
+					  keep_host ? PENDING_UNMAP : PENDING_DROP);
+		return 1;
+	}
+	return mp_pager_evict_locked(p, slot, keep_host);
+}
+
+/*
+ * The fill an eviction was deferred for mapped the expert and woke its
+ * waiters: evict it now. Called locked by the thread that filled it.
+ */
+void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot)
+{
+	struct slot *s = &p->slots[slot];
+	bool keep_host = s->evict_pending == PENDING_UNMAP;
+	int err;
+
+	if (!s->evict_pending)
+		return;
+	s->evict_pending = PENDING_NONE;
+	wait_not_busy(p, s);
+	err = mp_pager_evict_locked(p, slot, keep_host);
+	if (err && err != -ENOENT)
+		plog_warn(p, "layer %u expert %u: eviction asked for during its read: %s",
+			  s->layer, s->expert, strerror(-err));
+}
+
 /*
  * Poison: clearing it so the next access reads again
  */

@@ -72,6 +72,7 @@ struct bench_result {
 	uint32_t emap_records;
 	float load_ratio;		/* the prefetcher's measured read/layer ratio (last trace) */
 	bool semantic;			/* the prefetcher had semantic vectors */
+	uint32_t fill_threads;		/* the pager's fill threads (pager runs) */
 	char cache_note[96];		/* how the page cache started */
 };
 

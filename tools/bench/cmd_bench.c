@@ -342,6 +342,8 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 	if (r->load_ratio > 0)
 		sum->load_ratio = r->load_ratio;
 	sum->semantic |= r->semantic;
+	if (r->fill_threads > sum->fill_threads)
+		sum->fill_threads = r->fill_threads;
 	if (r->cache_note[0])
 		snprintf(sum->cache_note, sizeof(sum->cache_note), "%s", r->cache_note);
 }
@@ -464,6 +466,7 @@ static json_t *result_json(const struct bench_row *row)
 		json_object_set_new(o, "emap_records", json_integer(r->emap_records));
 		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
 		json_object_set_new(o, "load_ratio", json_real(r->load_ratio));
+		json_object_set_new(o, "fill_threads", json_integer(r->fill_threads));
 	}
 	if (r->cache_note[0])
 		json_object_set_new(o, "page_cache", json_string(r->cache_note));

@@ -508,6 +508,12 @@ struct plan {
 	char dir[4096];
 };
 
+/* Memory held outside the pager's budget: consolidated and mixed keep the owned experts. */
+static uint64_t owned_outside(enum setup s, const struct plan *pl)
+{
+	return s == S_CONSOL || s == S_MIXED ? pl->owned : 0;
+}
+
 static void close_servers(struct servers *sv)
 {
 	for (uint32_t i = 0; i < env.n; i++)
@@ -536,9 +542,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	snprintf(fault, sizeof(fault), "read:rate=%llu", (unsigned long long)(io ? io : 1));
 	c.fault = env.io_rate ? fault : "";
 	snprintf(budget, sizeof(budget), "%llu", (unsigned long long)(
-		s == S_SPLIT ? pl->budget / env.n :
-		s == S_CONSOL || s == S_MIXED ? pl->budget - pl->owned :
-		pl->budget));
+		s == S_SPLIT ? pl->budget / env.n : pl->budget - owned_outside(s, pl)));
 	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE || s == S_PAGED) {
 		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
 		c.mixed = s == S_MIXED;
@@ -862,7 +866,8 @@ static json_t *layers_json(const struct outcome *o, uint32_t n, uint32_t topk)
 					 json_null(), "moe_by_hits", by);
 }
 
-static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n, uint32_t topk)
+static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n,
+			const struct plan *pl)
 {
 	json_t *runs = json_array();
 	double offered = rate * env.n * 60, rpm = MED(o, n, rpm);
@@ -878,7 +883,7 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 		bytes[i] = (double)o[i].bytes_file;
 	}
 	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
-			 "s:f, s:f, s:f, s:f, s:o, s:o}",
+			 "s:f, s:f, s:f, s:f, s:o, s:o, s:I}",
 			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
 			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
@@ -887,8 +892,9 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
 			 MED(o, n, swap_seconds), "grouped", cli_median(grouped, n), "hit_rate",
 			 uses > 0 ? hits / uses : 0.0,
-			 "bytes_file", cli_median(bytes, n), "layer_ms", layers_json(o, n, topk),
-			 "runs", runs);
+			 "bytes_file", cli_median(bytes, n), "layer_ms",
+			 layers_json(o, n, pl->topk), "runs", runs, "owned_bytes",
+			 (json_int_t)owned_outside(s, pl));
 }
 
 static json_t *ratio(double a, double b)
@@ -1077,7 +1083,7 @@ int cmd_multibench(int argc, char **argv)
 		for (int s = 0; s < N_SETUPS; s++)
 			if (env.setups[s])
 				json_array_append_new(results, row_json(s, env.rates[r], o[s][r],
-									env.repeat, pl.topk));
+									env.repeat, &pl));
 	compare = compare_json(results);
 	if (env.json) {
 		json_t *models = json_array();

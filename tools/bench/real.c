@@ -278,7 +278,11 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	res->prefetch_late = marks.sum.prefetch_late;
 	res->bytes_read = marks.sum.bytes_file;
 	struct mp_prefetcher_stats ps;
+	struct mp_pager_stats st;
 
+	/* The pager's own count: --fill-threads is checked to have reached it. */
+	mp_pager_stats(p, &st);
+	res->fill_threads = (uint32_t)st.fill_threads;
 	mp_prefetcher_stats(pf, &ps);
 	res->events_dropped = ps.dropped;
 	res->expired = ps.expired;

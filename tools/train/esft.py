@@ -40,7 +40,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpk  # noqa: E402
 from export import export  # noqa: E402
-from finetune import THREADS_HELP, copy_tokenizer, finetune, load_mpk, torch_ppl  # noqa: E402
+from finetune import (THREADS_HELP, base_tokenizer, copy_tokenizer, finetune, load_mpk,  # noqa: E402
+                      torch_ppl)
 from train import load_ids  # noqa: E402
 
 
@@ -127,6 +128,7 @@ def main():
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
 
+    tok = None if args.score_only else base_tokenizer(args.base, "esft.py")
     torch.set_num_threads(args.threads)
     lib = mpk.Lib(args.lib)
     model, dtype, base_name = load_mpk(lib, args.base)
@@ -158,7 +160,7 @@ def main():
     changed = check_experts(model, base, experts)
     path = os.path.join(args.out, name + ".mpk")
     export(model, lib, path, dtype, name)
-    copy_tokenizer(args.base, path)
+    copy_tokenizer(tok, path)
     info = {"name": name, "kind": "ESFT adapter (merged model)", "base": os.path.basename(args.base),
             "domain": dom["name"], "score": args.score, "p": args.p,
             "score_windows": args.score_windows, "score_tokens": sc["tokens"],

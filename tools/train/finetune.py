@@ -70,11 +70,20 @@ def load_mpk(lib, path):
     return m, dtype, name
 
 
-def copy_tokenizer(base, path):
-    """The base's tokenizer (BASE.tok) beside an exported model, as moepager looks for it."""
+def base_tokenizer(base, tool):
+    """BASE.tok, which the exported model gets beside it (moepager looks for it there).
+    Exits when it is missing: called before training, so no run ends in a model that
+    cannot read text."""
     tok = base[:-4] + ".tok"
-    if os.path.exists(tok):
-        shutil.copyfile(tok, path[:-4] + ".tok")
+    if not os.path.exists(tok):
+        sys.exit("%s: %s has no tokenizer beside it (%s): the tuned model would have none"
+                 % (tool, base, tok))
+    return tok
+
+
+def copy_tokenizer(tok, path):
+    """The base's tokenizer (base_tokenizer()) beside an exported model."""
+    shutil.copyfile(tok, path[:-4] + ".tok")
 
 
 def expert_masks(cfg, experts):
@@ -166,6 +175,7 @@ def main():
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
 
+    tok = base_tokenizer(args.base, "finetune.py")
     torch.set_num_threads(args.threads)
     lib = mpk.Lib(args.lib)
     model, dtype, base_name = load_mpk(lib, args.base)
@@ -182,7 +192,7 @@ def main():
     after, n = torch_ppl(model, held, seq, args.eval_windows)
     path = os.path.join(args.out, name + ".mpk")
     export(model, lib, path, dtype, name)
-    copy_tokenizer(args.base, path)
+    copy_tokenizer(tok, path)
     info = {"name": name, "kind": "full fine-tune", "base": os.path.basename(args.base),
             "domain": dom["name"], "steps": args.steps, "lr": args.lr, "batch": args.batch,
             "seq": seq, "warmup": args.warmup, "seed": args.seed, "weight_decay": 0.1,

@@ -197,12 +197,25 @@ MP_API int mp_pager_wait_idle(struct mp_pager *p, uint32_t timeout_ms);
 enum mp_evict_flags {
 	/* Unmap only: the data stays in host memory (the next touch is a host-tier fault). */
 	MP_EVICT_KEEP_HOST = 1u << 0,
+	/*
+	 * An expert being read from a tier is evicted when its read ends
+	 * instead of -EBUSY; one being mapped or unmapped is evicted once that
+	 * ends (microseconds); a prefetch of it that is queued is dropped.
+	 */
+	MP_EVICT_DEFER = 1u << 1,
 };
 
 /*
  * Evicts the expert now (an access afterwards faults it back in, with the
  * right bytes). Returns 0, -ENOENT when it is not resident, -EBUSY when it
- * is being read or its pages are pinned, or -EINVAL.
+ * is being read, mapped or unmapped, or its pages are pinned, or -EINVAL.
+ *
+ * With MP_EVICT_DEFER: returns 1 when it is being read (the read maps it,
+ * wakes the threads that faulted on it meanwhile, then evicts it, so one of
+ * them may fault once more and read it again, as when a mapped expert a
+ * thread reads is evicted), 0 once evicted, -ENOENT when it is not resident
+ * (a queued prefetch of it dropped), and -EBUSY only for pinned pages (or
+ * a map or unmap still running after a second).
  */
 MP_API int mp_pager_evict(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned flags);
 
@@ -345,7 +358,8 @@ struct mp_pager_stats {
 	 * engine's other threads wait for it too (a fault blocks each of them).
 	 */
 	uint64_t caller_stall_ns;
-	MP_RESERVED(6);
+	uint64_t fill_threads;		/* config.fill_threads, or the default */
+	MP_RESERVED(5);
 };
 
 /* A snapshot of the counters. */
