@@ -96,12 +96,26 @@ def expert_masks(cfg, experts):
     return masks
 
 
+def expert_params(model):
+    """Every layer's expert tensors (gate, up, down), in a fixed order."""
+    return [p for b in model.blocks for p in (b.gate, b.up, b.down)]
+
+
+def expert_sq_dist(model, start):
+    """sum over every expert tensor of ||W - W_start||^2 (start: expert_params' copies)."""
+    return sum(((p - s) ** 2).sum() for p, s in zip(expert_params(model), start))
+
+
 def finetune(model, train_ids, steps, lr, seed, batch=8, seq=256, warmup=10, experts=None,
-             weight_decay=0.1, aux_weight=0.01, log=None, threads=1):
+             weight_decay=0.1, aux_weight=0.01, log=None, threads=1, expert_l2=0.0):
     """Trains in place. experts (a list per layer of expert ids) restricts training to those
     experts' gate/up/down rows: every other weight is frozen (no gradient, no weight decay,
-    so it keeps its exact value). Returns the log records."""
+    so it keeps its exact value). expert_l2 > 0 adds L2-SP on the experts to the loss,
+    expert_l2 x sum ||W_e - W_e_start||^2 over every expert tensor, so variants of one
+    start stay close at each (layer, expert) position (Multi-MoE shares them). Returns the
+    log records."""
     torch.set_num_threads(threads)
+    start = [p.detach().clone() for p in expert_params(model)] if expert_l2 else None
     torch.manual_seed(seed)
     cfg = model.cfg
     if experts is not None:
@@ -135,6 +149,8 @@ def finetune(model, train_ids, steps, lr, seed, batch=8, seq=256, warmup=10, exp
         logits, aux = model(w[:, :-1])
         ce = F.cross_entropy(logits.reshape(-1, cfg.vocab), w[:, 1:].reshape(-1))
         loss = ce + aux_weight * aux if aux_weight else ce
+        if start is not None:
+            loss = loss + expert_l2 * expert_sq_dist(model, start)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
@@ -142,6 +158,9 @@ def finetune(model, train_ids, steps, lr, seed, batch=8, seq=256, warmup=10, exp
         if step % 10 == 0 or step == steps:
             rec = {"step": step, "loss": round(ce.item(), 4), "lr": cur,
                    "gnorm": round(gnorm.item(), 3), "time": round(time.time() - t0, 1)}
+            if start is not None:
+                with torch.no_grad():
+                    rec["expert_sq_dist"] = round(expert_sq_dist(model, start).item(), 4)
             records.append(rec)
             print(json.dumps(rec), flush=True)
             if log:
@@ -171,6 +190,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--eval-windows", type=int, default=16,
                     help="held-out windows for the PyTorch check before and after")
+    ap.add_argument("--expert-l2", type=float, default=0.0,
+                    help="L2-SP strength on the experts: adds LAMBDA x sum ||W_e - W_e_base||^2 "
+                         "(default 0: none)")
     ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
@@ -188,7 +210,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "log.jsonl"), "w") as log:
         records = finetune(model, train_ids, args.steps, args.lr, args.seed, batch=args.batch,
-                           seq=seq, warmup=args.warmup, log=log, threads=args.threads)
+                           seq=seq, warmup=args.warmup, log=log, threads=args.threads,
+                           expert_l2=args.expert_l2)
     after, n = torch_ppl(model, held, seq, args.eval_windows)
     path = os.path.join(args.out, name + ".mpk")
     export(model, lib, path, dtype, name)
@@ -196,6 +219,7 @@ def main():
     info = {"name": name, "kind": "full fine-tune", "base": os.path.basename(args.base),
             "domain": dom["name"], "steps": args.steps, "lr": args.lr, "batch": args.batch,
             "seq": seq, "warmup": args.warmup, "seed": args.seed, "weight_decay": 0.1,
+            "expert_l2": args.expert_l2,
             "tokens_seen": args.steps * args.batch * seq,
             "torch_heldout_ppl": {"windows": args.eval_windows, "predicted": n,
                                   "base": before, "tuned": after},
