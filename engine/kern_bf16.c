@@ -21,7 +21,7 @@
  * accumulators, the vectors' 32 columns and one weight register in 32, as
  * the AVX-512 kernel (kern_avx512.c), whose 4-row blocks stream best here.
  */
-#define ROWS	4
+#define ROWS	MP_KERN_ROWS
 #define TOKENS	6
 
 /* acc += the 16 pair sums of 32 weights by 32 activations (bf16 products exact in f32). */
