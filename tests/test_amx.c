@@ -178,20 +178,28 @@ static void check_gemm(const struct path *p, const struct mp_kernels *k, uint32_
 	free(one);
 }
 
+/* check_gemm() at every rows x cols shape, up to nmax vectors, on the path's kernels. */
+static void check_shapes(const struct path *p, const uint32_t *rows, size_t nr,
+			 const uint32_t *cols, size_t nc, uint32_t nmax)
+{
+	const struct mp_kernels *k = kernels_or_refusal(p);
+
+	if (!k)
+		return;
+	assert_string_equal(k->isa, p->isa_name);
+	for (size_t r = 0; r < nr; r++)
+		for (size_t c = 0; c < nc; c++)
+			check_gemm(p, k, rows[r], cols[c], nmax);
+}
+
 /* Odd shapes: partial 16-row blocks, short column blocks, odd columns, 1-2 groups of 16. */
 static void amx_gemm_matches_a_bf16_activation_reference(void **state)
 {
 	static const uint32_t rows[] = { 1, 5, 16, 19, 38 };
 	static const uint32_t cols[] = { 1, 7, 32, 45, 96, 129 };
-	const struct mp_kernels *k = kernels_or_refusal(&amx);
 
 	(void)state;
-	if (!k)
-		return;
-	assert_string_equal(k->isa, "amx");
-	for (size_t r = 0; r < N_ELEMS(rows); r++)
-		for (size_t c = 0; c < N_ELEMS(cols); c++)
-			check_gemm(&amx, k, rows[r], cols[c], 35);
+	check_shapes(&amx, rows, N_ELEMS(rows), cols, N_ELEMS(cols), 35);
 }
 
 /*
@@ -202,15 +210,9 @@ static void bf16_gemm_matches_a_bf16_activation_reference(void **state)
 {
 	static const uint32_t rows[] = { 1, 3, 4, 5, 9, 38 };
 	static const uint32_t cols[] = { 1, 7, 31, 32, 33, 45, 96, 129 };
-	const struct mp_kernels *k = kernels_or_refusal(&bf16);
 
 	(void)state;
-	if (!k)
-		return;
-	assert_string_equal(k->isa, "avx512bf16");
-	for (size_t r = 0; r < N_ELEMS(rows); r++)
-		for (size_t c = 0; c < N_ELEMS(cols); c++)
-			check_gemm(&bf16, k, rows[r], cols[c], 14);
+	check_shapes(&bf16, rows, N_ELEMS(rows), cols, N_ELEMS(cols), 14);
 }
 
 /*
