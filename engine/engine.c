@@ -19,10 +19,11 @@ static const struct mp_engine_ops *const builtins[] = {
 	&mp_ref_avx2_ops,
 	&mp_ref_avx512_ops,
 	&mp_ref_amx_ops,
+	&mp_ref_bf16_ops,
 };
 
 static const char *const builtin_names[] = {
-	"ref", "ref-scalar", "ref-avx2", "ref-avx512", "ref-amx", NULL,
+	"ref", "ref-scalar", "ref-avx2", "ref-avx512", "ref-amx", "ref-bf16", NULL,
 };
 
 const char *const *mp_engine_builtin_names(void)
@@ -91,7 +92,7 @@ static int find_plugin(const char *name, const char *dir, char *path, size_t len
 		return 0;
 	return mp_err(-ENOENT,
 		      "engine '%s': not built in (ref, ref-scalar, ref-avx2, ref-avx512, "
-		      "ref-amx) and no %s.so in %s%s$MOEPAGER_ENGINE_PATH (%s) or %s", name, name,
+		      "ref-amx, ref-bf16) and no %s.so in %s%s$MOEPAGER_ENGINE_PATH (%s) or %s", name, name,
 		      dir ? dir : "", dir ? ", " : "", env ? env : "unset", MP_ENGINE_DIR);
 }
 

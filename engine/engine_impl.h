@@ -48,6 +48,7 @@ extern const struct mp_engine_ops mp_ref_scalar_ops;
 extern const struct mp_engine_ops mp_ref_avx2_ops;
 extern const struct mp_engine_ops mp_ref_avx512_ops;
 extern const struct mp_engine_ops mp_ref_amx_ops;
+extern const struct mp_engine_ops mp_ref_bf16_ops;
 
 /*
  * Makes every worker's scratch hold at least floats values (call before

@@ -430,6 +430,12 @@ static int ref_amx_init(struct mp_engine *e)
 			"for tile data: arch_prctl ARCH_REQ_XCOMP_PERM)");
 }
 
+static int ref_bf16_init(struct mp_engine *e)
+{
+	return init_isa(e, MP_ISA_BF16, "AVX512-BF16 (cpuid avx512_bf16, leaf 7 subleaf 1 "
+			"EAX bit 5, with AVX-512 F+BW+VL)");
+}
+
 #define REF_OPS(sym, nm, desc, initfn)						\
 const struct mp_engine_ops sym = {						\
 	.abi = MP_ENGINE_ABI,							\
@@ -452,3 +458,6 @@ REF_OPS(mp_ref_avx512_ops, "ref-avx512", "reference CPU engine, AVX-512", ref_av
 REF_OPS(mp_ref_amx_ops, "ref-amx",
 	"reference CPU engine, AVX-512 with bf16 weights' products on AMX over bf16-rounded "
 	"activations (not the bits of ref)", ref_amx_init);
+REF_OPS(mp_ref_bf16_ops, "ref-bf16",
+	"reference CPU engine, AVX-512 with bf16 weights' products on AVX512-BF16 (vdpbf16ps) "
+	"over bf16-rounded activations (not the bits of ref)", ref_bf16_init);

@@ -51,6 +51,19 @@ static int amx_check(void)
 		return -ENODEV;
 	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) ? -errno : 0;
 }
+
+/*
+ * AVX512-BF16: cpuid 7.1 EAX bit 5 (subleaf 1 exists when 7.0 EAX >= 1).
+ * Its registers are the AVX-512 state the OS already saves for has_avx512().
+ */
+static bool has_bf16(void)
+{
+	unsigned a, b, c, d;
+
+	if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1)
+		return false;
+	return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
 #endif
 
 int mp_isa_amx_check(void)
@@ -85,6 +98,8 @@ const struct mp_kernels *mp_kernels_for(enum mp_isa isa)
 		return has_avx512() ? &mp_kernels_avx512 : NULL;
 	case MP_ISA_AMX:
 		return amx_check() ? NULL : &mp_kernels_amx;
+	case MP_ISA_BF16:
+		return has_bf16() ? &mp_kernels_bf16 : NULL;
 #endif
 	default:
 		return NULL;

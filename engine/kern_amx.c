@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/kern_bf16r.h"
 
 #define TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 /* The tile intrinsics are asm without a memory operand: order our stores before their loads. */
@@ -49,20 +50,6 @@ static void tile_set(struct tilecfg *cfg, int t, uint32_t rows, uint32_t colsb)
 	cfg->colsb[t] = (uint16_t)colsb;
 }
 
-/* mp_f32_to_bf16() of 16 floats (round to nearest even, NaNs kept quiet) as 32-bit lanes. */
-static inline TARGET __m512i round_bf16(__m512 v)
-{
-	const __m512i u = _mm512_castps_si512(v);
-	const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-	const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd,
-							      _mm512_set1_epi32(0x7fff))), 16);
-	const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u,
-						      _mm512_set1_epi32(0x7fffffff)),
-						      _mm512_set1_epi32(0x7f800000));
-
-	return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-}
-
 /*
  * Up to 32 columns of one vector (left of them, the rest zero) as 16 bf16
  * pairs, scattered to pair k's word of the vector: out[k * ng].
@@ -73,8 +60,8 @@ static inline TARGET void pairs_out(const float *xt, uint32_t left, uint32_t ng,
 	const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << lo) - 1), xt);
 	const __m512 b = _mm512_maskz_loadu_ps((__mmask16)((1u << hi) - 1), xt + 16);
 	const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(
-						     _mm512_cvtepi32_epi16(round_bf16(a))),
-					     _mm512_cvtepi32_epi16(round_bf16(b)), 1);
+						     _mm512_cvtepi32_epi16(mp_round_bf16(a))),
+					     _mm512_cvtepi32_epi16(mp_round_bf16(b)), 1);
 	const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
 								 10, 11, 12, 13, 14, 15),
 					       _mm512_set1_epi32((int)ng));

@@ -392,3 +392,5 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512", xprep_bf16);
 /* These kernels with bf16 products on AMX (kern_amx.c): the opt-in bf16-activation path. */
 MP_KERNELS_DEFINE_BF16(mp_kernels_amx, "amx", mp_amx_xprep_bf16, mp_amx_gemm_bf16, MP_AMX_GROUP);
+/* ... and on AVX512-BF16 (kern_bf16.c): vectors each on its own, as here. */
+MP_KERNELS_DEFINE_BF16(mp_kernels_bf16, "avx512bf16", mp_bf16_xprep, mp_bf16_gemm, 0);

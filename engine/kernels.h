@@ -133,6 +133,16 @@ extern const struct mp_kernels mp_kernels_amx;
 void mp_amx_xprep_bf16(const float *x, uint32_t n, uint32_t cols, float *out);
 void mp_amx_gemm_bf16(const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
 		      float *y, size_t ystride);
+
+/*
+ * AVX512-BF16 (kern_bf16.c): activations rounded to bf16 as for AMX, each
+ * vector's in column order in the first half of its floats; the products
+ * by VDPBF16PS, 32 columns an instruction.
+ */
+void mp_bf16_xprep(const float *x, uint32_t n, uint32_t cols, float *out);
+void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		  float *y, size_t ystride);
+extern const struct mp_kernels mp_kernels_bf16;
 #endif
 
 enum mp_isa {
@@ -141,9 +151,11 @@ enum mp_isa {
 	MP_ISA_AVX512,
 	/* AVX-512 with bf16 products on AMX over bf16-rounded activations: not the same bits */
 	MP_ISA_AMX,
+	/* The same with them on AVX512-BF16 (VDPBF16PS): not ref's bits, nor AMX's */
+	MP_ISA_BF16,
 };
 
-/* The widest ISA this CPU (and OS) supports whose products are the f32 ones (never AMX). */
+/* The widest ISA this CPU (and OS) supports whose products are the f32 ones (never AMX, BF16). */
 enum mp_isa mp_isa_best(void);
 /*
  * Whether AMX may be used: 0, -ENODEV when this build or CPU lacks AMX-TILE,

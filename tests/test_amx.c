@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * Description: the opt-in bf16-activation path (engine ref-amx): its AMX
- * kernel against a scalar product over the same bf16-rounded activations,
- * each vector's products the same bits alone and in any batch (kernel and
- * engine, across token groups and the engine's blocks), and a clear
- * refusal where the CPU or kernel does not allow AMX.
+ * Description: the opt-in bf16-activation paths (engines ref-amx and
+ * ref-bf16): their AMX and AVX512-BF16 kernels against a scalar product
+ * over the same bf16-rounded activations, each vector's products the same
+ * bits alone and in any batch (kernel and engine, across token groups and
+ * the engine's blocks), and a clear refusal where the CPU or kernel does
+ * not allow them (AMX: a seccomp filter; AVX512-BF16: cpuid faulting that
+ * hides its bit).
  */
 #include <errno.h>
 #include <linux/audit.h>
@@ -15,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cpuid.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ucontext.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +32,28 @@
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 #define ARCH_REQ_XCOMP_PERM 0x1023
+#define ARCH_SET_CPUID 0x1012
+
+/*
+ * A bf16-activation path: its table, engine, what its refusal names, and
+ * its kernel's rounding allowance in f32 ulps of the sum of |terms| per
+ * 32-column block (check_reference()).
+ */
+struct path {
+	enum mp_isa isa;
+	const char *engine;
+	const char *isa_name;
+	const char *needs;
+	double per_block;
+};
+
+/* The tile unit sums a block's 32 terms in its own order (not documented bit for bit). */
+static const struct path amx = { MP_ISA_AMX, "ref-amx", "amx", "AMX-BF16", 4 };
+/*
+ * vdpbf16ps adds a block's two terms of each lane into its f32 accumulator
+ * (two roundings); the 16 lanes are then reduced in four levels (check_reference()).
+ */
+static const struct path bf16 = { MP_ISA_BF16, "ref-bf16", "avx512bf16", "AVX512-BF16", 2 };
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -56,36 +83,37 @@ static uint16_t *make_weights(uint32_t rows, uint32_t cols)
 	return w;
 }
 
-/* The AMX kernels, or NULL after checking that ref-amx is refused with a reason. */
-static const struct mp_kernels *amx_or_refusal(void)
+/* The path's kernels, or NULL after checking that its engine is refused with a reason. */
+static const struct mp_kernels *kernels_or_refusal(const struct path *p)
 {
-	const struct mp_kernels *k = mp_kernels_for(MP_ISA_AMX);
+	const struct mp_kernels *k = mp_kernels_for(p->isa);
 	struct mp_engine *e = NULL;
 
 	if (k)
 		return k;
 	t_log_reset();
-	assert_int_equal(mp_engine_open("ref-amx", NULL, &e), -EOPNOTSUPP);
+	assert_int_equal(mp_engine_open(p->engine, NULL, &e), -EOPNOTSUPP);
 	assert_null(e);
-	assert_true(t_log_contains("AMX-BF16"));
-	printf("# no AMX-BF16 here: checked the refusal instead\n");
+	assert_true(t_log_contains(p->needs));
+	printf("# no %s here: checked the refusal instead\n", p->needs);
 	return NULL;
 }
 
 /*
  * The reference: each term bf16(w) * bf16(x), exact in f32 (8-bit
- * significands), summed in f32 in column order. The tile unit sums the 32
- * terms of an instruction in its own order (not documented bit for bit),
- * so the kernel is held to f32 rounding of that sum: 2^-22 of the sum of
- * |terms| per 32-column block is generous and still far below one bf16
- * rounding of the activations (2^-9), which the reference shares exactly.
+ * significands), summed in double (exact enough to be the true sum here).
+ * The kernels differ from it by their f32 additions only, each off by at
+ * most 2^-24 of a partial sum no larger than the sum of |terms|: per
+ * 32-column block p->per_block of them, then at most 5 more (vdpbf16ps's
+ * 16 lanes reduced in 4 levels, one spare). That is ~1000x below one bf16
+ * rounding of the activations (2^-9), which the reference shares exactly,
+ * so a wrong rounding or a lost or doubled column fails.
  */
-static void check_reference(const uint16_t *w, uint32_t rows, uint32_t cols, const float *x,
-			    const float *y, const char *what)
+static void check_reference(const struct path *p, const uint16_t *w, uint32_t rows,
+			    uint32_t cols, const float *x, const float *y, const char *what)
 {
 	for (uint32_t r = 0; r < rows; r++) {
-		float sum = 0;
-		double scale = 0;
+		double sum = 0, scale = 0;
 
 		for (uint32_t c = 0; c < cols; c++) {
 			float term = mp_bf16_to_f32(w[(size_t)r * cols + c]) *
@@ -94,7 +122,8 @@ static void check_reference(const uint16_t *w, uint32_t rows, uint32_t cols, con
 			sum += term;
 			scale += fabs((double)term);
 		}
-		if (!(fabs((double)y[r] - sum) <= scale * 0x1p-22 * ((cols + 31) / 32) + 1e-30)) {
+		if (!(fabs((double)y[r] - sum) <=
+		      scale * 0x1p-24 * (p->per_block * ((cols + 31) / 32) + 5) + 1e-30)) {
 			print_error("%s row %u: got %.9g, want %.9g (scale %.3g)\n", what, r,
 				    (double)y[r], (double)sum, scale);
 			fail();
@@ -107,7 +136,8 @@ static void check_reference(const uint16_t *w, uint32_t rows, uint32_t cols, con
  * gets the bits it gets alone, at its stride, and nothing past the batch's
  * rows is written.
  */
-static void check_gemm(const struct mp_kernels *k, uint32_t rows, uint32_t cols, uint32_t nmax)
+static void check_gemm(const struct path *p, const struct mp_kernels *k, uint32_t rows,
+		       uint32_t cols, uint32_t nmax)
 {
 	const size_t ystride = rows + 3;
 	uint16_t *w = make_weights(rows, cols);
@@ -130,14 +160,15 @@ static void check_gemm(const struct mp_kernels *k, uint32_t rows, uint32_t cols,
 				assert_true(isnan(yt[r]));
 			if (t >= n)
 				continue;
-			snprintf(what, sizeof(what), "amx %ux%u n=%u vector %u", rows, cols, n, t);
+			snprintf(what, sizeof(what), "%s %ux%u n=%u vector %u", p->isa_name, rows,
+				 cols, n, t);
 			k->xprep[MP_DTYPE_BF16](x + (size_t)t * cols, 1, cols, xk);
 			k->gemm[MP_DTYPE_BF16](w, rows, cols, xk, 1, one, rows);
 			if (memcmp(one, yt, rows * sizeof(float))) {
 				print_error("%s differs from its product alone\n", what);
 				fail();
 			}
-			check_reference(w, rows, cols, x + (size_t)t * cols, yt, what);
+			check_reference(p, w, rows, cols, x + (size_t)t * cols, yt, what);
 		}
 	}
 	free(w);
@@ -147,28 +178,81 @@ static void check_gemm(const struct mp_kernels *k, uint32_t rows, uint32_t cols,
 	free(one);
 }
 
+/* check_gemm() at every rows x cols shape, up to nmax vectors, on the path's kernels. */
+static void check_shapes(const struct path *p, const uint32_t *rows, size_t nr,
+			 const uint32_t *cols, size_t nc, uint32_t nmax)
+{
+	const struct mp_kernels *k = kernels_or_refusal(p);
+
+	if (!k)
+		return;
+	assert_string_equal(k->isa, p->isa_name);
+	for (size_t r = 0; r < nr; r++)
+		for (size_t c = 0; c < nc; c++)
+			check_gemm(p, k, rows[r], cols[c], nmax);
+}
+
 /* Odd shapes: partial 16-row blocks, short column blocks, odd columns, 1-2 groups of 16. */
 static void amx_gemm_matches_a_bf16_activation_reference(void **state)
 {
 	static const uint32_t rows[] = { 1, 5, 16, 19, 38 };
 	static const uint32_t cols[] = { 1, 7, 32, 45, 96, 129 };
-	const struct mp_kernels *k = amx_or_refusal();
+
+	(void)state;
+	check_shapes(&amx, rows, N_ELEMS(rows), cols, N_ELEMS(cols), 35);
+}
+
+/*
+ * Odd shapes for vdpbf16ps's 4-row x 6-vector tiles: rows left over one by
+ * one, masked last blocks of 1-31 columns, one to three groups of vectors.
+ */
+static void bf16_gemm_matches_a_bf16_activation_reference(void **state)
+{
+	static const uint32_t rows[] = { 1, 3, 4, 5, 9, 38 };
+	static const uint32_t cols[] = { 1, 7, 31, 32, 33, 45, 96, 129 };
+
+	(void)state;
+	check_shapes(&bf16, rows, N_ELEMS(rows), cols, N_ELEMS(cols), 14);
+}
+
+/*
+ * vdpbf16ps's xprep rounds as mp_f32_to_bf16(): ties to even, NaNs quiet,
+ * infinities, signed zeros and subnormals, into each vector's first half.
+ */
+static void bf16_xprep_rounds_as_the_scalar_conversion(void **state)
+{
+	static const uint32_t bits[] = {
+		0x3f808000, 0x3f818000, 0x3f807fff, 0x3f808001, 0x7f800000, 0xff800000,
+		0x7f800001, 0xffc00001, 0x7fffffff, 0x80000000, 0x00000001, 0x007fffff,
+		0x7f7fffff, 0xbf7fffff, 0x00008000, 0x00018000,
+	};
+	const uint32_t cols = 37, n = 3;
+	const struct mp_kernels *k = kernels_or_refusal(&bf16);
+	float x[3 * 37], out[3 * 37];
 
 	(void)state;
 	if (!k)
 		return;
-	assert_string_equal(k->isa, "amx");
-	for (size_t r = 0; r < N_ELEMS(rows); r++)
-		for (size_t c = 0; c < N_ELEMS(cols); c++)
-			check_gemm(k, rows[r], cols[c], 35);
+	for (uint32_t i = 0; i < n * cols; i++) {
+		uint32_t b = bits[i % N_ELEMS(bits)] ^ (i / N_ELEMS(bits) % 2 ? 0x80000000u : 0);
+
+		memcpy(&x[i], &b, sizeof(b));
+	}
+	k->xprep[MP_DTYPE_BF16](x, n, cols, out);
+	for (uint32_t t = 0; t < n; t++) {
+		const uint16_t *o = (const uint16_t *)(out + (size_t)t * cols);
+
+		for (uint32_t c = 0; c < cols; c++)
+			assert_int_equal(o[c], mp_f32_to_bf16(x[t * cols + c]));
+	}
 }
 
 /*
  * Through the engine on 2 threads: a batch large enough to run in the
- * engine's blocks (vectors in whole groups of 16, rows not) gives each
- * vector its lone products, and ref-amx's other types are ref-avx512's bits.
+ * engine's blocks (AMX: vectors in whole groups of 16, rows not) gives each
+ * vector its lone products, and the path's other types are ref-avx512's bits.
  */
-static void amx_engine_products_are_the_same_bits_alone_and_batched(void **state)
+static void engine_products_are_the_same_bits_alone_and_batched(const struct path *p)
 {
 	const uint32_t rows = 200, cols = 1500, n = 70;
 	struct mp_engine_config cfg = { .threads = 2 };
@@ -176,10 +260,9 @@ static void amx_engine_products_are_the_same_bits_alone_and_batched(void **state
 	uint16_t *w;
 	float *x, *y, *one, *wf, *yf;
 
-	(void)state;
-	if (!amx_or_refusal())
+	if (!kernels_or_refusal(p))
 		return;
-	assert_int_equal(mp_engine_open("ref-amx", &cfg, &e), 0);
+	assert_int_equal(mp_engine_open(p->engine, &cfg, &e), 0);
 	assert_int_equal(mp_engine_open("ref-avx512", &cfg, &e512), 0);
 	w = make_weights(rows, cols);
 	x = xmalloc((size_t)n * cols * sizeof(float));
@@ -207,6 +290,18 @@ static void amx_engine_products_are_the_same_bits_alone_and_batched(void **state
 	free(one);
 	free(wf);
 	free(yf);
+}
+
+static void amx_engine_products_are_the_same_bits_alone_and_batched(void **state)
+{
+	(void)state;
+	engine_products_are_the_same_bits_alone_and_batched(&amx);
+}
+
+static void bf16_engine_products_are_the_same_bits_alone_and_batched(void **state)
+{
+	(void)state;
+	engine_products_are_the_same_bits_alone_and_batched(&bf16);
 }
 
 /* A filter that fails arch_prctl(ARCH_REQ_XCOMP_PERM) with EPERM, as a locked-down host might. */
@@ -274,12 +369,99 @@ static void amx_is_refused_with_a_clear_error_where_the_kernel_forbids_it(void *
 	}
 }
 
+static volatile sig_atomic_t cpuid_traps;
+
+/*
+ * SIGSEGV of a trapped cpuid (ARCH_SET_CPUID 0): runs it untrapped and
+ * returns its registers with AVX512-BF16 (leaf 7 subleaf 1, EAX bit 5)
+ * cleared, as a CPU without it would.
+ */
+static void cpuid_without_bf16(int sig, siginfo_t *si, void *ctx)
+{
+	greg_t *g = ((ucontext_t *)ctx)->uc_mcontext.gregs;
+	const uint8_t *ip = (const uint8_t *)g[REG_RIP];
+	const unsigned leaf = (unsigned)g[REG_RAX], sub = (unsigned)g[REG_RCX];
+	unsigned a, b, c, d;
+
+	(void)sig;
+	(void)si;
+	if (ip[0] != 0x0f || ip[1] != 0xa2)
+		_exit(20);	/* a real fault */
+	syscall(SYS_arch_prctl, ARCH_SET_CPUID, 1);
+	__cpuid_count(leaf, sub, a, b, c, d);
+	syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0);
+	if (leaf == 7 && sub == 1)
+		a &= ~(1u << 5);
+	g[REG_RAX] = a;
+	g[REG_RBX] = b;
+	g[REG_RCX] = c;
+	g[REG_RDX] = d;
+	g[REG_RIP] += 2;
+	cpuid_traps++;
+}
+
+/* In a forked child: the engine opened where cpuid says no AVX512-BF16 (codes as below). */
+static int bf16_refusal_child(void)
+{
+	struct sigaction sa = { .sa_sigaction = cpuid_without_bf16, .sa_flags = SA_SIGINFO };
+	struct mp_engine *e = NULL;
+	int code = 0;
+
+	if (sigaction(SIGSEGV, &sa, NULL) || syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0))
+		return 10;
+	t_log_reset();
+	if (mp_engine_open("ref-bf16", NULL, &e) != -EOPNOTSUPP || e)
+		code = 11;
+	else if (!t_log_contains("AVX512-BF16") || !t_log_contains("cpuid"))
+		code = 12;
+	else if (mp_kernels_for(MP_ISA_BF16))
+		code = 13;
+	else if (mp_engine_open("ref-avx512", NULL, &e))
+		code = 14;
+	else if (!cpuid_traps)
+		code = 15;
+	mp_engine_close(e);
+	return code;
+}
+
+/*
+ * Where cpuid lacks AVX512-BF16, ref-bf16 is -EOPNOTSUPP naming it (no
+ * crash on an illegal instruction, no fallback to other bits) and ref-avx512
+ * still opens. On a CPU with it, a child hides the bit by cpuid faulting
+ * (Linux's ARCH_SET_CPUID; every cpuid traps to a handler that answers).
+ */
+static void bf16_is_refused_with_a_clear_error_where_cpuid_lacks_it(void **state)
+{
+	int status;
+	pid_t pid;
+
+	(void)state;
+	if (!kernels_or_refusal(&bf16))
+		return;
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(bf16_refusal_child());
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+		print_error("child: %s %d (10 no cpuid faulting, 11 not refused, 12 message, "
+			    "13 kernels, 14 ref-avx512, 15 no cpuid trapped, 20 a real fault)\n",
+			    WIFEXITED(status) ? "exit" : "signal",
+			    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		fail();
+	}
+}
+
 int main(void)
 {
 	static const struct CMUnitTest tests[] = {
 		cmocka_unit_test(amx_gemm_matches_a_bf16_activation_reference),
+		cmocka_unit_test(bf16_gemm_matches_a_bf16_activation_reference),
+		cmocka_unit_test(bf16_xprep_rounds_as_the_scalar_conversion),
 		cmocka_unit_test(amx_engine_products_are_the_same_bits_alone_and_batched),
+		cmocka_unit_test(bf16_engine_products_are_the_same_bits_alone_and_batched),
 		cmocka_unit_test(amx_is_refused_with_a_clear_error_where_the_kernel_forbids_it),
+		cmocka_unit_test(bf16_is_refused_with_a_clear_error_where_cpuid_lacks_it),
 	};
 
 	return cmocka_run_group_tests(tests, t_group_log_capture, t_group_tmpdir_cleanup);

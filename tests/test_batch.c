@@ -20,7 +20,7 @@
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const engines[] = { "ref-scalar", "ref-avx2", "ref-avx512", "ref",
-				       "ref-amx", "openblas" };
+				       "ref-amx", "ref-bf16", "openblas" };
 
 /* Prompts of different lengths; sequence i starts decoding at a different step. */
 static const uint32_t prompt_len[NSEQ] = { 17, 5, 1, 23 };

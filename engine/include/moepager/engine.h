@@ -58,7 +58,8 @@ struct mp_engine_config {
  * Opens the engine called name: a built-in ("ref" picks the widest ISA this
  * CPU has; "ref-scalar", "ref-avx2" and "ref-avx512" force one; "ref-amx"
  * is ref-avx512 with bf16 weights' products on AMX tiles over activations
- * rounded to bf16, opt-in: not the same bits), else the
+ * rounded to bf16, opt-in: not the same bits; "ref-bf16" the same on
+ * AVX512-BF16's vdpbf16ps, not AMX's bits either), else the
  * plug-in name.so searched in cfg->plugin_dir, each directory of
  * $MOEPAGER_ENGINE_PATH (colon-separated), then the install's
  * <libdir>/moepager/engines; a name containing '/' is a plug-in path.

@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: MIT
+/*
+ * bf16 products on AVX512-BF16 (VDPBF16PS) over activations rounded to
+ * bf16: the opt-in kernels of engine ref-bf16. One instruction multiplies
+ * 32 bf16 weights, as loaded from the row-major matrix (no widening), by 32
+ * bf16 activations and adds the pairs into 16 f32 lanes: a quarter of the
+ * f32 path's vector work per weight, where 4-16 vectors are FMA-bound.
+ */
+#include <immintrin.h>
+
+#include "engine/kernels.h"
+#include "engine/kern_bf16r.h"
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define UNROLL _Pragma("GCC unroll 8")
+/* In the kernels' loops: a call there would spill every vector register (all caller-saved). */
+#define ALWAYS_INLINE __attribute__((always_inline))
+
+/*
+ * A register tile is ROWS weight rows x up to TOKENS vectors: 24
+ * accumulators, the vectors' 32 columns and one weight register in 32, as
+ * the AVX-512 kernel (kern_avx512.c), whose 4-row blocks stream best here.
+ */
+#define ROWS	MP_KERN_ROWS
+#define TOKENS	6
+
+/* acc += the 16 pair sums of 32 weights by 32 activations (bf16 products exact in f32). */
+static inline ALWAYS_INLINE TARGET __m512 dp(__m512 acc, __m512i w, __m512i x)
+{
+	return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
+}
+
+/*
+ * R rows x T vectors: one accumulator per (row, vector) over the 32-column
+ * blocks in order, the last, short one by masked loads (zeros past the
+ * row, which add nothing), then one reduction. A sum's order is its own
+ * whatever R, T and the other vectors are, so a vector's products are the
+ * same bits alone and in any batch. pw: where to prefetch (NULL: not).
+ */
+static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, const uint32_t R,
+					     const uint32_t T, uint32_t cols, const uint16_t *x,
+					     size_t xs, float *y, size_t ystride, const char *pw)
+{
+	__m512 acc[TOKENS][ROWS];
+	__m512i xv[TOKENS];
+	uint32_t c = 0;
+
+	UNROLL for (uint32_t t = 0; t < T; t++)
+		UNROLL for (uint32_t r = 0; r < R; r++)
+			acc[t][r] = _mm512_setzero_ps();
+	for (; c + 32 <= cols; c += 32) {
+		/* every row of the block MP_PF_AHEAD on the same lead, as pf_bf16 does */
+		if (pw)
+			UNROLL for (uint32_t r = 0; r < R; r++)
+				_mm_prefetch(pw + r * rs + (size_t)c * 2, _MM_HINT_T1);
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			xv[t] = _mm512_loadu_si512(x + t * xs + c);
+		UNROLL for (uint32_t r = 0; r < R; r++) {
+			const __m512i wv = _mm512_loadu_si512(w + r * rs + (size_t)c * 2);
+
+			UNROLL for (uint32_t t = 0; t < T; t++)
+				acc[t][r] = dp(acc[t][r], wv, xv[t]);
+		}
+	}
+	if (c < cols) {
+		const __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
+
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
+		UNROLL for (uint32_t r = 0; r < R; r++) {
+			const __m512i wv = _mm512_maskz_loadu_epi16(m, w + r * rs + (size_t)c * 2);
+
+			UNROLL for (uint32_t t = 0; t < T; t++)
+				acc[t][r] = dp(acc[t][r], wv, xv[t]);
+		}
+	}
+	UNROLL for (uint32_t t = 0; t < T; t++)
+		UNROLL for (uint32_t r = 0; r < R; r++)
+			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+/*
+ * Each vector's cols activations rounded to bf16 as mp_f32_to_bf16() does,
+ * in column order, into the first half of its cols floats at out (so
+ * x + t * cols of the result is vector t's, as the engine's blocks expect).
+ */
+TARGET void mp_bf16_xprep(const float *x, uint32_t n, uint32_t cols, float *out)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		const float *xt = x + (size_t)t * cols;
+		uint16_t *o = (uint16_t *)(out + (size_t)t * cols);
+
+		for (uint32_t c = 0; c < cols; c += 32) {
+			const uint32_t left = cols - c < 32 ? cols - c : 32;
+			const uint32_t lo = left < 16 ? left : 16, hi = left - lo;
+			const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << lo) - 1), xt + c);
+			const __m512 b = _mm512_maskz_loadu_ps((__mmask16)((1u << hi) - 1),
+							       xt + c + 16);
+			const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(
+					_mm512_cvtepi32_epi16(mp_round_bf16(a))),
+					_mm512_cvtepi32_epi16(mp_round_bf16(b)), 1);
+
+			_mm512_mask_storeu_epi16(o + c, (__mmask32)((1ull << left) - 1), h);
+		}
+	}
+}
+
+/* Where a 4-row block at w prefetches: the first whole block MP_PF_AHEAD bytes on. */
+static const char *pf_at(const char *w, size_t rs)
+{
+	const size_t block = ROWS * rs;
+
+	return block ? w + (MP_PF_AHEAD + block - 1) / block * block : w;
+}
+
+/*
+ * y[t * ystride + r] for the n vectors mp_bf16_xprep() rounded at x: each
+ * 4-row block is read from memory once (prefetched by the first group of
+ * vectors) and used by every group of up to TOKENS while in L1.
+ */
+TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const float *x,
+			 uint32_t n, float *y, size_t ystride)
+{
+	const size_t rs = MP_ROW_bf16(cols), xs = (size_t)cols * 2;
+	const uint16_t *xb = (const uint16_t *)x;
+	uint32_t r = 0;
+
+	for (; r + ROWS <= rows; r += ROWS) {
+		const char *wr = (const char *)w + r * rs;
+
+		for (uint32_t t = 0; t < n; t += TOKENS) {
+			const uint16_t *xt = xb + t * xs;
+			float *yt = y + t * ystride + r;
+			const char *pw = t == 0 ? pf_at(wr, rs) : NULL;
+
+			switch (n - t < TOKENS ? n - t : TOKENS) {
+			case 1: tile(wr, rs, ROWS, 1, cols, xt, xs, yt, ystride, pw); break;
+			case 2: tile(wr, rs, ROWS, 2, cols, xt, xs, yt, ystride, pw); break;
+			case 3: tile(wr, rs, ROWS, 3, cols, xt, xs, yt, ystride, pw); break;
+			case 4: tile(wr, rs, ROWS, 4, cols, xt, xs, yt, ystride, pw); break;
+			case 5: tile(wr, rs, ROWS, 5, cols, xt, xs, yt, ystride, pw); break;
+			default: tile(wr, rs, ROWS, 6, cols, xt, xs, yt, ystride, pw); break;
+			}
+		}
+	}
+	/* The last rows one by one, a vector at a time (odd shapes only). */
+	for (; r < rows; r++)
+		for (uint32_t t = 0; t < n; t++)
+			tile((const char *)w + r * rs, rs, 1, 1, cols, xb + t * xs, xs,
+			     y + t * ystride + r, ystride, NULL);
+}
