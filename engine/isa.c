@@ -53,18 +53,26 @@ static int amx_check(void)
 }
 
 /*
- * AVX512-BF16: cpuid 7.1 EAX bit 5 (subleaf 1 exists when 7.0 EAX >= 1).
- * Its registers are the AVX-512 state the OS already saves for has_avx512().
+ * AVX512-BF16 on top of AVX-512. Its registers are the AVX-512 state the OS
+ * already saves for has_avx512().
  */
 static bool has_bf16(void)
 {
-	unsigned a, b, c, d;
+	unsigned a, b, c, d, sub_max;
 
-	if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1)
+	if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
 		return false;
-	return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+	sub_max = a;
+	if (sub_max < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d))
+		return false;
+	return mp_isa_bf16_cpuid(sub_max, a);
 }
 #endif
+
+bool mp_isa_bf16_cpuid(unsigned leaf7_sub_max, unsigned leaf7_1_eax)
+{
+	return leaf7_sub_max >= 1 && (leaf7_1_eax & (1u << 5));
+}
 
 int mp_isa_amx_check(void)
 {

@@ -163,6 +163,11 @@ enum mp_isa mp_isa_best(void);
  * data state (arch_prctl ARCH_REQ_XCOMP_PERM).
  */
 int mp_isa_amx_check(void);
+/*
+ * What cpuid says of AVX512-BF16: leaf 7.0 EAX (its last subleaf) and
+ * 7.1 EAX (bit 5). Apart from the cpuid calls so that it can be tested.
+ */
+bool mp_isa_bf16_cpuid(unsigned leaf7_sub_max, unsigned leaf7_1_eax);
 /* The kernels of an ISA, or NULL when this build or CPU lacks it. */
 const struct mp_kernels *mp_kernels_for(enum mp_isa isa);
 

@@ -930,15 +930,15 @@ static void a_burst_from_idle_shares_its_first_step(void **state)
 /*
  * Once steps have run, a burst is gathered while each request comes within a
  * quarter of a mean step of the last, however long the whole burst takes
- * (up to 4 x gather_ns): five requests, each a tenth of a mean step after
- * the last (0.4 steps in all), share their first step. Slow steps (~0.2 s)
- * give the gaps room on a loaded machine.
+ * (up to 4 x gather_ns): eight requests, each a twentieth of a mean step
+ * after the last (0.35 steps in all), share their first step. Slow steps
+ * (~0.2 s) and gaps a fifth of the quiet window give room on a loaded machine.
  */
 static void a_burst_longer_than_a_quarter_step_is_gathered(void **state)
 {
 	struct mp_sched_params p = { .max_tokens = 2, .no_eos = true };
 	struct mp_runner *r = open_runner(&gate_ops, NULL);
-	static struct result res[7];
+	static struct result res[10];
 	struct mp_sched_stats st, st2;
 	struct mp_sched *s;
 	double step;
@@ -955,17 +955,17 @@ static void a_burst_longer_than_a_quarter_step_is_gathered(void **state)
 	step = st.step_seconds / (double)st.steps;
 	atomic_store(&gate.slow_us, (unsigned)MP_MIN(100 * 0.2 / step, 200000.0));
 
-	s = open_gather(r, 8, 1000000000ull);
+	s = open_gather(r, 8, 100000000ull);
 	submit(s, 1, 3, &p, &res[1]);
 	wait_done(res + 1, 1);
 	mp_sched_stats(s, &st);
 	step = st.step_seconds / (double)st.steps;
-	for (uint32_t i = 2; i < 7; i++) {
+	for (uint32_t i = 2; i < 10; i++) {
 		if (i > 2)
-			usleep((useconds_t)(step * 1e5));	/* a tenth of a step */
+			usleep((useconds_t)(step * 5e4));
 		submit(s, i, 3, &p, &res[i]);
 	}
-	wait_done(res + 2, 5);
+	wait_done(res + 2, 8);
 	atomic_store(&gate.slow_us, 0);
 	mp_sched_stats(s, &st2);
 	mp_sched_close(s);

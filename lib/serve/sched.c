@@ -552,7 +552,8 @@ static void deadline_at(struct timespec *ts, uint64_t ns)
  * at most a quarter of a mean step (what a late request would lose: a step
  * of its own); the whole wait is at most 4 x gather_ns and ends once
  * max_batch wait. A head queued before the last step ended (behind a full
- * batch or the KV budget) has waited already: no wait then. Called locked;
+ * batch or the KV budget, or while the last sequences ran their last step)
+ * has waited already: no wait then. Called locked;
  * returns the time it slept, and counts a wait only when it slept.
  */
 static uint64_t gather(struct mp_sched *s)

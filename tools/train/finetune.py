@@ -196,6 +196,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
+    if not args.expert_l2 >= 0:
+        ap.error("--expert-l2 %r: must be >= 0 (a negative strength pushes the experts "
+                 "away from the base)" % args.expert_l2)
 
     tok = base_tokenizer(args.base, "finetune.py")
     torch.set_num_threads(args.threads)
