@@ -389,11 +389,14 @@ static void sort_spots(struct mp_region *r, uint32_t slot)
 	}
 }
 
-/* True when the spare stacks hold every chunk a slot needs. Called locked. */
-static bool spares_suffice(const struct mp_region *r)
+/* Bytes of new chunks a slot would take: what the spare stacks lack. Called locked. */
+static uint64_t new_bytes_for_slot(const struct mp_region *r)
 {
-	return r->cls[CLS_FULL].nspare >= r->nfull &&
-	       (!r->tail_bytes || r->cls[CLS_TAIL].nspare >= 1);
+	uint64_t full = r->cls[CLS_FULL].nspare >= r->nfull ? 0 :
+			r->nfull - r->cls[CLS_FULL].nspare;
+	uint64_t tail = r->tail_bytes && !r->cls[CLS_TAIL].nspare ? r->tail_bytes : 0;
+
+	return full * MP_REGION_CHUNK + tail;
 }
 
 /*
@@ -431,8 +434,9 @@ static void put_taken(struct mp_region *r, uint32_t slot, struct iovec *iov, uin
 	pthread_mutex_unlock(&r->lock);
 }
 
-int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, bool spare_only)
+int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, uint64_t limit)
 {
+	uint64_t more;
 	uint32_t j;
 	bool hole;
 	int err;
@@ -441,7 +445,9 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, 
 	if (err)
 		return err;
 	pthread_mutex_lock(&r->lock);
-	if (spare_only && !spares_suffice(r)) {
+	/* populated only changes under the lock: the check and the taking are one step. */
+	more = new_bytes_for_slot(r);
+	if (more && atomic_load(&r->mem.populated) + more > limit) {
 		pthread_mutex_unlock(&r->lock);
 		return -ENOSPC;
 	}

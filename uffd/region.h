@@ -109,11 +109,15 @@ void mp_region_mem(struct mp_region *r, struct mp_region_mem *out);
 /*
  * empty -> held: takes chunks for the slot (spare ones first, new ones
  * otherwise) and returns their addresses in iov[mp_region_chunks()]; a
- * fill writes the slot's data there. With spare_only, only memory already
- * held: -ENOSPC (nothing taken) when the spare chunks do not suffice.
+ * fill writes the slot's data there. The populated bytes may reach at most
+ * limit with the new ones (MP_REGION_NO_LIMIT: any): -ENOSPC (nothing taken)
+ * past it. The limit is checked where the chunks are taken, under the
+ * region's lock, so concurrent fills cannot each pass a check made apart
+ * from the taking and together go over it.
  * Returns the number of segments, -ENOMEM, -ENOSPC, or -EINVAL.
  */
-int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, bool spare_only);
+#define MP_REGION_NO_LIMIT	UINT64_MAX
+int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, uint64_t limit);
 /* held: the chunk segments mp_region_slot_alloc() gave. Returns their number or -EINVAL. */
 int mp_region_slot_iov(struct mp_region *r, uint32_t slot, struct iovec *iov);
 /*

@@ -74,15 +74,13 @@ static int fill_issued(void *arg)
 	return make_room(arg);
 }
 
-/* True when one more expert's chunks keep the memory held within budget + spare_bytes. */
-static bool slack_for_one(struct mp_pager *p)
+/*
+ * The memory bound: pages held <= budget + spare_bytes. Read unlocked: a
+ * budget changing meanwhile only moves when the eviction happens.
+ */
+uint64_t mp_pager_mem_limit(const struct mp_pager *p)
 {
-	struct mp_region_mem m;
-
-	/* Unlocked: a budget changing meanwhile only moves when the eviction happens. */
-	mp_region_mem(p->region, &m);
-	return m.populated_bytes + p->data_bytes <=
-	       __atomic_load_n(&p->mem.budget, __ATOMIC_RELAXED) + p->mem.spare_bytes;
+	return __atomic_load_n(&p->mem.budget, __ATOMIC_RELAXED) + p->mem.spare_bytes;
 }
 
 /*
@@ -104,14 +102,17 @@ static int take_chunks(struct worker *w, struct fill_ctx *fh, bool demand)
 	if (nseg)
 		return nseg;
 	if (demand) {
-		nseg = mp_region_slot_alloc(p->region, fh->slot, w->iov, !slack_for_one(p));
+		if (p->taking)
+			p->taking(p, p->taking_arg);
+		/* Spare chunks, or new ones within the bound (checked as they are taken). */
+		nseg = mp_region_slot_alloc(p->region, fh->slot, w->iov, mp_pager_mem_limit(p));
 		if (nseg != -ENOSPC)
 			return nseg;
 	}
 	err = make_room(fh);
 	if (err)
 		return err;
-	return mp_region_slot_alloc(p->region, fh->slot, w->iov, false);
+	return mp_region_slot_alloc(p->region, fh->slot, w->iov, MP_REGION_NO_LIMIT);
 }
 
 static uint64_t iov_present(const struct iovec *iov, int n)

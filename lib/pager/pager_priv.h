@@ -117,6 +117,9 @@ struct mp_pager {
 
 	atomic_bool closing;
 	atomic_uint demand_reads;	/* demand fills reading now: prefetch reads yield */
+	/* Test seam: called unlocked as a demand fill takes its chunks (NULL: none). */
+	void (*taking)(struct mp_pager *p, void *arg);
+	void *taking_arg;
 };
 
 /*
@@ -160,6 +163,7 @@ void mp_pager_unreserve(struct mp_pager *p, uint32_t slot);
 int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host);
 /* Spare chunks past budget + spare_bytes of memory held go back to the kernel. */
 void mp_pager_trim_spares(struct mp_pager *p);
+uint64_t mp_pager_mem_limit(const struct mp_pager *p);
 /* Not locked: POISONED -> EMPTY, so the next access reads the expert again. */
 int mp_pager_clear(struct mp_pager *p, uint32_t slot);
 
