@@ -860,6 +860,10 @@ static void evictions_keep_spares_within_the_memory_bound(void **state)
 	struct mp_pager_stats st;
 
 	(void)state;
+	/* Spares created ahead by idle workers would be new pages too. */
+	pthread_mutex_lock(&p->lock);
+	p->mem.no_ahead = true;
+	pthread_mutex_unlock(&p->lock);
 	for (uint32_t e = 0; e < 4; e++)
 		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
 	for (uint32_t e = 0; e < 3; e++)
@@ -950,6 +954,44 @@ static void concurrent_fills_never_exceed_the_memory_bound(void **state)
 	assert_true(atomic_load(&ttier.peak_populated) <= mp_pager_mem_limit(p));
 	atomic_store(&ttier.track_peak, false);
 	atomic_store(&ttier.delay_ms, 0);
+	mp_pager_close(p);
+}
+
+static void count_creation(struct mp_region *r, void *arg)
+{
+	(void)r;
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/*
+ * While the pool fills up, idle workers create spare chunks ahead, so the
+ * next fill reads into them instead of creating its own before its read.
+ */
+static void idle_workers_create_spares_ahead_of_the_next_fill(void **state)
+{
+	struct mp_pager *p = open_pager(8, NULL);
+	struct mp_region_mem m;
+	atomic_int created = 0;
+
+	(void)state;
+	assert_memory_equal(mp_pager_expert(p, 0, 0), want(0, 0), xbytes);
+	for (int i = 0; i < 2000; i++) {
+		mp_region_mem(p->region, &m);
+		if (m.spare_bytes >= p->mem.spare_bytes)
+			break;
+		usleep(1000);
+	}
+	assert_true(m.spare_bytes >= p->mem.spare_bytes);
+	assert_true(m.populated_bytes <= mp_pager_mem_limit(p));
+	/* Off now, so that a chunk created here can only be the fill's own. */
+	pthread_mutex_lock(&p->lock);
+	p->mem.no_ahead = true;
+	pthread_mutex_unlock(&p->lock);
+	p->region->creating_arg = &created;
+	p->region->creating = count_creation;
+	assert_memory_equal(mp_pager_expert(p, 0, 1), want(0, 1), xbytes);
+	assert_int_equal(atomic_load(&created), 0);
+	p->region->creating = NULL;
 	mp_pager_close(p);
 }
 
@@ -1625,6 +1667,7 @@ int main(void)
 		cmocka_unit_test(evictions_keep_spares_within_the_memory_bound),
 		cmocka_unit_test(a_smaller_budget_gives_spares_back),
 		cmocka_unit_test(concurrent_fills_never_exceed_the_memory_bound),
+		cmocka_unit_test(idle_workers_create_spares_ahead_of_the_next_fill),
 		cmocka_unit_test(routed_expert_is_read_on_the_asking_thread_before_its_touch),
 		cmocka_unit_test(expert_a_fill_thread_reads_is_waited_for_not_read_twice),
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),

@@ -253,6 +253,39 @@ static void slot_alloc_takes_new_chunks_only_within_the_limit(void **state)
 	mp_region_destroy(r);
 }
 
+/*
+ * Spares are created ahead of need once a fill had to create chunks, up to
+ * the slots' worth asked for, and stop for good at the limit.
+ */
+static void spares_grow_ahead_while_the_pool_fills_up(void **state)
+{
+	struct mp_region_config cf = cfg;
+	struct mp_region_mem m;
+	struct mp_region *r;
+	struct iovec iov[4];
+
+	(void)state;
+	cf.nslots = 3;
+	assert_int_equal(mp_region_create(&cf, &own_ops, NULL, &r), 0);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, MP_REGION_NO_LIMIT), 2);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 1);	/* full */
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 1);	/* tail */
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.spare_bytes, DATA);
+	assert_int_equal(m.fresh_bytes, 2 * DATA);
+	/* Slot 1 takes them; the limit leaves no room for more, and ends the growing. */
+	assert_int_equal(mp_region_slot_alloc(r, 1, iov, 2 * DATA), 2);
+	assert_int_equal(mp_region_grow_spares(r, 1, 2 * DATA), 0);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.populated_bytes, 2 * DATA);
+	assert_int_equal(mp_region_slot_free(r, 0), 0);
+	assert_int_equal(mp_region_slot_free(r, 1), 0);
+	mp_region_destroy(r);
+}
+
 /* A chunk creation held in the region's test seam until the main thread has had its turn. */
 struct creation {
 	pthread_mutex_t lock;
@@ -642,6 +675,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(freed_chunks_are_recycled_not_reallocated),
 		cmocka_unit_test(recycled_chunks_come_in_ascending_order),
 		cmocka_unit_test(slot_alloc_takes_new_chunks_only_within_the_limit),
+		cmocka_unit_test(spares_grow_ahead_while_the_pool_fills_up),
 		cmocka_unit_test(slot_alloc_does_not_wait_for_another_threads_chunk_creation),
 		cmocka_unit_test(tail_spots_are_never_collapsed),
 		cmocka_unit_test(poisoned_slot_raises_sigbus_until_cleared),

@@ -52,6 +52,7 @@ struct pager_mem {
 	uint32_t mapped_n;
 	uint64_t min_resident_ns;
 	uint64_t spare_bytes;		/* spare chunk bytes kept for recycling */
+	bool no_ahead;			/* no spares created ahead (one failed, or a test) */
 };
 
 /*
