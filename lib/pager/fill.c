@@ -364,10 +364,10 @@ static void run_job(struct worker *w, uint32_t slot, enum queue_class cls)
 /*
  * While the pool fills up, an idle worker creates a spare chunk ahead of
  * need (up to spare_bytes of spares, within the memory bound), so the next
- * fill does not create its own before its read: on ds26 the pool's first fill made demand fills
- * spend 2.9 s creating chunks while reads waited (docs/region.md). One
- * chunk a call, so a job queued meanwhile waits for at most one. Called
- * locked; true when it created one (the caller looks at the queue again).
+ * fill does not create its own before its read: on ds26 the pool's first
+ * fill made demand fills spend 2.9 s creating chunks while reads waited
+ * (docs/region.md). One chunk a call, so a job queued meanwhile waits for
+ * at most one. Called locked; true when it created one.
  */
 static bool grow_spares(struct mp_pager *p)
 {
