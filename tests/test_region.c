@@ -90,7 +90,7 @@ static void prepare(struct owner *o, uint32_t slot)
 {
 	struct iovec iov[4];
 	uint64_t off = 0;
-	int n = mp_region_slot_alloc(o->r, slot, iov, false);
+	int n = mp_region_slot_alloc(o->r, slot, iov, MP_REGION_NO_LIMIT);
 
 	assert_int_equal(n, 2);
 	assert_int_equal(iov[0].iov_len, 2u << 20);
@@ -219,13 +219,69 @@ static void recycled_chunks_come_in_ascending_order(void **state)
 	c.data_bytes = (6u << 20) + (1u << 20);	/* three full chunks and a tail */
 	c.nslots = 2;
 	assert_int_equal(mp_region_create(&c, &own_ops, NULL, &r), 0);
-	assert_int_equal(mp_region_slot_alloc(r, 0, iov, false), 4);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, MP_REGION_NO_LIMIT), 4);
 	assert_int_equal(mp_region_slot_free(r, 0), 0);
 	/* The spare stack is last in, first out: taken naively they would come descending. */
-	n = mp_region_slot_alloc(r, 1, iov, false);
+	n = mp_region_slot_alloc(r, 1, iov, MP_REGION_NO_LIMIT);
 	assert_int_equal(n, 4);
 	for (int i = 1; i < 3; i++)
 		assert_ptr_equal(iov[i].iov_base, (uint8_t *)iov[i - 1].iov_base + (2u << 20));
+	assert_int_equal(mp_region_slot_free(r, 1), 0);
+	mp_region_destroy(r);
+}
+
+/* New chunks stop at the limit; spare ones are taken whatever it is. */
+static void slot_alloc_takes_new_chunks_only_within_the_limit(void **state)
+{
+	struct mp_region_config cf = cfg;
+	struct mp_region_mem m;
+	struct mp_region *r;
+	struct iovec iov[4];
+
+	(void)state;
+	cf.nslots = 3;
+	assert_int_equal(mp_region_create(&cf, &own_ops, NULL, &r), 0);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, DATA), 2);
+	assert_int_equal(mp_region_slot_alloc(r, 1, iov, 2 * DATA - 1), -ENOSPC);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.populated_bytes, DATA);
+	assert_int_equal(mp_region_slot_free(r, 0), 0);
+	assert_int_equal(mp_region_slot_alloc(r, 1, iov, 0), 2);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.populated_bytes, DATA);
+	assert_int_equal(mp_region_slot_free(r, 1), 0);
+	mp_region_destroy(r);
+}
+
+/*
+ * Spares are created ahead of need once a fill had to create chunks, up to
+ * the slots' worth asked for, and stop for good at the limit.
+ */
+static void spares_grow_ahead_while_the_pool_fills_up(void **state)
+{
+	struct mp_region_config cf = cfg;
+	struct mp_region_mem m;
+	struct mp_region *r;
+	struct iovec iov[4];
+
+	(void)state;
+	cf.nslots = 3;
+	assert_int_equal(mp_region_create(&cf, &own_ops, NULL, &r), 0);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, MP_REGION_NO_LIMIT), 2);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 1);	/* full */
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 1);	/* tail */
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.spare_bytes, DATA);
+	assert_int_equal(m.fresh_bytes, 2 * DATA);
+	/* Slot 1 takes them; the limit leaves no room for more, and ends the growing. */
+	assert_int_equal(mp_region_slot_alloc(r, 1, iov, 2 * DATA), 2);
+	assert_int_equal(mp_region_grow_spares(r, 1, 2 * DATA), 0);
+	assert_int_equal(mp_region_grow_spares(r, 1, MP_REGION_NO_LIMIT), 0);
+	mp_region_mem(r, &m);
+	assert_int_equal(m.populated_bytes, 2 * DATA);
+	assert_int_equal(mp_region_slot_free(r, 0), 0);
 	assert_int_equal(mp_region_slot_free(r, 1), 0);
 	mp_region_destroy(r);
 }
@@ -262,7 +318,7 @@ static void *alloc_slot_1(void *arg)
 	struct creation *c = arg;
 	struct iovec iov[4];
 
-	c->alloc_ret = mp_region_slot_alloc(c->r, 1, iov, false);
+	c->alloc_ret = mp_region_slot_alloc(c->r, 1, iov, MP_REGION_NO_LIMIT);
 	return NULL;
 }
 
@@ -285,7 +341,7 @@ static void slot_alloc_does_not_wait_for_another_threads_chunk_creation(void **s
 	pthread_mutex_init(&c.lock, NULL);
 	pthread_cond_init(&c.cv, NULL);
 	assert_int_equal(mp_region_create(&cf, &own_ops, NULL, &c.r), 0);
-	assert_int_equal(mp_region_slot_alloc(c.r, 0, iov, false), 2);
+	assert_int_equal(mp_region_slot_alloc(c.r, 0, iov, MP_REGION_NO_LIMIT), 2);
 	c.r->creating_arg = &c;
 	c.r->creating = hold_creation;
 	assert_int_equal(pthread_create(&t, NULL, alloc_slot_1, &c), 0);
@@ -297,7 +353,7 @@ static void slot_alloc_does_not_wait_for_another_threads_chunk_creation(void **s
 	mp_region_mem(c.r, &m);
 	assert_int_equal(m.populated_bytes, 2 * DATA);
 	assert_int_equal(mp_region_slot_free(c.r, 0), 0);
-	assert_int_equal(mp_region_slot_alloc(c.r, 2, iov, true), 2);
+	assert_int_equal(mp_region_slot_alloc(c.r, 2, iov, 2 * DATA), 2);
 	pthread_mutex_lock(&c.lock);
 	c.released = true;
 	pthread_cond_broadcast(&c.cv);
@@ -338,8 +394,8 @@ static void tail_spots_are_never_collapsed(void **state)
 	munmap(plain, 4u << 20);
 	c.nslots = 2;
 	assert_int_equal(mp_region_create(&c, &own_ops, NULL, &r), 0);
-	assert_int_equal(mp_region_slot_alloc(r, 0, iov, false), 2);
-	assert_int_equal(mp_region_slot_alloc(r, 1, iov + 2, false), 2);
+	assert_int_equal(mp_region_slot_alloc(r, 0, iov, MP_REGION_NO_LIMIT), 2);
+	assert_int_equal(mp_region_slot_alloc(r, 1, iov + 2, MP_REGION_NO_LIMIT), 2);
 	/* The two 1 MiB tails share one 2 MiB window, every page present. */
 	window = (char *)((uintptr_t)iov[1].iov_base & ~(uintptr_t)((2u << 20) - 1));
 	assert_ptr_equal(window, iov[1].iov_base);
@@ -531,7 +587,7 @@ static void slot_operations_check_their_state(void **state)
 	assert_int_equal(mp_region_slot_map(o->r, 0), -EINVAL);
 	assert_true(t_log_contains("map: slot 0 is empty"));
 	assert_int_equal(mp_region_slot_free(o->r, 0), -EINVAL);
-	assert_int_equal(mp_region_slot_alloc(o->r, NSLOTS, iov, false), -EINVAL);
+	assert_int_equal(mp_region_slot_alloc(o->r, NSLOTS, iov, MP_REGION_NO_LIMIT), -EINVAL);
 	assert_true(t_log_contains("out of range"));
 }
 
@@ -618,6 +674,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(unmap_then_touch_refaults_with_same_bytes),
 		cmocka_unit_test(freed_chunks_are_recycled_not_reallocated),
 		cmocka_unit_test(recycled_chunks_come_in_ascending_order),
+		cmocka_unit_test(slot_alloc_takes_new_chunks_only_within_the_limit),
+		cmocka_unit_test(spares_grow_ahead_while_the_pool_fills_up),
 		cmocka_unit_test(slot_alloc_does_not_wait_for_another_threads_chunk_creation),
 		cmocka_unit_test(tail_spots_are_never_collapsed),
 		cmocka_unit_test(poisoned_slot_raises_sigbus_until_cleared),

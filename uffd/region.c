@@ -247,6 +247,8 @@ static const char *owner_name(uint32_t owner, char *buf, size_t len)
 		return "the spare stack";
 	if (owner == OWNER_HOLE)
 		return "the holes (no pages)";
+	if (owner == OWNER_AHEAD)
+		return "a chunk created ahead of need";
 	snprintf(buf, len, "slot %u", owner);
 	return buf;
 }
@@ -389,11 +391,14 @@ static void sort_spots(struct mp_region *r, uint32_t slot)
 	}
 }
 
-/* True when the spare stacks hold every chunk a slot needs. Called locked. */
-static bool spares_suffice(const struct mp_region *r)
+/* Bytes of new chunks a slot would take: what the spare stacks lack. Called locked. */
+static uint64_t new_bytes_for_slot(const struct mp_region *r)
 {
-	return r->cls[CLS_FULL].nspare >= r->nfull &&
-	       (!r->tail_bytes || r->cls[CLS_TAIL].nspare >= 1);
+	uint64_t full = r->cls[CLS_FULL].nspare >= r->nfull ? 0 :
+			r->nfull - r->cls[CLS_FULL].nspare;
+	uint64_t tail = r->tail_bytes && !r->cls[CLS_TAIL].nspare ? r->tail_bytes : 0;
+
+	return full * MP_REGION_CHUNK + tail;
 }
 
 /*
@@ -431,8 +436,9 @@ static void put_taken(struct mp_region *r, uint32_t slot, struct iovec *iov, uin
 	pthread_mutex_unlock(&r->lock);
 }
 
-int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, bool spare_only)
+int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, uint64_t limit)
 {
+	uint64_t more;
 	uint32_t j;
 	bool hole;
 	int err;
@@ -441,10 +447,13 @@ int mp_region_slot_alloc(struct mp_region *r, uint32_t slot, struct iovec *iov, 
 	if (err)
 		return err;
 	pthread_mutex_lock(&r->lock);
-	if (spare_only && !spares_suffice(r)) {
+	/* populated only changes under the lock: the check and the taking are one step. */
+	more = new_bytes_for_slot(r);
+	if (more && atomic_load(&r->mem.populated) + more > limit) {
 		pthread_mutex_unlock(&r->lock);
 		return -ENOSPC;
 	}
+	r->ahead |= more > 0;
 	for (j = 0; j < r->nchunks; j++) {
 		int cls = chunk_cls(r, j);
 
@@ -733,6 +742,60 @@ uint64_t mp_region_trim(struct mp_region *r, uint64_t keep_bytes)
 	}
 	pthread_mutex_unlock(&r->lock);
 	return released;
+}
+
+/*
+ * The class whose spare stack is short of want slots' chunks, full chunks
+ * first, or -1. Called locked.
+ */
+static int short_class(const struct mp_region *r, uint32_t want)
+{
+	if (r->cls[CLS_FULL].nspare < (uint64_t)want * r->nfull)
+		return CLS_FULL;
+	if (r->tail_bytes && r->cls[CLS_TAIL].nspare < want)
+		return CLS_TAIL;
+	return -1;
+}
+
+int mp_region_grow_spares(struct mp_region *r, uint32_t want, uint64_t limit)
+{
+	struct spot_class *c;
+	uint32_t spot;
+	int cls, err;
+
+	pthread_mutex_lock(&r->lock);
+	cls = short_class(r, want);
+	if (!r->ahead || r->growing || cls < 0) {
+		pthread_mutex_unlock(&r->lock);
+		return 0;
+	}
+	if (!r->cls[cls].nholes || atomic_load(&r->mem.populated) + r->cls[cls].size > limit) {
+		/* The pool is as full as the bound lets it be: fills recycle from now on. */
+		r->ahead = false;
+		pthread_mutex_unlock(&r->lock);
+		return 0;
+	}
+	c = &r->cls[cls];
+	spot = c->holes[c->nholes - 1];
+	err = spot_pass(r, cls, spot, OWNER_HOLE, OWNER_AHEAD);
+	if (err) {
+		pthread_mutex_unlock(&r->lock);
+		return err;
+	}
+	c->nholes--;
+	/* Counted at once, as a fill's new chunk is: the bound holds while it is made. */
+	mem_add(&r->mem.populated, c->size);
+	r->growing = true;
+	pthread_mutex_unlock(&r->lock);
+	err = chunk_create(r, cls, spot);
+	pthread_mutex_lock(&r->lock);
+	if (err)
+		spot_unhole(r, cls, spot, OWNER_AHEAD);
+	else
+		spot_put_spare(r, cls, spot, OWNER_AHEAD);
+	r->growing = false;
+	pthread_mutex_unlock(&r->lock);
+	return err ? err : 1;
 }
 
 /*

@@ -29,6 +29,8 @@ struct spot_class {
 /* A spot on the spare stack, or on the holes stack, rather than held by a slot. */
 #define OWNER_SPARE	UINT32_MAX
 #define OWNER_HOLE	(UINT32_MAX - 1)
+/* A spot whose chunk is being created ahead of need (mp_region_grow_spares()). */
+#define OWNER_AHEAD	(UINT32_MAX - 2)
 
 enum slot_mem {
 	SLOT_EMPTY = 0,		/* no chunks */
@@ -62,6 +64,12 @@ struct mp_region {
 	uint64_t nursery_bytes;
 	uint32_t nursery_busy;
 	pthread_cond_t nursery_cv;
+	/*
+	 * (Locked.) ahead: a fill had to create chunks, so the pool is still
+	 * filling up and mp_region_grow_spares() creates spares ahead of the
+	 * next fills, until the memory bound stops it; growing: a thread does.
+	 */
+	bool ahead, growing;
 	/* Test seam: called unlocked as a new chunk is created (NULL: none). */
 	void (*creating)(struct mp_region *r, void *arg);
 	void *creating_arg;

@@ -52,6 +52,7 @@ struct pager_mem {
 	uint32_t mapped_n;
 	uint64_t min_resident_ns;
 	uint64_t spare_bytes;		/* spare chunk bytes kept for recycling */
+	bool no_ahead;			/* no spares created ahead (one failed, or a test) */
 };
 
 /*
@@ -117,6 +118,9 @@ struct mp_pager {
 
 	atomic_bool closing;
 	atomic_uint demand_reads;	/* demand fills reading now: prefetch reads yield */
+	/* Test seam: called unlocked as a demand fill takes its chunks (NULL: none). */
+	void (*taking)(struct mp_pager *p, void *arg);
+	void *taking_arg;
 };
 
 /*
@@ -164,6 +168,7 @@ int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host);
 void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot);
 /* Spare chunks past budget + spare_bytes of memory held go back to the kernel. */
 void mp_pager_trim_spares(struct mp_pager *p);
+uint64_t mp_pager_mem_limit(const struct mp_pager *p);
 /* Not locked: POISONED -> EMPTY, so the next access reads the expert again. */
 int mp_pager_clear(struct mp_pager *p, uint32_t slot);
 

@@ -226,7 +226,7 @@ static void finish_busy(struct mp_pager *p, uint32_t slot)
  */
 void mp_pager_trim_spares(struct mp_pager *p)
 {
-	uint64_t limit = p->mem.budget + p->mem.spare_bytes, excess;
+	uint64_t limit = mp_pager_mem_limit(p), excess;
 	struct mp_region_mem m;
 
 	mp_region_mem(p->region, &m);
