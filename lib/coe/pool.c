@@ -89,9 +89,9 @@ static void evict(struct coe_pool *pl, uint32_t m)
 	t0 = mp_now_ns();
 	busy = coe_model_evict(pl->c, pl->p, m, false);
 	pl->manage_ns += mp_now_ns() - t0;
-	/* Pinned pages: they stay until the pager's own budget takes them. */
+	/* Pinned pages, or a transition wedged for a second: left to the pager's own budget. */
 	if (busy)
-		mp_debug("coe pool: model %s: %u experts pinned, not evicted", pl->c->models[m].name,
+		mp_debug("coe pool: model %s: %u experts busy, not evicted", pl->c->models[m].name,
 			 busy);
 }
 

@@ -16,6 +16,8 @@
 
 /* Longest wait for budget before looking again (a fill ends or grace runs out sooner). */
 #define BUDGET_WAIT_NS	(100ull * 1000 * 1000)
+/* Longest wait for the room of a read whose deferred eviction will drop it. */
+#define PENDING_WAIT_NS	(1000ull * 1000 * 1000)
 
 int mp_budget_parse(const char *s, uint64_t model_bytes, uint64_t *out)
 {
@@ -163,6 +165,36 @@ static uint64_t grace_end(const struct mp_pager *p, const struct slot *s, uint64
 }
 
 /*
+ * Resident bytes once the room on its way is back: evictions in flight, and
+ * reads whose deferred eviction drops them when they end (which may also
+ * be evicted meanwhile, counted twice for a moment: hence the floor).
+ */
+static uint64_t resident_after_coming(const struct mp_pager *p)
+{
+	uint64_t coming = p->mem.dropping + p->mem.pending_drop;
+
+	return p->mem.resident > coming ? p->mem.resident - coming : 0;
+}
+
+/*
+ * A read that a deferred eviction drops when it ends makes the room too:
+ * waits for it (its fill wakes this wait then, or when it fails) and
+ * returns true, for up to PENDING_WAIT_NS from *until's first setting; a
+ * read stuck longer is not waited for.
+ */
+static bool waited_for_pending(struct mp_pager *p, uint64_t now, uint64_t *until)
+{
+	if (resident_after_coming(p) + p->expert_bytes > p->mem.budget)
+		return false;
+	if (!*until)
+		*until = now + PENDING_WAIT_NS;
+	if (now >= *until)
+		return false;
+	mp_pager_wait_ns(p, &p->state_cv, MP_MIN(*until - now, BUDGET_WAIT_NS));
+	return true;
+}
+
+/*
  * Makes room for one expert and reserves it for slot. Called locked by a
  * fill worker; evicts victims the policy picks, and waits when every
  * candidate is busy or within its minimum residency. -EAGAIN: a prefetch
@@ -170,6 +202,8 @@ static uint64_t grace_end(const struct mp_pager *p, const struct slot *s, uint64
  */
 int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 {
+	uint64_t pending_until = 0;
+
 	while (p->mem.resident + p->expert_bytes > p->mem.budget) {
 		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
 		int64_t v;
@@ -183,6 +217,8 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 			mp_pager_wait_ns(p, &p->state_cv, BUDGET_WAIT_NS);
 			continue;
 		}
+		if (waited_for_pending(p, c.now, &pending_until))
+			continue;
 		v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
 		/*
 		 * A prefetch never evicts an expert predicted to be needed before
@@ -219,12 +255,13 @@ int mp_pager_reserve(struct mp_pager *p, uint32_t slot)
 
 /*
  * Evicts until the budget holds (after it shrank). Called locked, off the
- * handler. Evictions other threads have in flight count as done, so two
- * threads enforcing at once do not both evict for the same excess.
+ * handler. Evictions other threads have in flight (and deferred ones) count
+ * as done, so two threads enforcing at once do not both evict for the same
+ * excess.
  */
 void mp_pager_enforce_budget(struct mp_pager *p)
 {
-	while (p->mem.resident - p->mem.dropping > p->mem.budget && !p->broken) {
+	while (resident_after_coming(p) > p->mem.budget && !p->broken) {
 		struct evict_scan c = { p, mp_now_ns(), UINT64_MAX };
 		int64_t v = p->evict.ops->pick_victim(&p->evict, evictable, &c);
 

@@ -62,6 +62,11 @@ static int make_room(struct fill_ctx *fh)
 		return 0;
 	pthread_mutex_lock(&fh->p->lock);
 	err = mp_pager_reserve(fh->p, fh->slot);
+	if (!err) {
+		/* An eviction deferred for this read: its room is coming back. */
+		fh->s->fill_reserved = true;
+		mp_pager_count_pending(fh->p, fh->s);
+	}
 	pthread_mutex_unlock(&fh->p->lock);
 	fh->reserved = !err;
 	fh->room_err = err;
@@ -226,7 +231,8 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 				.slot = slot, .o = p->origin[slot],
 				.tier = mp_pager_row_tier(p, slot) };
 	uint64_t begin = mp_now_ns(), t_read, t_map;
-	bool prefetch = cls == Q_PREFETCH;
+	bool prefetch = cls == Q_PREFETCH, counted;
+	uint8_t pending;
 	int nseg, err;
 
 	s->state = ST_FILLING;
@@ -268,7 +274,9 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	else if (err == -EFAULT)
 		mp_region_slot_discard(p->region, slot);
 	pthread_mutex_lock(&p->lock);
+	s->fill_reserved = false;
 	if (err) {
+		mp_pager_count_pending(p, s);
 		if (fh.reserved)
 			mp_pager_unreserve(p, slot);
 		goto failed;
@@ -291,12 +299,21 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 		MP_PROBE(prefetch_done, s->layer, s->expert, p->tier->number,
 			 mp_now_ns() - s->prefetch_at, 0);
 	p->q.fills--;
+	/*
+	 * The deferred eviction is this read's: taken off the slot now, as it
+	 * may be evicted and read again (and marked again) while the lock is
+	 * dropped for the wake. Its room stays counted as coming until then.
+	 */
+	pending = s->evict_pending;
+	counted = s->drop_counted;
+	s->evict_pending = PENDING_NONE;
+	s->drop_counted = false;
 	pthread_cond_broadcast(&p->state_cv);
 	pthread_mutex_unlock(&p->lock);
 	mp_region_slot_wake(p->region, slot);
 	pthread_mutex_lock(&p->lock);
 	/* Before the budget picks a victim: this one frees its share. */
-	mp_pager_evict_pending(p, slot);
+	mp_pager_evict_pending(p, slot, pending, counted);
 	if (p->mem.resident > p->mem.budget)
 		mp_pager_enforce_budget(p);
 	return;

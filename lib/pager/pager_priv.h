@@ -48,6 +48,7 @@ struct pager_mem {
 	uint64_t resident;		/* expert bytes in memory or reserved for a fill */
 	uint64_t resident_peak;
 	uint64_t dropping;		/* of it, bytes of experts being evicted now */
+	uint64_t pending_drop;		/* of it, bytes of reads a deferred eviction drops */
 	uint32_t resident_n;
 	uint32_t mapped_n;
 	uint64_t min_resident_ns;
@@ -164,8 +165,14 @@ void mp_pager_unreserve(struct mp_pager *p, uint32_t slot);
 int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host);
 /* MP_EVICT_DEFER: a read in flight is marked (returns 1) and evicted when it ends. */
 int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host);
-/* The end of a successful fill: the eviction asked for during it, if any. */
-void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot);
+/* Counts (or no longer) a marked FILLING slot's reserved bytes in mem.pending_drop. */
+void mp_pager_count_pending(struct mp_pager *p, struct slot *s);
+/*
+ * The end of a successful fill: the eviction asked for during it (pending,
+ * taken off the slot before its waiters were woken; counted: its bytes are
+ * still in mem.pending_drop).
+ */
+void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot, uint8_t pending, bool counted);
 /* Spare chunks past budget + spare_bytes of memory held go back to the kernel. */
 void mp_pager_trim_spares(struct mp_pager *p);
 uint64_t mp_pager_mem_limit(const struct mp_pager *p);

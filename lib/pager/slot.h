@@ -40,6 +40,8 @@ struct slot {
 	uint8_t queued;		/* enum queue_class */
 	uint8_t busy_op;	/* enum busy_op, while BUSY */
 	uint8_t evict_pending;	/* enum pending_evict: asked for while FILLING */
+	bool fill_reserved;	/* FILLING, and its fill's bytes are counted in mem.resident */
+	bool drop_counted;	/* those bytes are in mem.pending_drop (PENDING_DROP) */
 	bool refault;		/* faulted while BUSY/CLEARING: serve when that ends */
 	bool lost;		/* pages zapped behind our back: discard and refill */
 	bool gone;		/* the application unmapped this part of the range */

@@ -309,35 +309,61 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 #define BUSY_WAIT_STEP_NS	(1000ull * 1000)
 
 /*
- * Waits (locked) while another thread maps, unmaps or drops the slot. Not
- * every end of a BUSY transition broadcasts, so it waits in short steps.
+ * Waits (locked, the lock released while it waits on state_cv) while
+ * another thread maps, unmaps or drops the slot, or zaps its poison
+ * markers. Not every end of those broadcasts, so it waits in short steps.
  */
 static void wait_not_busy(struct mp_pager *p, struct slot *s)
 {
 	uint64_t deadline = mp_now_ns() + BUSY_WAIT_NS;
 
-	while (s->state == ST_BUSY && !atomic_load(&p->closing) && mp_now_ns() < deadline)
+	while ((s->state == ST_BUSY || s->state == ST_CLEARING) && !atomic_load(&p->closing) &&
+	       mp_now_ns() < deadline)
 		mp_pager_wait_ns(p, &p->state_cv, BUSY_WAIT_STEP_NS);
 }
 
 /*
- * mp_pager_evict(MP_EVICT_DEFER). A queued prefetch of the expert would
- * bring it back: dropped. A read in flight: marked, and the fill evicts
- * when it ends (mp_pager_evict_pending()). Called locked, never on the
- * handler thread. Returns 1 (deferred) or what mp_pager_evict_locked() does.
+ * A FILLING slot marked PENDING_DROP whose fill reserved its bytes: the
+ * room they hold comes back when the read ends (evicted, or the fill
+ * fails), so mp_pager_reserve() waits for it instead of evicting another
+ * expert. Called locked whenever the mark or the reservation changes.
+ */
+void mp_pager_count_pending(struct mp_pager *p, struct slot *s)
+{
+	bool on = s->state == ST_FILLING && s->fill_reserved && s->evict_pending == PENDING_DROP;
+
+	if (on == s->drop_counted)
+		return;
+	s->drop_counted = on;
+	if (on) {
+		p->mem.pending_drop += p->expert_bytes;
+		return;
+	}
+	p->mem.pending_drop -= p->expert_bytes;
+	/* A reserve waiting for this room looks again. */
+	pthread_cond_broadcast(&p->state_cv);
+}
+
+/*
+ * mp_pager_evict(MP_EVICT_DEFER). A read in flight: marked, and the fill
+ * evicts when it ends (mp_pager_evict_pending()). A queued prefetch of the
+ * expert would bring it back: dropped, after the wait (a prefetcher may
+ * queue it meanwhile). Called locked, never on the handler thread. Returns
+ * 1 (deferred) or what mp_pager_evict_locked() does.
  */
 int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host)
 {
 	struct slot *s = &p->slots[slot];
 
+	wait_not_busy(p, s);
 	if (s->queued == Q_PREFETCH) {
 		mp_pager_unqueue(p, slot);
 		mp_pager_after_idle(p);
 	}
-	wait_not_busy(p, s);
 	if (s->state == ST_FILLING) {
 		s->evict_pending = MP_MAX(s->evict_pending,
 					  keep_host ? PENDING_UNMAP : PENDING_DROP);
+		mp_pager_count_pending(p, s);
 		return 1;
 	}
 	return mp_pager_evict_locked(p, slot, keep_host);
@@ -345,20 +371,29 @@ int mp_pager_evict_deferred(struct mp_pager *p, uint32_t slot, bool keep_host)
 
 /*
  * The fill an eviction was deferred for mapped the expert and woke its
- * waiters: evict it now. Called locked by the thread that filled it.
+ * waiters: evict it now, if it is still that fill's. Meanwhile (the lock
+ * was dropped) someone else may have evicted it, or evicted and read it
+ * again: then there is nothing to do, and a new read's mark is its own.
+ * The room stays counted as coming until the eviction counts it as
+ * dropping, so no reserve evicts another expert for it in between. Called
+ * locked by the thread that filled it.
  */
-void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot)
+void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot, uint8_t pending, bool counted)
 {
 	struct slot *s = &p->slots[slot];
-	bool keep_host = s->evict_pending == PENDING_UNMAP;
 	int err;
 
-	if (!s->evict_pending)
+	if (!pending)
 		return;
-	s->evict_pending = PENDING_NONE;
 	wait_not_busy(p, s);
-	err = mp_pager_evict_locked(p, slot, keep_host);
-	if (err && err != -ENOENT)
+	if (counted) {
+		p->mem.pending_drop -= p->expert_bytes;
+		pthread_cond_broadcast(&p->state_cv);
+	}
+	if (s->state != ST_MAPPED && s->state != ST_HOST)
+		return;
+	err = mp_pager_evict_locked(p, slot, pending == PENDING_UNMAP);
+	if (err)
 		plog_warn(p, "layer %u expert %u: eviction asked for during its read: %s",
 			  s->layer, s->expert, strerror(-err));
 }

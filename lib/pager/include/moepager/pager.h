@@ -214,8 +214,9 @@ enum mp_evict_flags {
  * wakes the threads that faulted on it meanwhile, then evicts it, so one of
  * them may fault once more and read it again, as when a mapped expert a
  * thread reads is evicted), 0 once evicted, -ENOENT when it is not resident
- * (a queued prefetch of it dropped), and -EBUSY only for pinned pages (or
- * a map or unmap still running after a second).
+ * (a queued prefetch of it dropped), and -EBUSY for pinned pages, or a map,
+ * unmap or clearing of its poison still running after a second (waited for
+ * with the pager's lock released).
  */
 MP_API int mp_pager_evict(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned flags);
 
