@@ -322,6 +322,13 @@ static void wait_not_busy(struct mp_pager *p, struct slot *s)
 		mp_pager_wait_ns(p, &p->state_cv, BUSY_WAIT_STEP_NS);
 }
 
+/* A deferred drop's room is back (or no longer coming): a reserve waiting for it looks again. */
+static void pending_drop_done(struct mp_pager *p)
+{
+	p->mem.pending_drop -= p->expert_bytes;
+	pthread_cond_broadcast(&p->state_cv);
+}
+
 /*
  * A FILLING slot marked PENDING_DROP whose fill reserved its bytes: the
  * room they hold comes back when the read ends (evicted, or the fill
@@ -339,9 +346,7 @@ void mp_pager_count_pending(struct mp_pager *p, struct slot *s)
 		p->mem.pending_drop += p->expert_bytes;
 		return;
 	}
-	p->mem.pending_drop -= p->expert_bytes;
-	/* A reserve waiting for this room looks again. */
-	pthread_cond_broadcast(&p->state_cv);
+	pending_drop_done(p);
 }
 
 /*
@@ -386,10 +391,8 @@ void mp_pager_evict_pending(struct mp_pager *p, uint32_t slot, uint8_t pending, 
 	if (!pending)
 		return;
 	wait_not_busy(p, s);
-	if (counted) {
-		p->mem.pending_drop -= p->expert_bytes;
-		pthread_cond_broadcast(&p->state_cv);
-	}
+	if (counted)
+		pending_drop_done(p);
 	if (s->state != ST_MAPPED && s->state != ST_HOST)
 		return;
 	err = mp_pager_evict_locked(p, slot, pending == PENDING_UNMAP);
