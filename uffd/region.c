@@ -657,20 +657,22 @@ int mp_region_slot_discard(struct mp_region *r, uint32_t slot)
 	if (st == SLOT_EMPTY)
 		return 0;
 	start = r->base + (uint64_t)slot * r->slot_bytes;
+	/*
+	 * Nothing is moved back: the spots are zapped to holes anyway, and a
+	 * move of a range with holes (UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES) can
+	 * spin in the kernel forever. Linux's move_pages() keeps an -EAGAIN
+	 * of one step (a PTE the application is zapping at that moment) as
+	 * its error while it retries the same address, so a hole there is
+	 * "moved" again and again: seen on 6.18 when the application zapped
+	 * a slot as the pager discarded it (docs/region.md).
+	 */
 	pthread_mutex_lock(&r->lock);
 	for (uint32_t j = 0; j < r->nchunks; j++) {
-		int cls = chunk_cls(r, j);
-		uint32_t spot = *slot_spot(r, slot, j);
-
-		if (st == SLOT_MAPPED)
-			mp_uffd_move(r, r->pool_uffd, spot_addr(r, cls, spot), chunk_dst(r, slot, j),
-				   r->cls[cls].size, UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES, NULL);
-		spot_release(r, cls, spot, slot);
+		spot_release(r, chunk_cls(r, j), *slot_spot(r, slot, j), slot);
 		*slot_spot(r, slot, j) = SPOT_NONE;
 	}
 	atomic_store(&r->slot_mem[slot], SLOT_EMPTY);
 	pthread_mutex_unlock(&r->lock);
-	/* Whatever could not move (pinned) must not stay mapped as stale data. */
 	if (st == SLOT_MAPPED)
 		madvise(start, r->slot_bytes, MADV_DONTNEED);
 	return 0;

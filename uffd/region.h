@@ -139,7 +139,7 @@ int mp_region_slot_unmap(struct mp_region *r, uint32_t slot);
 int mp_region_slot_free(struct mp_region *r, uint32_t slot);
 /*
  * any -> empty, data dropped: for a slot whose pages were zapped behind
- * the owner's back. Moves back what is left, then releases the chunks.
+ * the owner's back. Releases the chunks and zaps what is left in the range.
  */
 int mp_region_slot_discard(struct mp_region *r, uint32_t slot);
 /*
