@@ -540,8 +540,15 @@ static void application_zap_of_a_mapped_expert_reads_it_again(void **state)
 	/* The pages are freed behind the pager's back (a REMOVE event it is told of). */
 	assert_int_equal(madvise((void *)x, xbytes, MADV_DONTNEED), 0);
 	assert_memory_equal(x, want(1, 6), xbytes);
+	/*
+	 * The REMOVE event comes before the kernel's zap, and the pager starts
+	 * the read again on the event: the pages may be back before this touch
+	 * (no fault, the read's accounting still to come), or land before the
+	 * zap and be read a third time on the touch. Either way: read again.
+	 */
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
 	mp_pager_stats(p, &st);
-	assert_int_equal(st.bytes_file, 2 * xbytes);
+	assert_true(st.bytes_file >= 2 * xbytes);
 	assert_int_equal(st.resident_bytes, xbytes);
 	assert_int_equal(mp_pager_residency(p, 1, 6), MP_RES_MAPPED);
 	mp_pager_close(p);
