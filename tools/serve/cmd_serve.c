@@ -33,7 +33,7 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
+	OPT_MIXED, OPT_OWNED_PAGED, OPT_SHARED_STORE, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
 };
 
 static const char doc[] =
@@ -68,6 +68,8 @@ static const char doc[] =
 	"--mixed-batches every model's are in use and batches mix models. With\n"
 	"--owned-paged the owners' experts are paged under --budget like the rest\n"
 	"(one row serves every model at a shared position), not held outside it.\n"
+	"With --prefetch each model's requests are predicted from its own\n"
+	"trajectories (finemoe: one store per model); --shared-store keeps one.\n"
 	"With --group-ms MS the active model's queued requests pass an older head of\n"
 	"another model while it has waited under MS ms (fewer swaps; it is served\n"
 	"within MS plus one batch).\n"
@@ -130,6 +132,9 @@ static const struct argp_option opts[] = {
 	  "swaps", 0 },
 	{ "owned-paged", OPT_OWNED_PAGED, NULL, 0,
 	  "With --consolidate: the owned experts are paged under --budget, not held", 0 },
+	{ "shared-store", OPT_SHARED_STORE, NULL, 0,
+	  "With --consolidate and --prefetch: one trajectory store for every model, not one "
+	  "per model", 0 },
 	{ "group-ms", OPT_GROUP_MS, "MS", 0,
 	  "With --consolidate: the active model's requests may pass an older head of another "
 	  "model for up to MS ms (default 0: FIFO)", 0 },
@@ -168,6 +173,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
 	case OPT_MIXED: env.local.mixed = true; break;
 	case OPT_OWNED_PAGED: env.local.owned_paged = true; break;
+	case OPT_SHARED_STORE: env.local.shared_store = true; break;
 	case OPT_GROUP_MS:
 		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
 			argp_usage(state);
