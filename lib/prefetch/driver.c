@@ -285,7 +285,6 @@ static void layer_hints(struct mp_prefetcher *d, uint32_t l)
 		/* A model with no request open: its rows are the first to go. */
 		if (d->h_live[row] == 1)
 			p = 0.0f;
-
 		__atomic_store(&d->hints.p[key_of(d, l, row)], &p, __ATOMIC_RELAXED);
 	}
 }
@@ -1307,8 +1306,9 @@ int mp_prefetcher_set_models(struct mp_prefetcher *d, const uint32_t *const *con
 			     uint32_t n, unsigned flags)
 {
 	if (!d || n > MP_PREFETCH_MAX_MODELS || (n && !maps) || (flags & ~MP_PREFETCH_ONE_STORE))
-		return mp_err(-EINVAL, "prefetcher: %u models (at most %u, with their maps)", n,
-			      MP_PREFETCH_MAX_MODELS);
+		return mp_err(-EINVAL, "prefetcher: %u models (at most %u, with their maps), flags "
+			      "%#x (known: %#x)", n, MP_PREFETCH_MAX_MODELS, flags,
+			      MP_PREFETCH_ONE_STORE);
 	for (uint32_t x = 0; x < n; x++)
 		if (!maps[x])
 			return mp_err(-EINVAL, "prefetcher: model %u has no map", x);

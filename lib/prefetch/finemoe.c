@@ -145,12 +145,13 @@ static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *us
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts;
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
-	if (!emap_of(pf) || mp_emap_predict_sem(emap_of(pf), &q->query, pf->it->sem, f->sem_use, &score) ||
+	if (!m || mp_emap_predict_sem(m, &q->query, pf->it->sem, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
@@ -309,6 +310,7 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 			    uint32_t k, const float *spec)
 {
 	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts, L = pf->env.layers;
 	uint32_t n = MP_MIN(pf->spec_rows, L - 1 - layer);
@@ -322,7 +324,7 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 	}
 	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
-	traj = emap_of(pf) && !mp_emap_predict_traj_n(emap_of(pf), &q->query, pf->it->traj, layer + 1, layer + 1, n,
+	traj = m && !mp_emap_predict_traj_n(m, &q->query, pf->it->traj, layer + 1, layer + 1, n,
 				       f->traj_use, &score) && score > 0;
 	for (uint32_t i = 0; i < n; i++)
 		plan_ahead(pf, layer, i + 1, spec + (size_t)i * J,

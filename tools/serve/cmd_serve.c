@@ -68,8 +68,10 @@ static const char doc[] =
 	"--mixed-batches every model's are in use and batches mix models. With\n"
 	"--owned-paged the owners' experts are paged under --budget like the rest\n"
 	"(one row serves every model at a shared position), not held outside it.\n"
-	"With --prefetch each model's requests are predicted from its own\n"
-	"trajectories (finemoe: one store per model); --shared-store keeps one.\n"
+	"Its prefetch policy is finemoe unless --prefetch (or $MOEPAGER_PREFETCH)\n"
+	"says otherwise: each model's requests are predicted from its own\n"
+	"trajectories (--shared-store: one store) and the rows of the models not\n"
+	"running are evicted first.\n"
 	"With --group-ms MS the active model's queued requests pass an older head of\n"
 	"another model while it has waited under MS ms (fewer swaps; it is served\n"
 	"within MS plus one batch).\n"
@@ -94,7 +96,8 @@ static const struct argp_option opts[] = {
 	  "as --budget holds", 0 },
 	{ "epoch", OPT_EPOCH, "N", 0,
 	  "The pool epoch this server joins at, shown in /metrics (docs/elastic.md)", 0 },
-	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none)", 0 },
+	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none; "
+	  "with --consolidate finemoe)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy (default: the prefetch policy's)", 0 },
 	{ "listen", OPT_LISTEN, "HOST:PORT", 0, "Address (default 127.0.0.1:8080; port 0: any)", 0 },
 	{ "port-file", OPT_PORT_FILE, "FILE", 0, "Write the port listened on to FILE", 0 },
@@ -282,6 +285,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))
 			argp_error(state, "--consolidate needs --budget (unowned experts are paged) "
 				   "and no --adapters");
+		/* What the consolidated server pages is predicted per model (docs/multi.md). */
+		if (env.local.consolidate && !env.local.prefetch && !getenv("MOEPAGER_PREFETCH"))
+			env.local.prefetch = "finemoe";
 		if ((env.local.adapter_slots || env.local.adapter_rows ||
 		     env.local.adapters_padded) && !env.local.adapters)
 			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "
