@@ -33,7 +33,8 @@ enum {
 	OPT_IDLE_TIMEOUT, OPT_ADAPTERS, OPT_ADAPTER_SLOTS, OPT_ADAPTER_ROWS, OPT_ADAPTERS_PADDED,
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
-	OPT_MIXED, OPT_OWNED_PAGED, OPT_SHARED_STORE, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
+	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
+	OPT_SHARED_STORE,
 };
 
 static const char doc[] =
@@ -136,8 +137,8 @@ static const struct argp_option opts[] = {
 	{ "owned-paged", OPT_OWNED_PAGED, NULL, 0,
 	  "With --consolidate: the owned experts are paged under --budget, not held", 0 },
 	{ "shared-store", OPT_SHARED_STORE, NULL, 0,
-	  "With --consolidate and --prefetch: one trajectory store for every model, not one "
-	  "per model", 0 },
+	  "With --consolidate: the prefetcher keeps one trajectory store for every model, not "
+	  "one per model", 0 },
 	{ "group-ms", OPT_GROUP_MS, "MS", 0,
 	  "With --consolidate: the active model's requests may pass an older head of another "
 	  "model for up to MS ms (default 0: FIFO)", 0 },
