@@ -298,25 +298,67 @@ static void run_token(struct mp_prefetch *pf, const struct mp_trace *t, uint32_t
 	mp_prefetch_end(pf);
 }
 
-static void finemoe_predicts_a_seen_trajectory_exactly(void **state)
+/* finemoe (d = 3) over 12 x 16 top-2 that has learnt request 0 of three cycling trajectories. */
+static struct mp_trace *finemoe_learnt(struct mp_prefetch *pf)
 {
 	struct mk m = { 12, 16, 2, 2, 30, pick_cycle3 };
 	struct mp_trace *t = make_trace(&m);
 	struct mp_prefetch_env env = { .layers = 12, .experts = 16, .topk = 2, .distance = 3 };
+	uint32_t exact = 0, checked = 0;
+
+	assert_int_equal(mp_prefetch_init(pf, &mp_prefetch_finemoe, &env), 0);
+	for (uint32_t tok = 0; tok < 30; tok++)
+		run_token(pf, t, 0, tok, UINT32_MAX, &exact, &checked);
+	assert_int_equal(checked, 0);
+	return t;
+}
+
+static void finemoe_predicts_a_seen_trajectory_exactly(void **state)
+{
 	struct mp_prefetch pf;
+	struct mp_trace *t = finemoe_learnt(&pf);
 	uint32_t exact = 0, checked = 0;
 
 	(void)state;
-	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
-	/* Learn request 0, then replay request 1 (the same three trajectories). */
-	for (uint32_t tok = 0; tok < 30; tok++)
-		run_token(&pf, t, 0, tok, UINT32_MAX, &exact, &checked);
-	assert_int_equal(checked, 0);
+	/* Request 1 replays request 0's three trajectories. */
 	for (uint32_t tok = 0; tok < 30; tok++)
 		run_token(&pf, t, 1, tok, 0, &exact, &checked);
 	/* Score 1 on every prefix: exactly the true top-2 at every predicted layer. */
 	assert_int_equal(checked, 30 * (12 - 3));
 	assert_int_equal(exact, checked);
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+}
+
+/*
+ * Models served together (mp_prefetch_set_model()): finemoe learns each in
+ * its own store, so model 1's request is never predicted from model 0's
+ * trajectories, even the very same one; model 0's still is, exactly.
+ */
+static void finemoe_predicts_a_model_from_its_own_trajectories_only(void **state)
+{
+	struct mp_prefetch pf;
+	struct mp_trace *t = finemoe_learnt(&pf);
+	uint32_t exact = 0, checked = 0;
+
+	(void)state;
+	mp_prefetch_set_model(&pf, 1);
+	assert_int_equal(pf.it->model, 1);
+	assert_false(pf.it->have_context);
+	/* Model 1's store is empty: nothing predicted (it learns from here on). */
+	run_token(&pf, t, 1, 0, 0, &exact, &checked);
+	assert_int_equal(checked, 12 - 3);
+	assert_int_equal(exact, 0);
+	/* Model 0 again: its store predicts the trajectory it learnt exactly. */
+	mp_prefetch_set_model(&pf, 0);
+	exact = checked = 0;
+	for (uint32_t tok = 0; tok < 30; tok++)
+		run_token(&pf, t, 1, tok, 0, &exact, &checked);
+	assert_int_equal(checked, 30 * (12 - 3));
+	assert_int_equal(exact, checked);
+	/* Past the models a prefetcher tells apart: ignored. */
+	mp_prefetch_set_model(&pf, MP_PREFETCH_MAX_MODELS);
+	assert_int_equal(pf.it->model, 0);
 	mp_prefetch_fini(&pf);
 	mp_trace_close(t);
 }
@@ -841,6 +883,107 @@ static void driver_prefetches_what_the_policy_predicts(void **state)
 	mp_store_close(s);
 }
 
+/* Layer l's eviction hint of row (what the pager's eviction reads). */
+static float hint_of(struct mp_pager *p, uint32_t l, uint32_t row)
+{
+	float v;
+
+	pthread_mutex_lock(&p->lock);
+	v = p->evict.env.hints->p[mp_pager_slot(p, l, row)];
+	pthread_mutex_unlock(&p->lock);
+	return v;
+}
+
+/*
+ * Two models over one pager (mp_prefetcher_set_models(), as Multi-MoE
+ * serves them): model 1's rows are E + e, bound to a second source. While
+ * only model 1 has a request open, model 0's rows are hinted 0 (first to
+ * go); model 1's request teaches model 1's store only; once it closes and
+ * model 0's opens, its hints do not fall on model 0's rows (a closed
+ * request's map is gone: they used to land on rows e) and model 1's rows
+ * are the 0s.
+ */
+static void driver_hints_the_rows_of_the_models_running(void **state)
+{
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .distance = 1, .requests = 4 };
+	const struct mp_expert_source_ops *ops = mp_prefetcher_source_ops();
+	struct mp_prefetcher_stats st;
+	struct mp_pager_config pc;
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t L, E, *tab;
+	int src;
+
+	(void)state;
+	s = tiny_store("tiny-models.mpk", 11);
+	L = mp_store_geometry(s)->layers;
+	E = mp_store_geometry(s)->experts;
+	mp_pager_config_init(&pc);
+	pc.budget = "100%";
+	pc.slots_per_layer = 2 * E;
+	p = open_or_skip(s, &pc);
+	src = mp_pager_add_store(p, s);
+	assert_true(src > 0);
+	tab = malloc(2 * L * E * sizeof(*tab));
+	const uint32_t **m0 = malloc(2 * L * sizeof(*m0)), **m1 = m0 + L;
+	const uint32_t *const *maps[2] = { m0, m1 };
+
+	assert_non_null(tab);
+	assert_non_null(m0);
+	for (uint32_t l = 0; l < L; l++) {
+		m0[l] = tab + (size_t)l * E;
+		m1[l] = tab + (size_t)(L + l) * E;
+		for (uint32_t e = 0; e < E; e++) {
+			tab[(size_t)l * E + e] = e;
+			tab[(size_t)(L + l) * E + e] = E + e;
+			assert_int_equal(mp_pager_bind(p, l, E + e, src, e), 0);
+		}
+	}
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	assert_int_equal(mp_prefetcher_set_models(pf, maps, MP_PREFETCH_MAX_MODELS + 1, 0),
+			 -EINVAL);
+	assert_int_equal(mp_prefetcher_set_models(pf, maps, 2, 4), -EINVAL);
+	assert_int_equal(mp_prefetcher_set_models(pf, maps, 2, 0), 0);
+	ops->seq_map(pf, 1, m1);
+	for (uint32_t tok = 0; tok < 6; tok++)
+		for (uint32_t l = 0; l < L; l++) {
+			uint32_t rows[2] = { E + (tok + l) % E, E + (tok + l + 1) % E };
+
+			assert_int_equal(ops->route(pf, 1, tok, l, rows, NULL, 2), 0);
+		}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.emap_records, 0);	/* model 0's store learnt nothing */
+	bool hinted = false;
+
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t e = 0; e < E; e++) {
+			assert_float_equal(hint_of(p, l, e), 0.0f, 0);
+			hinted |= hint_of(p, l, E + e) > 0;
+		}
+	assert_true(hinted);
+	ops->seq_map(pf, 1, NULL);
+	ops->seq_map(pf, 2, m0);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t e = 0; e < E; e++) {
+			assert_float_equal(hint_of(p, l, e), -1.0f, 0);
+			assert_float_equal(hint_of(p, l, E + e), 0.0f, 0);
+		}
+	mp_prefetcher_stats(pf, &st);
+	assert_int_equal(st.hint_unmapped, 0);
+	ops->seq_map(pf, 2, NULL);
+	assert_int_equal(mp_prefetcher_set_models(pf, NULL, 0, 0), 0);
+	mp_prefetcher_close(pf);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t e = 0; e < E; e++)
+			mp_pager_unbind(p, l, E + e);
+	mp_pager_close(p);
+	mp_store_close(s);
+	free(tab);
+	free(m0);
+}
+
 /*
  * The driver learns one read's cost in layers of compute (load_ratio) from
  * the pager's demand reads and the gaps between gates: a budget of two
@@ -1244,6 +1387,7 @@ int main(void)
 		cmocka_unit_test(priority_is_p_over_layer_distance),
 		cmocka_unit_test(plan_use_reads_only_what_is_worth_a_read),
 		cmocka_unit_test(finemoe_predicts_a_seen_trajectory_exactly),
+		cmocka_unit_test(finemoe_predicts_a_model_from_its_own_trajectories_only),
 		cmocka_unit_test(interleaved_requests_keep_their_own_trajectories),
 		cmocka_unit_test(finemoe_plans_the_first_layers_from_the_semantic_vector),
 		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
@@ -1256,6 +1400,7 @@ int main(void)
 		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
+		cmocka_unit_test(driver_hints_the_rows_of_the_models_running),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
 		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),

@@ -104,6 +104,8 @@ int mp_pager_route(struct mp_pager *p, uint32_t request, uint32_t token, uint32_
 			continue;
 		}
 		p->st.misses++;
+		if (s->evicted)
+			p->st.refaults++;
 		if (s->state == ST_FILLING) {
 			/*
 			 * Routed while its prefetch is read: late, as a fault on it

@@ -46,6 +46,7 @@ struct slot {
 	bool lost;		/* pages zapped behind our back: discard and refill */
 	bool gone;		/* the application unmapped this part of the range */
 	bool prefetched;	/* filled by a prefetch and not used yet */
+	bool evicted;		/* dropped from memory before (a later miss is a refault) */
 	atomic_bool wanted;	/* FILLING for a thread or a route: the read may not yield */
 	bool demanded;		/* threads faulted on it: min_resident applies */
 	bool counted;		/* this fault episode was counted (file or host) */

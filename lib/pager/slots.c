@@ -290,6 +290,7 @@ int mp_pager_evict_locked(struct mp_pager *p, uint32_t slot, bool keep_host)
 		if (p->evict.ops->on_remove)
 			p->evict.ops->on_remove(&p->evict, slot);
 		p->st.evictions++;
+		s->evicted = true;
 		if (s->prefetched) {
 			s->prefetched = false;
 			p->st.prefetch_wasted++;

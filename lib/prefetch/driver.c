@@ -116,9 +116,14 @@ struct mp_prefetcher {
 	 */
 	struct pf_map *maps;
 	uint32_t nmaps, cap_maps;
+	/* mp_prefetcher_set_models(): the map of each model's requests (under lock). */
+	const uint32_t *const *models[MP_PREFETCH_MAX_MODELS];
+	uint32_t nmodels;
+	bool one_store;		/* MP_PREFETCH_ONE_STORE */
 	double *h_none;
 	float *h_only;
 	uint32_t *h_n;
+	uint8_t *h_live;	/* with models: the row is an open request's (2) or a model's (1) */
 
 	/* Position each queued prefetch was predicted for (nkeys), UINT64_MAX: none. */
 	uint64_t *issued_pos;
@@ -139,6 +144,8 @@ struct mp_prefetcher {
 
 	_Atomic uint64_t events, dropped, iterations, predicted, issued, policy_ns;
 	_Atomic uint64_t row_predicted, row_issued;
+	/* Hint rows taken from an iter whose request has no map while others have one. */
+	_Atomic uint64_t hint_unmapped;
 
 	/* Measuring pf.load_ratio: gaps between consecutive gates, reads from the pager. */
 	float *gaps;		/* [L x requests] this step's */
@@ -165,6 +172,29 @@ static const uint32_t *const *map_of(const struct mp_prefetcher *d, uint32_t req
 		if (d->maps[i].request == request)
 			return d->maps[i].map;
 	return NULL;
+}
+
+/*
+ * The map an iter's predictions go through: its request's while open, then
+ * (a request over, its hints still standing) its model's (called under lock).
+ */
+static const uint32_t *const *iter_map(const struct mp_prefetcher *d,
+				       const struct mp_prefetch_iter *it)
+{
+	const uint32_t *const *m = d->nmaps ? map_of(d, it->request) : NULL;
+
+	if (!m && it->model < d->nmodels)
+		m = d->models[it->model];
+	return m;
+}
+
+/* The model whose requests read through map m (0: none is). */
+static uint32_t model_of(const struct mp_prefetcher *d, const uint32_t *const *m)
+{
+	for (uint32_t x = 0; m && x < d->nmodels; x++)
+		if (d->models[x] == m)
+			return x;
+	return 0;
 }
 
 /* The row layer's router id e is read from for a request with map m. */
@@ -196,6 +226,23 @@ static bool router_id(const struct mp_prefetcher *d, const uint32_t *const *m, u
 }
 
 /*
+ * With models: h_live[row] of layer l is 2 for a row an open request's map
+ * reaches, 1 for another model's, 0 for the rest (none without models).
+ */
+static void mark_live(struct mp_prefetcher *d, uint32_t l)
+{
+	memset(d->h_live, 0, d->spl);
+	for (uint32_t x = 0; x < d->nmodels; x++)
+		for (uint32_t e = 0; e < d->J; e++)
+			if (d->models[x][l][e] < d->spl)
+				d->h_live[d->models[x][l][e]] = 1;
+	for (uint32_t i = 0; d->nmodels && i < d->nmaps; i++)
+		for (uint32_t e = 0; e < d->J; e++)
+			if (row_of(d->maps[i].map, l, e) < d->spl)
+				d->h_live[row_of(d->maps[i].map, l, e)] = 2;
+}
+
+/*
  * Layer l's eviction hints, per row: the probability that any request
  * being decoded uses it at its next pass, 1 - prod(1 - p_r) over the
  * requests that predict it (one request's own p when only one does), -1
@@ -216,7 +263,9 @@ static void layer_hints(struct mp_prefetcher *d, uint32_t l)
 
 		if (!it->used)
 			continue;
-		m = d->nmaps ? map_of(d, it->request) : NULL;
+		m = iter_map(d, it);
+		if (!m && d->cap_maps)
+			atomic_fetch_add(&d->hint_unmapped, 1);
 		for (uint32_t e = 0; e < d->J; e++) {
 			float p = it->hint_p[(size_t)l * d->J + e];
 			uint32_t row = row_of(m, l, e);
@@ -228,12 +277,23 @@ static void layer_hints(struct mp_prefetcher *d, uint32_t l)
 			d->h_none[row] *= 1.0 - (p > 1 ? 1 : p);
 		}
 	}
+	mark_live(d, l);
 	for (uint32_t row = 0; row < d->spl; row++) {
 		float p = d->h_n[row] == 0 ? -1.0f : d->h_n[row] == 1 ? d->h_only[row] :
 			  (float)(1.0 - d->h_none[row]);
 
+		/* A model with no request open: its rows are the first to go. */
+		if (d->h_live[row] == 1)
+			p = 0.0f;
 		__atomic_store(&d->hints.p[key_of(d, l, row)], &p, __ATOMIC_RELAXED);
 	}
+}
+
+/* Every layer's hints again (a request opened or closed: which models run changed). */
+static void all_hints(struct mp_prefetcher *d)
+{
+	for (uint32_t l = 0; l < d->L; l++)
+		layer_hints(d, l);
 }
 
 /*
@@ -245,7 +305,7 @@ static void issue(struct mp_prefetcher *d, uint64_t step)
 {
 	struct mp_prefetch *pf = &d->pf;
 	uint64_t now = __atomic_load_n(&d->hints.now, __ATOMIC_RELAXED);
-	const uint32_t *const *m = d->nmaps ? map_of(d, pf->it->request) : NULL;
+	const uint32_t *const *m = iter_map(d, pf->it);
 
 	for (uint32_t l = 0; l < d->L; l++)
 		if (pf->hint_dirty[l])
@@ -491,6 +551,8 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 			goto out;
 	}
 	rq = &d->reqs[mp_prefetch_switch(pf, ev->request)];
+	if (d->nmodels && !d->one_store)
+		mp_prefetch_set_model(pf, model_of(d, map_of(d, ev->request)));
 	if (ev->begin) {
 		mp_prefetch_begin(pf, ev->request, ev->token, sem);
 		issue(d, ev->step);
@@ -860,6 +922,7 @@ void mp_prefetcher_stats(struct mp_prefetcher *d, struct mp_prefetcher_stats *ou
 	out->policy_ns = atomic_load(&d->policy_ns);
 	out->row_predicted = atomic_load(&d->row_predicted);
 	out->row_issued = atomic_load(&d->row_issued);
+	out->hint_unmapped = atomic_load(&d->hint_unmapped);
 	pthread_mutex_lock(&d->lock);
 	out->expired = d->expired;
 	out->load_ratio = d->pf.load_ratio;
@@ -927,6 +990,7 @@ void mp_prefetcher_close(struct mp_prefetcher *d)
 	free(d->h_none);
 	free(d->h_only);
 	free(d->h_n);
+	free(d->h_live);
 	free(d->future);
 	free(d->next_use_true);
 	free(d->emap_path);
@@ -1067,11 +1131,12 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	d->h_none = malloc(d->spl * sizeof(*d->h_none));
 	d->h_only = malloc(d->spl * sizeof(*d->h_only));
 	d->h_n = malloc(d->spl * sizeof(*d->h_n));
+	d->h_live = malloc(d->spl);
 	d->emap_path = d->cfg.emap_path ? strdup(d->cfg.emap_path) : NULL;
 	err = -ENOMEM;
 	if (!d->ring || !d->ring_probs || !d->hints.p || !d->hints.next_use || !d->hints.miss_w ||
 	    !d->miss_w || !d->issued_pos ||
-	    !d->live || !d->h_none || !d->h_only || !d->h_n ||
+	    !d->live || !d->h_none || !d->h_only || !d->h_n || !d->h_live ||
 	    !d->pend_logits || !d->pend_x ||
 	    (d->cfg.emap_path && !d->emap_path))
 		goto close;
@@ -1231,8 +1296,30 @@ static void src_seq_map(void *ctx, uint32_t request, const uint32_t *const *map)
 		}
 		d->maps[d->nmaps++] = (struct pf_map){ request, map };
 	}
+	if (d->nmodels)
+		all_hints(d);
 unlock:
 	pthread_mutex_unlock(&d->lock);
+}
+
+int mp_prefetcher_set_models(struct mp_prefetcher *d, const uint32_t *const *const *maps,
+			     uint32_t n, unsigned flags)
+{
+	if (!d || n > MP_PREFETCH_MAX_MODELS || (n && !maps) || (flags & ~MP_PREFETCH_ONE_STORE))
+		return mp_err(-EINVAL, "prefetcher: %u models (at most %u, with their maps), flags "
+			      "%#x (known: %#x)", n, MP_PREFETCH_MAX_MODELS, flags,
+			      MP_PREFETCH_ONE_STORE);
+	for (uint32_t x = 0; x < n; x++)
+		if (!maps[x])
+			return mp_err(-EINVAL, "prefetcher: model %u has no map", x);
+	pthread_mutex_lock(&d->lock);
+	for (uint32_t x = 0; x < n; x++)
+		d->models[x] = maps[x];
+	d->nmodels = n;
+	d->one_store = flags & MP_PREFETCH_ONE_STORE;
+	all_hints(d);
+	pthread_mutex_unlock(&d->lock);
+	return 0;
 }
 
 /* The token's embedding is the iteration's semantic vector (when the sizes agree). */

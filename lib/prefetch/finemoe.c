@@ -22,7 +22,10 @@
 enum { SRC_ROUTER = 0, SRC_TRAJ, NSRC };
 
 struct finemoe {
-	struct mp_emap *emap;
+	struct mp_emap *emap;	/* model 0's store (the only one without models) */
+	/* The other models' stores (mp_prefetch_set_model()), made at their first use. */
+	struct mp_emap *more[MP_PREFETCH_MAX_MODELS - 1];
+	struct mp_emap_config cfg;
 	float *sem_use;		/* [layers][experts]: the semantic vote (with sem_dim) */
 	/*
 	 * finemoe+nextlayer: [NSRC][distance], how many of each predictor's
@@ -76,6 +79,7 @@ static int finemoe_init(struct mp_prefetch *pf)
 		free(f);
 		return err;
 	}
+	f->cfg = c;
 	pf->priv = f;
 	if (pf->spec_rows) {
 		f->hits = calloc((size_t)NSRC * pf->env.distance, sizeof(double));
@@ -90,6 +94,25 @@ static int finemoe_init(struct mp_prefetch *pf)
 }
 
 /*
+ * The store of the current request's model: a prediction for one model is
+ * never made from another's trajectories. NULL when it cannot be made.
+ */
+static struct mp_emap *emap_of(struct mp_prefetch *pf)
+{
+	struct finemoe *f = pf->priv;
+	uint32_t x = pf->it->model;
+
+	if (!x)
+		return f->emap;
+	if (x >= MP_PREFETCH_MAX_MODELS)
+		return NULL;
+	/* Out of memory: this model's requests are paged on demand, and retried. */
+	if (!f->more[x - 1] && mp_emap_create(&f->cfg, &f->more[x - 1]))
+		return NULL;
+	return f->more[x - 1];
+}
+
+/*
  * Without semantic vectors a record's context is the map before it, so each
  * layer's learnt transition (mp_emap_predict_layer()) from the layer's last
  * row says how likely each of its experts is at the layer's next pass.
@@ -98,10 +121,12 @@ static int finemoe_init(struct mp_prefetch *pf)
 static int next_pass(struct mp_prefetch *pf, struct mp_emap_query *q, uint32_t layer,
 		     const float *last_map, float *use)
 {
-	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	const uint32_t J = pf->env.experts;
 
-	return mp_emap_predict_layer(f->emap, q, layer, last_map + (size_t)layer * J, use);
+	if (!m)
+		return -ENOMEM;
+	return mp_emap_predict_layer(m, q, layer, last_map + (size_t)layer * J, use);
 }
 
 /*
@@ -120,12 +145,13 @@ static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *us
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts;
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
-	if (mp_emap_predict_sem(f->emap, &q->query, pf->it->sem, f->sem_use, &score) ||
+	if (!m || mp_emap_predict_sem(m, &q->query, pf->it->sem, f->sem_use, &score) ||
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
@@ -134,7 +160,7 @@ static void begin_semantic(struct mp_prefetch *pf)
 
 static void finemoe_begin(struct mp_prefetch *pf)
 {
-	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	float use[MP_MAX_EXPERTS], score;
 
@@ -144,8 +170,8 @@ static void finemoe_begin(struct mp_prefetch *pf)
 		return;
 	}
 	/* Cold start (empty store) or no context yet: nothing to go on, demand only. */
-	if (!pf->it->have_context ||
-	    mp_emap_search_sem(f->emap, &q->query, pf->it->sem, &score) < 0)
+	if (!pf->it->have_context || !m ||
+	    mp_emap_search_sem(m, &q->query, pf->it->sem, &score) < 0)
 		return;
 	/* The closest context's score sets δ; the layer's transition, the set. */
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
@@ -158,7 +184,7 @@ static void finemoe_begin(struct mp_prefetch *pf)
 static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k,
 			 const float *spec)
 {
-	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	uint32_t target = layer + pf->env.distance;
 	float use[MP_MAX_EXPERTS], score;
@@ -169,10 +195,10 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 	/* The layer's next use is in the next iteration: hint how likely each expert is there. */
 	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
-	if (target >= pf->env.layers)
+	if (target >= pf->env.layers || !m)
 		return;
 	/* No record shares anything with this trajectory: nothing to go on. */
-	if (!mp_emap_predict_traj(f->emap, &q->query, pf->it->traj, layer + 1, target, use,
+	if (!mp_emap_predict_traj(m, &q->query, pf->it->traj, layer + 1, target, use,
 				  &score) && score > 0)
 		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
 }
@@ -284,6 +310,7 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 			    uint32_t k, const float *spec)
 {
 	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts, L = pf->env.layers;
 	uint32_t n = MP_MIN(pf->spec_rows, L - 1 - layer);
@@ -297,7 +324,7 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 	}
 	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
-	traj = !mp_emap_predict_traj_n(f->emap, &q->query, pf->it->traj, layer + 1, layer + 1, n,
+	traj = m && !mp_emap_predict_traj_n(m, &q->query, pf->it->traj, layer + 1, layer + 1, n,
 				       f->traj_use, &score) && score > 0;
 	for (uint32_t i = 0; i < n; i++)
 		plan_ahead(pf, layer, i + 1, spec + (size_t)i * J,
@@ -318,10 +345,11 @@ static float finemoe_lead(const struct mp_prefetch *pf, uint32_t layer)
 
 static void finemoe_end(struct mp_prefetch *pf)
 {
-	struct finemoe *f = pf->priv;
+	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 
-	mp_emap_insert(f->emap, &q->query, pf->it->traj, pf->it->sem);
+	if (m)
+		mp_emap_insert(m, &q->query, pf->it->traj, pf->it->sem);
 }
 
 static void finemoe_fini(struct mp_prefetch *pf)
@@ -331,6 +359,8 @@ static void finemoe_fini(struct mp_prefetch *pf)
 	if (!f)
 		return;
 	mp_emap_destroy(f->emap);
+	for (uint32_t x = 0; x < MP_PREFETCH_MAX_MODELS - 1; x++)
+		mp_emap_destroy(f->more[x]);
 	free(f->sem_use);
 	free(f->hits);
 	free(f->total);

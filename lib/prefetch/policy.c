@@ -183,6 +183,22 @@ uint32_t mp_prefetch_switch(struct mp_prefetch *pf, uint32_t request)
 	return (uint32_t)(pick - pf->iters);
 }
 
+void mp_prefetch_set_model(struct mp_prefetch *pf, uint32_t model)
+{
+	struct mp_prefetch_iter *it = pf->it;
+
+	if (!it || it->model == model || model >= MP_PREFETCH_MAX_MODELS)
+		return;
+	if (it->in_iter)
+		mp_prefetch_end(pf);
+	it->model = model;
+	it->have_context = false;
+	/* Its hints were the old model's rows'. */
+	for (size_t i = 0; i < (size_t)pf->env.layers * pf->env.experts; i++)
+		it->hint_p[i] = -1.0f;
+	memset(pf->hint_dirty, 1, pf->env.layers);
+}
+
 static void clear_out(struct mp_prefetch *pf)
 {
 	pf->n = 0;

@@ -54,6 +54,8 @@ struct mp_prefetch;
  */
 struct mp_prefetch_iter {
 	uint32_t request;
+	/* The request's model (mp_prefetch_set_model()); 0 when there is one. */
+	uint32_t model;
 	uint32_t token;
 	const float *sem;	/* semantic vector (sem_dim floats), or the context map */
 	uint32_t sem_len;
@@ -179,6 +181,18 @@ void mp_prefetch_fini(struct mp_prefetch *pf);
  * carrying its map over from request to request. Returns its index.
  */
 uint32_t mp_prefetch_switch(struct mp_prefetch *pf, uint32_t request);
+
+/* Models a prefetcher tells apart (mp_prefetch_set_model()), at most. */
+#define MP_PREFETCH_MAX_MODELS 8u
+
+/*
+ * The current iter's request is model's (< MP_PREFETCH_MAX_MODELS): a
+ * policy with a store per model (finemoe) learns its iterations into that
+ * model's store and predicts them from it only. A change ends the open
+ * iteration (in the old model's store) and drops the iter's context, the
+ * map of another model's request.
+ */
+void mp_prefetch_set_model(struct mp_prefetch *pf, uint32_t model);
 
 /*
  * Driver calls, on the current iter. Each clears pf->items/n and the dirty

@@ -206,6 +206,11 @@ const uint32_t *const *mp_multi_map(const struct mp_multi *m, uint32_t i)
 	return i < m->n ? m->maps + (size_t)i * m->layers : NULL;
 }
 
+const uint32_t *const *mp_multi_prefetch_map(const struct mp_multi *m, uint32_t i)
+{
+	return i < m->n ? m->pf_maps + (size_t)i * m->layers : NULL;
+}
+
 void mp_multi_stats(struct mp_multi *m, struct mp_multi_stats *out)
 {
 	memset(out, 0, sizeof(*out));

@@ -34,6 +34,7 @@
 #define MAX_MERGE 32
 /* Hit buckets of the layer times: 0..k hits of a token's k experts. */
 #define HIT_BUCKETS (MP_MAX_TOPK + 1)
+#define N_DIAG 8
 
 enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, N_SETUPS };
 
@@ -57,6 +58,7 @@ static struct mb_env {
 	bool setups[N_SETUPS];
 	uint64_t io_rate;		/* bytes/s of the file tier; 0: no cap */
 	uint32_t group_ms;		/* mp_sched_config.group_ns of the swapping setups */
+	bool shared_store;		/* serve_local_config.shared_store */
 	uint32_t requests;		/* per stream per run */
 	uint32_t warmup;		/* requests per model before each run, not measured */
 	uint32_t max_tokens;
@@ -73,7 +75,7 @@ enum {
 	OPT_MAP = 0x100, OPT_BUDGET, OPT_RATES, OPT_REQUESTS, OPT_MAX_TOKENS, OPT_PROMPTS,
 	OPT_PROMPT_TOKENS, OPT_TOKENIZER, OPT_IO_RATE, OPT_SETUPS, OPT_REPEAT, OPT_MAX_BATCH,
 	OPT_THREADS, OPT_SEED, OPT_TIMEOUT, OPT_TMPDIR, OPT_WARMUP, OPT_JSON, OPT_PREFETCH,
-	OPT_MERGE, OPT_EVICT, OPT_GROUP,
+	OPT_MERGE, OPT_EVICT, OPT_GROUP, OPT_SHARED_STORE,
 };
 
 static const char doc[] =
@@ -100,7 +102,9 @@ static const char doc[] =
 	"that many bytes/s per server: the split's servers get 1/N each.\n"
 	"\n"
 	"--prefetch POLICY runs every setup's pager with that prefetcher (its\n"
-	"predictions reach each request's own rows: other models' too).\n"
+	"predictions reach each request's own rows: other models' too); the\n"
+	"consolidated setups' finemoe keeps a store per model, or one with\n"
+	"--shared-store.\n"
 	"\n"
 	"--group MS: in the swapping setups, the active model's queued requests join\n"
 	"ahead of an older head of another model while it has waited under MS ms (one\n"
@@ -110,7 +114,8 @@ static const char doc[] =
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, grouped, hit_rate,\n"
 	"bytes_file, layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]},\n"
-	"runs: [...]}],\n"
+	"runs: [{..., diag: {prefetch_issued, prefetch_used, prefetch_wasted,\n"
+	"prefetch_late, evictions, refaults, predicted, hint_unmapped}}]}],\n"
 	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
 	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
 	"consolidated_over_timeshare, split_saturated}]}:\n"
@@ -161,6 +166,8 @@ static const struct argp_option opts[] = {
 	  "the prefetch policy's, else lru)", 0 },
 	{ "group", OPT_GROUP, "MS", 0, "Let the active model's requests pass an older head of "
 	  "another model for up to MS ms (default 0: FIFO)", 0 },
+	{ "shared-store", OPT_SHARED_STORE, NULL, 0, "With --prefetch: one trajectory store "
+	  "for every model of a setup, not one per model", 0 },
 	{ "merge", OPT_MERGE, NULL, 0, "Merge the --json outputs given as arguments", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
 	{ 0 },
@@ -267,6 +274,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
 	case OPT_EVICT: env.evict = arg; break;
+	case OPT_SHARED_STORE: env.shared_store = true; break;
 	case OPT_GROUP:
 		if (cli_parse_u32("--group", arg, 0, 600000, &env.group_ms))
 			argp_usage(state);
@@ -330,7 +338,25 @@ struct outcome {
 	uint64_t swaps, grouped, hits, misses, bytes_file;
 	double swap_seconds;
 	struct mp_runner_layer_times lt;	/* summed over the setup's servers */
+	uint64_t diag[N_DIAG];			/* diag_names[]: the prefetcher's and eviction's */
 };
+
+/* What the prefetcher and the eviction did (docs/multi.md, "Why the learning prefetchers"). */
+static const char *const diag_names[N_DIAG] = {
+	"prefetch_issued", "prefetch_used", "prefetch_wasted", "prefetch_late",
+	"evictions", "refaults", "predicted", "hint_unmapped",
+};
+
+static void diag_of(const struct serve_local_stats *st, uint64_t *v)
+{
+	const uint64_t x[N_DIAG] = {
+		st->pager.prefetch_issued, st->pager.prefetch_used, st->pager.prefetch_wasted,
+		st->pager.prefetch_late, st->pager.evictions, st->pager.refaults,
+		st->prefetch.predicted, st->prefetch.hint_unmapped,
+	};
+
+	memcpy(v, x, sizeof(x));
+}
 
 static void req_done(void *arg, enum mp_sched_finish why, int err,
 		     const struct mp_sched_timing *t)
@@ -532,6 +558,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
 		.sched = { .max_batch = env.max_batch, .max_queue = 4096,
 			   .group_ns = (uint64_t)env.group_ms * 1000000 },
+		.shared_store = env.shared_store,
 		.layer_times = true,
 	};
 	uint32_t nb = s == S_SPLIT ? env.n : 1;
@@ -581,8 +608,12 @@ static void collect(struct servers *sv, struct outcome *o, int sign)
 {
 	for (uint32_t i = 0; i < sv->nb; i++) {
 		struct serve_local_stats st;
+		uint64_t d[N_DIAG];
 
 		serve_local_stats(sv->b[i], &st);
+		diag_of(&st, d);
+		for (size_t j = 0; j < N_DIAG; j++)
+			o->diag[j] += (uint64_t)sign * d[j];
 		o->swaps += (uint64_t)sign * st.sched.swaps;
 		o->grouped += (uint64_t)sign * st.sched.grouped;
 		o->swap_seconds += sign * st.sched.swap_seconds;
@@ -608,6 +639,8 @@ static void add_counters(struct outcome *o, const struct outcome *w)
 	o->hits += w->hits;
 	o->misses += w->misses;
 	o->bytes_file += w->bytes_file;
+	for (size_t j = 0; j < N_DIAG; j++)
+		o->diag[j] += w->diag[j];
 	o->lt.attn_passes += w->lt.attn_passes;
 	o->lt.attn_ns += w->lt.attn_ns;
 	for (uint32_t h = 0; h < HIT_BUCKETS; h++) {
@@ -826,10 +859,19 @@ static double med(struct outcome *o, uint32_t n, size_t off)
 
 #define MED(o, n, field) med(o, n, offsetof(struct outcome, field))
 
+static json_t *diag_json(const struct outcome *o)
+{
+	json_t *j = json_object();
+
+	for (size_t i = 0; i < N_DIAG; i++)
+		json_object_set_new(j, diag_names[i], json_integer((json_int_t)o->diag[i]));
+	return j;
+}
+
 static json_t *run_json(const struct outcome *o)
 {
 	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, "
-			 "s:I, s:I}",
+			 "s:I, s:I, s:o}",
 			 "ttft_p50", o->ttft_p50, "ttft_p90", o->ttft_p90, "turnaround_p50",
 			 o->turn_p50, "turnaround_p90", o->turn_p90, "turnaround_mean",
 			 o->turn_mean, "throughput_rpm", o->rpm, "arrival_rpm", o->arrival_rpm,
@@ -838,7 +880,7 @@ static json_t *run_json(const struct outcome *o)
 			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "grouped",
 			 (json_int_t)o->grouped, "hits",
 			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "bytes_file",
-			 (json_int_t)o->bytes_file);
+			 (json_int_t)o->bytes_file, "diag", diag_json(o));
 }
 
 /* Multi-MoE's Table 1: ms per layer of one-token steps, attention and the MoE part by hits. */
@@ -975,7 +1017,7 @@ static void print_compare(json_t *compare)
 /* The parameters two runs to merge must share. */
 static const char *const same_keys[] = { "models", "map", "budget_bytes", "owned_bytes",
 					 "io_rate", "requests", "max_tokens", "max_batch",
-					 "prefetch", "evict", "group_ms" };
+					 "prefetch", "evict", "group_ms", "shared_store" };
 
 /* --merge: one object of several runs' rows, the ratios taken again. */
 static int merge(void)
@@ -1091,14 +1133,14 @@ int cmd_multibench(int argc, char **argv)
 		for (uint32_t i = 0; i < env.n; i++)
 			json_array_append_new(models, json_string(env.models[i]));
 		json_t *root = json_pack("{s:o, s:s, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:s?, s:s?, "
-					 "s:i, s:o, s:o}",
+					 "s:i, s:b, s:o, s:o}",
 					 "models", models, "map", env.map, "budget_bytes",
 					 (json_int_t)pl.budget, "owned_bytes", (json_int_t)pl.owned,
 					 "io_rate", (json_int_t)env.io_rate, "requests",
 					 (int)env.requests, "max_tokens", (int)env.max_tokens,
 					 "repeat", (int)env.repeat, "max_batch", (int)env.max_batch,
 					 "prefetch", env.prefetch, "evict", env.evict, "group_ms",
-					 (int)env.group_ms, "results",
+					 (int)env.group_ms, "shared_store", env.shared_store, "results",
 					 results, "compare",
 					 compare);
 

@@ -137,6 +137,11 @@ struct serve_local_config {
 	 * rest (MP_MULTI_OWNED_PAGED), instead of held in memory outside it.
 	 */
 	bool owned_paged;
+	/*
+	 * With a prefetcher: one trajectory store for every model (session
+	 * 27's), instead of one per model (mp_prefetcher_set_models()).
+	 */
+	bool shared_store;
 	/* The pager's fault spec (docs/fault-injection.md), e.g. an I/O cap "read:rate=8M". */
 	const char *fault;
 	/* Time one-token steps' layers by hits (MP_RUNNER_LAYER_TIMES; bench-multi's table). */
@@ -153,6 +158,7 @@ struct serve_local_stats {
 	struct mp_pager_stats pager;
 	struct mp_multi_stats multi;
 	struct mp_runner_layer_times layers;
+	struct mp_prefetcher_stats prefetch;	/* zero without a prefetcher */
 };
 
 void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out);

@@ -220,6 +220,8 @@ void serve_local_stats(struct serve_backend *b, struct serve_local_stats *out)
 		mp_multi_stats(l->multi, &out->multi);
 	if (l->runner)
 		mp_runner_layer_times(l->runner, &out->layers);
+	if (l->prefetcher)
+		mp_prefetcher_stats(l->prefetcher, &out->prefetch);
 }
 
 struct threads_call {
@@ -294,6 +296,9 @@ static void local_close(struct serve_backend *b)
 	pthread_mutex_destroy(&l->step_lock);
 	mp_runner_close(l->runner);
 	mp_adapters_close(l->adapters);
+	/* The prefetcher borrows the set's maps. */
+	if (l->prefetcher)
+		mp_prefetcher_set_models(l->prefetcher, NULL, 0, 0);
 	mp_multi_close(l->multi);
 	mp_consolidation_close(l->map);
 	for (uint32_t i = 0; i < MP_CONSOL_MAX_MODELS - 1; i++) {
@@ -599,7 +604,15 @@ static int open_multi(struct local *l, const struct serve_local_config *cfg,
 	rc->source = mp_multi_source_ops();
 	rc->source_ctx = l->multi;
 	rc->expert_rows = mp_multi_rows(l->multi);
-	return 0;
+	if (l->prefetcher) {
+		const uint32_t *const *maps[MP_CONSOL_MAX_MODELS];
+
+		for (uint32_t x = 0; x < mc.n; x++)
+			maps[x] = mp_multi_prefetch_map(l->multi, x);
+		err = mp_prefetcher_set_models(l->prefetcher, maps, mc.n,
+					       cfg->shared_store ? MP_PREFETCH_ONE_STORE : 0);
+	}
+	return err;
 }
 
 char *serve_model_name(const char *path)

@@ -34,6 +34,7 @@ enum {
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
 	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
+	OPT_SHARED_STORE,
 };
 
 static const char doc[] =
@@ -68,6 +69,10 @@ static const char doc[] =
 	"--mixed-batches every model's are in use and batches mix models. With\n"
 	"--owned-paged the owners' experts are paged under --budget like the rest\n"
 	"(one row serves every model at a shared position), not held outside it.\n"
+	"Its prefetch policy is finemoe unless --prefetch (or $MOEPAGER_PREFETCH)\n"
+	"says otherwise: each model's requests are predicted from its own\n"
+	"trajectories (--shared-store: one store) and the rows of the models not\n"
+	"running are evicted first.\n"
 	"With --group-ms MS the active model's queued requests pass an older head of\n"
 	"another model while it has waited under MS ms (fewer swaps; it is served\n"
 	"within MS plus one batch).\n"
@@ -92,7 +97,8 @@ static const struct argp_option opts[] = {
 	  "as --budget holds", 0 },
 	{ "epoch", OPT_EPOCH, "N", 0,
 	  "The pool epoch this server joins at, shown in /metrics (docs/elastic.md)", 0 },
-	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none)", 0 },
+	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy when paged (default none; "
+	  "with --consolidate finemoe)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy (default: the prefetch policy's)", 0 },
 	{ "listen", OPT_LISTEN, "HOST:PORT", 0, "Address (default 127.0.0.1:8080; port 0: any)", 0 },
 	{ "port-file", OPT_PORT_FILE, "FILE", 0, "Write the port listened on to FILE", 0 },
@@ -130,6 +136,9 @@ static const struct argp_option opts[] = {
 	  "swaps", 0 },
 	{ "owned-paged", OPT_OWNED_PAGED, NULL, 0,
 	  "With --consolidate: the owned experts are paged under --budget, not held", 0 },
+	{ "shared-store", OPT_SHARED_STORE, NULL, 0,
+	  "With --consolidate: the prefetcher keeps one trajectory store for every model, not "
+	  "one per model", 0 },
 	{ "group-ms", OPT_GROUP_MS, "MS", 0,
 	  "With --consolidate: the active model's requests may pass an older head of another "
 	  "model for up to MS ms (default 0: FIFO)", 0 },
@@ -168,6 +177,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_CONSOLIDATE: env.local.consolidate = arg; break;
 	case OPT_MIXED: env.local.mixed = true; break;
 	case OPT_OWNED_PAGED: env.local.owned_paged = true; break;
+	case OPT_SHARED_STORE: env.local.shared_store = true; break;
 	case OPT_GROUP_MS:
 		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
 			argp_usage(state);
@@ -276,6 +286,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))
 			argp_error(state, "--consolidate needs --budget (unowned experts are paged) "
 				   "and no --adapters");
+		/* What the consolidated server pages is predicted per model (docs/multi.md). */
+		if (env.local.consolidate && !env.local.prefetch && !getenv("MOEPAGER_PREFETCH"))
+			env.local.prefetch = "finemoe";
 		if ((env.local.adapter_slots || env.local.adapter_rows ||
 		     env.local.adapters_padded) && !env.local.adapters)
 			argp_error(state, "--adapter-slots, --adapter-rows and --adapters-padded "

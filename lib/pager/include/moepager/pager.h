@@ -360,7 +360,9 @@ struct mp_pager_stats {
 	 */
 	uint64_t caller_stall_ns;
 	uint64_t fill_threads;		/* config.fill_threads, or the default */
-	MP_RESERVED(5);
+	/* Of misses, those of experts evicted before: what an eviction cost later. */
+	uint64_t refaults;
+	MP_RESERVED(4);
 };
 
 /* A snapshot of the counters. */

@@ -165,6 +165,26 @@ MP_API int mp_prefetcher_train(struct mp_prefetcher *pf, const struct mp_trace *
 MP_API int mp_prefetcher_set_future(struct mp_prefetcher *pf, const struct mp_replay_seg *segs,
 				    uint32_t n);
 
+/* mp_prefetcher_set_models(): one trajectory store for every model. */
+#define MP_PREFETCH_ONE_STORE 1u
+
+/*
+ * Several models served over one pager (Multi-MoE, <moepager/multi.h>):
+ * requests whose routed-id map (source op seq_map) is maps[x] are model
+ * x's. Then:
+ * - finemoe keeps a store per model, so a model's requests are predicted
+ *   from its own trajectories only (the emap file and stats are model 0's
+ *   store); with MP_PREFETCH_ONE_STORE in flags, one store learns them all;
+ * - a request's eviction hints stay on its model's rows after it closes;
+ * - the rows of the models with no request open get the hint p = 0, so a
+ *   hint-reading eviction (finemoe) drops them before the running ones'.
+ * maps are borrowed: they must outlive the prefetcher, or a call with
+ * n = 0. Returns 0 or -EINVAL (n above 8, a NULL map, unknown flags).
+ */
+MP_API int mp_prefetcher_set_models(struct mp_prefetcher *pf,
+				    const uint32_t *const *const *maps, uint32_t n,
+				    unsigned flags);
+
 /* Waits until every queued event is handled, or timeout_ms passes. Returns 0 or -ETIMEDOUT. */
 MP_API int mp_prefetcher_flush(struct mp_prefetcher *pf, uint32_t timeout_ms);
 
@@ -196,7 +216,12 @@ struct mp_prefetcher_stats {
 	 * reached through a request's routed-id map, source op seq_map).
 	 */
 	uint64_t row_predicted, row_issued;
-	MP_RESERVED(6);
+	/*
+	 * Layer hints computed from a request with no routed-id map while
+	 * the prefetcher serves mapped requests (a diagnostic).
+	 */
+	uint64_t hint_unmapped;
+	MP_RESERVED(5);
 };
 
 MP_API void mp_prefetcher_stats(struct mp_prefetcher *pf, struct mp_prefetcher_stats *out);

@@ -60,6 +60,12 @@ MP_API void mp_multi_close(struct mp_multi *m);
 MP_API uint32_t mp_multi_rows(const struct mp_multi *m);
 /* Model i's per-layer routed-id maps for mp_seq_config.map (valid until close), or NULL. */
 MP_API const uint32_t *const *mp_multi_map(const struct mp_multi *m, uint32_t i);
+/*
+ * The map the source's prefetcher is given for model i's requests (owned
+ * rows in memory as UINT32_MAX), for mp_prefetcher_set_models(); NULL
+ * past the models.
+ */
+MP_API const uint32_t *const *mp_multi_prefetch_map(const struct mp_multi *m, uint32_t i);
 /* The source whose ctx is the set: owned rows from host memory, the rest from cfg.source. */
 MP_API const struct mp_expert_source_ops *mp_multi_source_ops(void);
 
