@@ -10,6 +10,8 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -37,11 +39,13 @@ static struct sb_env {
 	uint32_t tokens, prompt, repeat, rounds;
 	/* The server's --gather-us and --stream-interval-us; NULL: its defaults. */
 	char *gather, *stream;
+	const char *server_exe;		/* NULL: this binary */
+	bool clients_idle;		/* the clients' thread at SCHED_IDLE */
 	bool json;
 } env;
 
 enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON, OPT_GATHER,
-       OPT_STREAM };
+       OPT_STREAM, OPT_CLIENTS_IDLE, OPT_SERVER };
 
 static const char doc[] =
 	"Measures the HTTP and scheduling overhead of `moepager serve` per step. For\n"
@@ -61,6 +65,11 @@ static const char doc[] =
 	"The server's /metrics give where it goes (server: its steps, mean batch, and\n"
 	"per step its runner time and the scheduler's and HTTP thread's time), and\n"
 	"client_cpu_us is the clients' CPU time per step (this process's thread).\n"
+	"The clients share the machine's cores with the server, which a deployment's\n"
+	"remote clients do not: --clients-idle runs them at SCHED_IDLE (they take only\n"
+	"a core nothing else wants), so the served time is the server's own; and\n"
+	"server_cpu_share is the server's scheduler and HTTP thread CPU per step over\n"
+	"the runner's step alone.\n"
 	"Figures are medians over --repeat runs, alone and served alternating, after\n"
 	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
 	"\n"
@@ -80,6 +89,10 @@ static const struct argp_option opts[] = {
 	{ "gather-us", OPT_GATHER, "US", 0, "The server's --gather-us (default: serve's)", 0 },
 	{ "stream-interval-us", OPT_STREAM, "US", 0,
 	  "The server's --stream-interval-us (default: serve's)", 0 },
+	{ "clients-idle", OPT_CLIENTS_IDLE, NULL, 0, "Run the clients at SCHED_IDLE (default: "
+	  "as the server)", 0 },
+	{ "server", OPT_SERVER, "EXE", 0, "The moepager binary that serves (default: this one; "
+	  "another build's, to compare them under the same clients)", 0 },
 	{ 0 },
 };
 
@@ -108,6 +121,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_JSON: env.json = true; break;
+	case OPT_CLIENTS_IDLE: env.clients_idle = true; break;
+	case OPT_SERVER:
+		if (access(arg, X_OK))
+			argp_error(state, "--server: '%s': %s", arg, strerror(errno));
+		env.server_exe = arg;
+		break;
 	case OPT_GATHER:
 	case OPT_STREAM: {
 		uint32_t us;
@@ -269,7 +288,7 @@ static int server_start(struct server *s, uint32_t threads)
 		args[na++] = "--stream-interval-us";
 		args[na++] = env.stream;
 	}
-	s->pid = cli_spawn_self(args, STDERR_FILENO);
+	s->pid = cli_spawn(env.server_exe, args, STDERR_FILENO);
 	if (s->pid < 0) {
 		err = s->pid;
 		s->pid = 0;
@@ -439,12 +458,17 @@ static json_t *run_json(const struct one *o)
 
 	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
 
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+	/* The server's own threads' CPU beside the runner's, per step. */
+	double cpu = per_step(o, SRV(sched_cpu_s)) + per_step(o, SRV(http_thread_cpu_s));
+
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+			 "s:f}}",
 			 "client_cpu_us", o->client_cpu_us / n,
 			 "alone_step_us", o->alone_us / n,
 			 "served_step_us", o->served_us / n,
 			 "overhead_us", (o->served_us - o->alone_us) / n,
 			 "overhead_share", (o->served_us - o->alone_us) / o->alone_us,
+			 "server_cpu_share", cpu / (o->alone_us / n),
 			 "server", "steps", steps,
 			 "mean_batch", bc > 0 ? (o->after.batch_sum - o->before.batch_sum) / bc : 0,
 			 "step_us", per_step(o, SRV(step_s)),
@@ -462,7 +486,7 @@ static json_t *run_json(const struct one *o)
 static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 {
 	static const char *const top[] = { "alone_step_us", "served_step_us", "overhead_us",
-					   "overhead_share", "client_cpu_us" };
+					   "overhead_share", "server_cpu_share", "client_cpu_us" };
 	static const char *const srv[] = { "steps", "mean_batch", "step_us", "sched_wall_us",
 					   "sched_cpu_us", "http_thread_cpu_us", "resumes_per_step",
 					   "gathers", "gather_us" };
@@ -488,15 +512,74 @@ static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 	return o;
 }
 
+/* The served rounds of a run (rep < 0: one warm-up round), on the clients' thread. */
+struct served {
+	const char *url;
+	uint32_t C, vocab;
+	int64_t rep;
+	double us, cpu_us;	/* the rounds' time and the clients' CPU time */
+	int err;
+};
+
+static void *served_rounds(void *arg)
+{
+	struct served *sv = arg;
+	uint32_t n = sv->rep < 0 ? 1 : env.rounds;
+	double us;
+
+	sv->us = 0;
+	sv->cpu_us = -thread_cpu_us();
+	for (uint32_t k = 0; k < n && !sv->err; k++) {
+		sv->err = served_run(sv->url, sv->C, sv->rep < 0 ? UINT32_MAX :
+				     (uint32_t)sv->rep * env.rounds + k, sv->vocab, &us);
+		sv->us += us;
+	}
+	sv->cpu_us += thread_cpu_us();
+	return NULL;
+}
+
+/* The clients' thread of --clients-idle: a fresh one, so no policy needs restoring. */
+static void *idle_clients(void *arg)
+{
+	struct served *sv = arg;
+
+	if (sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 })) {
+		sv->err = -errno;
+		fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(errno));
+		return NULL;
+	}
+	return served_rounds(sv);
+}
+
+/* Runs sv's rounds here, or on a SCHED_IDLE thread (--clients-idle). */
+static int serve_rounds(struct served *sv)
+{
+	pthread_t t;
+	int err;
+
+	if (!env.clients_idle) {
+		served_rounds(sv);
+		return sv->err;
+	}
+	err = pthread_create(&t, NULL, idle_clients, sv);
+	if (err) {
+		fprintf(stderr, "moepager bench-serve: the clients' thread: %s\n", strerror(err));
+		return -err;
+	}
+	pthread_join(t, NULL);
+	return sv->err;
+}
+
 /* One concurrency: a warm-up of each, then repeat runs alternating alone and served. */
 static int measure(struct alone *a, struct server *s, uint32_t C, json_t *results)
 {
 	struct one runs[MAX_REPEAT] = { 0 };
+	struct served sv = { s->url, C, a->vocab, -1, 0, 0, 0 };
 	double us;
 	int err = alone_run(a, C, UINT32_MAX, &us);
 
 	if (!err)
-		err = served_run(s->url, C, UINT32_MAX, a->vocab, &us);
+		err = serve_rounds(&sv);
 	for (uint32_t r = 0; r < env.repeat && !err; r++) {
 		struct one *o = &runs[r];
 
@@ -505,12 +588,11 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 			o->alone_us += us;
 		}
 		lg_scrape(s->url, &o->before);
-		o->client_cpu_us = -thread_cpu_us();
-		for (uint32_t k = 0; k < env.rounds && !err; k++) {
-			err = served_run(s->url, C, r * env.rounds + k, a->vocab, &us);
-			o->served_us += us;
-		}
-		o->client_cpu_us += thread_cpu_us();
+		sv.rep = r;
+		if (!err)
+			err = serve_rounds(&sv);
+		o->served_us = sv.us;
+		o->client_cpu_us = sv.cpu_us;
 		lg_scrape(s->url, &o->after);
 		if (!err && (!o->before.ok || !o->after.ok)) {
 			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
@@ -566,8 +648,9 @@ int cmd_servebench(int argc, char **argv)
 		err = measure(&a, &s, env.conc[i], results);
 	clean = server_stop(&s);
 	if (!err && env.json) {
-		json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
-				      env.model, "engine", env.eng.engine ? env.eng.engine : "ref",
+		json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
+				      env.model, "clients", env.clients_idle ? "idle" : "normal",
+				      "engine", env.eng.engine ? env.eng.engine : "ref",
 				      "threads", (int)a.engine->threads, "tokens", (int)env.tokens,
 				      "prompt", (int)env.prompt, "repeat", (int)env.repeat, "rounds",
 				      (int)env.rounds, "server_exit_clean", clean, "results", results);
