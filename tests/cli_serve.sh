@@ -233,6 +233,29 @@ check "a stream coalesced for 1 s has the bytes of one written every step" \
 check "coalesced: 2 or 3 wake-ups for 48 tokens ($(cat "$T/iv1000000.resumes")), more every step ($(cat "$T/iv0.resumes"))" \
 	test "$(cat "$T/iv1000000.resumes")" -le 3 -a "$(cat "$T/iv0.resumes")" -gt 3
 
+# Three streams at once share the server's tick (every stream's tokens go together, at 2 ms
+# or 1 s): each still gets every token, in order, as written every step.
+for iv in 0 2000 1000000; do
+	start --stream-interval-us "$iv" || exit 1
+	pids=()
+	for k in 1 2 3; do
+		curl -sN "$URL/v1/completions" -d "{\"prompt\": \"Once upon a time $k\", \"max_tokens\": 40, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}" |
+			sed 's/"created":[0-9]*/"created":0/g; s/"id":"[^"]*"/"id":""/g' >"$T/m$iv.$k.sse" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	check "the server with three streams at --stream-interval-us $iv stops cleanly" stop
+done
+for k in 1 2 3; do
+	check "stream $k of 3 at 2 ms and at 1 s has the bytes of one written every step" \
+		eval 'cmp "$T/m0.$k.sse" "$T/m2000.$k.sse" && cmp "$T/m0.$k.sse" "$T/m1000000.$k.sse"'
+	check "stream $k of 3 ends with [DONE] after 40 tokens" "$PY" -c "
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split('\\n') if l.startswith('data: ')]
+assert ev[-1] == '[DONE]' and json.loads(ev[-2])['usage']['completion_tokens'] == 40, ev[-2:]
+" "$T/m1000000.$k.sse"
+done
+
 # Adapters (ExpertWeave): served by name beside the base, mixed in batches, each request as
 # its merged model alone; bad adapters skipped at start with the reason; loads and unloads
 # at run time, one while a request of it runs.

@@ -92,7 +92,7 @@ struct req {
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
-	uint64_t flushed_ns;		/* stream: when a token last resumed it; 0: none yet */
+	bool flushed;			/* stream: its first token has gone */
 };
 
 struct http_server {
@@ -112,6 +112,15 @@ struct http_server {
 	 */
 	struct req *wake;
 	bool per_step, handed;
+	/*
+	 * The streams' flush tick (stream_interval_us), the scheduler's thread's
+	 * alone (on_token(), wake_step()): a step's tokens go when the interval
+	 * had passed as the step before it ended, every stream's together, so
+	 * one wake-up of this thread (and of the clients) carries them all.
+	 * tick_ns: the end of the last step whose tokens went.
+	 */
+	uint64_t tick_ns;
+	bool tick_due;
 	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
 	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
 	pthread_t thread;
@@ -324,24 +333,22 @@ static const char *finish_name(enum mp_sched_finish why)
 }
 
 /*
- * Whether a stream's bytes go now: its first token, and then at most once
- * per stream_interval_us; between, a step's token waits in q->out for the
- * next one's (on_done() sends the rest). A token waits at most until the
- * interval has passed and a step has ended. q->lock held.
+ * Whether a stream's bytes go now: its first token, and then on the
+ * server's tick (wake_step()), at most once per stream_interval_us for all
+ * streams together; between, a step's token waits in q->out for a later
+ * one's (on_done() sends the rest). A token waits at most until the step
+ * after the one that ended past the interval. Without a per-step hook every
+ * token goes. q->lock held.
  */
 static bool flush_due(struct req *q)
 {
-	uint64_t now;
-
 	if (!q->suspended)
 		return false;	/* the reader is running: it takes the bytes */
-	if (!q->h->cfg.stream_interval_us)
+	if (!q->h->cfg.stream_interval_us || !q->h->per_step || !q->flushed) {
+		q->flushed = true;
 		return true;
-	now = now_ns();
-	if (q->flushed_ns && now - q->flushed_ns < q->h->cfg.stream_interval_us * 1000ull)
-		return false;
-	q->flushed_ns = now;
-	return true;
+	}
+	return q->h->tick_due;
 }
 
 static int on_token(void *arg, uint32_t tok)
@@ -384,6 +391,13 @@ static void wake_step(void *arg)
 	struct http_server *h = arg;
 	bool write_it;
 
+	if (h->cfg.stream_interval_us) {
+		uint64_t now = now_ns();
+
+		if (h->tick_due)
+			h->tick_ns = now;	/* this step's tokens went */
+		h->tick_due = now - h->tick_ns >= h->cfg.stream_interval_us * 1000ull;
+	}
 	pthread_mutex_lock(&h->lock);
 	write_it = h->wake && !h->handed;
 	h->handed |= write_it;
@@ -1287,6 +1301,7 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->b = b;
 	h->next_cmpl = 1;
 	h->efd = h->ep = -1;
+	h->tick_ns = now_ns();
 	pthread_mutex_init(&h->lock, NULL);
 	/* Before any request can come (the threads MHD starts see it set). */
 	if (b->ops->on_step) {
