@@ -66,10 +66,10 @@ static const char doc[] =
 	"per step its runner time and the scheduler's and HTTP thread's time), and\n"
 	"client_cpu_us is the clients' CPU time per step (this process's thread).\n"
 	"The clients share the machine's cores with the server, which a deployment's\n"
-	"remote clients do not: --clients-idle runs them at SCHED_IDLE (they take only\n"
-	"a core nothing else wants), so the served time is the server's own; and\n"
-	"server_cpu_share is the server's scheduler and HTTP thread CPU per step over\n"
-	"the runner's step alone.\n"
+	"remote clients do not: with --clients-idle each round's requests are sent at\n"
+	"once and the clients then run at SCHED_IDLE (only on a core nothing else\n"
+	"wants), so the served time is mostly the server's own; server_cpu_share is\n"
+	"the server's scheduler and HTTP thread CPU per step over the step alone.\n"
 	"Figures are medians over --repeat runs, alone and served alternating, after\n"
 	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
 	"\n"
@@ -89,8 +89,8 @@ static const struct argp_option opts[] = {
 	{ "gather-us", OPT_GATHER, "US", 0, "The server's --gather-us (default: serve's)", 0 },
 	{ "stream-interval-us", OPT_STREAM, "US", 0,
 	  "The server's --stream-interval-us (default: serve's)", 0 },
-	{ "clients-idle", OPT_CLIENTS_IDLE, NULL, 0, "Run the clients at SCHED_IDLE (default: "
-	  "as the server)", 0 },
+	{ "clients-idle", OPT_CLIENTS_IDLE, NULL, 0, "Once a round's requests are sent, run the "
+	  "clients at SCHED_IDLE (default: as the server)", 0 },
 	{ "server", OPT_SERVER, "EXE", 0, "The moepager binary that serves (default: this one; "
 	  "another build's, to compare them under the same clients)", 0 },
 	{ 0 },
@@ -376,7 +376,37 @@ static int stream_start(CURLM *m, struct stream *st, const char *url, const uint
 	return 0;
 }
 
-/* C streams sent at once; *us: from sending them to the last one's [DONE]. */
+/* Whether every stream's request body has gone (the server may have them all). */
+static bool sent_all(const struct stream *st, uint32_t C)
+{
+	for (uint32_t i = 0; i < C; i++) {
+		curl_off_t up = 0;
+
+		curl_easy_getinfo(st[i].h, CURLINFO_SIZE_UPLOAD_T, &up);
+		if (up < (curl_off_t)strlen(st[i].body))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * --clients-idle: this thread (one of its own per round) at SCHED_IDLE once
+ * the round's requests are sent, as remote clients send theirs at once and
+ * then take none of the server's cores. 0 or -errno.
+ */
+static int go_idle(void)
+{
+	if (!sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 }))
+		return 0;
+	fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(errno));
+	return -errno;
+}
+
+/*
+ * C streams sent at once; *us: from sending them to the last one's [DONE].
+ * With --clients-idle, the rest of the round runs at SCHED_IDLE once they
+ * are sent (on a thread of the round's own).
+ */
 static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab, double *us)
 {
 	struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
@@ -385,6 +415,7 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 	double t0 = 0, end = 0;
 	char url[128];
 	int running = 1, err = m && hdrs ? 0 : -ENOMEM;
+	bool idle = !env.clients_idle;
 
 	snprintf(url, sizeof(url), "%s/v1/completions", base);
 	for (uint32_t i = 0; i < C && !err; i++) {
@@ -397,8 +428,17 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 	}
 	while (!err && running) {
 		curl_multi_perform(m, &running);
-		if (running)
+		if (!idle && sent_all(st, C)) {
+			err = go_idle();
+			idle = true;
+		}
+		if (running && !err)
 			curl_multi_poll(m, NULL, 0, 100, NULL);
+	}
+	if (!err && !idle) {
+		fprintf(stderr, "moepager bench-serve: --clients-idle: the requests were never all "
+			"sent\n");
+		err = -EIO;
 	}
 	for (uint32_t i = 0; i < C; i++) {
 		long status = 0;
@@ -512,56 +552,37 @@ static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 	return o;
 }
 
-/* The served rounds of a run (rep < 0: one warm-up round), on the clients' thread. */
+/* A served round (round UINT32_MAX: the warm-up's), on the clients' thread. */
 struct served {
 	const char *url;
-	uint32_t C, vocab;
-	int64_t rep;
-	double us, cpu_us;	/* the rounds' time and the clients' CPU time */
+	uint32_t C, vocab, round;
+	double us, cpu_us;	/* the round's time and the clients' CPU time */
 	int err;
 };
 
-static void *served_rounds(void *arg)
+static void *served_round(void *arg)
 {
 	struct served *sv = arg;
-	uint32_t n = sv->rep < 0 ? 1 : env.rounds;
-	double us;
 
-	sv->us = 0;
 	sv->cpu_us = -thread_cpu_us();
-	for (uint32_t k = 0; k < n && !sv->err; k++) {
-		sv->err = served_run(sv->url, sv->C, sv->rep < 0 ? UINT32_MAX :
-				     (uint32_t)sv->rep * env.rounds + k, sv->vocab, &us);
-		sv->us += us;
-	}
+	sv->err = served_run(sv->url, sv->C, sv->round, sv->vocab, &sv->us);
 	sv->cpu_us += thread_cpu_us();
 	return NULL;
 }
 
-/* The clients' thread of --clients-idle: a fresh one, so no policy needs restoring. */
-static void *idle_clients(void *arg)
-{
-	struct served *sv = arg;
-
-	if (sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 })) {
-		sv->err = -errno;
-		fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(errno));
-		return NULL;
-	}
-	return served_rounds(sv);
-}
-
-/* Runs sv's rounds here, or on a SCHED_IDLE thread (--clients-idle). */
-static int serve_rounds(struct served *sv)
+/* Runs a round here, or on a fresh thread with --clients-idle (no policy to restore). */
+static int serve_round(struct served *sv, uint32_t round)
 {
 	pthread_t t;
 	int err;
 
+	sv->round = round;
+	sv->us = sv->cpu_us = 0;
 	if (!env.clients_idle) {
-		served_rounds(sv);
+		served_round(sv);
 		return sv->err;
 	}
-	err = pthread_create(&t, NULL, idle_clients, sv);
+	err = pthread_create(&t, NULL, served_round, sv);
 	if (err) {
 		fprintf(stderr, "moepager bench-serve: the clients' thread: %s\n", strerror(err));
 		return -err;
@@ -574,12 +595,12 @@ static int serve_rounds(struct served *sv)
 static int measure(struct alone *a, struct server *s, uint32_t C, json_t *results)
 {
 	struct one runs[MAX_REPEAT] = { 0 };
-	struct served sv = { s->url, C, a->vocab, -1, 0, 0, 0 };
+	struct served sv = { .url = s->url, .C = C, .vocab = a->vocab };
 	double us;
 	int err = alone_run(a, C, UINT32_MAX, &us);
 
 	if (!err)
-		err = serve_rounds(&sv);
+		err = serve_round(&sv, UINT32_MAX);
 	for (uint32_t r = 0; r < env.repeat && !err; r++) {
 		struct one *o = &runs[r];
 
@@ -588,11 +609,11 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 			o->alone_us += us;
 		}
 		lg_scrape(s->url, &o->before);
-		sv.rep = r;
-		if (!err)
-			err = serve_rounds(&sv);
-		o->served_us = sv.us;
-		o->client_cpu_us = sv.cpu_us;
+		for (uint32_t k = 0; k < env.rounds && !err; k++) {
+			err = serve_round(&sv, r * env.rounds + k);
+			o->served_us += sv.us;
+			o->client_cpu_us += sv.cpu_us;
+		}
 		lg_scrape(s->url, &o->after);
 		if (!err && (!o->before.ok || !o->after.ok)) {
 			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
