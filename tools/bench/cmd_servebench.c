@@ -40,7 +40,7 @@ static struct sb_env {
 	/* The server's --gather-us and --stream-interval-us; NULL: its defaults. */
 	char *gather, *stream;
 	const char *server_exe;		/* NULL: this binary */
-	bool clients_idle;		/* the clients' thread at SCHED_IDLE */
+	bool clients_idle;		/* the clients at SCHED_IDLE once a round's requests are sent */
 	bool json;
 } env;
 
@@ -396,10 +396,11 @@ static bool sent_all(const struct stream *st, uint32_t C)
  */
 static int go_idle(void)
 {
-	if (!sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 }))
-		return 0;
-	fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(errno));
-	return -errno;
+	int err = sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 }) ? -errno : 0;
+
+	if (err)
+		fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(-err));
+	return err;
 }
 
 /*
