@@ -115,11 +115,12 @@ struct http_server {
 	/*
 	 * The streams' flush tick (stream_interval_us), the scheduler's thread's
 	 * alone (on_token(), wake_step()): a step's tokens go when the interval
-	 * had passed as the step before it ended, every stream's together, so
-	 * one wake-up of this thread (and of the clients) carries them all.
-	 * tick_ns: the end of the last step whose tokens went.
+	 * has passed since the last step whose tokens went (tick_ns), every
+	 * stream's together, so one wake-up of this thread (and of the clients)
+	 * carries them all. Decided once a step, at its first token that may
+	 * wait (tick_step: the step it was decided for).
 	 */
-	uint64_t tick_ns;
+	uint64_t tick_ns, steps, tick_step;
 	bool tick_due;
 	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
 	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
@@ -334,21 +335,27 @@ static const char *finish_name(enum mp_sched_finish why)
 
 /*
  * Whether a stream's bytes go now: its first token, and then on the
- * server's tick (wake_step()), at most once per stream_interval_us for all
- * streams together; between, a step's token waits in q->out for a later
- * one's (on_done() sends the rest). A token waits at most until the step
- * after the one that ended past the interval. Without a per-step hook every
- * token goes. q->lock held.
+ * server's tick, at most once per stream_interval_us for all streams
+ * together; between, a step's token waits in q->out for a later one's
+ * (on_done() sends the rest). A token waits at most until the first step
+ * that ends past the interval. Without a per-step hook every token goes.
+ * q->lock held.
  */
 static bool flush_due(struct req *q)
 {
+	struct http_server *h = q->h;
+
 	if (!q->suspended)
 		return false;	/* the reader is running: it takes the bytes */
-	if (!q->h->cfg.stream_interval_us || !q->h->per_step || !q->flushed) {
+	if (!h->cfg.stream_interval_us || !h->per_step || !q->flushed) {
 		q->flushed = true;
 		return true;
 	}
-	return q->h->tick_due;
+	if (h->tick_step != h->steps) {
+		h->tick_step = h->steps;
+		h->tick_due = now_ns() - h->tick_ns >= h->cfg.stream_interval_us * 1000ull;
+	}
+	return h->tick_due;
 }
 
 static int on_token(void *arg, uint32_t tok)
@@ -391,13 +398,10 @@ static void wake_step(void *arg)
 	struct http_server *h = arg;
 	bool write_it;
 
-	if (h->cfg.stream_interval_us) {
-		uint64_t now = now_ns();
-
-		if (h->tick_due)
-			h->tick_ns = now;	/* this step's tokens went */
-		h->tick_due = now - h->tick_ns >= h->cfg.stream_interval_us * 1000ull;
-	}
+	if (h->tick_due)
+		h->tick_ns = now_ns();	/* this step's tokens went */
+	h->tick_due = false;
+	h->steps++;
 	pthread_mutex_lock(&h->lock);
 	write_it = h->wake && !h->handed;
 	h->handed |= write_it;
@@ -1302,6 +1306,7 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->next_cmpl = 1;
 	h->efd = h->ep = -1;
 	h->tick_ns = now_ns();
+	h->tick_step = UINT64_MAX;	/* not decided for step 0 */
 	pthread_mutex_init(&h->lock, NULL);
 	/* Before any request can come (the threads MHD starts see it set). */
 	if (b->ops->on_step) {
