@@ -3,8 +3,8 @@
 # Description: `moepager bench-serve` on a generated tiny model: one run per concurrency
 # decodes the same requests with the runner alone and through a `serve` child, and the
 # JSON says what the docs describe (per-step times alone and served, their difference and
-# its share, the clients' CPU, the server's own step accounting, one entry per run); the
-# server child exits cleanly; the plain report has a line per concurrency; bad command
+# its share, the clients' CPU, the server's own step accounting and CPU share, one entry
+# per run), also with idle clients and a named server binary; the server child exits cleanly; the plain report has a line per concurrency; bad command
 # lines and a missing model are refused with a message.
 #
 #   cli_bench_serve.sh MOEPAGER
@@ -26,13 +26,14 @@ import json, math, sys
 d = json.load(open(sys.argv[1]))
 assert d["tokens"] == 8 and d["rounds"] == 2 and d["repeat"] == 3, d
 assert d["server_exit_clean"] is True, d
+assert d["clients"] == (sys.argv[2] if len(sys.argv) > 2 else "normal"), d["clients"]
 assert [r["concurrency"] for r in d["results"]] == [1, 3], d["results"]
 for r in d["results"]:
     c = r["concurrency"]
     assert len(r["runs"]) == 3, r
     # Each figure is the median of the runs' own (taken field by field).
     for k in ("alone_step_us", "served_step_us", "overhead_us", "overhead_share",
-              "client_cpu_us"):
+              "server_cpu_share", "client_cpu_us"):
         assert r[k] == sorted(x[k] for x in r["runs"])[1], (k, r)
     for x in r["runs"]:
         assert x["alone_step_us"] > 0 and x["served_step_us"] > 0, x
@@ -42,6 +43,10 @@ for r in d["results"]:
                             rel_tol=1e-6, abs_tol=1e-9), x
         assert x["client_cpu_us"] >= 0, x
         s = x["server"]
+        # The server's own threads' CPU (scheduler + HTTP) per step over the step alone.
+        assert math.isclose(x["server_cpu_share"],
+                            (s["sched_cpu_us"] + s["http_thread_cpu_us"]) / x["alone_step_us"],
+                            rel_tol=1e-6, abs_tol=1e-9), x
         # Every round decodes 8 tokens per request: at least 8 steps a round.
         assert s["steps"] >= 8 and 1 <= s["mean_batch"] <= c, s
         assert s["step_us"] > 0 and s["sched_wall_us"] > 0 and s["sched_cpu_us"] > 0 and s["http_thread_cpu_us"] > 0, s
@@ -49,6 +54,14 @@ for r in d["results"]:
         assert s["resumes_per_step"] > 0 and s["gathers"] >= 1 and s["gather_us"] > 0, s
 PYEOF
 check "bench-serve's JSON holds together" "$PY" "$T/check.py" "$T/out.json"
+
+# Idle clients (SCHED_IDLE, on a thread of their own) and a server binary named: the same
+# figures, said to be taken so.
+"$MOEPAGER" bench-serve "${A[@]}" --concurrency 1,3 --repeat 3 --clients-idle \
+	--server "$(command -v "$MOEPAGER")" --json >"$T/idle.json" 2>"$T/err"
+check "bench-serve --clients-idle --server runs" test $? = 0
+check "bench-serve --clients-idle's JSON holds together and says idle" \
+	"$PY" "$T/check.py" "$T/idle.json" idle
 
 "$MOEPAGER" bench-serve "${A[@]}" --concurrency 2 --repeat 1 >"$T/out.txt" 2>"$T/err"
 check "bench-serve prints a line per concurrency" \
@@ -69,6 +82,8 @@ check "an empty --concurrency is refused" refused "--concurrency wants" "${A[@]}
 	--concurrency ,
 check "--tokens below 8 is refused" refused "--tokens" "${A[@]}" --tokens 4
 check "--gather-us over 100000 is refused" refused "--gather-us" "${A[@]}" --gather-us 100001
+check "a --server that is not an executable is refused" refused "--server: '$T/none'" \
+	"${A[@]}" --server "$T/none"
 check "--prompt over 64 is refused" refused "--prompt: '65' is not a number in \[1, 64\]" "${A[@]}" --prompt 65
 
 [[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }

@@ -219,7 +219,7 @@ check "SIGTERM with nothing running exits 0" stop
 # --stream-interval-us: a stream's tokens between writes wait for one write. At 1 s a
 # stream of 48 tokens is resumed for its first token and its end only, and its bytes are
 # those of a server writing after every step (0), "created" aside.
-for iv in 0 1000000; do
+for iv in 0 1 1000000; do
 	start --stream-interval-us "$iv" || exit 1
 	curl -sN "$URL/v1/completions" -d '{"prompt": "The meaning of life is", "max_tokens": 48, "temperature": 0, "ignore_eos": true, "stream": true}' |
 		sed 's/"created":[0-9]*/"created":0/g' >"$T/iv$iv.sse"
@@ -232,6 +232,31 @@ check "a stream coalesced for 1 s has the bytes of one written every step" \
 	cmp "$T/iv0.sse" "$T/iv1000000.sse"
 check "coalesced: 2 or 3 wake-ups for 48 tokens ($(cat "$T/iv1000000.resumes")), more every step ($(cat "$T/iv0.resumes"))" \
 	test "$(cat "$T/iv1000000.resumes")" -le 3 -a "$(cat "$T/iv0.resumes")" -gt 3
+check "a stream at 1 us (steps longer than the interval) has the bytes of one at 0" \
+	cmp "$T/iv0.sse" "$T/iv1.sse"
+
+# Three streams at once share the server's tick (every stream's tokens go together, at 2 ms
+# or 1 s): each still gets every token, in order, as written every step.
+for iv in 0 2000 1000000; do
+	start --stream-interval-us "$iv" || exit 1
+	pids=()
+	for k in 1 2 3; do
+		curl -sN "$URL/v1/completions" -d "{\"prompt\": \"Once upon a time $k\", \"max_tokens\": 40, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true}" |
+			sed 's/"created":[0-9]*/"created":0/g; s/"id":"[^"]*"/"id":""/g' >"$T/m$iv.$k.sse" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	check "the server with three streams at --stream-interval-us $iv stops cleanly" stop
+done
+for k in 1 2 3; do
+	check "stream $k of 3 at 2 ms and at 1 s has the bytes of one written every step" \
+		eval 'cmp "$T/m0.$k.sse" "$T/m2000.$k.sse" && cmp "$T/m0.$k.sse" "$T/m1000000.$k.sse"'
+	check "stream $k of 3 ends with [DONE] after 40 tokens" "$PY" -c "
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split('\\n') if l.startswith('data: ')]
+assert ev[-1] == '[DONE]' and json.loads(ev[-2])['usage']['completion_tokens'] == 40, ev[-2:]
+" "$T/m1000000.$k.sse"
+done
 
 # Adapters (ExpertWeave): served by name beside the base, mixed in batches, each request as
 # its merged model alone; bad adapters skipped at start with the reason; loads and unloads

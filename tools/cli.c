@@ -63,6 +63,11 @@ int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint
 
 pid_t cli_spawn_self(const char *const *args, int out_fd)
 {
+	return cli_spawn(NULL, args, out_fd);
+}
+
+pid_t cli_spawn(const char *exe, const char *const *args, int out_fd)
+{
 	const char *argv[32] = { "moepager" };
 	pid_t parent = getpid(), pid;
 	size_t n = 1;
@@ -78,7 +83,7 @@ pid_t cli_spawn_self(const char *const *args, int out_fd)
 	if (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() != parent)
 		_exit(126);
 	dup2(out_fd, STDOUT_FILENO);
-	execv("/proc/self/exe", (char *const *)argv);
+	execv(exe ? exe : "/proc/self/exe", (char *const *)argv);
 	_exit(127);
 }
 

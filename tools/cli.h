@@ -53,6 +53,8 @@ void cli_install_log_handler(void);
  * from one that outlives the child). Returns the pid, or -errno.
  */
 pid_t cli_spawn_self(const char *const *args, int out_fd);
+/* The same with the moepager binary exe (NULL: this one), to run another build's. */
+pid_t cli_spawn(const char *exe, const char *const *args, int out_fd);
 /*
  * Waits up to timeout_ms for the port a serve child writes to port_file once
  * it listens. Returns 0, -ECHILD if the child exited (reaped), or -ETIMEDOUT

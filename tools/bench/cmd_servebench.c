@@ -10,6 +10,8 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -37,11 +39,13 @@ static struct sb_env {
 	uint32_t tokens, prompt, repeat, rounds;
 	/* The server's --gather-us and --stream-interval-us; NULL: its defaults. */
 	char *gather, *stream;
+	const char *server_exe;		/* NULL: this binary */
+	bool clients_idle;		/* the clients at SCHED_IDLE once a round's requests are sent */
 	bool json;
 } env;
 
 enum { OPT_CONC = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_ROUNDS, OPT_JSON, OPT_GATHER,
-       OPT_STREAM };
+       OPT_STREAM, OPT_CLIENTS_IDLE, OPT_SERVER };
 
 static const char doc[] =
 	"Measures the HTTP and scheduling overhead of `moepager serve` per step. For\n"
@@ -61,6 +65,11 @@ static const char doc[] =
 	"The server's /metrics give where it goes (server: its steps, mean batch, and\n"
 	"per step its runner time and the scheduler's and HTTP thread's time), and\n"
 	"client_cpu_us is the clients' CPU time per step (this process's thread).\n"
+	"The clients share the machine's cores with the server, which a deployment's\n"
+	"remote clients do not: with --clients-idle each round's requests are sent at\n"
+	"once and the clients then run at SCHED_IDLE (only on a core nothing else\n"
+	"wants), so the served time is mostly the server's own; server_cpu_share is\n"
+	"the server's scheduler and HTTP thread CPU per step over the step alone.\n"
 	"Figures are medians over --repeat runs, alone and served alternating, after\n"
 	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
 	"\n"
@@ -80,6 +89,10 @@ static const struct argp_option opts[] = {
 	{ "gather-us", OPT_GATHER, "US", 0, "The server's --gather-us (default: serve's)", 0 },
 	{ "stream-interval-us", OPT_STREAM, "US", 0,
 	  "The server's --stream-interval-us (default: serve's)", 0 },
+	{ "clients-idle", OPT_CLIENTS_IDLE, NULL, 0, "Once a round's requests are sent, run the "
+	  "clients at SCHED_IDLE (default: as the server)", 0 },
+	{ "server", OPT_SERVER, "EXE", 0, "The moepager binary that serves (default: this one; "
+	  "another build's, to compare them under the same clients)", 0 },
 	{ 0 },
 };
 
@@ -108,6 +121,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_JSON: env.json = true; break;
+	case OPT_CLIENTS_IDLE: env.clients_idle = true; break;
+	case OPT_SERVER:
+		if (access(arg, X_OK))
+			argp_error(state, "--server: '%s': %s", arg, strerror(errno));
+		env.server_exe = arg;
+		break;
 	case OPT_GATHER:
 	case OPT_STREAM: {
 		uint32_t us;
@@ -269,7 +288,7 @@ static int server_start(struct server *s, uint32_t threads)
 		args[na++] = "--stream-interval-us";
 		args[na++] = env.stream;
 	}
-	s->pid = cli_spawn_self(args, STDERR_FILENO);
+	s->pid = cli_spawn(env.server_exe, args, STDERR_FILENO);
 	if (s->pid < 0) {
 		err = s->pid;
 		s->pid = 0;
@@ -357,7 +376,38 @@ static int stream_start(CURLM *m, struct stream *st, const char *url, const uint
 	return 0;
 }
 
-/* C streams sent at once; *us: from sending them to the last one's [DONE]. */
+/* Whether every stream's request body has gone (the server may have them all). */
+static bool sent_all(const struct stream *st, uint32_t C)
+{
+	for (uint32_t i = 0; i < C; i++) {
+		curl_off_t up = 0;
+
+		curl_easy_getinfo(st[i].h, CURLINFO_SIZE_UPLOAD_T, &up);
+		if (up < (curl_off_t)strlen(st[i].body))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * --clients-idle: this thread (one of its own per round) at SCHED_IDLE once
+ * the round's requests are sent, as remote clients send theirs at once and
+ * then take none of the server's cores. 0 or -errno.
+ */
+static int go_idle(void)
+{
+	int err = sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 }) ? -errno : 0;
+
+	if (err)
+		fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(-err));
+	return err;
+}
+
+/*
+ * C streams sent at once; *us: from sending them to the last one's [DONE].
+ * With --clients-idle, the rest of the round runs at SCHED_IDLE once they
+ * are sent (on a thread of the round's own).
+ */
 static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab, double *us)
 {
 	struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
@@ -366,6 +416,7 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 	double t0 = 0, end = 0;
 	char url[128];
 	int running = 1, err = m && hdrs ? 0 : -ENOMEM;
+	bool idle = !env.clients_idle;
 
 	snprintf(url, sizeof(url), "%s/v1/completions", base);
 	for (uint32_t i = 0; i < C && !err; i++) {
@@ -378,8 +429,17 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 	}
 	while (!err && running) {
 		curl_multi_perform(m, &running);
-		if (running)
+		if (!idle && sent_all(st, C)) {
+			err = go_idle();
+			idle = true;
+		}
+		if (running && !err)
 			curl_multi_poll(m, NULL, 0, 100, NULL);
+	}
+	if (!err && !idle) {
+		fprintf(stderr, "moepager bench-serve: --clients-idle: the requests were never all "
+			"sent\n");
+		err = -EIO;
 	}
 	for (uint32_t i = 0; i < C; i++) {
 		long status = 0;
@@ -439,12 +499,17 @@ static json_t *run_json(const struct one *o)
 
 	double n = (double)env.tokens * env.rounds;	/* the runner's steps alone */
 
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+	/* The server's own threads' CPU beside the runner's, per step. */
+	double cpu = per_step(o, SRV(sched_cpu_s)) + per_step(o, SRV(http_thread_cpu_s));
+
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+			 "s:f}}",
 			 "client_cpu_us", o->client_cpu_us / n,
 			 "alone_step_us", o->alone_us / n,
 			 "served_step_us", o->served_us / n,
 			 "overhead_us", (o->served_us - o->alone_us) / n,
 			 "overhead_share", (o->served_us - o->alone_us) / o->alone_us,
+			 "server_cpu_share", cpu / (o->alone_us / n),
 			 "server", "steps", steps,
 			 "mean_batch", bc > 0 ? (o->after.batch_sum - o->before.batch_sum) / bc : 0,
 			 "step_us", per_step(o, SRV(step_s)),
@@ -462,7 +527,7 @@ static json_t *run_json(const struct one *o)
 static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 {
 	static const char *const top[] = { "alone_step_us", "served_step_us", "overhead_us",
-					   "overhead_share", "client_cpu_us" };
+					   "overhead_share", "server_cpu_share", "client_cpu_us" };
 	static const char *const srv[] = { "steps", "mean_batch", "step_us", "sched_wall_us",
 					   "sched_cpu_us", "http_thread_cpu_us", "resumes_per_step",
 					   "gathers", "gather_us" };
@@ -488,15 +553,55 @@ static json_t *result_json(uint32_t C, const struct one *runs, uint32_t n)
 	return o;
 }
 
+/* A served round (round UINT32_MAX: the warm-up's), on the clients' thread. */
+struct served {
+	const char *url;
+	uint32_t C, vocab, round;
+	double us, cpu_us;	/* the round's time and the clients' CPU time */
+	int err;
+};
+
+static void *served_round(void *arg)
+{
+	struct served *sv = arg;
+
+	sv->cpu_us = -thread_cpu_us();
+	sv->err = served_run(sv->url, sv->C, sv->round, sv->vocab, &sv->us);
+	sv->cpu_us += thread_cpu_us();
+	return NULL;
+}
+
+/* Runs a round here, or on a fresh thread with --clients-idle (no policy to restore). */
+static int serve_round(struct served *sv, uint32_t round)
+{
+	pthread_t t;
+	int err;
+
+	sv->round = round;
+	sv->us = sv->cpu_us = 0;
+	if (!env.clients_idle) {
+		served_round(sv);
+		return sv->err;
+	}
+	err = pthread_create(&t, NULL, served_round, sv);
+	if (err) {
+		fprintf(stderr, "moepager bench-serve: the clients' thread: %s\n", strerror(err));
+		return -err;
+	}
+	pthread_join(t, NULL);
+	return sv->err;
+}
+
 /* One concurrency: a warm-up of each, then repeat runs alternating alone and served. */
 static int measure(struct alone *a, struct server *s, uint32_t C, json_t *results)
 {
 	struct one runs[MAX_REPEAT] = { 0 };
+	struct served sv = { .url = s->url, .C = C, .vocab = a->vocab };
 	double us;
 	int err = alone_run(a, C, UINT32_MAX, &us);
 
 	if (!err)
-		err = served_run(s->url, C, UINT32_MAX, a->vocab, &us);
+		err = serve_round(&sv, UINT32_MAX);
 	for (uint32_t r = 0; r < env.repeat && !err; r++) {
 		struct one *o = &runs[r];
 
@@ -505,12 +610,11 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 			o->alone_us += us;
 		}
 		lg_scrape(s->url, &o->before);
-		o->client_cpu_us = -thread_cpu_us();
 		for (uint32_t k = 0; k < env.rounds && !err; k++) {
-			err = served_run(s->url, C, r * env.rounds + k, a->vocab, &us);
-			o->served_us += us;
+			err = serve_round(&sv, r * env.rounds + k);
+			o->served_us += sv.us;
+			o->client_cpu_us += sv.cpu_us;
 		}
-		o->client_cpu_us += thread_cpu_us();
 		lg_scrape(s->url, &o->after);
 		if (!err && (!o->before.ok || !o->after.ok)) {
 			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
@@ -566,8 +670,9 @@ int cmd_servebench(int argc, char **argv)
 		err = measure(&a, &s, env.conc[i], results);
 	clean = server_stop(&s);
 	if (!err && env.json) {
-		json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
-				      env.model, "engine", env.eng.engine ? env.eng.engine : "ref",
+		json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "model",
+				      env.model, "clients", env.clients_idle ? "idle" : "normal",
+				      "engine", env.eng.engine ? env.eng.engine : "ref",
 				      "threads", (int)a.engine->threads, "tokens", (int)env.tokens,
 				      "prompt", (int)env.prompt, "repeat", (int)env.repeat, "rounds",
 				      (int)env.rounds, "server_exit_clean", clean, "results", results);

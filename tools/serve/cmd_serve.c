@@ -112,8 +112,9 @@ static const struct argp_option opts[] = {
 	  "quarter of a mean step) of the last, at most 4 x US in all, so a burst's "
 	  "prefills share a step (default 500; 0: none)", 0 },
 	{ "stream-interval-us", OPT_STREAM_US, "US", 0,
-	  "A stream's tokens are sent at most once per US us (the first and the last at "
-	  "once); those of the steps between go in one write (default 1000; 0: every step)",
+	  "Streams' tokens are sent at most once per US us, every stream's together (the "
+	  "first and the last at once); those of the steps between go in one write "
+	  "(default 1000; 0: every step)",
 	  0 },
 	{ "grace-ms", OPT_GRACE, "MS", 0, "Time running requests get at shutdown (10000)", 0 },
 	{ "max-body", OPT_MAX_BODY, "SIZE", 0, "Largest request body (default 1M)", 0 },

@@ -92,7 +92,7 @@ struct req {
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
-	uint64_t flushed_ns;		/* stream: when a token last resumed it; 0: none yet */
+	bool flushed;			/* stream: its first token has gone */
 };
 
 struct http_server {
@@ -112,6 +112,16 @@ struct http_server {
 	 */
 	struct req *wake;
 	bool per_step, handed;
+	/*
+	 * The streams' flush tick (stream_interval_us), the scheduler's thread's
+	 * alone (on_token(), wake_step()): a step's tokens go when the interval
+	 * has passed since the last step whose tokens went (tick_ns), every
+	 * stream's together, so one wake-up of this thread (and of the clients)
+	 * carries them all. Decided once a step, at its first token that may
+	 * wait (tick_step: the step it was decided for).
+	 */
+	uint64_t tick_ns, steps, tick_step;
+	bool tick_due;
 	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
 	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
 	pthread_t thread;
@@ -324,24 +334,28 @@ static const char *finish_name(enum mp_sched_finish why)
 }
 
 /*
- * Whether a stream's bytes go now: its first token, and then at most once
- * per stream_interval_us; between, a step's token waits in q->out for the
- * next one's (on_done() sends the rest). A token waits at most until the
- * interval has passed and a step has ended. q->lock held.
+ * Whether a stream's bytes go now: its first token, and then on the
+ * server's tick, at most once per stream_interval_us for all streams
+ * together; between, a step's token waits in q->out for a later one's
+ * (on_done() sends the rest). A token waits at most until the first step
+ * that ends past the interval. Without a per-step hook every token goes.
+ * q->lock held.
  */
 static bool flush_due(struct req *q)
 {
-	uint64_t now;
+	struct http_server *h = q->h;
 
 	if (!q->suspended)
 		return false;	/* the reader is running: it takes the bytes */
-	if (!q->h->cfg.stream_interval_us)
+	if (!h->cfg.stream_interval_us || !h->per_step || !q->flushed) {
+		q->flushed = true;
 		return true;
-	now = now_ns();
-	if (q->flushed_ns && now - q->flushed_ns < q->h->cfg.stream_interval_us * 1000ull)
-		return false;
-	q->flushed_ns = now;
-	return true;
+	}
+	if (h->tick_step != h->steps) {
+		h->tick_step = h->steps;
+		h->tick_due = now_ns() - h->tick_ns >= h->cfg.stream_interval_us * 1000ull;
+	}
+	return h->tick_due;
 }
 
 static int on_token(void *arg, uint32_t tok)
@@ -384,6 +398,10 @@ static void wake_step(void *arg)
 	struct http_server *h = arg;
 	bool write_it;
 
+	if (h->tick_due)
+		h->tick_ns = now_ns();	/* this step's tokens went */
+	h->tick_due = false;
+	h->steps++;
 	pthread_mutex_lock(&h->lock);
 	write_it = h->wake && !h->handed;
 	h->handed |= write_it;
@@ -1287,6 +1305,8 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	h->b = b;
 	h->next_cmpl = 1;
 	h->efd = h->ep = -1;
+	h->tick_ns = now_ns();
+	h->tick_step = UINT64_MAX;	/* not decided for step 0 */
 	pthread_mutex_init(&h->lock, NULL);
 	/* Before any request can come (the threads MHD starts see it set). */
 	if (b->ops->on_step) {
