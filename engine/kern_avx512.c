@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/kern_reduce.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -174,6 +175,9 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * in order), against vectors whose blocks xprep_bf16() split into even
  * then odd columns: 2-5 % more bandwidth at 4-8 vectors, none at 1-2
  * (expert FFNs of mixtral-mini's shape on the 2-core VM).
+ *
+ * A tile's 4 x T sums are taken together (mp_reduce_tile(), kern_reduce.h:
+ * the pairing tree of _mm512_reduce_add_ps, transposed), the same bits.
  */
 #define TOKENS 6
 
@@ -280,6 +284,10 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 			UNROLL for (uint32_t t = 0; t < T; t++)			\
 				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
 		}								\
+	}									\
+	if (R == 4) {								\
+		mp_reduce_tile(acc, T, y, ystride);				\
+		return;								\
 	}									\
 	UNROLL for (uint32_t t = 0; t < T; t++)					\
 		UNROLL for (uint32_t r = 0; r < R; r++)				\

@@ -10,6 +10,7 @@
 
 #include "engine/kernels.h"
 #include "engine/kern_bf16r.h"
+#include "engine/kern_reduce.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -73,6 +74,10 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, const uin
 			UNROLL for (uint32_t t = 0; t < T; t++)
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
 		}
+	}
+	if (R == 4) {
+		mp_reduce_tile(acc, T, y, ystride);
+		return;
 	}
 	UNROLL for (uint32_t t = 0; t < T; t++)
 		UNROLL for (uint32_t r = 0; r < R; r++)
