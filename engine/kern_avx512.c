@@ -5,6 +5,7 @@
 
 #include "engine/kernels.h"
 #include "engine/kern_reduce.h"
+#include "base/base.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -304,6 +305,9 @@ static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
 	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
+	if (rows >= 4)								\
+		mp_pf_head(w, MP_MIN((size_t)rows * rs,				\
+				     (size_t)(pf_at_##type(w, rs) - (const char *)w))); \
 	for (; r + 4 <= rows; r += 4) {						\
 		const char *wr = (const char *)w + r * rs;			\
 										\
