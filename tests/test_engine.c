@@ -961,9 +961,9 @@ static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
 
 /*
  * The kernels read no byte outside the weights: a matrix flush against an
- * inaccessible page on either side (the AVX-512 bf16 kernel loads its even
- * columns from 2 bytes before each block, the first element masked off, and
- * every gemm prefetches ahead) gives the bits of the same product elsewhere.
+ * inaccessible page on either side (masked tails, prefetches running ahead
+ * of the reads, and any load that starts before a block with its first
+ * lanes masked off) gives the bits of the same product elsewhere.
  */
 static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t rows,
 			      uint32_t cols)
@@ -972,7 +972,7 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 	const size_t bytes = mp_dtype_bytes(dt, (size_t)rows * cols);
 	const size_t span = (bytes + page - 1) / page * page;
 	const uint32_t n = 5;
-	float *x = malloc((size_t)n * cols * sizeof(float)), *xk = malloc((size_t)n * cols * 4);
+	float *x = malloc((size_t)n * cols * sizeof(float)), *xk = malloc((size_t)n * cols * sizeof(float));
 	float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
 	char *map = mmap(NULL, span + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	void *wq;
