@@ -862,6 +862,17 @@ static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
 	free(got);
 }
 
+/* n random vectors of cols floats at x, and at xk in the order k's gemm reads them. */
+static void fill_vectors(const struct mp_kernels *k, enum mp_dtype dt, uint32_t n, uint32_t cols,
+			 float *x, float *xk)
+{
+	fill(x, (size_t)n * cols);
+	if (k->xprep[dt])
+		k->xprep[dt](x, n, cols, xk);
+	else
+		memcpy(xk, x, (size_t)n * cols * sizeof(float));
+}
+
 /*
  * Every ISA's gemm over n = 1..17 vectors (across the vector kernels'
  * token groups of 2 and 6) at odd shapes: each vector's products are the
@@ -885,11 +896,7 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 	assert_non_null(one);
 	assert_non_null(want);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
-	fill(x, (size_t)nmax * cols);
-	if (k->xprep[dt])
-		k->xprep[dt](x, nmax, cols, xk);
-	else
-		memcpy(xk, x, (size_t)nmax * cols * sizeof(float));
+	fill_vectors(k, dt, nmax, cols, x, xk);
 	for (uint32_t n = 1; n <= nmax; n++) {
 		memset(y, 0xff, (size_t)nmax * ystride * sizeof(float));
 		k->gemm[dt](wq, rows, cols, xk, n, y, ystride);
@@ -985,11 +992,7 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 	assert_true(map != MAP_FAILED);
 	assert_int_equal(mprotect(map + page, span, PROT_READ | PROT_WRITE), 0);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
-	fill(x, (size_t)n * cols);
-	if (k->xprep[dt])
-		k->xprep[dt](x, n, cols, xk);
-	else
-		memcpy(xk, x, (size_t)n * cols * sizeof(float));
+	fill_vectors(k, dt, n, cols, x, xk);
 	k->gemm[dt](wq, rows, cols, xk, n, want, rows);
 	/* at the start of the readable pages, then at their end */
 	for (int at = 0; at < 2; at++) {
