@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <moepager/membw.h>
 
@@ -860,6 +862,17 @@ static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
 	free(got);
 }
 
+/* n random vectors of cols floats at x, and at xk in the order k's gemm reads them. */
+static void fill_vectors(const struct mp_kernels *k, enum mp_dtype dt, uint32_t n, uint32_t cols,
+			 float *x, float *xk)
+{
+	fill(x, (size_t)n * cols);
+	if (k->xprep[dt])
+		k->xprep[dt](x, n, cols, xk);
+	else
+		memcpy(xk, x, (size_t)n * cols * sizeof(float));
+}
+
 /*
  * Every ISA's gemm over n = 1..17 vectors (across the vector kernels'
  * token groups of 2 and 6) at odd shapes: each vector's products are the
@@ -883,11 +896,7 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 	assert_non_null(one);
 	assert_non_null(want);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
-	fill(x, (size_t)nmax * cols);
-	if (k->xprep[dt])
-		k->xprep[dt](x, nmax, cols, xk);
-	else
-		memcpy(xk, x, (size_t)nmax * cols * sizeof(float));
+	fill_vectors(k, dt, nmax, cols, x, xk);
 	for (uint32_t n = 1; n <= nmax; n++) {
 		memset(y, 0xff, (size_t)nmax * ystride * sizeof(float));
 		k->gemm[dt](wq, rows, cols, xk, n, y, ystride);
@@ -928,6 +937,16 @@ static void check_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t ro
 	free(want);
 }
 
+/* An ISA's kernels, or NULL (saying so) when this CPU or build lacks them. */
+static const struct mp_kernels *isa_kernels(enum mp_isa isa)
+{
+	const struct mp_kernels *k = mp_kernels_for(isa);
+
+	if (!k)
+		printf("# kernels of ISA %d: not on this CPU or build, not run\n", (int)isa);
+	return k;
+}
+
 static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
 {
 	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512 };
@@ -936,17 +955,81 @@ static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
 
 	(void)state;
 	for (size_t i = 0; i < N_ELEMS(isas); i++) {
-		const struct mp_kernels *k = mp_kernels_for(isas[i]);
+		const struct mp_kernels *k = isa_kernels(isas[i]);
 
-		if (!k) {
-			printf("# kernels of ISA %d: not on this CPU or build, not run\n",
-			       (int)isas[i]);
+		if (!k)
 			continue;
-		}
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++)
 			for (size_t r = 0; r < N_ELEMS(rows); r++)
 				for (size_t c = 0; c < N_ELEMS(cols); c++)
 					check_gemm(k, dtypes[d], rows[r], fit(dtypes[d], cols[c]));
+	}
+}
+
+/*
+ * The kernels read no byte outside the weights: a matrix flush against an
+ * inaccessible page on either side (masked tails, prefetches running ahead
+ * of the reads, and any load that starts before a block with its first
+ * lanes masked off) gives the bits of the same product elsewhere.
+ */
+static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t rows,
+			      uint32_t cols)
+{
+	const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	const size_t bytes = mp_dtype_bytes(dt, (size_t)rows * cols);
+	const size_t span = (bytes + page - 1) / page * page;
+	const uint32_t n = 5;
+	float *x = malloc((size_t)n * cols * sizeof(float)), *xk = malloc((size_t)n * cols * sizeof(float));
+	float *want = malloc((size_t)n * rows * 4), *got = malloc((size_t)n * rows * 4);
+	char *map = mmap(NULL, span + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *wq;
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(xk);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_true(map != MAP_FAILED);
+	assert_int_equal(mprotect(map + page, span, PROT_READ | PROT_WRITE), 0);
+	make_weights(dt, (size_t)rows * cols, &wq, &wf);
+	fill_vectors(k, dt, n, cols, x, xk);
+	k->gemm[dt](wq, rows, cols, xk, n, want, rows);
+	/* at the start of the readable pages, then at their end */
+	for (int at = 0; at < 2; at++) {
+		char *w = map + page + (at ? span - bytes : 0);
+
+		memcpy(w, wq, bytes);
+		memset(got, 0xff, (size_t)n * rows * 4);
+		k->gemm[dt](w, rows, cols, xk, n, got, rows);
+		if (memcmp(got, want, (size_t)n * rows * 4)) {
+			print_error("%s gemm %s %ux%u: fenced at the %s, other products\n", k->isa,
+				    mp_dtype_name(dt), rows, cols, at ? "end" : "start");
+			fail();
+		}
+	}
+	munmap(map, span + 2 * page);
+	free(wq);
+	free(wf);
+	free(x);
+	free(xk);
+	free(want);
+	free(got);
+}
+
+static void kernels_read_nothing_outside_the_weights(void **state)
+{
+	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512, MP_ISA_BF16 };
+
+	(void)state;
+	for (size_t i = 0; i < N_ELEMS(isas); i++) {
+		const struct mp_kernels *k = isa_kernels(isas[i]);
+
+		if (!k)
+			continue;
+		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
+			check_fenced_gemm(k, dtypes[d], 9, fit(dtypes[d], 96));
+			check_fenced_gemm(k, dtypes[d], 8, fit(dtypes[d], 1024));
+		}
 	}
 }
 
@@ -1008,6 +1091,7 @@ int main(void)
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
+		cmocka_unit_test(kernels_read_nothing_outside_the_weights),
 		cmocka_unit_test(rope_table_gives_the_floats_of_a_direct_computation),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
