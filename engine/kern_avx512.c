@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/kern_reduce.h"
+#include "base/base.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -169,11 +171,17 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * need no bound.
  *
  * bf16 takes a 32-column block as its 16 32-bit words: the even columns are
- * their low halves shifted up, the odd ones their high halves with the low
+ * their low halves moved up, the odd ones their high halves with the low
  * ones masked off (one operation per 16 weights, against two to widen 16
  * in order), against vectors whose blocks xprep_bf16() split into even
  * then odd columns: 2-5 % more bandwidth at 4-8 vectors, none at 1-2
- * (expert FFNs of mixtral-mini's shape on the 2-core VM).
+ * (expert FFNs of mixtral-mini's shape on the 2-core VM). The even ones are
+ * a load of the block 2 bytes back with the odd 16-bit lanes kept: no shift
+ * on port 0, the FMA unit's port (masked-off lanes are not read, so the
+ * bytes before a row's first block are never touched).
+ *
+ * A tile's 4 x T sums are taken together (mp_reduce_tile(), kern_reduce.h:
+ * the pairing tree of _mm512_reduce_add_ps, transposed), the same bits.
  */
 #define TOKENS 6
 
@@ -212,8 +220,9 @@ step32_bf16(const char *w, size_t rs, const uint32_t R, const uint32_t T, uint32
 	UNROLL for (uint32_t t = 0; t < T; t++)
 		xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c);
 	UNROLL for (uint32_t r = 0; r < R; r++) {
-		__m512i q = _mm512_loadu_si512(w + r * rs + (size_t)c * 2);
-		__m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(q, 16));
+		/* the even columns into the high halves by a load 2 bytes back, the low halves zeroed */
+		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, w + r * rs + (size_t)c * 2 - 2);
+		__m512 wv = _mm512_castsi512_ps(q);
 
 		UNROLL for (uint32_t t = 0; t < T; t++)
 			acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]);
@@ -281,6 +290,10 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
 		}								\
 	}									\
+	if (R == 4) {								\
+		mp_reduce_tile(acc, T, y, ystride);				\
+		return;								\
+	}									\
 	UNROLL for (uint32_t t = 0; t < T; t++)					\
 		UNROLL for (uint32_t r = 0; r < R; r++)				\
 			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);	\
@@ -292,6 +305,9 @@ static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
 	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
+	if (rows >= 4)								\
+		mp_pf_head(w, MP_MIN((size_t)rows * rs,				\
+				     (size_t)(pf_at_##type(w, rs) - (const char *)w))); \
 	for (; r + 4 <= rows; r += 4) {						\
 		const char *wr = (const char *)w + r * rs;			\
 										\

@@ -10,6 +10,8 @@
 
 #include "engine/kernels.h"
 #include "engine/kern_bf16r.h"
+#include "engine/kern_reduce.h"
+#include "base/base.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -74,6 +76,10 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, const uin
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
 		}
 	}
+	if (R == 4) {
+		mp_reduce_tile(acc, T, y, ystride);
+		return;
+	}
 	UNROLL for (uint32_t t = 0; t < T; t++)
 		UNROLL for (uint32_t r = 0; r < R; r++)
 			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
@@ -125,6 +131,8 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 	const uint16_t *xb = (const uint16_t *)x;
 	uint32_t r = 0;
 
+	if (rows >= ROWS)
+		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)(pf_at(w, rs) - (const char *)w)));
 	for (; r + ROWS <= rows; r += ROWS) {
 		const char *wr = (const char *)w + r * rs;
 

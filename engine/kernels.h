@@ -34,6 +34,18 @@
 #define MP_PF_AHEAD		(16u << 10)
 
 /*
+ * Prefetches (into L2) the first bytes of a gemm call's weights: those its
+ * first row blocks read before their own prefetches, MP_PF_AHEAD or more on,
+ * reach. Each engine chunk is a call, so without this every chunk would start
+ * with them read on demand.
+ */
+static inline void mp_pf_head(const void *w, size_t bytes)
+{
+	for (size_t o = 0; o < bytes; o += 64)
+		__builtin_prefetch((const char *)w + o, 0, 2);
+}
+
+/*
  * Element i of a block-type row as f32: (float)q * d, the value
  * mp_dtype_to_f32() gives (a row is whole blocks, so i counts blocks from
  * the row's start). The scalar kernels' loads and the vector ones' tails.
