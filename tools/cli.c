@@ -398,6 +398,24 @@ const char *cli_drop_caches(int fd)
 	return "fadvise";
 }
 
+int cli_parse_pages(const char *opt, const char *s, int *out)
+{
+	static const char *const names[] = {
+		[MP_PAGERD_PAGES_SMALL] = "small",
+		[MP_PAGERD_PAGES_THP] = "thp",
+		[MP_PAGERD_PAGES_HUGETLB] = "hugetlb",
+	};
+
+	for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) {
+		if (!strcmp(s, names[i])) {
+			*out = i;
+			return 0;
+		}
+	}
+	fprintf(stderr, "moepager: %s %s: small, thp or hugetlb\n", opt, s);
+	return -EINVAL;
+}
+
 pid_t cli_start_pagerd(const char *model, const char *sock, uint64_t budget, const char *pages)
 {
 	char line[256] = "", bytes[32];

@@ -170,6 +170,12 @@ int cli_read_file(const char *path, char **buf, size_t *len);
 const char *cli_drop_caches(int fd);
 
 /*
+ * The page kind a pager daemon's memfd uses (`--pages small|thp|hugetlb`): 0 and
+ * *out an enum mp_pagerd_pages, or -EINVAL after printing what is allowed.
+ */
+int cli_parse_pages(const char *opt, const char *s, int *out);
+
+/*
  * Starts `moepager pagerd` (this binary, /proc/self/exe) for model on sock
  * with budget bytes of `pages` (small, thp, hugetlb). Returns its pid once
  * it said ready, or a negative errno.

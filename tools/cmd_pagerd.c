@@ -76,6 +76,7 @@ static const struct argp_option opts[] = {
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	uint32_t node;
+	int pages;
 
 	switch (key) {
 	case 'm':
@@ -100,14 +101,9 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_PAGES:
-		if (!strcmp(arg, "small"))
-			env.pages = MP_PAGERD_PAGES_SMALL;
-		else if (!strcmp(arg, "thp"))
-			env.pages = MP_PAGERD_PAGES_THP;
-		else if (!strcmp(arg, "hugetlb"))
-			env.pages = MP_PAGERD_PAGES_HUGETLB;
-		else
-			argp_error(state, "--pages %s: small, thp or hugetlb", arg);
+		if (cli_parse_pages("--pages", arg, &pages))
+			argp_usage(state);
+		env.pages = pages;
 		break;
 	case OPT_JSON:
 		env.json = true;

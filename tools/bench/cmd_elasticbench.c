@@ -100,6 +100,8 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
+	int pages;
+
 	switch (key) {
 	case 'm':
 		env.path = arg;
@@ -151,8 +153,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_usage(state);
 		break;
 	case OPT_PAGES:
-		if (strcmp(arg, "small") && strcmp(arg, "thp") && strcmp(arg, "hugetlb"))
-			argp_error(state, "--pages %s: small, thp or hugetlb", arg);
+		if (cli_parse_pages("--pages", arg, &pages))
+			argp_usage(state);
 		env.load.pages = arg;
 		break;
 	default:

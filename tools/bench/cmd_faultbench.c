@@ -102,6 +102,8 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
+	int pages;
+
 	switch (key) {
 	case 'm':
 		env.path = arg;
@@ -135,6 +137,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.shared = true;
 		break;
 	case OPT_SHARED_PAGES:
+		if (cli_parse_pages("--shared-pages", arg, &pages))
+			return EINVAL;
 		env.shared = true;
 		env.shared_pages = arg;
 		break;
