@@ -376,6 +376,43 @@ for m in legal code; do
 done
 MODEL=$BASE_MODEL
 
+# An API key: every endpoint but /health wants it; loadgen sends $MOEPAGER_API_KEY.
+printf 'k3y-0f-this-test\n' >"$T/key"
+start --api-key-file "$T/key" --max-batch 2 || exit 1
+check "with a key, /health still answers without it" healthy
+code=$(curl -s -D "$T/hdr" -o "$T/body" -w '%{http_code}' "$URL/v1/models")
+check "/v1/models without the key -> 401" test "$code" = 401
+check "... naming the Authorization header" \
+	test "$(json "$T/body" "j['error']['param']")" = Authorization
+check "... with 'WWW-Authenticate: Bearer'" grep -qi '^WWW-Authenticate: Bearer' "$T/hdr"
+expect_error "{\"prompt\": \"Fortune says\", $GREEDY}" 401 Authorization
+post "{\"prompt\": \"Fortune says\", $GREEDY}" -H 'Authorization: Bearer k3y-0f-this-tesT' >/dev/null
+check "a wrong key (one letter) -> 401" test "$(cat "$T/code")" = 401
+post "{\"prompt\": \"Fortune says\", $GREEDY}" -H 'Authorization: Bearer k3y-0f-this-test' >/dev/null
+check "the key -> 200" test "$(cat "$T/code")" = 200
+check "... with its completion" test "$(json "$T/body" "len(j['choices'][0]['text']) > 0")" = True
+printf 'Fortune says\nA wise man once\n' >"$T/prompts"
+MOEPAGER_API_KEY=k3y-0f-this-test "$MOEPAGER" loadgen --url "$URL" --rate 20 --duration 0.5 \
+	--max-tokens 4 --prompts "$T/prompts" --json >"$T/lg.json" 2>"$T/lg.err"
+check "loadgen with \$MOEPAGER_API_KEY is served (status $?)" \
+	test "$(json "$T/lg.json" "j['errors'] == 0 and j['requests'] > 0")" = True
+curl -s -H 'Authorization: Bearer k3y-0f-this-test' "$URL/metrics" >"$T/metrics"
+check "/metrics counts the 401s" grep -q 'code="401"' "$T/metrics"
+stop
+MOEPAGER_API_KEY=an0ther-k3y start --max-batch 2 || exit 1
+code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")
+check "a server started with \$MOEPAGER_API_KEY wants it (status $code)" test "$code" = 401
+check "... and takes it" test "$(curl -s -o /dev/null -w '%{http_code}' \
+	-H 'Authorization: Bearer an0ther-k3y' "$URL/v1/models")" = 200
+stop
+refused() { refused_by "$1" "$MOEPAGER" serve --model "$MODEL" "${@:2}"; }
+check "a key under 8 characters is refused" refused "8 at least" --api-key short
+check "--api-key and --api-key-file together are refused" \
+	refused "not both" --api-key k3y-0f-this-test --api-key-file "$T/key"
+printf 'two words\n' >"$T/badkey"
+check "a key with a space is refused, naming the file" refused "$T/badkey: the API key has a byte 0x20" \
+	--api-key-file "$T/badkey"
+
 # A model slow enough for requests to overlap (2 Mixtral-mini layers, 22 MB experts, random
 # weights: prompts are token ids): a client leaving mid-stream or while queued, a full queue,
 # SIGTERM with requests in flight.

@@ -368,6 +368,7 @@ static int stream_start(CURLM *m, struct stream *st, const char *url, const uint
 	curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_data);
 	curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
 	curl_easy_setopt(st->h, CURLOPT_NOSIGNAL, 1L);
+	lg_auth(st->h);
 	curl_easy_setopt(st->h, CURLOPT_TCP_NODELAY, 1L);
 	/* A server that stalls fails the run instead of hanging it. */
 	curl_easy_setopt(st->h, CURLOPT_LOW_SPEED_LIMIT, 1L);

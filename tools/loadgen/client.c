@@ -100,6 +100,16 @@ static size_t collect(char *data, size_t size, size_t n, void *arg)
 	return size * n;
 }
 
+void lg_auth(CURL *h)
+{
+	const char *key = getenv("MOEPAGER_API_KEY");
+
+	if (key && *key) {
+		curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BEARER);
+		curl_easy_setopt(h, CURLOPT_XOAUTH2_BEARER, key);
+	}
+}
+
 /* GET url + path (POST body when not NULL) into a new string (NULL on failure). */
 static char *request(const char *url, const char *path, const char *body, long *status)
 {
@@ -115,6 +125,7 @@ static char *request(const char *url, const char *path, const char *body, long *
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+	lg_auth(h);
 	if (body)
 		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
 	rc = curl_easy_perform(h);

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
+#include <curl/curl.h>
+
 #define LG_MAX_MODELS 64
 
 struct lg_prompts {
@@ -45,6 +47,11 @@ struct lg_metrics {
 
 /* Reads GET /metrics; out->ok false when the server has none. */
 void lg_scrape(const char *url, struct lg_metrics *out);
+/*
+ * Sends $MOEPAGER_API_KEY as the bearer token of h's requests when it is set
+ * (a server started with --api-key); every request of loadgen and the benches.
+ */
+void lg_auth(CURL *h);
 /* POSTs body to url + path: the answer's body (free()) and *status, or NULL. */
 char *lg_post(const char *url, const char *path, const char *body, long *status);
 

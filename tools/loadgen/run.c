@@ -159,6 +159,7 @@ static struct flight *start(struct lg_run *run, CURLM *m, struct lg_req *r, uint
 	curl_easy_setopt(f->h, CURLOPT_WRITEDATA, f);
 	curl_easy_setopt(f->h, CURLOPT_PRIVATE, f);
 	curl_easy_setopt(f->h, CURLOPT_NOSIGNAL, 1L);
+	lg_auth(f->h);
 	curl_multi_add_handle(m, f->h);
 	return f;
 }

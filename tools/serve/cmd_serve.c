@@ -23,6 +23,8 @@ static struct serve_env {
 	struct http_config http;
 	const char *listen;
 	const char *port_file;
+	const char *api_key_file;
+	char *api_key_buf;		/* the key read from api_key_file */
 	uint32_t grace_ms;
 } env;
 
@@ -34,7 +36,7 @@ enum {
 	OPT_ATTACH,
 	OPT_CONSOLIDATE, OPT_EPOCH, OPT_WARM,
 	OPT_MIXED, OPT_OWNED_PAGED, OPT_GROUP_MS, OPT_WARM_ROWS, OPT_GATHER_US, OPT_STREAM_US,
-	OPT_SHARED_STORE,
+	OPT_SHARED_STORE, OPT_API_KEY, OPT_API_KEY_FILE,
 };
 
 static const char doc[] =
@@ -116,6 +118,11 @@ static const struct argp_option opts[] = {
 	  "first and the last at once); those of the steps between go in one write "
 	  "(default 1000; 0: every step)",
 	  0 },
+	{ "api-key", OPT_API_KEY, "KEY", 0,
+	  "Serve only requests with 'Authorization: Bearer KEY' (GET /health is open to all; "
+	  "the key shows in ps: prefer --api-key-file; default: $MOEPAGER_API_KEY, which "
+	  "loadgen and the benches send)", 0 },
+	{ "api-key-file", OPT_API_KEY_FILE, "FILE", 0, "--api-key, read from FILE's first line", 0 },
 	{ "grace-ms", OPT_GRACE, "MS", 0, "Time running requests get at shutdown (10000)", 0 },
 	{ "max-body", OPT_MAX_BODY, "SIZE", 0, "Largest request body (default 1M)", 0 },
 	{ "max-connections", OPT_MAX_CONNECTIONS, "N", 0, "Open connections at most (256)", 0 },
@@ -207,6 +214,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT: env.local.evict = arg; break;
 	case OPT_LISTEN: env.listen = arg; break;
 	case OPT_PORT_FILE: env.port_file = arg; break;
+	case OPT_API_KEY: env.http.api_key = arg; break;
+	case OPT_API_KEY_FILE: env.api_key_file = arg; break;
 	case OPT_MAX_BATCH:
 		if (cli_parse_u32("--max-batch", arg, 1, 256, &sc->max_batch))
 			argp_usage(state);
@@ -337,25 +346,56 @@ static int wait_signal(struct http_server *h, const sigset_t *set)
 	}
 }
 
-int cmd_serve(int argc, char **argv)
+/*
+ * The key must go into a header as it is: printable ASCII, no spaces. A
+ * file's key is its first line. Returns 0, or -EINVAL after saying why.
+ */
+static int check_api_key(void)
+{
+	const char *k, *from = env.api_key_file ? env.api_key_file : "--api-key";
+	size_t len;
+
+	if (env.api_key_file) {
+		if (env.http.api_key) {
+			fprintf(stderr, "moepager serve: --api-key or --api-key-file, not both\n");
+			return -EINVAL;
+		}
+		if (cli_read_file(env.api_key_file, &env.api_key_buf, &len))
+			return -EINVAL;
+		env.api_key_buf[strcspn(env.api_key_buf, "\r\n")] = 0;
+		env.http.api_key = env.api_key_buf;
+	} else if (!env.http.api_key) {
+		k = getenv("MOEPAGER_API_KEY");
+		env.http.api_key = k && *k ? k : NULL;
+		from = "$MOEPAGER_API_KEY";
+	}
+	k = env.http.api_key;
+	for (len = 0; k && k[len]; len++) {
+		if (k[len] < 0x21 || k[len] > 0x7e) {
+			fprintf(stderr, "moepager serve: %s: the API key has a byte 0x%02x at %zu: "
+				"printable ASCII without spaces only\n", from,
+				(unsigned char)k[len], len);
+			return -EINVAL;
+		}
+	}
+	if (k && len < 8) {
+		fprintf(stderr, "moepager serve: %s: the API key has %zu characters; 8 at least\n",
+			from, len);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Serves until SIGTERM or SIGINT: 0, or 1 after saying what failed. */
+static int serve(uint64_t t0)
 {
 	static char names[1 + MAX_LISTED][SERVE_NAME_MAX];
 	struct serve_backend *b;
 	struct http_server *h;
-	uint64_t t0 = cli_now_ns();
-	uint32_t cut, n, warmed = 0;
-	double warm_s = 0;
+	uint32_t cut, n;
 	sigset_t set;
 	int err;
 
-	memset(&env, 0, sizeof(env));
-	env.local.warmed = &warmed;
-	env.local.warm_s = &warm_s;
-	env.grace_ms = 10000;
-	env.local.sched.gather_ns = 500000;
-	env.http.stream_interval_us = 1000;
-	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
-		return 1;
 	env.local.engine = env.eng.engine;
 	env.local.threads = env.eng.threads;
 	/* Every thread created from here on inherits the mask: signals come to sigtimedwait(). */
@@ -370,7 +410,7 @@ int cmd_serve(int argc, char **argv)
 		return 1;
 	}
 	env.http.ready_s = (double)(cli_now_ns() - t0) / 1e9;
-	env.http.warm_s = warm_s;
+	env.http.warm_s = *env.local.warm_s;
 	err = http_start(&env.http, b, &h);
 	if (err) {
 		b->ops->close(b);
@@ -382,9 +422,9 @@ int cmd_serve(int argc, char **argv)
 	if (n > 1)
 		printf(" (and %u adapter%s)", n - 1, n > 2 ? "s" : "");
 	if (env.local.warm)
-		printf(", %u experts warmed in %.3f s", warmed, warm_s);
-	printf(", ready in %.3f s, epoch %llu\n", env.http.ready_s,
-	       (unsigned long long)env.http.epoch);
+		printf(", %u experts warmed in %.3f s", *env.local.warmed, *env.local.warm_s);
+	printf(", ready in %.3f s, epoch %llu%s\n", env.http.ready_s,
+	       (unsigned long long)env.http.epoch, env.http.api_key ? ", API key required" : "");
 	fflush(stdout);
 	if (env.port_file && write_port(env.port_file, http_port(h))) {
 		http_stop(h, 0);
@@ -396,4 +436,25 @@ int cmd_serve(int argc, char **argv)
 	cut = http_stop(h, env.grace_ms);
 	fprintf(stderr, "moepager serve: stopped; %u request(s) cut short\n", cut);
 	return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	uint64_t t0 = cli_now_ns();
+	uint32_t warmed = 0;
+	double warm_s = 0;
+	int ret;
+
+	memset(&env, 0, sizeof(env));
+	env.local.warmed = &warmed;
+	env.local.warm_s = &warm_s;
+	env.grace_ms = 10000;
+	env.local.sched.gather_ns = 500000;
+	env.http.stream_interval_us = 1000;
+	if (argp_parse(&argp, argc, argv, 0, NULL, NULL) || check_api_key())
+		ret = 1;
+	else
+		ret = serve(t0);
+	free(env.api_key_buf);
+	return ret;
 }

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -48,7 +49,7 @@ static const char *const ep_name[EP_COUNT] = {
 	"/v1/completions", "/v1/models", "/health", "/metrics", "/v1/adapters", "/admin/threads",
 	"other",
 };
-static const int codes[] = { 200, 201, 400, 404, 405, 409, 413, 500, 503 };
+static const int codes[] = { 200, 201, 400, 401, 404, 405, 409, 413, 500, 503 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 
 /* A connection, for the janitor: how long it has been sending its request. */
@@ -178,8 +179,9 @@ static void count(struct http_server *h, enum endpoint ep, unsigned status)
 	pthread_mutex_unlock(&h->lock);
 }
 
+/* A 503 says when to come back, a 401 what credentials the server takes. */
 static mhd_result answer(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
-			 unsigned status, const char *type, char *body, bool retry_after)
+			 unsigned status, const char *type, char *body)
 {
 	struct MHD_Response *r;
 	mhd_result ret;
@@ -192,8 +194,10 @@ static mhd_result answer(struct http_server *h, struct MHD_Connection *c, enum e
 		return MHD_NO;
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-	if (retry_after)
+	if (status == 503)
 		MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+	else if (status == 401)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
 	ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	count(h, ep, status);
@@ -203,7 +207,7 @@ static mhd_result answer(struct http_server *h, struct MHD_Connection *c, enum e
 static mhd_result answer_json(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
 			      unsigned status, char *body)
 {
-	return answer(h, c, ep, status, "application/json", body, false);
+	return answer(h, c, ep, status, "application/json", body);
 }
 
 /* An error as OpenAI's API gives it: {"error": {message, type, param, code}}. */
@@ -211,10 +215,10 @@ static mhd_result answer_error(struct http_server *h, struct MHD_Connection *c, 
 			       const struct api_error *e)
 {
 	const char *type = e->status == 503 ? "server_busy" : e->status >= 500 ? "server_error" :
-			   e->status == 404 ? "not_found_error" : "invalid_request_error";
+			   e->status == 404 ? "not_found_error" :
+			   e->status == 401 ? "authentication_error" : "invalid_request_error";
 
-	return answer(h, c, ep, e->status, "application/json", api_error_json(e, type),
-		      e->status == 503);
+	return answer(h, c, ep, e->status, "application/json", api_error_json(e, type));
 }
 
 static mhd_result fail(struct http_server *h, struct MHD_Connection *c, enum endpoint ep,
@@ -921,13 +925,37 @@ static mhd_result simple_get(struct http_server *h, struct MHD_Connection *c, en
 			sb_free(&o);
 			return MHD_NO;
 		}
-		return answer(h, c, ep, 200, "text/plain; version=0.0.4; charset=utf-8", o.s,
-			      false);
+		return answer(h, c, ep, 200, "text/plain; version=0.0.4; charset=utf-8", o.s);
 	default:
 		return fail(h, c, ep, 404, NULL, "no such endpoint (POST /v1/completions, GET "
 			    "/v1/models, /health, /metrics, GET/POST /v1/adapters, DELETE "
 			    "/v1/adapters/NAME, POST /admin/threads)");
 	}
+}
+
+/* Compares in time independent of where a and b differ, so a wrong key leaks nothing. */
+static bool same_secret(const char *a, const char *b)
+{
+	size_t na = strlen(a), nb = strlen(b);
+	unsigned char d = na != nb;
+
+	for (size_t i = 0; i < na; i++)
+		d |= (unsigned char)a[i] ^ (unsigned char)b[nb ? i % nb : 0];
+	return !d;
+}
+
+/* With --api-key every endpoint but GET /health wants "Authorization: Bearer KEY". */
+static bool authorized(struct http_server *h, struct MHD_Connection *c, enum endpoint ep)
+{
+	static const char bearer[] = "Bearer ";
+	const char *v;
+
+	if (!h->cfg.api_key || ep == EP_HEALTH)
+		return true;
+	v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	if (!v || strncasecmp(v, bearer, sizeof(bearer) - 1))
+		return false;
+	return same_secret(v + sizeof(bearer) - 1, h->cfg.api_key);
 }
 
 static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, const char *url,
@@ -944,6 +972,11 @@ static mhd_result first_call(struct http_server *h, struct MHD_Connection *c, co
 	if (!method_ok) {
 		*con_cls = &h->markers[EP_OTHER];
 		return fail(h, c, ep, 405, NULL, "method not allowed on this endpoint");
+	}
+	if (!authorized(h, c, ep)) {
+		*con_cls = &h->markers[EP_OTHER];
+		return fail(h, c, ep, 401, "Authorization", "this server wants its API key: "
+			    "send the header 'Authorization: Bearer KEY'");
 	}
 	if (ep != EP_COMPLETIONS && ep != EP_THREADS &&
 	    !(ep == EP_ADAPTERS && !strcmp(method, "POST"))) {

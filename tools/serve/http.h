@@ -27,6 +27,11 @@ struct http_config {
 	 * between leave in one write, one wake-up. 0: after every step.
 	 */
 	uint32_t stream_interval_us;
+	/*
+	 * NULL: anyone who reaches the address is served. Else every endpoint
+	 * but GET /health answers 401 without "Authorization: Bearer api_key".
+	 */
+	const char *api_key;
 	uint64_t epoch;			/* the pool epoch the server joined at (--epoch) */
 	double ready_s;			/* start to ready: backend open and warmed */
 	double warm_s;			/* of which warming (--warm) */
