@@ -1285,7 +1285,8 @@ struct refusal {
 	uint32_t slot;
 	uint64_t waits;		/* fault_waits before the reader */
 	atomic_int calls;
-	int started, evicted;
+	int started, waited, evicted;
+	atomic_bool done;	/* the seam returned */
 };
 
 static void start_reader_and_defer_a_drop(struct mp_pager *p, uint32_t slot, void *arg)
@@ -1296,13 +1297,13 @@ static void start_reader_and_defer_a_drop(struct mp_pager *p, uint32_t slot, voi
 	if (slot != f->slot || atomic_fetch_add(&f->calls, 1))
 		return;
 	f->started = !pthread_create(&f->th, NULL, read_one, &f->r);
-	for (int i = 0; f->started && i < 5000; i++) {
+	for (int i = 0; f->started && !f->waited && i < 10000; i++) {
 		mp_pager_stats(p, &st);
-		if (st.fault_waits > f->waits)
-			break;
+		f->waited = st.fault_waits > f->waits;
 		usleep(1000);
 	}
 	f->evicted = mp_pager_evict(p, f->r.layer, f->r.expert, MP_EVICT_DEFER);
+	atomic_store(&f->done, true);
 }
 
 /*
@@ -1314,13 +1315,16 @@ static void start_reader_and_defer_a_drop(struct mp_pager *p, uint32_t slot, voi
 static void deferred_eviction_of_a_refused_prefetch_a_thread_waits_for(void **state)
 {
 	struct mp_pager *p = open_pager(1, NULL);
-	struct refusal f = { .r = { .p = p, .layer = 2, .expert = 1 } };
-	struct mp_evict_hints h = { 0 };
+	/* Static: the seam runs on a fill thread, which a failed assert here would outlive. */
+	static struct refusal f;
+	static struct mp_evict_hints h;
 	struct mp_pager_stats st;
 	uint32_t a, b;
 	float *pr;
 
 	(void)state;
+	memset(&f, 0, sizeof(f));
+	f.r = (struct one_read){ .p = p, .layer = 2, .expert = 1 };
 	assert_memory_equal(mp_pager_expert(p, 1, 0), want(1, 0), xbytes);
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
 	a = mp_pager_slot(p, 1, 0);
@@ -1330,7 +1334,7 @@ static void deferred_eviction_of_a_refused_prefetch_a_thread_waits_for(void **st
 		pr[i] = -1;
 	pr[a] = 0.9f;
 	pr[b] = 0.1f;
-	h.p = pr;
+	h = (struct mp_evict_hints){ .p = pr };
 	mp_pager_set_hints(p, &h);
 	f.slot = b;
 	mp_pager_stats(p, &st);
@@ -1338,11 +1342,13 @@ static void deferred_eviction_of_a_refused_prefetch_a_thread_waits_for(void **st
 	p->refused_arg = &f;
 	p->refused = start_reader_and_defer_a_drop;
 	assert_int_equal(mp_pager_prefetch(p, 2, 1, 0), 1);
-	for (int i = 0; i < 5000 && !atomic_load(&f.calls); i++)
+	for (int i = 0; i < 10000 && !atomic_load(&f.done); i++)
 		usleep(1000);
+	assert_true(atomic_load(&f.done));
 	assert_int_equal(atomic_load(&f.calls), 1);
 	assert_true(f.started);
 	pthread_join(f.th, NULL);
+	assert_true(f.waited);
 	assert_int_equal(f.evicted, 1);
 	assert_int_equal(f.r.same, 1);
 	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
