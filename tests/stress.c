@@ -153,7 +153,7 @@ static void stress(struct mp_store *s, uint32_t resolve)
 	struct mp_pager_stats st;
 	struct mp_fault_counts c;
 	struct mp_pager *p;
-	uint64_t deadline, reads = 0;
+	uint64_t deadline, reads = 0, pending_drop;
 
 	if (!spec)
 		spec = DEFAULT_SPEC;
@@ -212,6 +212,12 @@ static void stress(struct mp_store *s, uint32_t resolve)
 	assert_true(st.read_errors >= c.eio + c.short_reads);
 	assert_true(st.read_errors <= c.eio + c.short_reads + c.corrupt);
 	assert_true(reads > 0);
+	/* Every deferred drop's room came back or was given up: none still counted as coming. */
+	assert_int_equal(mp_pager_wait_idle(p, 10000), 0);
+	pthread_mutex_lock(&p->lock);
+	pending_drop = p->mem.pending_drop;
+	pthread_mutex_unlock(&p->lock);
+	assert_int_equal(pending_drop, 0);
 	mp_pager_close(p);
 }
 

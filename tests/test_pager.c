@@ -15,6 +15,7 @@
 
 #include "helpers.h"
 #include "base/base.h"
+#include "pager/hooks.h"
 #include "pager/pager_priv.h"
 #include "uffd/region_priv.h"
 #include "tier/inject.h"
@@ -1277,6 +1278,93 @@ static void deferred_eviction_of_a_failed_read_is_forgotten(void **state)
 	mp_pager_close(p);
 }
 
+/* What the refused-prefetch seam did: a reader began to wait, then a deferred drop. */
+struct refusal {
+	struct one_read r;
+	pthread_t th;
+	uint32_t slot;
+	uint64_t waits;		/* fault_waits before the reader */
+	atomic_int calls;
+	int started, waited, evicted;
+	atomic_bool done;	/* the seam returned */
+};
+
+static void start_reader_and_defer_a_drop(struct mp_pager *p, uint32_t slot, void *arg)
+{
+	struct refusal *f = arg;
+	struct mp_pager_stats st;
+
+	if (slot != f->slot || atomic_fetch_add(&f->calls, 1))
+		return;
+	f->started = !pthread_create(&f->th, NULL, read_one, &f->r);
+	for (int i = 0; f->started && !f->waited && i < 10000; i++) {
+		mp_pager_stats(p, &st);
+		f->waited = st.fault_waits > f->waits;
+		usleep(1000);
+	}
+	f->evicted = mp_pager_evict(p, f->r.layer, f->r.expert, MP_EVICT_DEFER);
+	atomic_store(&f->done, true);
+}
+
+/*
+ * A prefetch refused its room (the only victim is likelier to be needed)
+ * that a thread began to wait for, with a deferred drop asked for meanwhile,
+ * becomes a demand fill that keeps the mark: the reader gets the bytes, the
+ * drop follows, and the room counted as coming (pending_drop) is back to 0.
+ */
+static void deferred_eviction_of_a_refused_prefetch_a_thread_waits_for(void **state)
+{
+	struct mp_pager *p = open_pager(1, NULL);
+	/* Static: the seam runs on a fill thread, which a failed assert here would outlive. */
+	static struct refusal f;
+	static struct mp_evict_hints h;
+	struct mp_pager_stats st;
+	uint32_t a, b;
+	float *pr;
+
+	(void)state;
+	memset(&f, 0, sizeof(f));
+	f.r = (struct one_read){ .p = p, .layer = 2, .expert = 1 };
+	assert_memory_equal(mp_pager_expert(p, 1, 0), want(1, 0), xbytes);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	a = mp_pager_slot(p, 1, 0);
+	b = mp_pager_slot(p, 2, 1);
+	pr = malloc(p->nslots * sizeof(*pr));
+	for (uint32_t i = 0; i < p->nslots; i++)
+		pr[i] = -1;
+	pr[a] = 0.9f;
+	pr[b] = 0.1f;
+	h = (struct mp_evict_hints){ .p = pr };
+	mp_pager_set_hints(p, &h);
+	f.slot = b;
+	mp_pager_stats(p, &st);
+	f.waits = st.fault_waits;
+	p->refused_arg = &f;
+	p->refused = start_reader_and_defer_a_drop;
+	assert_int_equal(mp_pager_prefetch(p, 2, 1, 0), 1);
+	for (int i = 0; i < 10000 && !atomic_load(&f.done); i++)
+		usleep(1000);
+	assert_true(atomic_load(&f.done));
+	assert_int_equal(atomic_load(&f.calls), 1);
+	assert_true(f.started);
+	pthread_join(f.th, NULL);
+	assert_true(f.waited);
+	assert_int_equal(f.evicted, 1);
+	assert_int_equal(f.r.same, 1);
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	p->refused = NULL;
+	assert_int_equal(p->mem.pending_drop, 0);
+	assert_int_equal(p->slots[b].evict_pending, PENDING_NONE);
+	/* 1.0 made the room; 2.1 was dropped (or read again by the reader's next access). */
+	assert_int_equal(mp_pager_residency(p, 1, 0), MP_RES_NONE);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.evictions, 2);
+	assert_true(st.resident_bytes <= xbytes);
+	mp_pager_set_hints(p, NULL);
+	mp_pager_close(p);
+	free(pr);
+}
+
 /* A prefetch still queued would bring the expert back after the eviction: dropped. */
 static void deferred_eviction_drops_a_queued_prefetch(void **state)
 {
@@ -1888,6 +1976,7 @@ int main(void)
 		cmocka_unit_test(deferred_eviction_drops_a_queued_prefetch),
 		cmocka_unit_test(deferred_eviction_room_is_waited_for_not_taken_from_the_lru),
 		cmocka_unit_test(deferred_eviction_of_a_failed_read_is_forgotten),
+		cmocka_unit_test(deferred_eviction_of_a_refused_prefetch_a_thread_waits_for),
 		cmocka_unit_test(expert_a_fill_thread_reads_is_waited_for_not_read_twice),
 		cmocka_unit_test(failed_read_of_a_request_errors_through_guard_once),
 		cmocka_unit_test(close_releases_a_thread_reading_its_own_expert),

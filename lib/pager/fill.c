@@ -70,6 +70,8 @@ static int make_room(struct fill_ctx *fh)
 	pthread_mutex_unlock(&fh->p->lock);
 	fh->reserved = !err;
 	fh->room_err = err;
+	if (err == -EAGAIN && fh->p->refused)
+		fh->p->refused(fh->p, fh->slot, fh->p->refused_arg);
 	return err;
 }
 

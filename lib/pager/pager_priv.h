@@ -122,6 +122,9 @@ struct mp_pager {
 	/* Test seam: called unlocked as a demand fill takes its chunks (NULL: none). */
 	void (*taking)(struct mp_pager *p, void *arg);
 	void *taking_arg;
+	/* Test seam: called unlocked when a prefetch was refused its room (-EAGAIN). */
+	void (*refused)(struct mp_pager *p, uint32_t slot, void *arg);
+	void *refused_arg;
 };
 
 /*
