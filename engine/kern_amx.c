@@ -11,6 +11,7 @@
 
 #include "engine/kernels.h"
 #include "engine/kern_bf16r.h"
+#include "base/base.h"
 
 #define TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 /* The tile intrinsics are asm without a memory operand: order our stores before their loads. */
@@ -93,14 +94,50 @@ TARGET void mp_amx_xprep_bf16(const float *x, uint32_t n, uint32_t cols, float *
 }
 
 /*
+ * Where a row block prefetches: each of its 16 rows PF_ROW bytes ahead of
+ * the column it reads, and past a row's end the same offset into the next
+ * 16-row block's rows, so the block's 16 streams run MP_PF_AHEAD bytes
+ * ahead in all, as the AVX-512 kernel's 4 do. Prefetches never fault, so
+ * those past the last row need no bound.
+ */
+#define PF_ROW	(MP_PF_AHEAD / 16)
+
+struct pf {
+	const char *blk;	/* the 16-row block prefetched into */
+	size_t off;		/* the byte offset in its rows */
+};
+
+static inline struct pf pf_start(const char *wr, size_t rs)
+{
+	struct pf p = { wr, PF_ROW };
+
+	while (rs && p.off >= rs) {
+		p.off -= rs;
+		p.blk += 16 * rs;
+	}
+	return p;
+}
+
+static inline TARGET void pf_step(struct pf *p, size_t rs, uint32_t m)
+{
+	for (uint32_t r = 0; r < m; r++)
+		_mm_prefetch(p->blk + r * rs + p->off, _MM_HINT_T1);
+	p->off += 64;
+	if (p->off >= rs) {
+		p->off -= rs;
+		p->blk += 16 * rs;
+	}
+}
+
+/*
  * C = A x B over all columns of one row block and one group, 32 at a time
  * in order (the last, short block zero-padded), then C to out[16][16]. Each
  * C element is its own row's and vector's sum: the same bits whatever the
- * other rows and vectors of the tile. pw: where to prefetch (first group).
+ * other rows and vectors of the tile. pf: where to prefetch (first group).
  */
 #define DEFINE_BLOCK(name, TC, TA, TB)							\
 static TARGET void name(const char *w, size_t rs, uint32_t m, uint32_t cols,		\
-			const uint32_t *xg, uint32_t ng, const char *pw, float *out)	\
+			const uint32_t *xg, uint32_t ng, struct pf *pf, float *out)	\
 {											\
 	alignas(64) uint16_t a[16][32];							\
 	alignas(64) uint32_t b[16 * 16];						\
@@ -108,8 +145,8 @@ static TARGET void name(const char *w, size_t rs, uint32_t m, uint32_t cols,		\
 											\
 	_tile_zero(TC);									\
 	for (; c + 32 <= cols; c += 32) {						\
-		for (uint32_t r = 0; pw && r < m; r++)					\
-			_mm_prefetch(pw + r * rs + (size_t)c * 2, _MM_HINT_T1);		\
+		if (pf)									\
+			pf_step(pf, rs, 16);						\
 		_tile_loadd(TA, w + (size_t)c * 2, rs);					\
 		_tile_loadd(TB, xg + (size_t)c / 2 * ng, ng * 4);			\
 		_tile_dpbf16ps(TC, TA, TB);						\
@@ -133,12 +170,18 @@ DEFINE_BLOCK(block_part, T_CP, T_A, T_BP)
 DEFINE_BLOCK(block_tail_full, T_CT, T_AT, T_B)
 DEFINE_BLOCK(block_tail_part, T_CTP, T_AT, T_BP)
 
-/* Where the block at w prefetches: the first whole 16-row block MP_PF_AHEAD bytes on. */
-static const char *pf_at(const char *w, size_t rs)
+/*
+ * What a call's first row blocks read before their prefetches (from
+ * pf_start() of the first block on) reach it: the whole blocks before p.blk
+ * and the first p.off bytes of its rows.
+ */
+static void pf_head(const char *w, size_t rs, uint32_t rows, struct pf p)
 {
-	const size_t block = 16 * rs;
+	const char *end = w + (size_t)rows * rs;
 
-	return block ? w + (MP_PF_AHEAD + block - 1) / block * block : w;
+	mp_pf_head(w, MP_MIN((size_t)(p.blk - w), (size_t)(end - w)));
+	for (uint32_t r = 0; r < 16 && p.blk + r * rs < end; r++)
+		mp_pf_head(p.blk + r * rs, p.off);
 }
 
 static TARGET void load_config(uint32_t rows, uint32_t n)
@@ -173,21 +216,23 @@ TARGET void mp_amx_gemm_bf16(const void *w, uint32_t rows, uint32_t cols, const 
 	if (!rows || !n)
 		return;
 	load_config(rows, n);
+	pf_head(w, rs, rows, pf_start(w, rs));
 	for (uint32_t r = 0; r < rows; r += 16) {
 		const uint32_t m = rows - r < 16 ? rows - r : 16;
 		const char *wr = (const char *)w + r * rs;
+		struct pf pf = pf_start(wr, rs);
 
 		for (uint32_t t = 0; t < n; t += MP_AMX_GROUP) {
 			const uint32_t ng = n - t < MP_AMX_GROUP ? n - t : MP_AMX_GROUP;
 			const uint32_t *xg = (const uint32_t *)(x + (size_t)t * cols);
-			const char *pw = t == 0 ? pf_at(wr, rs) : NULL;
+			struct pf *p = t == 0 ? &pf : NULL;
 
 			if (m == 16)
 				(ng == MP_AMX_GROUP ? block_full : block_part)(wr, rs, m, cols, xg,
-									       ng, pw, out);
+									       ng, p, out);
 			else
 				(ng == MP_AMX_GROUP ? block_tail_full : block_tail_part)(
-					wr, rs, m, cols, xg, ng, pw, out);
+					wr, rs, m, cols, xg, ng, p, out);
 			for (uint32_t i = 0; i < m; i++)
 				for (uint32_t j = 0; j < ng; j++)
 					y[(t + j) * ystride + r + i] = out[i * 16 + j];
