@@ -409,13 +409,27 @@ static void prefetch_then_read_causes_no_demand_fault(void **state)
 	mp_pager_close(p);
 }
 
+/*
+ * mp_pager_evict() until it is not -EBUSY, for 2 s at most: the API lets an
+ * eviction without MP_EVICT_DEFER fail while the kernel holds the pages
+ * briefly (seen once in 3,440 loaded ASan runs right after a fault).
+ */
+static int evict_soon(struct mp_pager *p, uint32_t layer, uint32_t expert, unsigned flags)
+{
+	int err;
+
+	for (int i = 0; (err = mp_pager_evict(p, layer, expert, flags)) == -EBUSY && i < 2000; i++)
+		usleep(1000);
+	return err;
+}
+
 static void host_tier_refault_returns_right_bytes(void **state)
 {
 	struct mp_pager *p = open_pager(4, *state);
 	struct mp_pager_stats st;
 
 	assert_memory_equal(get(p, 2, 3), want(2, 3), xbytes);
-	assert_int_equal(mp_pager_evict(p, 2, 3, MP_EVICT_KEEP_HOST), 0);
+	assert_int_equal(evict_soon(p, 2, 3, MP_EVICT_KEEP_HOST), 0);
 	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_HOST);
 	assert_memory_equal(get(p, 2, 3), want(2, 3), xbytes);
 	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_MAPPED);
@@ -426,7 +440,7 @@ static void host_tier_refault_returns_right_bytes(void **state)
 	assert_int_equal(st.evictions, 0);
 	assert_int_equal(st.bytes_host, xbytes);
 	/* Dropped for good, it comes back from the file. */
-	assert_int_equal(mp_pager_evict(p, 2, 3, 0), 0);
+	assert_int_equal(evict_soon(p, 2, 3, 0), 0);
 	assert_int_equal(mp_pager_evict(p, 2, 3, 0), -ENOENT);
 	assert_memory_equal(get(p, 2, 3), want(2, 3), xbytes);
 	mp_pager_stats(p, &st);
@@ -875,7 +889,7 @@ static void evictions_keep_spares_within_the_memory_bound(void **state)
 	for (uint32_t e = 0; e < 4; e++)
 		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
 	for (uint32_t e = 0; e < 3; e++)
-		assert_int_equal(mp_pager_evict(p, 0, e, 0), 0);
+		assert_int_equal(evict_soon(p, 0, e, 0), 0);
 	mp_region_mem(p->region, &a);
 	for (uint32_t e = 4; e < 7; e++)
 		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
@@ -1013,7 +1027,7 @@ static void a_smaller_budget_gives_spares_back(void **state)
 	for (uint32_t e = 0; e < 4; e++)
 		assert_memory_equal(mp_pager_expert(p, 0, e), want(0, e), xbytes);
 	for (uint32_t e = 0; e < 4; e++)
-		assert_int_equal(mp_pager_evict(p, 0, e, 0), 0);
+		assert_int_equal(evict_soon(p, 0, e, 0), 0);
 	mp_pager_stats(p, &st);
 	assert_true(st.memory_bytes >= 4 * xbytes);	/* kept as spares */
 	assert_int_equal(mp_pager_set_budget(p, p->expert_bytes), 0);
@@ -1131,7 +1145,7 @@ static void deferred_eviction_takes_effect_when_the_read_ends(void **state)
 	for (uint32_t e = 0; e < 2; e++)
 		assert_int_equal(mp_pager_residency(p, 1, e), MP_RES_MAPPED);
 	/* Kept in host memory when that is all that was asked for. */
-	assert_int_equal(mp_pager_evict(p, 0, 1, 0), 0);
+	assert_int_equal(evict_soon(p, 0, 1, 0), 0);
 	hold_prefetch(p, 0, 2);
 	assert_int_equal(mp_pager_evict(p, 0, 2, MP_EVICT_DEFER | MP_EVICT_KEEP_HOST), 1);
 	let_go();
