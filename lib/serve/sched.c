@@ -131,8 +131,8 @@ static uint64_t thread_cpu_ns(void)
 /*
  * The thread's CPU time between steps (sched_cpu_seconds), read around one
  * gap in CPU_EVERY: a read is a system call that takes the run queue's lock,
- * ~1 us on this VM, and two a step were ~1 % of a 180 us step on the
- * critical path. A sampled gap counts for itself and the unsampled ones
+ * 1-4 us each on this VM (docs/serve.md, s29), on the critical path of
+ * steps of ~200 us. A sampled gap counts for itself and the unsampled ones
  * before it (the counter only grows). Thread only.
  */
 #define CPU_EVERY	8u
