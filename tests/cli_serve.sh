@@ -54,6 +54,16 @@ start --max-batch 4 --max-queue 16 --max-body 4K --request-timeout 2 || exit 1
 
 # Endpoints
 check "/health answers ok" test "$(curl -s "$URL/health")" = '{"status":"ok"}'
+
+# http_policy: the server's HTTP thread's scheduling policy (/proc stat field 41; 3: SCHED_BATCH).
+http_policy() {
+	local t
+	for t in /proc/"$SERVER"/task/*; do
+		[[ $(cat "$t/comm" 2>/dev/null) == serve-http ]] && sed 's/.*) //' "$t/stat" | awk '{print $39}'
+	done
+}
+check "the HTTP thread runs at SCHED_BATCH (woken by a step, it does not preempt the scheduler)" \
+	test "$(http_policy)" = 3
 curl -s "$URL/v1/models" >"$T/models"
 check "/v1/models lists tiny-real" test "$(json "$T/models" "j['data'][0]['id']")" = tiny-real
 

@@ -1034,6 +1034,47 @@ static void a_request_queued_behind_a_full_batch_is_not_gathered(void **state)
 	assert_true(st.gather_seconds == 0);
 }
 
+/*
+ * The scheduler's CPU counter, its clock read around one gap in 8, still
+ * counts every gap: it grows while a request runs (never falls: a
+ * Prometheus counter) and with a later request shorter than 8 steps.
+ */
+static void the_cpu_counter_grows_with_every_request(void **state)
+{
+	struct mp_sched_params p = { .max_tokens = 30, .no_eos = true };
+	struct mp_runner *r = open_runner(mp_resident_source_ops(), fx.res);
+	struct mp_sched *s = open_sched(r, 1, 4, 0);
+	static struct result res[2];
+	struct mp_sched_stats st;
+	double last = 0, first;
+	uint32_t reads = 0;
+
+	(void)state;
+	memset(res, 0, sizeof(res));
+	submit(s, 0, 3, &p, &res[0]);
+	while (!atomic_load(&res[0].done)) {
+		mp_sched_stats(s, &st);
+		assert_true(st.sched_cpu_seconds >= last);
+		last = st.sched_cpu_seconds;
+		reads++;
+		usleep(100);
+	}
+	wait_done(res, 1);
+	mp_sched_stats(s, &st);
+	assert_true(st.sched_cpu_seconds >= last);
+	first = st.sched_cpu_seconds;
+	assert_true(first > 0);
+	p.max_tokens = 3;
+	submit(s, 1, 3, &p, &res[1]);
+	wait_done(&res[1], 1);
+	mp_sched_stats(s, &st);
+	mp_sched_close(s);
+	mp_runner_close(r);
+	assert_int_equal(st.steps, 30 + 3);
+	assert_true(st.sched_cpu_seconds > first);
+	assert_true(reads > 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1054,6 +1095,7 @@ int main(void)
 		cmocka_unit_test(a_burst_from_idle_shares_its_first_step),
 		cmocka_unit_test(a_request_queued_behind_a_full_batch_is_not_gathered),
 		cmocka_unit_test(a_burst_longer_than_a_quarter_step_is_gathered),
+		cmocka_unit_test(the_cpu_counter_grows_with_every_request),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -200,7 +200,8 @@ struct mp_sched_stats {
 	uint64_t batch_size[MP_SCHED_BATCH_BUCKETS];
 	uint64_t swaps;			/* models activated when the queue's head needed another */
 	double swap_seconds;		/* spent activating them */
-	double sched_cpu_seconds;	/* the same in the thread's CPU time (not preempted) */
+	/* The same in the thread's CPU time (not preempted), read around one gap in 8. */
+	double sched_cpu_seconds;
 	uint64_t seqs_reused;		/* sequences opened in a finished one's KV cache */
 	uint64_t grouped;		/* requests that joined ahead of an older head (group_ns) */
 	uint64_t gathers;		/* waits of an empty batch for a burst (gather_ns) */
