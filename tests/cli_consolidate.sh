@@ -76,4 +76,14 @@ if err=$("$moepager" consolidate --info "$dir/v1.mpk" 2>&1 >/dev/null); then
 	fail=1
 fi
 [[ $err == *"not a moepager consolidation map"* ]] || { echo "FAILED: $err"; fail=1; }
+# Every subcommand's usage names itself as the user types it, and the help examples
+# point at the trained model where the build puts it.
+for c in consolidate loadgen bench batchbench bench-adapters bench-multi; do
+	line=$("$moepager" "$c" --help | head -1)
+	[[ $line == "Usage: moepager $c "* ]] || { echo "FAILED: $c --help: $line"; fail=1; }
+done
+for c in eval generate; do
+	"$moepager" "$c" --help | grep -q -- "--model build/data/models/tiny-real.mpk" ||
+		{ echo "FAILED: $c --help: the example model is not build/data/models/tiny-real.mpk"; fail=1; }
+done
 exit $fail

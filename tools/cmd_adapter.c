@@ -132,43 +132,47 @@ static int do_pack(void)
 {
 	struct mp_store *base = NULL, *tuned = NULL;
 	char buf[MP_ADAPTER_NAME_MAX + 64];
-	const char *name;
+	const char *name, *what;
 	int n;
 
 	if (need(2, true, "pack BASE.mpk TUNED.mpk --out A.mpa [--name NAME]"))
 		return -EINVAL;
 	name = name_or_default(buf, sizeof(buf));
-	n = mp_store_open(env.args[1], &base);
+	/* The error names the file that failed: a missing input, not the output. */
+	what = env.args[1];
+	n = mp_store_open(what, &base);
 	if (!n)
-		n = mp_store_open(env.args[2], &tuned);
+		n = mp_store_open(what = env.args[2], &tuned);
 	if (!n)
-		n = mp_adapter_pack(base, tuned, name ? name : "", env.out);
+		n = mp_adapter_pack(base, tuned, name ? name : "", what = env.out);
 	if (n > 0)
 		printf("%s: adapter '%s' of %s: %d experts\n", env.out, name, env.args[1], n);
 	mp_store_close(tuned);
 	mp_store_close(base);
-	return n < 0 ? fail(env.out, n) : 0;
+	return n < 0 ? fail(what, n) : 0;
 }
 
 static int do_merge(void)
 {
 	struct mp_store *base = NULL;
 	struct mp_adapter *a = NULL;
+	const char *what;
 	int err;
 
 	if (need(2, true, "merge BASE.mpk A.mpa --out MERGED.mpk [--name NAME]"))
 		return -EINVAL;
-	err = mp_store_open(env.args[1], &base);
+	what = env.args[1];
+	err = mp_store_open(what, &base);
 	if (!err)
-		err = mp_adapter_open(env.args[2], &a);
+		err = mp_adapter_open(what = env.args[2], &a);
 	if (!err)
-		err = mp_adapter_merge(base, a, env.name, env.out);
+		err = mp_adapter_merge(base, a, env.name, what = env.out);
 	if (!err)
 		printf("%s: %s with adapter '%s' (%u experts)\n", env.out, env.args[1],
 		       mp_adapter_name(a), mp_adapter_count(a));
 	mp_adapter_close(a);
 	mp_store_close(base);
-	return err ? fail(env.out, err) : 0;
+	return err ? fail(what, err) : 0;
 }
 
 /* splitmix64: the choice of experts is a function of --seed alone. */

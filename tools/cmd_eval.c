@@ -57,8 +57,8 @@ static const char doc[] =
 	"predicted, alone, consolidated, change).\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  moepager eval --model data/models/tiny-real.mpk --text heldout.txt\n"
-	"  moepager eval --model data/models/tiny-real.mpk --ids heldout.ids --json\n"
+	"  moepager eval --model build/data/models/tiny-real.mpk --text heldout.txt\n"
+	"  moepager eval --model build/data/models/tiny-real.mpk --ids heldout.ids --json\n"
 	"  moepager eval --consolidate v.mpc --model a.mpk --ids a.ids --model b.mpk --ids b.ids\n";
 
 static const struct argp_option opts[] = {

@@ -38,8 +38,8 @@ static const char doc[] =
 	"Prints the prompt and its continuation; --json prints {prompt, text, ids}.\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  moepager generate --model data/models/tiny-real.mpk --prompt \"The best way to\"\n"
-	"  moepager generate --model data/models/tiny-real.mpk --prompt \"Q:\" --temperature 0\n";
+	"  moepager generate --model build/data/models/tiny-real.mpk --prompt \"The best way to\"\n"
+	"  moepager generate --model build/data/models/tiny-real.mpk --prompt \"Q:\" --temperature 0\n";
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model (required)", 0 },
