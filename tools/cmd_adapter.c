@@ -350,7 +350,6 @@ close_adapter:
 
 int cmd_adapter(int argc, char **argv)
 {
-	static char prog[] = "moepager adapter";
 	static const struct argp argp = { opts, parse_arg, "pack|merge|gen|info FILE...", doc,
 					  NULL, NULL, NULL };
 	static const struct {
@@ -363,7 +362,6 @@ int cmd_adapter(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.seed = 1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return -err;

@@ -492,14 +492,12 @@ static int do_info(void)
 
 int cmd_consolidate(int argc, char **argv)
 {
-	static char prog[] = "moepager consolidate";
 	static const struct argp argp = { opts, parse_arg, "A.mpk B.mpk ...", doc, NULL, NULL,
 					  NULL };
 	int err;
 
 	memset(&env, 0, sizeof(env));
 	env.cross = 32;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return -err;

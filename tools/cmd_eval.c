@@ -350,7 +350,6 @@ static int eval_consolidated(struct mp_engine *e, struct mp_store *const *stores
 
 int cmd_eval(int argc, char **argv)
 {
-	static char prog[] = "moepager eval";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
@@ -360,7 +359,6 @@ int cmd_eval(int argc, char **argv)
 	int err;
 
 	memset(&env, 0, sizeof(env));
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

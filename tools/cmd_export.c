@@ -175,7 +175,6 @@ static void summary(const struct mp_store *s, const struct mp_export_config *cfg
 
 int cmd_export(int argc, char **argv)
 {
-	static char prog[] = "moepager export";
 	static const struct argp argp = { opts, parse_arg, "MODEL", doc, NULL, NULL, NULL };
 	struct mp_export_config cfg = { 0 };
 	struct mp_store *s = NULL;
@@ -186,7 +185,6 @@ int cmd_export(int argc, char **argv)
 	memset(&env, 0, sizeof(env));
 	env.dtype = env.dense_dtype = -1;
 	env.alignment = 4096;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -172,7 +172,6 @@ static void on_progress(uint64_t done, uint64_t total, void *arg)
 
 int cmd_gen(int argc, char **argv)
 {
-	static char prog[] = "moepager gen";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	struct mp_geometry g;
 	uint64_t t0, ns;
@@ -182,7 +181,6 @@ int cmd_gen(int argc, char **argv)
 	env.preset = "tiny";
 	env.seed = 1;
 	env.spread = 0.03;
-	argv[0] = prog;		/* argp's usage lines name the whole command */
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -196,7 +196,6 @@ free_text:
 
 int cmd_generate(int argc, char **argv)
 {
-	static char prog[] = "moepager generate";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
@@ -216,7 +215,6 @@ int cmd_generate(int argc, char **argv)
 	env.top_k = 40;
 	env.seed = 1;
 	env.temperature = 0.8;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -102,7 +102,6 @@ static void summary(uint64_t ns)
 
 int cmd_import(int argc, char **argv)
 {
-	static char prog[] = "moepager import";
 	static const struct argp argp = { opts, parse_arg, "FILE.gguf|DIR", doc, NULL, NULL,
 					  NULL };
 	struct mp_import_config cfg = { 0 };
@@ -112,7 +111,6 @@ int cmd_import(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.dtype = -1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

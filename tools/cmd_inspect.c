@@ -161,13 +161,11 @@ static void print_text(const struct mp_store *s)
 
 int cmd_inspect(int argc, char **argv)
 {
-	static char prog[] = "moepager inspect";
 	static const struct argp argp = { opts, parse_arg, "FILE", doc, NULL, NULL, NULL };
 	struct mp_store *s;
 	int err;
 
 	memset(&env, 0, sizeof(env));
-	argv[0] = prog;		/* argp's usage lines name the whole command */
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -197,7 +197,6 @@ static int set_node(struct mp_store *s)
 
 int cmd_pagerd(int argc, char **argv)
 {
-	static char prog[] = "moepager pagerd";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	struct mp_pagerd_config cfg = { 0 };
 	struct sigaction sa = { .sa_handler = on_signal };
@@ -207,7 +206,6 @@ int cmd_pagerd(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.set_node = -1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

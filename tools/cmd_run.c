@@ -801,7 +801,6 @@ static int generate(struct run *r, struct results *res)
 
 int cmd_run(int argc, char **argv)
 {
-	static char prog[] = "moepager run";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_engine_config ecfg = { 0 };
@@ -817,7 +816,6 @@ int cmd_run(int argc, char **argv)
 	env.tokens = 32;
 	env.seed = 1;
 	env.repeat = 1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -550,7 +550,6 @@ cleanup:
 
 int cmd_trace(int argc, char **argv)
 {
-	static char prog[] = "moepager trace";
 	static const struct argp argp = { opts, parse_arg, "[-- COMMAND ARGS...]", doc,
 					  NULL, NULL, NULL };
 	int64_t n;
@@ -558,7 +557,6 @@ int cmd_trace(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	exiting = 0;
-	argv[0] = prog;		/* argp's usage lines name the whole command */
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -96,7 +96,6 @@ put_json:
 
 int cmd_verify(int argc, char **argv)
 {
-	static char prog[] = "moepager verify";
 	static const struct argp argp = { opts, parse_arg, "FILE", doc, NULL, NULL, NULL };
 	struct mp_verify_result *bad = NULL;
 	const struct mp_geometry *g;
@@ -107,7 +106,6 @@ int cmd_verify(int argc, char **argv)
 	int err, n_fail;
 
 	memset(&env, 0, sizeof(env));
-	argv[0] = prog;		/* argp's usage lines name the whole command */
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -58,6 +58,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+	static char prog[64];
+
 	if (argc < 2) {
 		usage(stderr);
 		return 1;
@@ -73,9 +75,14 @@ int main(int argc, char **argv)
 	/* The subcommands' doc strings are laid out for 100 columns (argp's default is 79). */
 	setenv("ARGP_HELP_FMT", "rmargin=100", 0);
 	cli_install_log_handler();
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (!strcmp(argv[1], commands[i].name))
-			return commands[i].run(argc - 1, argv + 1) ? 1 : 0;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (strcmp(argv[1], commands[i].name))
+			continue;
+		/* argp's usage lines and errors name the whole command: "moepager run". */
+		snprintf(prog, sizeof(prog), "moepager %s", commands[i].name);
+		argv[1] = prog;
+		return commands[i].run(argc - 1, argv + 1) ? 1 : 0;
+	}
 	fprintf(stderr, "moepager: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 1;

@@ -426,7 +426,6 @@ static double loadavg(void)
 
 int cmd_adapterbench(int argc, char **argv)
 {
-	static char prog[] = "moepager bench-adapters";
 	struct ab_row rows[AB_KINDS] = { 0 };
 	struct ab_bench b;
 	double load[2];
@@ -443,7 +442,6 @@ int cmd_adapterbench(int argc, char **argv)
 	env.repeat = 3;
 	env.seed = 1;
 	env.setups = (1u << AB_KINDS) - 1;
-	argv[0] = prog;	/* usage and argp errors say "moepager bench-adapters" */
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	err = ab_bench_open(&b, &env);

@@ -269,7 +269,6 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 
 int cmd_batchbench(int argc, char **argv)
 {
-	static char prog[] = "moepager batchbench";
 	double bw[2 * MAX_REPEAT * MAX_SIZES], tok1 = 0;
 	struct bench b = { 0 };
 	json_t *results = json_array();
@@ -280,7 +279,6 @@ int cmd_batchbench(int argc, char **argv)
 	env.tokens = 32;
 	env.prompt = 16;
 	env.repeat = 3;
-	argv[0] = prog;	/* usage and argp errors say "moepager batchbench" */
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nsizes)

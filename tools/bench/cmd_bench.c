@@ -524,7 +524,6 @@ static int write_csv(const struct bench_row *rows, uint32_t n)
 
 int cmd_bench(int argc, char **argv)
 {
-	static char prog[] = "moepager bench";
 	static char default_budget[] = "50%";
 	static char default_policies[] = "none,finemoe,oracle";
 	struct mp_trace *traces[MAX_LIST] = { 0 };
@@ -539,7 +538,6 @@ int cmd_bench(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.train_fraction = 0.7;
-	argv[0] = prog;	/* usage and argp errors say "moepager bench" */
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nbudgets) {

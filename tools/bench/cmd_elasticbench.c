@@ -475,7 +475,6 @@ static int report(struct mp_store *s, uint64_t budget, const struct setup *sh,
 
 int cmd_elasticbench(int argc, char **argv)
 {
-	static char prog[] = "moepager bench-elastic";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	struct setup sh = { 0 }, cp = { 0 }, cold = { 0 };
 	uint64_t total, budget, stride;
@@ -486,7 +485,6 @@ int cmd_elasticbench(int argc, char **argv)
 	env.load = (struct el_config){ .phase = 20, .threads = 1, .max_tokens = 16,
 				       .prompt_ids = 16, .slo_ttft_ms = 2000, .slo_tpot_ms = 500,
 				       .retry_s = 60, .seed = 1, .pages = "small" };
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

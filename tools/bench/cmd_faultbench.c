@@ -705,7 +705,6 @@ static int report(const struct mp_store *s, struct results *res)
 
 int cmd_faultbench(int argc, char **argv)
 {
-	static char prog[] = "moepager faultbench";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	struct results res;
 	struct mp_store *s;
@@ -719,7 +718,6 @@ int cmd_faultbench(int argc, char **argv)
 	env.io_bytes = 512u << 10;
 	env.fill_threads = 2;
 	env.shared_pages = "small";
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

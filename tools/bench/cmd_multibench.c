@@ -1079,7 +1079,6 @@ static int merge(void)
 
 int cmd_multibench(int argc, char **argv)
 {
-	static char prog[] = "moepager bench-multi";
 	static struct outcome o[N_SETUPS][MAX_RATES][MAX_REPEAT];
 	json_t *results = json_array(), *compare;
 	struct prompts pr;
@@ -1101,7 +1100,6 @@ int cmd_multibench(int argc, char **argv)
 	parse_rates("0.5,1,2");
 	for (int i = 0; i < N_SETUPS; i++)
 		env.setups[i] = true;
-	argv[0] = prog;	/* usage and argp errors say "moepager bench-multi" */
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL) || !results)
 		return 1;
 	if (env.nmerge) {

@@ -317,7 +317,6 @@ static void print_json(struct results *res)
 
 int cmd_preloadbench(int argc, char **argv)
 {
-	static char prog[] = "moepager bench-preload";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	char stats[PATH_MAX], first[sizeof(((struct run *)0)->tokens)] = "";
 	struct results res = { .identical = true };
@@ -329,7 +328,6 @@ int cmd_preloadbench(int argc, char **argv)
 	env.tokens = 64;
 	env.repeat = 3;
 	env.threads = 1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

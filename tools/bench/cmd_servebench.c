@@ -74,7 +74,7 @@ static const char doc[] =
 	"a warm-up run of each (the sequences' KV caches touched, the server's pooled).\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  moepager bench-serve --model data/models/tiny-real.mpk --concurrency 1,4,8 --json\n";
+	"  moepager bench-serve --model build/data/models/tiny-real.mpk --concurrency 1,4,8 --json\n";
 
 static const struct argp_option opts[] = {
 	{ "model", 'm', "FILE", 0, "The .mpk model (required; resident)", 0 },

@@ -303,7 +303,6 @@ static void add_results(json_t *root, struct results *res)
 
 int cmd_bench_coe(int argc, char **argv)
 {
-	static char prog[] = "moepager bench-coe";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_coe_profile pr = { 0 };
@@ -321,7 +320,6 @@ int cmd_bench_coe(int argc, char **argv)
 	env.interval_us = 4000;
 	env.seed = 1;
 	env.repeat = 1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

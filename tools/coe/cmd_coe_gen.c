@@ -118,7 +118,6 @@ static void on_progress(uint64_t done, uint64_t total, void *arg)
 
 int cmd_coe_gen(int argc, char **argv)
 {
-	static char prog[] = "moepager coe-gen";
 	static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL };
 	struct mp_coe_gen_config cfg = { 0 };
 	bool tiny;
@@ -131,7 +130,6 @@ int cmd_coe_gen(int argc, char **argv)
 	env.detector_share = 0.5;
 	env.clean = 0.9;
 	env.seed = 1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -170,7 +170,6 @@ static int run_profile(struct mp_coe *c, const uint32_t *threads, uint32_t nt,
 
 int cmd_coe_profile(int argc, char **argv)
 {
-	static char prog[] = "moepager coe-profile";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_coe_profile pr = { 0 };
@@ -180,7 +179,6 @@ int cmd_coe_profile(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.container_fd = -1;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

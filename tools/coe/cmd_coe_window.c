@@ -166,7 +166,6 @@ static void print_result(const struct mp_coe_window_result *r)
 
 int cmd_coe_window(int argc, char **argv)
 {
-	static char prog[] = "moepager coe-window";
 	static const struct argp_child children[] = { { &cli_engine_argp, 0, NULL, 0 }, { 0 } };
 	static const struct argp argp = { opts, parse_arg, NULL, doc, children, NULL, NULL };
 	struct mp_coe_profile pr = { 0 };
@@ -180,7 +179,6 @@ int cmd_coe_window(int argc, char **argv)
 	env.requests = 500;
 	env.interval_us = 4000;
 	env.executors = 2;
-	argv[0] = prog;
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;

@@ -165,7 +165,6 @@ static const struct argp argp = { opts, parse_arg, NULL, doc, NULL, NULL, NULL }
 
 int cmd_loadgen(int argc, char **argv)
 {
-	static char prog[] = "moepager loadgen";
 	struct lg_prompts prompts = { 0 };
 	struct lg_models models = { 0 };
 	struct lg_metrics before = { 0 }, after = { 0 };
@@ -183,7 +182,6 @@ int cmd_loadgen(int argc, char **argv)
 	env.slo_tpot_ms = 200;
 	env.seed = 1;
 	env.drain_s = 120;
-	argv[0] = prog;	/* usage and argp errors say "moepager loadgen" */
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT))

@@ -80,7 +80,7 @@ static const char doc[] =
 	"within MS plus one batch).\n"
 	"\n"
 	"EXAMPLES:\n"
-	"  moepager serve --model data/models/tiny-real.mpk\n"
+	"  moepager serve --model build/data/models/tiny-real.mpk\n"
 	"  moepager serve --model mixtral-mini.mpk --budget 50% --prefetch finemoe \\\n"
 	"      --listen 127.0.0.1:0 --port-file /tmp/port\n"
 	"  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 20}'\n";
