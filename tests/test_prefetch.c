@@ -499,6 +499,60 @@ static void finemoe_plans_the_first_layers_from_the_semantic_vector(void **state
 	assert_true(begin_exact(0) < 40);
 }
 
+/*
+ * Tokens of request 1 whose every layer from d on ops plans exactly at the
+ * iteration's begin, from the semantic vector alone (no gate yet).
+ */
+static uint32_t begin_plans_late_layers(const struct mp_prefetch_ops *ops)
+{
+	struct mk m = { 8, 16, 2, 2, 40, pick_hashed3 };
+	struct mp_trace *t = make_trace(&m);
+	struct mp_prefetch_env env = { .layers = 8, .experts = 16, .topk = 2, .distance = 3,
+				       .sem_dim = 3 };
+	struct mp_prefetch pf;
+	uint32_t exact = 0;
+	float sem[3];
+
+	assert_int_equal(mp_prefetch_init(&pf, ops, &env), 0);
+	for (uint32_t r = 0; r < 2; r++) {
+		for (uint32_t tok = 0; tok < 40; tok++) {
+			bool all = true;
+
+			sem_of(NULL, r, tok, sem);
+			mp_prefetch_begin(&pf, r, tok, sem);
+			for (uint32_t l = 3; r == 1 && l < 8; l++) {
+				const uint32_t *truth;
+				const float *tw;
+				uint32_t got[16], n;
+
+				assert_int_equal(mp_trace_route(t, r, tok, l, &truth, &tw), 0);
+				collect(&pf, l, got, &n);
+				all &= same_set(got, n, truth, 2);
+			}
+			exact += r == 1 && all;
+			for (uint32_t l = 0; l < 8; l++) {
+				const uint32_t *ids;
+				const float *w;
+
+				assert_int_equal(mp_trace_route(t, r, tok, l, &ids, &w), 0);
+				assert_int_equal(mp_prefetch_gate(&pf, l, ids, w, 2, NULL, NULL), 0);
+			}
+			mp_prefetch_end(&pf);
+		}
+	}
+	mp_prefetch_fini(&pf);
+	mp_trace_close(t);
+	return exact;
+}
+
+/* finemoe+nextlayer plans every layer at the begin (read ahead by its lead); finemoe hints them. */
+static void finemoe_nextlayer_plans_every_layer_from_the_semantic_vector(void **state)
+{
+	(void)state;
+	assert_int_equal(begin_plans_late_layers(&mp_prefetch_finemoe_nextlayer), 40);
+	assert_int_equal(begin_plans_late_layers(&mp_prefetch_finemoe), 0);
+}
+
 static void finemoe_with_an_empty_store_stays_on_demand(void **state)
 {
 	struct mk m = { 6, 8, 2, 1, 2, pick_cycle3 };
@@ -1397,6 +1451,7 @@ int main(void)
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
 		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_within_reach),
+		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_from_the_semantic_vector),
 		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),

@@ -131,23 +131,33 @@ static int next_pass(struct mp_prefetch *pf, struct mp_emap_query *q, uint32_t l
 
 /*
  * At an iteration's start the first d layers are planned, the others hinted
- * (the trajectory search refines them as the gates come).
+ * (the trajectory search refines them as the gates come), or all planned.
  */
-static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *use, float score)
+static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			 bool all)
 {
-	if (layer < pf->env.distance)
+	if (layer < pf->env.distance || all)
 		mp_prefetch_plan_use(pf, layer, use, score, -1);
 	else
 		mp_prefetch_hint(pf, layer, use);
 }
 
-/* With semantic vectors: the records nearest this iteration's vector vote for every layer. */
+/*
+ * With semantic vectors: the records nearest this iteration's vector vote
+ * for every layer. finemoe+nextlayer plans every layer from that vote: a
+ * later layer's read then starts with the step, l layers before its use,
+ * where the plan made at gate l - d lands late once a read takes about d
+ * layers (tiny-real on this machine); the worth-a-read rule at that lead
+ * keeps it to confident votes, and every gate plans the layer again
+ * (docs/prefetch.md, "Every layer planned at the step's start").
+ */
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
 	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts;
+	bool all = pf->ops == &mp_prefetch_finemoe_nextlayer;
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
@@ -155,7 +165,7 @@ static void begin_semantic(struct mp_prefetch *pf)
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
-		plan_or_hint(pf, l, f->sem_use + (size_t)l * J, score);
+		plan_or_hint(pf, l, f->sem_use + (size_t)l * J, score, all);
 }
 
 static void finemoe_begin(struct mp_prefetch *pf)
@@ -177,7 +187,7 @@ static void finemoe_begin(struct mp_prefetch *pf)
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
 		if (next_pass(pf, NULL, l, pf->it->context, use))
 			return;
-		plan_or_hint(pf, l, use, score);
+		plan_or_hint(pf, l, use, score, false);
 	}
 }
 
