@@ -500,8 +500,9 @@ static void finemoe_plans_the_first_layers_from_the_semantic_vector(void **state
 }
 
 /*
- * Tokens of request 1 whose every layer from d on ops plans exactly at the
- * iteration's begin, from the semantic vector alone (no gate yet).
+ * Tokens of request 1 whose layers d .. 2d - 1 ops plans exactly at the
+ * iteration's begin, from the semantic vector alone (no gate yet), and
+ * none beyond.
  */
 static uint32_t begin_plans_late_layers(const struct mp_prefetch_ops *ops)
 {
@@ -527,7 +528,7 @@ static uint32_t begin_plans_late_layers(const struct mp_prefetch_ops *ops)
 
 				assert_int_equal(mp_trace_route(t, r, tok, l, &truth, &tw), 0);
 				collect(&pf, l, got, &n);
-				all &= same_set(got, n, truth, 2);
+				all &= l < 6 ? same_set(got, n, truth, 2) : !n;
 			}
 			exact += r == 1 && all;
 			for (uint32_t l = 0; l < 8; l++) {
@@ -545,8 +546,8 @@ static uint32_t begin_plans_late_layers(const struct mp_prefetch_ops *ops)
 	return exact;
 }
 
-/* finemoe+nextlayer plans every layer at the begin (read ahead by its lead); finemoe hints them. */
-static void finemoe_nextlayer_plans_every_layer_from_the_semantic_vector(void **state)
+/* finemoe+nextlayer plans layers d .. 2d - 1 at the begin too; finemoe hints them. */
+static void finemoe_nextlayer_plans_later_layers_from_the_semantic_vector(void **state)
 {
 	(void)state;
 	assert_int_equal(begin_plans_late_layers(&mp_prefetch_finemoe_nextlayer), 40);
@@ -1451,7 +1452,7 @@ int main(void)
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
 		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_within_reach),
-		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_from_the_semantic_vector),
+		cmocka_unit_test(finemoe_nextlayer_plans_later_layers_from_the_semantic_vector),
 		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
