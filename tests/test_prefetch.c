@@ -436,12 +436,34 @@ static void interleaved_requests_keep_their_own_trajectories(void **state)
 }
 
 /*
+ * Whether what ops planned or hinted for layer l at the begin matches the
+ * truth: the first d = 3 planned exactly; with late, layers d .. 2d - 1
+ * planned exactly and none beyond, else the later layers' true pair has
+ * the two highest hints (with semantic vectors).
+ */
+static bool begin_layer_ok(const struct mp_prefetch *pf, uint32_t l, const uint32_t *truth,
+			   bool sem, bool late)
+{
+	uint32_t got[16], n, hi = 0;
+
+	collect(pf, l, got, &n);
+	if (l < 3)
+		return same_set(got, n, truth, 2);
+	if (late)
+		return l < 6 ? same_set(got, n, truth, 2) : !n;
+	for (uint32_t j = 0; j < 16; j++)
+		hi += pf->it->hint_p[l * 16 + j] > fmaxf(pf->it->hint_p[l * 16 + truth[0]],
+							   pf->it->hint_p[l * 16 + truth[1]]);
+	return !sem || hi == 0;
+}
+
+/*
  * Tokens whose trajectory nothing before them predicts, but their semantic
  * vector does: with it finemoe plans the first d layers exactly before any
  * gate, and hints the later ones; without it (the previous map as context)
- * it cannot.
+ * it cannot. Counts request 1's tokens whose every layer begin_layer_ok().
  */
-static uint32_t begin_exact(uint32_t sem_dim)
+static uint32_t begin_exact_of(const struct mp_prefetch_ops *ops, uint32_t sem_dim, bool late)
 {
 	struct mk m = { 8, 16, 2, 2, 40, pick_hashed3 };
 	struct mp_trace *t = make_trace(&m);
@@ -451,7 +473,7 @@ static uint32_t begin_exact(uint32_t sem_dim)
 	uint32_t exact = 0;
 	float sem[3];
 
-	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+	assert_int_equal(mp_prefetch_init(&pf, ops, &env), 0);
 	for (uint32_t r = 0; r < 2; r++) {
 		for (uint32_t tok = 0; tok < 40; tok++) {
 			bool all = true;
@@ -461,20 +483,9 @@ static uint32_t begin_exact(uint32_t sem_dim)
 			for (uint32_t l = 0; r == 1 && l < 8; l++) {
 				const uint32_t *truth;
 				const float *tw;
-				uint32_t got[16], n, hi = 0;
 
 				assert_int_equal(mp_trace_route(t, r, tok, l, &truth, &tw), 0);
-				if (l < 3) {
-					collect(&pf, l, got, &n);
-					all &= same_set(got, n, truth, 2);
-					continue;
-				}
-				/* Later layers: the true pair has the two highest hints. */
-				for (uint32_t j = 0; j < 16; j++)
-					hi += pf.it->hint_p[l * 16 + j] >
-					      fmaxf(pf.it->hint_p[l * 16 + truth[0]],
-						    pf.it->hint_p[l * 16 + truth[1]]);
-				all &= !sem_dim || hi == 0;
+				all &= begin_layer_ok(&pf, l, truth, sem_dim, late);
 			}
 			exact += r == 1 && all;
 			for (uint32_t l = 0; l < 8; l++) {
@@ -495,8 +506,16 @@ static uint32_t begin_exact(uint32_t sem_dim)
 static void finemoe_plans_the_first_layers_from_the_semantic_vector(void **state)
 {
 	(void)state;
-	assert_int_equal(begin_exact(3), 40);
-	assert_true(begin_exact(0) < 40);
+	assert_int_equal(begin_exact_of(&mp_prefetch_finemoe, 3, false), 40);
+	assert_true(begin_exact_of(&mp_prefetch_finemoe, 0, false) < 40);
+}
+
+/* finemoe+nextlayer plans layers d .. 2d - 1 at the begin too; finemoe hints them. */
+static void finemoe_nextlayer_plans_later_layers_from_the_semantic_vector(void **state)
+{
+	(void)state;
+	assert_int_equal(begin_exact_of(&mp_prefetch_finemoe_nextlayer, 3, true), 40);
+	assert_int_equal(begin_exact_of(&mp_prefetch_finemoe, 3, true), 0);
 }
 
 static void finemoe_with_an_empty_store_stays_on_demand(void **state)
@@ -1397,6 +1416,7 @@ int main(void)
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
 		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_within_reach),
+		cmocka_unit_test(finemoe_nextlayer_plans_later_layers_from_the_semantic_vector),
 		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),

@@ -130,24 +130,36 @@ static int next_pass(struct mp_prefetch *pf, struct mp_emap_query *q, uint32_t l
 }
 
 /*
- * At an iteration's start the first d layers are planned, the others hinted
- * (the trajectory search refines them as the gates come).
+ * At an iteration's start the first d layers are planned (the first 2d with
+ * wide), the others hinted (the trajectory search refines them as the gates
+ * come).
  */
-static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *use, float score)
+static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+			 bool wide)
 {
-	if (layer < pf->env.distance)
+	if (layer < pf->env.distance * (wide ? 2 : 1))
 		mp_prefetch_plan_use(pf, layer, use, score, -1);
 	else
 		mp_prefetch_hint(pf, layer, use);
 }
 
-/* With semantic vectors: the records nearest this iteration's vector vote for every layer. */
+/*
+ * With semantic vectors: the records nearest this iteration's vector vote
+ * for every layer. finemoe+nextlayer also plans layers d .. 2d - 1 from
+ * that vote: their reads then start with the step, l layers before use,
+ * where the plan made at gate l - d lands late once a read takes about d
+ * layers (tiny-real on this machine); the worth-a-read rule at that lead
+ * keeps it to confident votes, and the gates plan them again. Layers
+ * further on are reached by gates d layers ahead (docs/prefetch.md, "Later
+ * layers planned at the step's start").
+ */
 static void begin_semantic(struct mp_prefetch *pf)
 {
 	struct finemoe *f = pf->priv;
 	struct mp_emap *m = emap_of(pf);
 	struct finemoe_req *q = pf->it->priv;
 	const uint32_t J = pf->env.experts;
+	bool wide = pf->ops == &mp_prefetch_finemoe_nextlayer;
 	float score;
 
 	/* No vector, or no record shares anything with it: nothing to go on, demand only. */
@@ -155,7 +167,7 @@ static void begin_semantic(struct mp_prefetch *pf)
 	    !(score > 0))
 		return;
 	for (uint32_t l = 0; l < pf->env.layers; l++)
-		plan_or_hint(pf, l, f->sem_use + (size_t)l * J, score);
+		plan_or_hint(pf, l, f->sem_use + (size_t)l * J, score, wide);
 }
 
 static void finemoe_begin(struct mp_prefetch *pf)
@@ -177,7 +189,7 @@ static void finemoe_begin(struct mp_prefetch *pf)
 	for (uint32_t l = 0; l < pf->env.layers; l++) {
 		if (next_pass(pf, NULL, l, pf->it->context, use))
 			return;
-		plan_or_hint(pf, l, use, score);
+		plan_or_hint(pf, l, use, score, false);
 	}
 }
 
