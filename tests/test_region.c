@@ -550,83 +550,6 @@ static void map_onto_stray_pages_loses_the_slot(void **state)
 	munmap(src, 4096);
 }
 
-/* Where chunk j of a slot is parked in the pool. */
-static char *spot_of(const struct mp_region *r, uint32_t slot, uint32_t j)
-{
-	int cls = j < r->nfull ? CLS_FULL : CLS_TAIL;
-	uint32_t spot = r->slot_spots[(uint64_t)slot * r->nchunks + j];
-
-	return r->cls[cls].base + (uint64_t)spot * r->cls[cls].size;
-}
-
-/* Discards slot 0 and checks that none of its pages is left, in the range or its spots. */
-static void discard_releases_everything(struct owner *o, char *spot0, char *spot1)
-{
-	struct mp_region_mem a, b;
-
-	mp_region_mem(o->r, &a);
-	assert_int_equal(mp_region_slot_discard(o->r, 0), 0);
-	mp_region_mem(o->r, &b);
-	assert_int_equal(b.spare_bytes, a.spare_bytes);
-	assert_int_equal(b.populated_bytes, a.populated_bytes - DATA);
-	assert_int_equal(mp_region_pages_present(mp_region_slot_addr(o->r, 0), SLOT), 0);
-	assert_int_equal(mp_region_pages_present(spot0, 2u << 20), 0);
-	assert_int_equal(mp_region_pages_present(spot1, 1u << 20), 0);
-}
-
-/*
- * Linux 6.18's move_pages() keeps a step's EAGAIN while it retries the same
- * address, so a move can put pages in place without counting them and end
- * with EEXIST (docs/region.md). Done by hand here: a page of a mapped slot's
- * tail already in its spot. The unmap loses the slot rather than roll back
- * into a range with a hole over a spot that holds a page (every later unmap
- * would fail on it), and the discard gives all its chunks back.
- */
-static void unmap_onto_a_spot_holding_pages_loses_the_slot(void **state)
-{
-	struct owner *o = *state;
-	char *range = mp_region_slot_addr(o->r, 0);
-	struct uffdio_move m = { .len = 4096 };
-	char *spot0, *spot1;
-
-	prepare(o, 0);
-	spot0 = spot_of(o->r, 0, 0);
-	spot1 = spot_of(o->r, 0, 1);
-	assert_int_equal(check_slot(o->r, 0), 0);
-	m.src = (uintptr_t)(range + (2u << 20) + 65536);
-	m.dst = (uintptr_t)(spot1 + 65536);
-	assert_int_equal(ioctl(o->r->pool_uffd, UFFDIO_MOVE, &m), 0);
-	t_log_reset();
-	assert_int_equal(mp_region_slot_unmap(o->r, 0), -EFAULT);
-	assert_true(t_log_contains("chunk 1's spot already holds pages"));
-	assert_true(t_log_contains("slot data lost"));
-	discard_releases_everything(o, spot0, spot1);
-}
-
-/*
- * The other direction of such a move: its uncounted pages went into the
- * range, where the application's zap (the PTE change the kernel retried
- * on) freed them, and the map finds the spot without them (ENOENT). Freed,
- * the chunks would be spares with a hole that every later read into them
- * fails on: the slot is lost and its chunks released.
- */
-static void map_from_a_spot_lacking_pages_loses_the_slot(void **state)
-{
-	struct owner *o = *state;
-	char *spot0, *spot1;
-
-	prepare(o, 0);
-	atomic_store(&o->held[0], false);
-	spot0 = spot_of(o->r, 0, 0);
-	spot1 = spot_of(o->r, 0, 1);
-	assert_int_equal(madvise(spot1 + 65536, 4096, MADV_DONTNEED), 0);
-	t_log_reset();
-	assert_int_equal(mp_region_slot_map(o->r, 0), -EFAULT);
-	assert_true(t_log_contains("chunk 1's spot lacks pages"));
-	assert_true(t_log_contains("slot data lost"));
-	discard_releases_everything(o, spot0, spot1);
-}
-
 static void outcomes_are_classified_in_one_table(void **state)
 {
 	(void)state;
@@ -760,8 +683,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test(poison_over_mapped_pages_skips_them_eexist),
 		cmocka_unit_test(move_onto_mapped_page_is_classified_present),
 		cmocka_unit_test(map_onto_stray_pages_loses_the_slot),
-		cmocka_unit_test(unmap_onto_a_spot_holding_pages_loses_the_slot),
-		cmocka_unit_test(map_from_a_spot_lacking_pages_loses_the_slot),
 		cmocka_unit_test(outcomes_are_classified_in_one_table),
 		cmocka_unit_test(application_zap_is_reported_as_remove),
 		cmocka_unit_test(slot_operations_check_their_state),

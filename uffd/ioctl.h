@@ -36,9 +36,7 @@ bool mp_uffd_retry(struct mp_region *r, int err, int tries);
 /*
  * UFFDIO_MOVE of [src, src+len) to dst on fd (the destination's), riding
  * over partial progress and transient failures. Returns 0 or a negative
- * errno; *moved (may be NULL) gets the bytes moved either way, as the
- * kernel reports them: after -EEXIST, pages past it may have moved too
- * (Linux 6.18, docs/region.md), so callers treat the destination as suspect.
+ * errno; *moved (may be NULL) gets the bytes moved either way.
  */
 int mp_uffd_move(struct mp_region *r, int fd, char *dst, char *src, uint64_t len,
 		 uint64_t mode, uint64_t *moved);

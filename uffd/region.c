@@ -593,19 +593,6 @@ int mp_region_slot_map(struct mp_region *r, uint32_t slot)
 					r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes),
 					(unsigned long long)(r->data_bytes / PAGE));
 		}
-		if (err == -ENOENT) {
-			/*
-			 * A spot lacks pages of the slot's data: a move that did
-			 * more than it said put them in the range, where the
-			 * application's zap (the PTE change that made the kernel
-			 * retry) freed them. Freed, the spots would be spares
-			 * with holes, which every later read into them fails on.
-			 */
-			atomic_store(&r->slot_mem[slot], SLOT_MAPPED);
-			return rlog_err(r, -EFAULT, "slot %u: UFFDIO_MOVE into the range: %s: "
-					"chunk %u's spot lacks pages; slot data lost", slot,
-					strerror(-err), fail.chunk);
-		}
 		if (err != -EAGAIN)
 			rlog_err(r, err, "slot %u: UFFDIO_MOVE into the range: %s (%s)", slot,
 				 strerror(-err), mp_uffd_outcome_name(mp_uffd_classify(-err)));
@@ -628,18 +615,6 @@ int mp_region_slot_unmap(struct mp_region *r, uint32_t slot)
 		if (mp_uffd_classify(-err) == MP_UFFD_GONE)
 			return rlog_err(r, -EFAULT, "slot %u: unmap: pages missing from the range "
 					"(zapped behind the pager's back): slot data lost", slot);
-		/*
-		 * The spots of a mapped slot wait empty: a page there is one a
-		 * move put there without counting it (Linux 6.18 keeps a step's
-		 * EAGAIN while it retries the address: docs/region.md). A
-		 * rollback would leave holes in the range over spots that hold
-		 * pages, and every later unmap would fail on them: lost instead,
-		 * and the caller's discard zaps both sides.
-		 */
-		if (mp_uffd_classify(-err) == MP_UFFD_PRESENT)
-			return rlog_err(r, -EFAULT, "slot %u: unmap: chunk %u's spot already holds "
-					"pages (a move that did more than it said): slot data lost",
-					slot, fail.chunk);
 		back = move_rollback(r, slot, false, &fail);
 		/* Whoever faulted on a chunk that moved out and back must not wait. */
 		mp_uffd_wake(r, r->base + (uint64_t)slot * r->slot_bytes, r->data_bytes);

@@ -131,9 +131,8 @@ int mp_region_slot_iov(struct mp_region *r, uint32_t slot, struct iovec *iov);
 int mp_region_slot_map(struct mp_region *r, uint32_t slot);
 /*
  * mapped -> held: moves the pages back into the slot's chunks. Returns 0,
- * -EBUSY (pages pinned: still mapped and whole), or -EFAULT (pages missing
- * from the range, or already in a spot: the slot's data is lost, see
- * mp_region_slot_discard()).
+ * -EBUSY (pages pinned: still mapped and whole), or -EFAULT (pages missing:
+ * the slot's data is lost, see mp_region_slot_discard()).
  */
 int mp_region_slot_unmap(struct mp_region *r, uint32_t slot);
 /* held -> empty: the chunks become spare (kept for recycling). */
