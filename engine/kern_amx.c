@@ -118,9 +118,9 @@ static inline struct pf pf_start(const char *wr, size_t rs)
 	return p;
 }
 
-static inline TARGET void pf_step(struct pf *p, size_t rs, uint32_t m)
+static inline TARGET void pf_step(struct pf *p, size_t rs)
 {
-	for (uint32_t r = 0; r < m; r++)
+	for (uint32_t r = 0; r < 16; r++)
 		_mm_prefetch(p->blk + r * rs + p->off, _MM_HINT_T1);
 	p->off += 64;
 	if (p->off >= rs) {
@@ -146,7 +146,7 @@ static TARGET void name(const char *w, size_t rs, uint32_t m, uint32_t cols,		\
 	_tile_zero(TC);									\
 	for (; c + 32 <= cols; c += 32) {						\
 		if (pf)									\
-			pf_step(pf, rs, 16);						\
+			pf_step(pf, rs);						\
 		_tile_loadd(TA, w + (size_t)c * 2, rs);					\
 		_tile_loadd(TB, xg + (size_t)c / 2 * ng, ng * 4);			\
 		_tile_dpbf16ps(TC, TA, TB);						\
