@@ -899,6 +899,8 @@ static void *loop(void *arg)
 		cg.valid = out.cpu1;
 		s->t_step_end = out.t1;
 		settle(s, run, nrun, &out);
+		if (!out.ndone)
+			continue;	/* the lock kept: most steps end no request */
 		pthread_mutex_unlock(&s->lock);
 		for (uint32_t i = 0; i < out.ndone; i++)
 			finish(s, out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);

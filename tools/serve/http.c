@@ -124,6 +124,7 @@ struct http_server {
 	 */
 	uint64_t tick_ns, steps, tick_step;
 	bool tick_due;
+	bool step_hands;		/* on_token() handed a stream this step */
 	int efd;			/* the HTTP thread's wake-up: handed streams, stop */
 	int ep;				/* the HTTP thread's epoll: efd and libmicrohttpd's */
 	pthread_t thread;
@@ -385,7 +386,11 @@ static int on_token(void *arg, uint32_t tok)
 		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
-	wake = q->stream && flush_due(q) && unpark(q) && hand(q, c, !q->h->per_step);
+	wake = false;
+	if (q->stream && flush_due(q) && unpark(q)) {
+		wake = hand(q, c, !q->h->per_step);
+		q->h->step_hands = true;
+	}
 	pthread_mutex_unlock(&q->lock);
 	if (wake)
 		wake_loop(q->h);
@@ -407,6 +412,10 @@ static void wake_step(void *arg)
 		h->tick_ns = now_ns();	/* this step's tokens went */
 	h->tick_due = false;
 	h->steps++;
+	/* Nothing this step's tokens handed: no lock (the HTTP thread's too) to take. */
+	if (!h->step_hands)
+		return;
+	h->step_hands = false;
 	pthread_mutex_lock(&h->lock);
 	write_it = h->wake && !h->handed;
 	h->handed |= write_it;
