@@ -140,6 +140,25 @@ post '{"prompt": "Q: what", "max_tokens": 60, "temperature": 0, "stop": [" the",
 check "a stop string ends the text before it" \
 	test "$(json "$T/body" "j['choices'][0]['finish_reason'] == 'stop' and ' the' not in j['choices'][0]['text'] and '.' not in j['choices'][0]['text']")" = True
 
+# The text of a request without stop strings is made on the HTTP thread (its ids kept by
+# the scheduler's), that of one with stop strings on the scheduler's thread (a stop ends
+# it there): a one-byte stop string that never comes holds nothing back, so both streams
+# have the same events, byte for byte, and the plain answer the same text.
+for k in nostop stop; do
+	extra=''
+	[[ $k == stop ]] && extra=', "stop": "\u0001"'
+	curl -sN "$URL/v1/completions" -d "{\"prompt\": \"The meaning of life is\", \"max_tokens\": 48, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true$extra}" |
+		sed 's/"created":[0-9]*/"created":0/g; s/"id":"[^"]*"/"id":""/g' >"$T/$k.sse"
+	post "{\"prompt\": \"The meaning of life is\", \"max_tokens\": 48, \"temperature\": 0, \"ignore_eos\": true$extra}" >/dev/null
+	json "$T/body" "j['choices'][0]['text']" >"$T/$k.text"
+done
+check "a stream without stop strings (text made on the HTTP thread) has $(grep -c '^data: {' "$T/nostop.sse") events, those of one with a stop string that never comes" \
+	cmp "$T/nostop.sse" "$T/stop.sse"
+check "the plain answers with and without that stop string have the same text" \
+	cmp "$T/nostop.text" "$T/stop.text"
+check "the stream's text is the plain answer's" \
+	test "$("$PY" -c 'import json,sys; print("".join(json.loads(l[6:])["choices"][0]["text"] for l in open(sys.argv[1]) if l.startswith("data: {")))' "$T/nostop.sse")" = "$(cat "$T/nostop.text")"
+
 # Requests decoded together give what each gives alone (greedy).
 for i in 0 1 2 3; do
 	post "{\"prompt\": \"Fortune $i says\", \"max_tokens\": 30, \"temperature\": 0, \"ignore_eos\": true}" >/dev/null

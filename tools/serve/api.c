@@ -317,7 +317,6 @@ int api_parse_threads(const char *body, size_t len, uint32_t *threads, struct ap
  * Generated text
  */
 
-static int add_id(struct textgen *g, uint32_t id);
 static int decode_new(struct textgen *g);
 
 int textgen_init(struct textgen *g, const struct mp_tokenizer *tok, const char *const *stop,
@@ -335,7 +334,7 @@ int textgen_init(struct textgen *g, const struct mp_tokenizer *tok, const char *
 			g->hold = strlen(stop[i]) - 1;
 	if (prefix == UINT32_MAX || !tok)
 		return 0;
-	err = add_id(g, prefix);
+	err = ids_append(&g->ids, &g->n, &g->cap, prefix);
 	if (!err)
 		err = decode_new(g);
 	g->start = g->emitted = g->len;
@@ -450,18 +449,18 @@ static bool find_stop(struct textgen *g, size_t from)
 	return true;
 }
 
-static int add_id(struct textgen *g, uint32_t id)
+int ids_append(uint32_t **ids, uint32_t *n, uint32_t *cap, uint32_t id)
 {
-	if (g->n == g->cap) {
-		uint32_t cap = g->cap ? 2 * g->cap : 64;
-		uint32_t *ids = realloc(g->ids, cap * sizeof(*ids));
+	if (*n == *cap) {
+		uint32_t c = *cap ? 2 * *cap : 64;
+		uint32_t *p = realloc(*ids, c * sizeof(*p));
 
-		if (!ids)
+		if (!p)
 			return -ENOMEM;
-		g->ids = ids;
-		g->cap = cap;
+		*ids = p;
+		*cap = c;
 	}
-	g->ids[g->n++] = id;
+	(*ids)[(*n)++] = id;
 	return 0;
 }
 
@@ -475,7 +474,7 @@ int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dle
 	*dlen = 0;
 	if (g->stopped)
 		return 1;
-	err = add_id(g, id);
+	err = ids_append(&g->ids, &g->n, &g->cap, id);
 	/* Without a tokenizer there is no text, only the ids. */
 	if (!err && !g->tok)
 		return 0;

@@ -114,6 +114,8 @@ void textgen_fini(struct textgen *g);
  * (the caller stops the request), or -ENOMEM.
  */
 int textgen_push(struct textgen *g, uint32_t id, const char **delta, size_t *dlen);
+/* Appends id to a growing array (*n of *cap, doubled from 64). 0, or -ENOMEM. */
+int ids_append(uint32_t **ids, uint32_t *n, uint32_t *cap, uint32_t id);
 /* At the end: the text held back (none after a stop string ended it). */
 void textgen_flush(struct textgen *g, const char **delta, size_t *dlen);
 

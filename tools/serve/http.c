@@ -95,6 +95,14 @@ struct req {
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
 	bool flushed;			/* stream: its first token has gone */
+	/*
+	 * defer: no stop strings, so on_token() only keeps the ids (pend) and
+	 * the HTTP thread makes their text and events (push_deferred()).
+	 * text_over: the text has ended (out of memory), the request stops.
+	 */
+	bool defer, text_over;
+	uint32_t *pend;
+	uint32_t npend, pend_cap;
 };
 
 struct http_server {
@@ -252,6 +260,7 @@ static void req_unref(struct req *q)
 	sb_free(&q->out);
 	textgen_fini(&q->tg);
 	free(q->sse_prefix);
+	free(q->pend);
 	api_request_free(&q->api);
 	pthread_mutex_destroy(&q->lock);
 	free(q);
@@ -364,27 +373,69 @@ static bool flush_due(struct req *q)
 	return h->tick_due;
 }
 
-static int on_token(void *arg, uint32_t tok)
+/*
+ * A token into the text and, for a stream, its event in q->out (none when
+ * it gave no text yet). Returns 1 when the text has ended (a stop string, or
+ * out of memory: the text ends there rather than lose a piece), else 0.
+ * q->lock held.
+ */
+static int push_token(struct req *q, uint32_t tok)
 {
-	struct req *q = arg;
-	struct MHD_Connection *c;
 	const char *delta = NULL;
 	size_t len = 0;
-	bool wake;
 	int stop = 0;
 
-	pthread_mutex_lock(&q->lock);
-	c = q->c;
-	q->tokens++;
 	/* The end-of-sequence token ends the text; it is not part of it. */
 	if (tok != q->m->eos || q->api.ignore_eos)
 		stop = textgen_push(&q->tg, tok, &delta, &len);
-	if (stop < 0)
-		stop = 1;		/* out of memory: end it rather than lose text */
+	if (stop < 0) {
+		stop = 1;
+		q->text_over = true;
+	}
 	if (q->stream && (len || !q->m->tok)) {
 		/* A model without a tokenizer streams its token ids; text not UTF-8 is dropped. */
 		api_chunk_add(&q->out, q->sse_prefix, delta, len, q->m->tok ? NULL : &tok, 1);
 	}
+	return stop;
+}
+
+/*
+ * The HTTP thread: the text and events of the tokens on_token() deferred,
+ * in their order, so the bytes are those it would have made itself. After
+ * the text has ended (out of memory) the rest is dropped; on_token() stops
+ * the request at its next token. q->lock held.
+ */
+static void push_deferred(struct req *q)
+{
+	for (uint32_t i = 0; i < q->npend && !q->text_over; i++)
+		push_token(q, q->pend[i]);
+	q->npend = 0;
+}
+
+/*
+ * A request without stop strings only keeps the id (defer): its text and
+ * events are made by the HTTP thread when it sends them (push_deferred()),
+ * off this thread, whose time is taken from every step, and several steps'
+ * tokens in one go. With stop strings the text is made here: a stop string
+ * ends the request at the token that completes it.
+ */
+static int on_token(void *arg, uint32_t tok)
+{
+	struct req *q = arg;
+	struct MHD_Connection *c;
+	bool wake;
+	int stop;
+
+	pthread_mutex_lock(&q->lock);
+	c = q->c;
+	q->tokens++;
+	if (q->text_over)
+		stop = 1;
+	else if (q->defer)
+		/* Out of memory: end it, its text whole. */
+		stop = ids_append(&q->pend, &q->npend, &q->pend_cap, tok) ? 1 : 0;
+	else
+		stop = push_token(q, tok);
 	/* A stream's reader waits for bytes; a whole answer waits for on_done(). */
 	wake = false;
 	if (q->stream && flush_due(q) && unpark(q)) {
@@ -463,6 +514,7 @@ static void finish_body(struct req *q)
 	if (q->ended || !q->finished || q->why == MP_FINISH_CANCELLED)
 		return;
 	q->ended = true;
+	push_deferred(q);
 	textgen_flush(&q->tg, &rest, &len);
 	if (!q->stream) {
 		s = api_completion_json(q->cmpl_id, q->created, q->m->name,
@@ -583,6 +635,7 @@ static int check_and_submit(struct req *q, struct api_error *e)
 	pthread_mutex_lock(&q->lock);
 	q->refs++;		/* the scheduler's, until done */
 	q->stream = q->api.stream;
+	q->defer = !q->api.nstop;
 	q->submitted = true;
 	pthread_mutex_unlock(&q->lock);
 	err = q->h->b->ops->submit(q->h->b, q->m, ids, n, &p, &cb, &q->id);
@@ -610,6 +663,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 	(void)pos;
 	pthread_mutex_lock(&q->lock);
+	push_deferred(q);
 	finish_body(q);
 	if (q->out.len) {
 		n = max < q->out.len ? max : q->out.len;
