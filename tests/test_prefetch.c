@@ -764,6 +764,87 @@ static void finemoe_nextlayer_plans_every_layer_within_reach(void **state)
 }
 
 /*
+ * One iteration of finemoe+nextlayer routing every layer to ids, with the
+ * same speculative gates at each; the spec_want it left after each gate
+ * goes into wants[layer] (wants may be NULL).
+ */
+static void la_iteration(struct mp_prefetch *pf, uint32_t tok, const uint32_t *ids,
+			 const float *spec, uint32_t *wants)
+{
+	mp_prefetch_begin(pf, 0, tok, NULL);
+	for (uint32_t l = 0; l < pf->env.layers; l++) {
+		assert_int_equal(mp_prefetch_gate(pf, l, ids, NULL, 2, NULL, spec), 0);
+		if (wants)
+			wants[l] = pf->spec_want;
+	}
+	mp_prefetch_end(pf);
+}
+
+/*
+ * finemoe+nextlayer asks for a depth's router lookahead (pf.spec_want) only
+ * while it predicts that depth at least as well as the trajectory vote, and
+ * for every depth at one gate in 8 (its precision stays measured); a row
+ * it did not ask for is not read. Without a trajectory vote (empty store)
+ * it asks for all. A router that is right keeps being asked.
+ */
+static void finemoe_nextlayer_asks_for_the_router_only_where_it_beats_the_trajectory(void **state)
+{
+	struct mp_prefetch_env env = { .layers = 6, .experts = 6, .topk = 2, .distance = 2 };
+	/* Both rows speculate experts 4 and 5; every layer routes to 0 and 1. */
+	const float wrong[12] = { 0.02f, 0.02f, 0.03f, 0.03f, 0.5f, 0.4f,
+				  0.02f, 0.02f, 0.03f, 0.03f, 0.5f, 0.4f };
+	const float right[12] = { 0.5f, 0.4f, 0.03f, 0.03f, 0.02f, 0.02f,
+				  0.5f, 0.4f, 0.03f, 0.03f, 0.02f, 0.02f };
+	const uint32_t ids[2] = { 0, 1 };
+	struct mp_prefetch pf;
+	uint32_t wants[6], got[6], n, gates = 0;
+
+	(void)state;
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe_nextlayer, &env), 0);
+	assert_int_equal(pf.spec_want, UINT32_MAX);
+	assert_true(mp_prefetch_spec_wanted(&pf, 0) && mp_prefetch_spec_wanted(&pf, 1));
+	pf.load_ratio = 0.5f;
+	/* Empty store: the router is all there is, asked at every gate (and 0 of 2 right). */
+	la_iteration(&pf, 0, ids, wrong, wants);
+	for (uint32_t l = 0; l < 5; l++)
+		assert_int_equal(wants[l], UINT32_MAX);
+	/*
+	 * Now the trajectory vote (1/2 before any check) beats the router
+	 * (0 of 10 right one layer ahead: 1/12; 0 of 8 two ahead: 1/10):
+	 * no row asked for, but at every 8th gate that had a vote (gates
+	 * 0..4 of each iteration have a layer ahead; layer 5's plans nothing).
+	 */
+	for (uint32_t tok = 1; tok < 5; tok++) {
+		mp_prefetch_begin(&pf, 0, tok, NULL);
+		for (uint32_t l = 0; l < 6; l++) {
+			bool asked = mp_prefetch_spec_wanted(&pf, 0);
+
+			assert_int_equal(mp_prefetch_gate(&pf, l, ids, NULL, 2, NULL, wrong), 0);
+			/* The unread rows' experts 4 and 5 are never planned. */
+			if (!asked && l < 4) {
+				collect(&pf, l + 2, got, &n);
+				assert_true(same_set(got, n, ids, 2));
+			}
+			if (l == 5)
+				continue;
+			gates++;
+			assert_int_equal(pf.spec_want, gates % 8 ? 0 : UINT32_MAX);
+		}
+		mp_prefetch_end(&pf);
+	}
+	mp_prefetch_fini(&pf);
+
+	/* A router that is right beats the trajectory vote's 1/2: asked at both depths. */
+	assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe_nextlayer, &env), 0);
+	pf.load_ratio = 0.5f;
+	la_iteration(&pf, 0, ids, right, NULL);
+	la_iteration(&pf, 1, ids, right, wants);
+	for (uint32_t l = 0; l < 5; l++)
+		assert_int_equal(wants[l] & 3u, 3u);
+	mp_prefetch_fini(&pf);
+}
+
+/*
  * The eviction hints' miss weights: a layer finemoe predicts less than a
  * read's time before its use costs MP_PREFETCH_MISS_W; without semantic
  * vectors its first layers are predicted a layer earlier. Nothing before
@@ -1416,6 +1497,7 @@ int main(void)
 		cmocka_unit_test(eam_matches_the_request_with_the_same_activation),
 		cmocka_unit_test(nextlayer_speculates_from_the_next_router),
 		cmocka_unit_test(finemoe_nextlayer_plans_every_layer_within_reach),
+		cmocka_unit_test(finemoe_nextlayer_asks_for_the_router_only_where_it_beats_the_trajectory),
 		cmocka_unit_test(finemoe_nextlayer_plans_later_layers_from_the_semantic_vector),
 		cmocka_unit_test(miss_weights_mark_the_layers_no_prefetch_reaches_in_time),
 		cmocka_unit_test(names_are_checked),

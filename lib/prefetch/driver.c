@@ -421,19 +421,27 @@ static void softmax(float *v, uint32_t n)
 		v[j] = (float)(v[j] / sum);
 }
 
+/* Eight floats, one AVX2 register (two SSE ones in the default build). */
+typedef float v8f __attribute__((vector_size(32)));
+
 /*
- * w . x over n floats: eight running sums side by side (what a vector unit
- * does; a logit to about 1e-6, plenty for a top-k), then their total.
+ * w . x over n floats: eight running sums side by side in one vector (a
+ * logit to about 1e-6, plenty for a top-k), then their total.
  */
-static float dot8(const float *restrict w, const float *restrict x, uint32_t n)
+static inline __attribute__((always_inline)) float dot8(const float *restrict w,
+							const float *restrict x, uint32_t n)
 {
-	float part[8] = { 0 };
+	v8f part = { 0 };
 	double acc = 0;
 	uint32_t i = 0;
 
-	for (; i + 8 <= n; i += 8)
-		for (uint32_t t = 0; t < 8; t++)
-			part[t] += w[i + t] * x[i + t];
+	for (; i + 8 <= n; i += 8) {
+		v8f a, b;
+
+		memcpy(&a, w + i, sizeof(a));
+		memcpy(&b, x + i, sizeof(b));
+		part += a * b;
+	}
 	for (; i < n; i++)
 		acc += (double)w[i] * x[i];
 	for (uint32_t t = 0; t < 8; t++)
@@ -442,8 +450,24 @@ static float dot8(const float *restrict w, const float *restrict x, uint32_t n)
 }
 
 /*
+ * out[j] = W's row j . x, J rows of n floats. The AVX2 clone keeps dot8()'s
+ * eight sums in one register instead of two (the same sums in the same
+ * order: the same logits); a router lookahead is mostly this.
+ */
+#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void gemv(const float *restrict W, const float *restrict x, uint32_t J, uint32_t n,
+		 float *restrict out)
+{
+	for (uint32_t j = 0; j < J; j++)
+		out[j] = dot8(W + (size_t)j * n, x, n);
+}
+
+/*
  * The routers of the next pf.spec_rows layers applied to layer's input x,
- * each a softmax (Mixtral-offloading's lookahead, one or more layers deep).
+ * each a softmax (Mixtral-offloading's lookahead, one or more layers deep),
+ * those the policy wants only (pf.spec_want; the others are left unset).
  * x is the residual stream through layer's FFN norm; dividing out its
  * weights and applying a later layer's (folded into d->routers) makes it
  * that layer's norm of the same stream, the rest of its input, as the model
@@ -452,17 +476,22 @@ static float dot8(const float *restrict w, const float *restrict x, uint32_t n)
 static const float *speculate(struct mp_prefetcher *d, uint32_t layer, const float *x)
 {
 	const float *w = d->norms ? d->norms + (size_t)layer * d->hidden : NULL;
+	bool xs = false;
 
 	if (!d->routers || !x || layer + 1 >= d->L)
 		return NULL;
-	for (uint32_t i = 0; i < d->hidden; i++)
-		d->xs[i] = !w ? x[i] : w[i] != 0 ? x[i] / w[i] : 0.0f;
 	for (uint32_t r = 0; r < d->pf.spec_rows && layer + 1 + r < d->L; r++) {
 		const float *W = d->routers + (size_t)(layer + 1 + r) * d->J * d->hidden;
 		float *out = d->spec + (size_t)r * d->J;
 
-		for (uint32_t j = 0; j < d->J; j++)
-			out[j] = dot8(W + (size_t)j * d->hidden, d->xs, d->hidden);
+		if (!mp_prefetch_spec_wanted(&d->pf, r))
+			continue;
+		if (!xs) {
+			for (uint32_t i = 0; i < d->hidden; i++)
+				d->xs[i] = !w ? x[i] : w[i] != 0 ? x[i] / w[i] : 0.0f;
+			xs = true;
+		}
+		gemv(W, d->xs, d->J, d->hidden, out);
 		softmax(out, d->J);
 	}
 	return d->spec;

@@ -21,6 +21,13 @@
 /* finemoe+nextlayer's two predictors of a layer d layers ahead. */
 enum { SRC_ROUTER = 0, SRC_TRAJ, NSRC };
 
+/*
+ * finemoe+nextlayer asks for a depth's router lookahead at every gate
+ * while it predicts at least as well as the trajectory vote there, else at
+ * one gate in SPEC_SAMPLE (all depths), which keeps its precision measured.
+ */
+#define SPEC_SAMPLE 8u
+
 struct finemoe {
 	struct mp_emap *emap;	/* model 0's store (the only one without models) */
 	/* The other models' stores (mp_prefetch_set_model()), made at their first use. */
@@ -33,6 +40,7 @@ struct finemoe {
 	 */
 	double *hits, *total;
 	float *traj_use;	/* [distance][experts] scratch: the trajectory votes */
+	uint64_t gates;		/* finemoe+nextlayer's gates, for SPEC_SAMPLE */
 };
 
 /* A request's own state: its iteration's running similarity to the store's records. */
@@ -284,10 +292,11 @@ static void router_use(const float *spec, uint32_t J, uint32_t K, const uint16_t
 }
 
 /*
- * Layer m = layer + dist: the router's lookahead and the trajectory vote
- * (traj, NULL: none), each weighted by its measured precision this far
- * ahead, as one probability of use; planned (worth-a-read rule) when the
- * layer is within the prefetch distance, and its hints either way.
+ * Layer m = layer + dist: the router's lookahead (spec, NULL: not computed)
+ * and the trajectory vote (traj, NULL: none), each weighted by its measured
+ * precision this far ahead, as one probability of use; planned
+ * (worth-a-read rule) when the layer is within the prefetch distance, and
+ * its hints either way.
  */
 static void plan_ahead(struct mp_prefetch *pf, uint32_t layer, uint32_t dist, const float *spec,
 		       const float *traj, float score)
@@ -297,20 +306,45 @@ static void plan_ahead(struct mp_prefetch *pf, uint32_t layer, uint32_t dist, co
 	const uint32_t J = pf->env.experts, K = pf->env.topk, D = pf->env.distance;
 	const uint32_t m = layer + dist;
 	uint16_t *rtop = top_at(pf, q, m, dist, SRC_ROUTER);
-	float use[MP_MAX_EXPERTS], r = precision(f, D, SRC_ROUTER, dist), e, best = r;
+	float use[MP_MAX_EXPERTS], r = 0, e;
 
-	top_of(spec, J, K, rtop);
-	q->made[(size_t)m * D + dist - 1] |= 1u << SRC_ROUTER;
-	router_use(spec, J, K, rtop, r, use);
-	if (traj) {
-		top_of(traj, J, K, top_at(pf, q, m, dist, SRC_TRAJ));
-		q->made[(size_t)m * D + dist - 1] |= 1u << SRC_TRAJ;
-		e = precision(f, D, SRC_TRAJ, dist);
-		for (uint32_t j = 0; j < J; j++)
-			use[j] = (r * use[j] + e * traj[j]) / (r + e);
-		best = MP_MAX(r, MP_MIN(score, e));
+	if (spec) {
+		r = precision(f, D, SRC_ROUTER, dist);
+		top_of(spec, J, K, rtop);
+		q->made[(size_t)m * D + dist - 1] |= 1u << SRC_ROUTER;
+		router_use(spec, J, K, rtop, r, use);
 	}
-	mp_prefetch_plan_use(pf, m, use, best, (int32_t)layer);
+	if (!traj) {
+		if (spec)
+			mp_prefetch_plan_use(pf, m, use, r, (int32_t)layer);
+		return;
+	}
+	top_of(traj, J, K, top_at(pf, q, m, dist, SRC_TRAJ));
+	q->made[(size_t)m * D + dist - 1] |= 1u << SRC_TRAJ;
+	e = precision(f, D, SRC_TRAJ, dist);
+	for (uint32_t j = 0; j < J; j++)
+		use[j] = ((spec ? r * use[j] : 0) + e * traj[j]) / (r + e);
+	mp_prefetch_plan_use(pf, m, use, MP_MAX(r, MP_MIN(score, e)), (int32_t)layer);
+}
+
+/*
+ * The depths whose router lookahead the next gate computes: those where it
+ * has predicted at least as well as the trajectory vote (or there was no
+ * vote), and all of them at one gate in SPEC_SAMPLE. On a model whose
+ * routers say little about later layers (random weights, or depths past a
+ * real one's reach) that saves most of the routers' CPU while their
+ * precision stays measured.
+ */
+static uint32_t spec_want(struct finemoe *f, uint32_t D, bool traj)
+{
+	uint32_t want = 0;
+
+	if (!traj || ++f->gates % SPEC_SAMPLE == 0)
+		return UINT32_MAX;
+	for (uint32_t dist = 1; dist <= D && dist <= 32; dist++)
+		if (precision(f, D, SRC_ROUTER, dist) >= precision(f, D, SRC_TRAJ, dist))
+			want |= 1u << (dist - 1);
+	return want;
 }
 
 /*
@@ -339,8 +373,10 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 	traj = m && !mp_emap_predict_traj_n(m, &q->query, pf->it->traj, layer + 1, layer + 1, n,
 				       f->traj_use, &score) && score > 0;
 	for (uint32_t i = 0; i < n; i++)
-		plan_ahead(pf, layer, i + 1, spec + (size_t)i * J,
+		plan_ahead(pf, layer, i + 1,
+			   mp_prefetch_spec_wanted(pf, i) ? spec + (size_t)i * J : NULL,
 			   traj ? f->traj_use + (size_t)i * J : NULL, score);
+	pf->spec_want = spec_want(f, pf->env.distance, traj);
 }
 
 /*

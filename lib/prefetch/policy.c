@@ -114,6 +114,7 @@ int mp_prefetch_init(struct mp_prefetch *pf, const struct mp_prefetch_ops *ops,
 		return mp_err(-EINVAL, "prefetch %s: distance %u above the model's %u layers",
 			      ops->name, pf->env.distance, env->layers);
 	pf->spec_rows = !ops->layer_input ? 0 : ops->deep_input ? pf->env.distance : 1;
+	pf->spec_want = UINT32_MAX;
 	pf->niters = pf->env.requests ? pf->env.requests : 1;
 	pf->iters = calloc(pf->niters, sizeof(*pf->iters));
 	pf->hint_dirty = calloc(env->layers, 1);

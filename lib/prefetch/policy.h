@@ -139,9 +139,24 @@ struct mp_prefetch {
 	float load_ratio;
 	/* Rows of a gate's spec (see ops->gate): 0 for a policy without layer_input. */
 	uint32_t spec_rows;
+	/*
+	 * The rows of the next gate's spec the policy will read (bit i: row
+	 * i; rows from 32 on always): the driver and the simulator compute
+	 * only those and leave the others unset (mp_prefetch_spec_wanted()).
+	 * All at init; a policy may clear bits in its gate() for the next one
+	 * (a router that predicts worse than what it is combined with costs
+	 * the most CPU for the least).
+	 */
+	uint32_t spec_want;
 	uint64_t iterations;
 	uint64_t emitted;
 };
+
+/* Whether the next gate's spec row `row` is computed (pf->spec_want). */
+static inline bool mp_prefetch_spec_wanted(const struct mp_prefetch *pf, uint32_t row)
+{
+	return row >= 32 || (pf->spec_want >> row & 1u);
+}
 
 extern const struct mp_prefetch_ops mp_prefetch_none;
 extern const struct mp_prefetch_ops mp_prefetch_nextlayer;

@@ -230,7 +230,10 @@ static void sim_begin(struct sim *s, uint32_t request, uint32_t tok)
 	s->res->policy_ns += mp_prefetch_cpu_ns() - t0;
 }
 
-/* The speculative gates of the next pf.spec_rows layers at this position, when the policy takes them. */
+/*
+ * The speculative gates of the next pf.spec_rows layers at this position,
+ * when the policy takes them (those it wants: pf.spec_want).
+ */
 static const float *speculate(struct sim *s, uint32_t request, uint32_t tok, uint32_t layer)
 {
 	const struct mp_spec_source *src = &s->cfg->spec;
@@ -238,7 +241,8 @@ static const float *speculate(struct sim *s, uint32_t request, uint32_t tok, uin
 	if (!src->fn || !s->pf.spec_rows || layer + 1 >= s->L || s->err)
 		return NULL;
 	for (uint32_t r = 0; r < s->pf.spec_rows && layer + 1 + r < s->L; r++) {
-		int err = src->fn(src->arg, request, tok, layer, layer + 1 + r,
+		int err = !mp_prefetch_spec_wanted(&s->pf, r) ? 0 :
+			  src->fn(src->arg, request, tok, layer, layer + 1 + r,
 				  s->spec + (size_t)r * s->J);
 
 		if (err) {
