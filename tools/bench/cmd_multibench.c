@@ -36,7 +36,9 @@
 #define HIT_BUCKETS (MP_MAX_TOPK + 1)
 #define N_DIAG 8
 
-enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, S_CONSOL_ONE, N_SETUPS };
+enum setup {
+	S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, S_CONSOL_ONE, N_SETUPS
+};
 
 static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "mixed",
 						   "split", "timeshare", "paged",
@@ -539,7 +541,7 @@ struct plan {
 	char dir[4096];
 };
 
-/* Memory held outside the pager's budget: consolidated and mixed keep the owned experts. */
+/* Memory held outside the pager's budget: consolidated(-one) and mixed keep the owned ones. */
 static uint64_t owned_outside(enum setup s, const struct plan *pl)
 {
 	return s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED ? pl->owned : 0;
@@ -744,7 +746,7 @@ static int make_plan(struct plan *pl)
 		goto out;
 	pl->owned = mp_consolidation_capacity(map) * stride;
 	pl->topk = mp_store_geometry(st[0])->topk;
-	/* Only consolidated and mixed hold the owned experts outside the pager's budget. */
+	/* Only consolidated(-one) and mixed hold the owned experts outside the pager's budget. */
 	held = env.setups[S_CONSOL] || env.setups[S_CONSOL_ONE] || env.setups[S_MIXED];
 	if (pl->budget < stride || (held && pl->budget < pl->owned + stride) ||
 	    (env.setups[S_SPLIT] && pl->budget / env.n < stride)) {
