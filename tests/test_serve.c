@@ -666,6 +666,50 @@ static void grouping_lets_the_active_models_requests_pass_within_its_time(void *
 		assert_int_equal(res[i].n, 6);
 }
 
+/*
+ * switch_wait_seconds counts only a head of another model waiting for the
+ * running batch: B submitted once A's request has ended swaps at once (no
+ * wait); A submitted while B's request holds a step waits for it to end.
+ */
+static void a_switch_wait_counts_a_head_waiting_for_another_models_batch(void **state)
+{
+	struct mp_runner *r = open_runner(&gate_ops, NULL);
+	struct mp_sched_params a = { .max_tokens = 4, .no_eos = true }, b = a;
+	struct mp_sched_config c = { .runner = r, .max_batch = 4, .max_queue = 8,
+				     .prefill_chunk = 5 };
+	static struct result res[4];
+	struct mp_sched_stats st;
+	struct mp_sched *s;
+
+	(void)state;
+	b.model = 1;
+	memset(res, 0, sizeof(res));
+	assert_int_equal(mp_runner_add_model(r, fx.store), 1);
+	assert_int_equal(mp_runner_activate(r, 0), 0);
+	assert_int_equal(mp_sched_open(&c, &s), 0);
+	submit(s, 0, 6, &a, &res[0]);
+	wait_done(&res[0], 1);
+	submit(s, 1, 6, &b, &res[1]);
+	wait_done(&res[1], 1);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.swaps, 1);
+	assert_true(st.switch_wait_seconds == 0);
+	hold(true);
+	submit(s, 2, 6, &b, &res[2]);
+	wait_held();
+	submit(s, 3, 6, &a, &res[3]);
+	hold(false);
+	wait_done(&res[2], 2);
+	assert_true(res[3].first_ns > res[2].done_ns);
+	mp_sched_stats(s, &st);
+	assert_int_equal(st.swaps, 2);
+	assert_true(st.switch_wait_seconds > 0);
+	for (uint32_t i = 0; i < 4; i++)
+		assert_int_equal(res[i].n, 4);
+	mp_sched_close(s);
+	mp_runner_close(r);
+}
+
 static void a_failed_step_fails_its_requests_and_serving_goes_on(void **state)
 {
 	struct mp_runner *r = open_runner(&gate_ops, NULL);
@@ -1087,6 +1131,7 @@ int main(void)
 		cmocka_unit_test(finish_reasons_are_length_eos_and_stop),
 		cmocka_unit_test(kv_budget_holds_and_no_request_is_overtaken),
 		cmocka_unit_test(grouping_lets_the_active_models_requests_pass_within_its_time),
+		cmocka_unit_test(a_switch_wait_counts_a_head_waiting_for_another_models_batch),
 		cmocka_unit_test(a_failed_step_fails_its_requests_and_serving_goes_on),
 		cmocka_unit_test(bad_requests_are_refused_naming_the_field),
 		cmocka_unit_test(sampler_is_greedy_at_zero_and_reproducible_with_a_seed),

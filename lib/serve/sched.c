@@ -45,6 +45,7 @@ struct req {
 	uint64_t kv;			/* KV bytes reserved while it runs */
 	uint64_t seq_kv;		/* cache bytes its sequence touched before (reused) */
 	uint64_t t_submit, t_join, t_first, t_last;
+	uint64_t t_switch;		/* as head, first waited for another model's batch; 0: never */
 	struct req *link;		/* the queue's */
 };
 
@@ -505,9 +506,14 @@ static bool head_model_ready(struct mp_sched *s)
 
 	if (active < 0 || s->qhead->p.model == (uint32_t)active)
 		return true;
-	if (s->nrun)
-		return false;
 	t0 = mp_now_ns();
+	if (s->nrun) {
+		if (!s->qhead->t_switch)
+			s->qhead->t_switch = t0;
+		return false;
+	}
+	if (s->qhead->t_switch)
+		s->st.switch_wait_seconds += seconds(t0 - s->qhead->t_switch);
 	/* A refused swap (no such model) lets it join anyway: its step fails it, nobody hangs. */
 	if (mp_runner_activate(s->r, s->qhead->p.model))
 		return true;

@@ -36,10 +36,13 @@
 #define HIT_BUCKETS (MP_MAX_TOPK + 1)
 #define N_DIAG 8
 
-enum setup { S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, N_SETUPS };
+enum setup {
+	S_SINGLE, S_CONSOL, S_MIXED, S_SPLIT, S_TIMESHARE, S_PAGED, S_CONSOL_ONE, N_SETUPS
+};
 
 static const char *const setup_names[N_SETUPS] = { "single", "consolidated", "mixed",
-						   "split", "timeshare", "paged" };
+						   "split", "timeshare", "paged",
+						   "consolidated-one" };
 
 static struct mb_env {
 	const char *models[MP_CONSOL_MAX_MODELS];
@@ -97,6 +100,8 @@ static const char doc[] =
 	"  paged         consolidated with the owned experts paged under the whole\n"
 	"                budget like the rest (serve --owned-paged): one row serves\n"
 	"                every model at a shared position, memory follows use\n"
+	"  consolidated-one  the consolidated server given the floor's arrivals (every\n"
+	"                request of model 0): its memory without a model switch\n"
 	"\n"
 	"--io-rate caps the file tier's reads (docs/fault-injection.md, read:rate=) at\n"
 	"that many bytes/s per server: the split's servers get 1/N each.\n"
@@ -112,13 +117,14 @@ static const char doc[] =
 	"\n"
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
 	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
-	"mean}, throughput_rpm, saturated, swaps, swap_seconds, grouped, hit_rate,\n"
-	"bytes_file, layer_ms: {passes, attention, moe_by_hits: [{hits, passes, ms}]},\n"
+	"mean}, throughput_rpm, saturated, swaps, swap_seconds, switch_wait_seconds,\n"
+	"grouped, hit_rate, misses_per_token, bytes_file, layer_ms: {passes, attention,\n"
+	"moe_by_hits: [{hits, passes, ms}]},\n"
 	"runs: [{..., diag: {prefetch_issued, prefetch_used, prefetch_wasted,\n"
 	"prefetch_late, evictions, refaults, predicted, hint_unmapped}}]}],\n"
 	"compare: [{rate, consolidated_over_single, paged_over_single, paged_over_split,\n"
 	"mixed_over_single, mixed_over_split, consolidated_over_split,\n"
-	"consolidated_over_timeshare, split_saturated}]}:\n"
+	"consolidated_over_timeshare, consolidated_one_over_single, split_saturated}]}:\n"
 	"medians over the repeats; ratios of turnaround p50 medians. saturated:\n"
 	"throughput below 90 % of the load the arrivals offered (arrival_rpm: the\n"
 	"requests over the time of the last arrival; offered_rpm is the nominal\n"
@@ -152,7 +158,7 @@ static const struct argp_option opts[] = {
 	{ "io-rate", OPT_IO_RATE, "BYTES", 0, "File tier bytes/s per server (default: no cap)",
 	  0 },
 	{ "setups", OPT_SETUPS, "LIST", 0, "Setups to run (default single,consolidated,mixed,"
-	  "split,timeshare,paged)", 0 },
+	  "split,timeshare,paged; consolidated-one only when named)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per setup and rate (default 3)", 0 },
 	{ "max-batch", OPT_MAX_BATCH, "B", 0, "Sequences per batch (default 8)", 0 },
 	{ "threads", OPT_THREADS, "T", 0, "Engine threads per server (default 1)", 0 },
@@ -249,7 +255,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SETUPS:
 		if (parse_setups(arg))
 			argp_error(state, "--setups wants a list of single, consolidated, mixed, "
-				   "split, timeshare, paged");
+				   "split, timeshare, paged, consolidated-one");
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
@@ -336,7 +342,8 @@ struct outcome {
 	double arrival_rpm;		/* the load these arrivals offered: n over the last one */
 	uint32_t completed, failed;
 	uint64_t swaps, grouped, hits, misses, bytes_file;
-	double swap_seconds;
+	uint64_t tokens;		/* run through the model: prompts' and generated */
+	double swap_seconds, switch_wait_seconds;
 	struct mp_runner_layer_times lt;	/* summed over the setup's servers */
 	uint64_t diag[N_DIAG];			/* diag_names[]: the prefetcher's and eviction's */
 };
@@ -534,10 +541,10 @@ struct plan {
 	char dir[4096];
 };
 
-/* Memory held outside the pager's budget: consolidated and mixed keep the owned experts. */
+/* Memory held outside the pager's budget: consolidated(-one) and mixed keep the owned ones. */
 static uint64_t owned_outside(enum setup s, const struct plan *pl)
 {
-	return s == S_CONSOL || s == S_MIXED ? pl->owned : 0;
+	return s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED ? pl->owned : 0;
 }
 
 static void close_servers(struct servers *sv)
@@ -570,7 +577,8 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	c.fault = env.io_rate ? fault : "";
 	snprintf(budget, sizeof(budget), "%llu", (unsigned long long)(
 		s == S_SPLIT ? pl->budget / env.n : pl->budget - owned_outside(s, pl)));
-	if (s == S_CONSOL || s == S_MIXED || s == S_TIMESHARE || s == S_PAGED) {
+	if (s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED || s == S_TIMESHARE ||
+	    s == S_PAGED) {
 		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
 		c.mixed = s == S_MIXED;
 		c.timeshare = s == S_TIMESHARE;
@@ -617,6 +625,8 @@ static void collect(struct servers *sv, struct outcome *o, int sign)
 		o->swaps += (uint64_t)sign * st.sched.swaps;
 		o->grouped += (uint64_t)sign * st.sched.grouped;
 		o->swap_seconds += sign * st.sched.swap_seconds;
+		o->switch_wait_seconds += sign * st.sched.switch_wait_seconds;
+		o->tokens += (uint64_t)sign * (st.sched.tokens + st.sched.prompt_tokens);
 		/* Per routed expert of a token, as the pager counts: owned ones are hits. */
 		o->hits += (uint64_t)sign * (st.pager.hits + st.multi.owned_routes);
 		o->misses += (uint64_t)sign * st.pager.misses;
@@ -636,6 +646,8 @@ static void add_counters(struct outcome *o, const struct outcome *w)
 	o->swaps += w->swaps;
 	o->grouped += w->grouped;
 	o->swap_seconds += w->swap_seconds;
+	o->switch_wait_seconds += w->switch_wait_seconds;
+	o->tokens += w->tokens;
 	o->hits += w->hits;
 	o->misses += w->misses;
 	o->bytes_file += w->bytes_file;
@@ -685,7 +697,7 @@ static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t re
 
 	if (!reqs)
 		return -ENOMEM;
-	n = make_arrivals(reqs, rate, s == S_SINGLE, env.seed + rep, pr->n);
+	n = make_arrivals(reqs, rate, s == S_SINGLE || s == S_CONSOL_ONE, env.seed + rep, pr->n);
 	err = open_setup(s, pl, &sv);
 	if (err) {
 		fprintf(stderr, "moepager bench-multi: %s: cannot open: %s (%s)\n",
@@ -734,8 +746,8 @@ static int make_plan(struct plan *pl)
 		goto out;
 	pl->owned = mp_consolidation_capacity(map) * stride;
 	pl->topk = mp_store_geometry(st[0])->topk;
-	/* Only consolidated and mixed hold the owned experts outside the pager's budget. */
-	held = env.setups[S_CONSOL] || env.setups[S_MIXED];
+	/* Only consolidated(-one) and mixed hold the owned experts outside the pager's budget. */
+	held = env.setups[S_CONSOL] || env.setups[S_CONSOL_ONE] || env.setups[S_MIXED];
 	if (pl->budget < stride || (held && pl->budget < pl->owned + stride) ||
 	    (env.setups[S_SPLIT] && pl->budget / env.n < stride)) {
 		fprintf(stderr, "moepager bench-multi: --budget %s (%llu bytes) must hold the map's "
@@ -870,16 +882,18 @@ static json_t *diag_json(const struct outcome *o)
 
 static json_t *run_json(const struct outcome *o)
 {
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:I, s:I, "
-			 "s:I, s:I, s:o}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:I, s:f, s:f, s:I, "
+			 "s:I, s:I, s:I, s:I, s:o}",
 			 "ttft_p50", o->ttft_p50, "ttft_p90", o->ttft_p90, "turnaround_p50",
 			 o->turn_p50, "turnaround_p90", o->turn_p90, "turnaround_mean",
 			 o->turn_mean, "throughput_rpm", o->rpm, "arrival_rpm", o->arrival_rpm,
 			 "wall_s", o->wall, "completed",
 			 (int)o->completed, "failed", (int)o->failed, "swaps",
-			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds, "grouped",
+			 (json_int_t)o->swaps, "swap_seconds", o->swap_seconds,
+			 "switch_wait_seconds", o->switch_wait_seconds, "grouped",
 			 (json_int_t)o->grouped, "hits",
-			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "bytes_file",
+			 (json_int_t)o->hits, "misses", (json_int_t)o->misses, "tokens",
+			 (json_int_t)o->tokens, "bytes_file",
 			 (json_int_t)o->bytes_file, "diag", diag_json(o));
 }
 
@@ -914,26 +928,32 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 	json_t *runs = json_array();
 	double offered = rate * env.n * 60, rpm = MED(o, n, rpm);
 	double arrived = MED(o, n, arrival_rpm);
-	double hits = 0, uses = 0, swaps[MAX_REPEAT], grouped[MAX_REPEAT], bytes[MAX_REPEAT];
+	double hits = 0, uses = 0, misses = 0, tokens = 0;
+	double swaps[MAX_REPEAT], grouped[MAX_REPEAT], bytes[MAX_REPEAT];
 
 	for (uint32_t i = 0; i < n; i++) {
 		json_array_append_new(runs, run_json(&o[i]));
 		hits += (double)o[i].hits;
 		uses += (double)(o[i].hits + o[i].misses);
+		misses += (double)o[i].misses;
+		tokens += (double)o[i].tokens;
 		swaps[i] = (double)o[i].swaps;
 		grouped[i] = (double)o[i].grouped;
 		bytes[i] = (double)o[i].bytes_file;
 	}
 	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
-			 "s:f, s:f, s:f, s:f, s:o, s:o, s:I}",
+			 "s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:I}",
 			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
 			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
 			 "mean", MED(o, n, turn_mean), "throughput_rpm", rpm, "saturated",
 			 rpm < 0.9 * arrived, "swaps", cli_median(swaps, n), "swap_seconds",
-			 MED(o, n, swap_seconds), "grouped", cli_median(grouped, n), "hit_rate",
-			 uses > 0 ? hits / uses : 0.0,
+			 MED(o, n, swap_seconds), "switch_wait_seconds",
+			 MED(o, n, switch_wait_seconds), "grouped", cli_median(grouped, n),
+			 "hit_rate", uses > 0 ? hits / uses : 0.0,
+			 /* Experts read from the file tier per token the model ran. */
+			 "misses_per_token", tokens > 0 ? misses / tokens : 0.0,
 			 "bytes_file", cli_median(bytes, n), "layer_ms",
 			 layers_json(o, n, pl->topk), "runs", runs, "owned_bytes",
 			 (json_int_t)owned_outside(s, pl));
@@ -983,7 +1003,7 @@ static json_t *compare_json(json_t *results)
 		}
 		split = find_row(results, setup_names[S_SPLIT], rate);
 		json_array_append_new(compare, json_pack(
-			"{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "rate", rate,
+			"{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "rate", rate,
 			"consolidated_over_single", ratio(t[S_CONSOL], t[S_SINGLE]),
 			"paged_over_single", ratio(t[S_PAGED], t[S_SINGLE]),
 			"paged_over_split", ratio(t[S_PAGED], t[S_SPLIT]),
@@ -991,6 +1011,7 @@ static json_t *compare_json(json_t *results)
 			"mixed_over_split", ratio(t[S_MIXED], t[S_SPLIT]),
 			"consolidated_over_split", ratio(t[S_CONSOL], t[S_SPLIT]),
 			"consolidated_over_timeshare", ratio(t[S_CONSOL], t[S_TIMESHARE]),
+			"consolidated_one_over_single", ratio(t[S_CONSOL_ONE], t[S_SINGLE]),
 			"split_saturated", split ? json_incref(json_object_get(split, "saturated")) :
 						   json_null()));
 	}
@@ -1098,8 +1119,9 @@ int cmd_multibench(int argc, char **argv)
 	env.seed = 1;
 	env.timeout = 300;
 	parse_rates("0.5,1,2");
+	/* consolidated-one is a diagnosis, not one of issue 17's setups: named only. */
 	for (int i = 0; i < N_SETUPS; i++)
-		env.setups[i] = true;
+		env.setups[i] = i != S_CONSOL_ONE;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL) || !results)
 		return 1;
 	if (env.nmerge) {

@@ -126,6 +126,9 @@ void metrics_sched(struct strbuf *o, const char *name, const struct mp_sched_sta
 	    (double)s->swaps);
 	one(o, "moepager_model_swap_seconds_total", "counter", "Time spent swapping them.",
 	    model, s->swap_seconds);
+	one(o, "moepager_model_switch_wait_seconds_total", "counter",
+	    "Time heads of another model waited for the running batch to end before a swap.",
+	    model, s->switch_wait_seconds);
 	one(o, "moepager_model_grouped_total", "counter",
 	    "Requests that passed an older head of another model (--group-ms).", model,
 	    (double)s->grouped);

@@ -206,7 +206,11 @@ struct mp_sched_stats {
 	uint64_t grouped;		/* requests that joined ahead of an older head (group_ns) */
 	uint64_t gathers;		/* waits of an empty batch for a burst (gather_ns) */
 	double gather_seconds;		/* spent in them (part of their requests' TTFT) */
-	MP_RESERVED(1);
+	/*
+	 * Swapping runner: time heads of another model waited for the running
+	 * batch to end before their swap (the queueing FIFO model switches add).
+	 */
+	double switch_wait_seconds;
 };
 
 /* A snapshot of the counters. */
