@@ -98,6 +98,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	const struct argp_option *o;
 	uint32_t *field;
+	char name[32];
 
 	switch (key) {
 	case 'p':
@@ -108,7 +109,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case 's':
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case 'q':
 		env.quiet = true;
@@ -118,20 +119,20 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_VARIANT:
 		if (cli_parse_u32("--variant", arg, 1, UINT32_MAX, &env.variant))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SPREAD:
 		if (cli_parse_double("--spread", arg, 1e-6, 1, &env.spread))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.set_spread = true;
 		break;
 	case OPT_DTYPE:
 		if (mp_dtype_parse(arg, &env.dtype))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.set_dtype = true;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.out)
@@ -146,9 +147,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		/* the option's name for the message; the table ends with an all-zero entry */
 		for (o = opts; o->key != key && (o->name || o->doc); o++)
 			;
+		snprintf(name, sizeof(name), "--%s", o->name ? o->name : "geometry");
 		/* the range check proper is mp_geometry_check(); this only rejects non-numbers */
-		if (cli_parse_u32(o->name ? o->name : "geometry", arg, 0, UINT32_MAX, field))
-			argp_usage(state);
+		if (cli_parse_u32(name, arg, 0, UINT32_MAX, field))
+			cli_usage_error(state);
 		env.set[key - OPT_LAYERS] = true;
 		break;
 	}
@@ -186,8 +188,7 @@ int cmd_gen(int argc, char **argv)
 		return err;
 	err = mp_gen_preset(env.preset, &g);
 	if (err) {
-		fprintf(stderr, "moepager gen: %s\n", mp_last_error());
-		return err;
+		return cli_fail(err, "--preset %s", env.preset);
 	}
 	apply_overrides(&g);
 	t0 = cli_now_ns();
@@ -196,9 +197,7 @@ int cmd_gen(int argc, char **argv)
 			     cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
 	if (err) {
-		fprintf(stderr, "moepager gen: %s: %s (%s)\n", env.out, strerror(-err),
-			mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.out);
 	}
 	ns = cli_now_ns() - t0;
 	if (!env.quiet) {

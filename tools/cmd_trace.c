@@ -125,7 +125,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'p':
 		if (cli_parse_u32("--pid", arg, 1, INT32_MAX, &v))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.pid = (int)v;
 		break;
 	case 'o':
@@ -142,22 +142,22 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_RANGE:
 		if (parse_range(arg))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_LIB:
 		env.lib = arg;
 		break;
 	case OPT_LAYERS:
 		if (cli_parse_u32("--layers", arg, 1, 1024, &env.layers))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_EXPERTS:
 		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_DURATION:
 		if (cli_parse_u64("--duration", arg, 1, 86400 * 365, &d))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.duration_ms = d * 1000;
 		break;
 	case OPT_EXPORT:
@@ -406,7 +406,7 @@ static int record(void)
 	o.keep_pins = env.keep;
 	err = mp_traj_open(&o, &t);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	info.pid = (uint32_t)env.pid;
@@ -417,12 +417,12 @@ static int record(void)
 	info.start_unix_ns = cli_clock_ns(CLOCK_REALTIME);
 	err = mp_traj_writer_create(env.out, &info, &rc.w);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	err = mp_traj_start(t);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (mp_traj_pin_dir(t))
@@ -464,7 +464,7 @@ static int record(void)
 		if (err == -EINTR)
 			break;
 		if (err < 0) {
-			fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+			cli_fail(err, NULL);
 			goto cleanup;
 		}
 		now = cli_clock_ns(CLOCK_MONOTONIC);
@@ -482,7 +482,7 @@ static int record(void)
 	while ((err = mp_traj_poll(t, 0, on_record, &rc)) > 0)
 		;
 	if (err < 0 && err != -EINTR) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (env.top)
@@ -493,13 +493,13 @@ static int record(void)
 	mp_traj_writer_set_dropped(rc.w, st.dropped);
 	err = rc.err;
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	err = mp_traj_writer_finish(rc.w);
 	rc.w = NULL;
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (child) {
@@ -562,10 +562,8 @@ int cmd_trace(int argc, char **argv)
 		return err;
 	if (env.export_path) {
 		n = mp_traj_export_moe_trace(env.export_path, env.experts, stdout);
-		if (n < 0) {
-			fprintf(stderr, "moepager trace: %s\n", mp_last_error());
-			return (int)n;
-		}
+		if (n < 0)
+			return cli_fail((int)n, "%s", env.export_path);
 		return 0;
 	}
 	return record();
