@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <moepager.h>
@@ -202,10 +203,14 @@ int cmd_gen(int argc, char **argv)
 	ns = cli_now_ns() - t0;
 	if (!env.quiet) {
 		uint64_t data = (uint64_t)g.layers * g.experts * mp_geometry_expert_bytes(&g);
+		struct stat sb = { 0 };
 
-		printf("%s: %u layers x %u experts, %s, %.2f GB of experts in %.2f s "
-		       "(%.0f MB/s of experts)\n", env.out, g.layers, g.experts,
-		       mp_dtype_name(g.dtype), data / 1e9, ns / 1e9, data / 1e6 / (ns / 1e9));
+		/* Experts start on 2 MiB boundaries: small ones leave holes, so say both sizes. */
+		stat(env.out, &sb);
+		printf("%s: %u layers x %u experts, %s, %.1f MB of experts in %.2f s "
+		       "(%.0f MB/s of experts); file %.1f MB, %.1f MB on disk\n", env.out,
+		       g.layers, g.experts, mp_dtype_name(g.dtype), data / 1e6, ns / 1e9,
+		       data / 1e6 / (ns / 1e9), sb.st_size / 1e6, sb.st_blocks * 512 / 1e6);
 	}
 	return 0;
 }
