@@ -311,6 +311,14 @@ static json_int_t jint(json_t *o, const char *key)
 	return json_integer_value(v);
 }
 
+/* A model of the Mixtral traces' geometry (8 experts, top-2), small: 24 KiB bf16 experts. */
+static void gen_mixtral_shaped(const char *path, int layers)
+{
+	assert_int_equal(run("%s gen --preset tiny --layers %d --experts 8 --topk 2 --hidden 64 "
+			     "--ffn 64 --vocab 256 --dtype bf16 --out %s", moepager, layers, path),
+			 0);
+}
+
 /*
  * moepager run replays request 1 of the Mixtral trace on a model of the same
  * geometry: the recorded decode routes are the trace's, row for row, and the
@@ -330,9 +338,7 @@ static void trace_of_moepager_run_equals_the_replayed_trace(void **state)
 	snprintf(model, sizeof(model), "%s", t_path("mix.mpk"));
 	snprintf(traj, sizeof(traj), "%s", t_path("run.mptraj"));
 	snprintf(runjson, sizeof(runjson), "%s", t_path("run.json"));
-	assert_int_equal(run("%s gen --preset tiny --layers %d --experts 8 --topk 2 --hidden 64 "
-			     "--ffn 64 --vocab 256 --dtype bf16 --out %s", moepager, LAYERS, model),
-			 0);
+	gen_mixtral_shaped(model, LAYERS);
 	require_recorded(run("%s trace --json --keep --out %s -- sh -c 'exec %s run --model %s "
 			     "--trace %s --request 1 --prompt-tokens %d --warmup %d --tokens %d "
 			     "--threads 1 --json >%s'", moepager, traj, moepager, model, mixtral,
@@ -429,9 +435,7 @@ static void trace_of_a_paged_run_counts_its_faults_and_evictions(void **state)
 	snprintf(model, sizeof(model), "%s", t_path("paged.mpk"));
 	snprintf(traj, sizeof(traj), "%s", t_path("paged.mptraj"));
 	snprintf(runjson, sizeof(runjson), "%s", t_path("paged.json"));
-	assert_int_equal(run("%s gen --preset tiny --layers %d --experts 8 --topk 2 --hidden 64 "
-			     "--ffn 64 --vocab 256 --dtype bf16 --out %s", moepager, LAYERS, model),
-			 0);
+	gen_mixtral_shaped(model, LAYERS);
 	/* Resolved by faults: experts this small are otherwise read on the asking thread. */
 	require_recorded(run("%s trace --json --out %s -- sh -c 'MOEPAGER_RESOLVE=fault exec %s "
 			     "run --model %s --budget 30%% --trace %s --request 1 --prompt-tokens %d "
@@ -454,6 +458,51 @@ static void trace_of_a_paged_run_counts_its_faults_and_evictions(void **state)
 	assert_true(c.pgfault > 0);
 	assert_int_equal(c.pgfault, jint(tr, "page_faults"));
 	assert_int_equal(c.pgfault_outside, 0);
+	/* Every demand fault followed the engine's page fault on its expert. */
+	assert_int_equal(jint(tr, "caller_faults"), 0);
+	json_decref(rj);
+	json_decref(tr);
+}
+
+/*
+ * The same paged run with the pager's own choice of who resolves a miss:
+ * these experts are below 2 MiB, so the engine thread asking for one reads
+ * it and no page fault happens in the range (page_faults 0 with the
+ * page-fault program attached); the trace says each demand fault was
+ * resolved so (caller_faults). `trace --json -- CMD` prints one object on
+ * stdout, the command's own stdout (the run's JSON) going to stderr.
+ */
+static void trace_json_of_a_run_resolving_on_the_asking_thread(void **state)
+{
+	enum { PROMPT = 4, DECODE = 20, LAYERS = 32 };
+	char model[512], traj[512], *run_line;
+	json_error_t jerr;
+	json_t *rj, *tr;
+
+	(void)state;
+	snprintf(model, sizeof(model), "%s", t_path("caller.mpk"));
+	snprintf(traj, sizeof(traj), "%s", t_path("caller.mptraj"));
+	gen_mixtral_shaped(model, LAYERS);
+	require_recorded(run("env -u MOEPAGER_RESOLVE %s trace --json --out %s -- %s run "
+			     "--model %s --budget 30%% --trace %s --request 1 --prompt-tokens %d "
+			     "--tokens %d --threads 1 --json", moepager, traj, moepager, model,
+			     mixtral, PROMPT, DECODE));
+	/* Strict: one object and nothing after it (jansson refuses trailing data). */
+	tr = json_loads(slurp(t_path("out.txt")), 0, &jerr);
+	if (!tr)
+		fail_msg("trace --json stdout is not one JSON object (%s): %s", jerr.text,
+			 slurp(t_path("out.txt")));
+	run_line = strstr(slurp(t_path("err.txt")), "{\"model\"");
+	assert_non_null(run_line);
+	rj = json_loads(run_line, JSON_DISABLE_EOF_CHECK, &jerr);
+	assert_non_null(rj);
+	assert_string_equal(json_string_value(json_object_get(rj, "mode")), "paged");
+	assert_int_equal(jint(tr, "routes"), (PROMPT + DECODE) * LAYERS);
+	assert_true(json_is_true(json_object_get(tr, "pgfault")));
+	assert_true(jint(rj, "demand_faults") > 0);
+	assert_true(jint(tr, "faults") >= jint(rj, "demand_faults"));
+	assert_int_equal(jint(tr, "page_faults"), 0);
+	assert_int_equal(jint(tr, "caller_faults"), jint(tr, "faults"));
 	json_decref(rj);
 	json_decref(tr);
 }
@@ -755,6 +804,7 @@ int main(void)
 		cmocka_unit_test_teardown(trace_of_moepager_run_equals_the_replayed_trace,
 					  remove_kept_pins),
 		cmocka_unit_test(trace_of_a_paged_run_counts_its_faults_and_evictions),
+		cmocka_unit_test(trace_json_of_a_run_resolving_on_the_asking_thread),
 		cmocka_unit_test(bpftrace_one_liner_counts_routes),
 		cmocka_unit_test(trace_pid_attributes_faults_of_a_pager_opened_before),
 		cmocka_unit_test(trace_pid_attributes_faults_of_a_pager_opened_after),

@@ -7,7 +7,10 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sysexits.h>
 #include <string.h>
 #include <time.h>
 #include <sys/prctl.h>
@@ -18,21 +21,83 @@
 
 #include "cli.h"
 
+/*
+ * What the tool says about itself and the library's error lines it printed:
+ * process-wide, as the library's log handler is (lines come from threads
+ * the tool does not own), set once by the dispatcher before a command runs.
+ */
+static struct cli_log {
+	const char *prog;		/* "moepager run" */
+	bool debug;			/* MOEPAGER_DEBUG: every level */
+	atomic_uint errors;		/* library error lines printed */
+	atomic_uint reported;		/* errors when cli_fail() last ran */
+} cli_log = { .prog = "moepager" };
+
 static void log_to_stderr(enum mp_log_level level, const char *msg, void *arg)
 {
-	bool debug = arg != NULL;
-	static const char *const tags[] = { "error", "warning", "info", "debug" };
+	static const char *const tags[] = { "", "warning: ", "info: ", "debug: " };
 
-	if (level > MP_LOG_WARN && !debug)
+	(void)arg;
+	if (level > MP_LOG_WARN && !cli_log.debug)
 		return;
-	fprintf(stderr, "moepager: %s: %s\n", tags[level], msg);
+	/* The library's message names what failed and where: it is the error line. */
+	fprintf(stderr, "%s: %s%s\n", cli_log.prog, tags[level], msg);
+	if (level == MP_LOG_ERROR)
+		atomic_fetch_add(&cli_log.errors, 1);
 }
 
-void cli_install_log_handler(void)
+void cli_install_log_handler(const char *prog)
 {
 	const char *d = getenv("MOEPAGER_DEBUG");
 
-	mp_set_log_handler(log_to_stderr, (d && *d && *d != '0') ? (void *)1 : NULL);
+	cli_log.prog = prog;
+	cli_log.debug = d && *d && *d != '0';
+	mp_set_log_handler(log_to_stderr, NULL);
+}
+
+const char *cli_prog(void)
+{
+	return cli_log.prog;
+}
+
+int cli_fail(int err, const char *fmt, ...)
+{
+	unsigned now = atomic_load(&cli_log.errors);
+	va_list ap;
+
+	/* An error line (the library's, or the tool's) since the last report said why. */
+	if (atomic_exchange(&cli_log.reported, now) != now)
+		return err;
+	fprintf(stderr, "%s: ", cli_log.prog);
+	if (fmt) {
+		va_start(ap, fmt);
+		vfprintf(stderr, fmt, ap);
+		va_end(ap);
+		fprintf(stderr, ": ");
+	}
+	fprintf(stderr, "%s\n", strerror(err < 0 ? -err : err));
+	/* Counted, so a caller's report of the same failure says nothing more. */
+	atomic_fetch_add(&cli_log.errors, 1);
+	return err;
+}
+
+int cli_error(int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", cli_log.prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	atomic_fetch_add(&cli_log.errors, 1);
+	return err;
+}
+
+void cli_usage_error(const struct argp_state *state)
+{
+	argp_state_help(state, stderr, ARGP_HELP_SEE | ARGP_HELP_EXIT_ERR);
+	exit(EX_USAGE);	/* argp_state_help exits unless ARGP_NO_EXIT */
 }
 
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -43,8 +108,8 @@ int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint
 	errno = 0;
 	v = strtoull(s, &end, 0);
 	if (errno || end == s || *end || *s == '-' || v < lo || v > hi) {
-		fprintf(stderr, "moepager: %s: '%s' is not a number in [%llu, %llu]\n", opt, s,
-			(unsigned long long)lo, (unsigned long long)hi);
+		cli_error(0, "%s: '%s' is not a number in [%llu, %llu]", opt, s,
+			  (unsigned long long)lo, (unsigned long long)hi);
 		return -EINVAL;
 	}
 	*out = v;
@@ -158,7 +223,7 @@ int cli_parse_double(const char *opt, const char *s, double lo, double hi, doubl
 	errno = 0;
 	v = strtod(s, &end);
 	if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-		fprintf(stderr, "moepager: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
+		cli_error(0, "%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
 		return -EINVAL;
 	}
 	*out = v;
@@ -191,7 +256,7 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out)
 	*out = (uint64_t)v << shift;
 	return 0;
 bad:
-	fprintf(stderr, "moepager: %s: '%s' is not a size (e.g. 4096, 512M, 8G)\n", opt, s);
+	cli_error(0, "%s: '%s' is not a size (e.g. 4096, 512M, 8G)", opt, s);
 	return -EINVAL;
 }
 
@@ -200,12 +265,12 @@ int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char 
 	switch (key) {
 	case ARGP_KEY_ARG:
 		if (*path)
-			argp_usage(state);
+			argp_error(state, "one FILE only: '%s' is a second", arg);
 		*path = arg;
 		return 0;
 	case ARGP_KEY_END:
 		if (!*path)
-			argp_usage(state);
+			argp_error(state, "FILE is missing");
 		return 0;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -234,7 +299,7 @@ static error_t parse_engine_opt(int key, char *arg, struct argp_state *state)
 		return 0;
 	case OPT_THREADS:
 		if (cli_parse_u32("--threads", arg, 1, 1024, &o->threads))
-			argp_usage(state);
+			cli_usage_error(state);
 		return 0;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -348,7 +413,7 @@ int cli_read_file(const char *path, char **buf, size_t *len)
 
 	if (!f) {
 		err = -errno;
-		fprintf(stderr, "moepager: %s: %s\n", path, strerror(errno));
+		cli_error(0, "%s: %s", path, strerror(errno));
 		return err;
 	}
 	do {
@@ -356,7 +421,7 @@ int cli_read_file(const char *path, char **buf, size_t *len)
 			nb = realloc(b, cap *= 2);
 			if (!nb) {
 				err = -ENOMEM;
-				fprintf(stderr, "moepager: %s: out of memory\n", path);
+				cli_error(0, "%s: out of memory", path);
 				goto close_file;
 			}
 			b = nb;
@@ -366,7 +431,7 @@ int cli_read_file(const char *path, char **buf, size_t *len)
 	} while (got);
 	if (ferror(f)) {
 		err = -EIO;
-		fprintf(stderr, "moepager: %s: read error\n", path);
+		cli_error(0, "%s: read error", path);
 		goto close_file;
 	}
 	b[n] = '\0';
@@ -412,7 +477,7 @@ int cli_parse_pages(const char *opt, const char *s, int *out)
 			return 0;
 		}
 	}
-	fprintf(stderr, "moepager: %s %s: small, thp or hugetlb\n", opt, s);
+	cli_error(0, "%s %s: small, thp or hugetlb", opt, s);
 	return -EINVAL;
 }
 

@@ -43,8 +43,33 @@ int cmd_bench_coe(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 
-/* Routes library log lines to stderr (errors and warnings; all with MOEPAGER_DEBUG=1). */
-void cli_install_log_handler(void);
+/*
+ * Routes library log lines to stderr: errors as "PROG: MSG", warnings as
+ * "PROG: warning: MSG" (every level with MOEPAGER_DEBUG=1). prog names the
+ * command as typed ("moepager run") and prefixes every line the tool says.
+ */
+void cli_install_log_handler(const char *prog);
+/* That prefix: "moepager run" ("moepager" before a command runs). */
+const char *cli_prog(void);
+
+/*
+ * Reports a failed call once, returning err. The library prints its own
+ * error line when it fails (naming what and where); if it printed one since
+ * the last report, that line is the report and nothing more is said.
+ * Otherwise prints "PROG: FMT...: strerror(-err)" (fmt NULL: "PROG: strerror"),
+ * which counts as such a line: the callers up the stack may each report the
+ * failure, and it is said once.
+ */
+int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The tool's own error line, "PROG: FMT...", counted as cli_fail() counts it. Returns err. */
+int cli_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * In an argp parser, after a bad option value was said (cli_parse_*): the
+ * "Try `PROG --help'" hint, and exit 64 (EX_USAGE) as argp_error() does.
+ */
+struct argp_state;
+__attribute__((noreturn)) void cli_usage_error(const struct argp_state *state);
 
 /*
  * This binary as a child, `moepager ARGS...` (args NULL-ended, at most 30),
@@ -67,7 +92,8 @@ int cli_child_stop(pid_t pid);
 
 /*
  * Parses a number with strtoull+errno: the whole string must be a number
- * in [lo, hi]. Returns 0 or -EINVAL (and prints which option was bad).
+ * in [lo, hi]. Returns 0 or -EINVAL (and prints which option was bad); in an
+ * argp parser, follow a failure with cli_usage_error().
  */
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
@@ -90,10 +116,10 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 /*
  * The positional-argument part of an argp parser for commands that take
  * exactly one FILE: stores it in *path, refuses a second one and a missing
- * one. Other keys return ARGP_ERR_UNKNOWN, so a parser ends with
+ * one (argp_error: one line naming which, exit 64). Other keys return
+ * ARGP_ERR_UNKNOWN, so a parser ends with
  * `default: return cli_parse_one_path(key, arg, state, &env.path);`.
  */
-struct argp_state;
 int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path);
 
 /* --engine NAME and --threads N, for every command that runs the engine. */

@@ -89,6 +89,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case ARGP_KEY_END:
 		if (!env.n_args)
 			argp_error(state, "which action: pack, merge, gen or info?");
+		if (strcmp(env.args[0], "pack") && strcmp(env.args[0], "merge") &&
+		    strcmp(env.args[0], "gen") && strcmp(env.args[0], "info"))
+			argp_error(state, "unknown action '%s' (pack, merge, gen, info)",
+				   env.args[0]);
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -116,8 +120,7 @@ static const char *name_or_default(char *buf, size_t len)
 
 static int fail(const char *what, int err)
 {
-	fprintf(stderr, "moepager adapter: %s: %s (%s)\n", what, strerror(-err), mp_last_error());
-	return err;
+	return cli_fail(err, "%s", what);
 }
 
 static int need(uint32_t files, bool out, const char *usage)
@@ -368,7 +371,5 @@ int cmd_adapter(int argc, char **argv)
 	for (size_t i = 0; i < sizeof(actions) / sizeof(actions[0]); i++)
 		if (!strcmp(env.args[0], actions[i].name))
 			return actions[i].run();
-	fprintf(stderr, "moepager adapter: unknown action '%s' (pack, merge, gen, info)\n",
-		env.args[0]);
-	return -EINVAL;
+	return -EINVAL;	/* not reached: parse_arg() refused any other action */
 }

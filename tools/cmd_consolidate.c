@@ -383,9 +383,7 @@ static void print_text(const char *map, const struct mp_consolidation *c,
 
 static int fail(const char *what, int err)
 {
-	fprintf(stderr, "moepager consolidate: %s: %s (%s)\n", what, strerror(-err),
-		mp_last_error());
-	return err;
+	return cli_fail(err, "%s", what);
 }
 
 static void close_models(struct mp_store **models)

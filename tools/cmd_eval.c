@@ -111,11 +111,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_WINDOW:
 		if (cli_parse_u32("--window", arg, 2, MP_MAX_SEQ, &env.window))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_WINDOWS:
 		if (cli_parse_u32("--max-windows", arg, 1, UINT32_MAX, &env.max_windows))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_JSON:
 		env.json = true;
@@ -124,7 +124,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.n_models)
@@ -192,9 +192,8 @@ static int read_tokens(uint32_t i, struct mp_store *s, uint32_t **ids, size_t *n
 		err = text_encode_fortunes(tok, env.files[i], ids, n, &texts);
 	mp_tokenizer_close(tok);
 	if (!err && *n < env.window) {
-		fprintf(stderr, "moepager eval: %s: %zu tokens do not fill one window of %u\n",
-			env.files[i], *n, env.window);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "%s: %zu tokens do not fill one window of %u",
+				env.files[i], *n, env.window);
 	}
 	return err;
 }
@@ -383,7 +382,7 @@ int cmd_eval(int argc, char **argv)
 	if (!err)
 		goto cleanup;
 fail:
-	fprintf(stderr, "moepager eval: %s\n", mp_last_error());
+	cli_fail(err, NULL);
 cleanup:
 	mp_engine_close(engine);
 	for (uint32_t i = 0; i < env.n_models; i++)

@@ -63,8 +63,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_DTYPE:
 	case OPT_DENSE_DTYPE:
 		if (mp_dtype_parse(arg, &t))
-			argp_error(state, "%s: %s", key == OPT_DTYPE ? "--dtype" : "--dense-dtype",
-				   mp_last_error());
+			cli_usage_error(state);	/* the library said which type is unknown */
 		*(key == OPT_DTYPE ? &env.dtype : &env.dense_dtype) = (int)t;
 		break;
 	case OPT_ALIGNMENT:
@@ -190,8 +189,7 @@ int cmd_export(int argc, char **argv)
 		return err;
 	err = mp_store_open(env.model, &s);
 	if (err) {
-		fprintf(stderr, "moepager export: %s\n", mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.model);
 	}
 	cfg.dtype = env.dtype;
 	cfg.dense_dtype = env.dense_dtype;
@@ -204,7 +202,7 @@ int cmd_export(int argc, char **argv)
 	err = mp_gguf_export(s, env.out, &cfg);
 	cli_progress_end();
 	if (err)
-		fprintf(stderr, "moepager export: %s\n", mp_last_error());
+		cli_fail(err, "%s", env.out);
 	else if (!env.quiet)
 		summary(s, &cfg, cli_now_ns() - t0);
 close_store:

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <moepager.h>
@@ -98,6 +99,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	const struct argp_option *o;
 	uint32_t *field;
+	char name[32];
 
 	switch (key) {
 	case 'p':
@@ -108,7 +110,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case 's':
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case 'q':
 		env.quiet = true;
@@ -118,20 +120,20 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_VARIANT:
 		if (cli_parse_u32("--variant", arg, 1, UINT32_MAX, &env.variant))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SPREAD:
 		if (cli_parse_double("--spread", arg, 1e-6, 1, &env.spread))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.set_spread = true;
 		break;
 	case OPT_DTYPE:
 		if (mp_dtype_parse(arg, &env.dtype))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.set_dtype = true;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.out)
@@ -146,9 +148,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		/* the option's name for the message; the table ends with an all-zero entry */
 		for (o = opts; o->key != key && (o->name || o->doc); o++)
 			;
+		snprintf(name, sizeof(name), "--%s", o->name ? o->name : "geometry");
 		/* the range check proper is mp_geometry_check(); this only rejects non-numbers */
-		if (cli_parse_u32(o->name ? o->name : "geometry", arg, 0, UINT32_MAX, field))
-			argp_usage(state);
+		if (cli_parse_u32(name, arg, 0, UINT32_MAX, field))
+			cli_usage_error(state);
 		env.set[key - OPT_LAYERS] = true;
 		break;
 	}
@@ -186,8 +189,7 @@ int cmd_gen(int argc, char **argv)
 		return err;
 	err = mp_gen_preset(env.preset, &g);
 	if (err) {
-		fprintf(stderr, "moepager gen: %s\n", mp_last_error());
-		return err;
+		return cli_fail(err, "--preset %s", env.preset);
 	}
 	apply_overrides(&g);
 	t0 = cli_now_ns();
@@ -196,17 +198,19 @@ int cmd_gen(int argc, char **argv)
 			     cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
 	if (err) {
-		fprintf(stderr, "moepager gen: %s: %s (%s)\n", env.out, strerror(-err),
-			mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.out);
 	}
 	ns = cli_now_ns() - t0;
 	if (!env.quiet) {
 		uint64_t data = (uint64_t)g.layers * g.experts * mp_geometry_expert_bytes(&g);
+		struct stat sb = { 0 };
 
-		printf("%s: %u layers x %u experts, %s, %.2f GB of experts in %.2f s "
-		       "(%.0f MB/s of experts)\n", env.out, g.layers, g.experts,
-		       mp_dtype_name(g.dtype), data / 1e9, ns / 1e9, data / 1e6 / (ns / 1e9));
+		/* Experts start on 2 MiB boundaries: small ones leave holes, so say both sizes. */
+		stat(env.out, &sb);
+		printf("%s: %u layers x %u experts, %s, %.1f MB of experts in %.2f s "
+		       "(%.0f MB/s of experts); file %.1f MB, %.1f MB on disk\n", env.out,
+		       g.layers, g.experts, mp_dtype_name(g.dtype), data / 1e6, ns / 1e9,
+		       data / 1e6 / (ns / 1e9), sb.st_size / 1e6, sb.st_blocks * 512 / 1e6);
 	}
 	return 0;
 }

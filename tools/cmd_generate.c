@@ -70,7 +70,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case 'n':
 		if (cli_parse_u32("--tokens", arg, 1, MP_MAX_SEQ, &env.tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TEMPERATURE:
 		errno = 0;
@@ -81,11 +81,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TOP_K:
 		if (cli_parse_u32("--top-k", arg, 1, MP_MAX_VOCAB, &env.top_k))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_JSON:
 		env.json = true;
@@ -94,7 +94,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.model)
@@ -273,11 +273,11 @@ int cmd_generate(int argc, char **argv)
 		goto fail;
 	err = print_result(tok, ids, n, prompt_n);
 	if (err)
-		fprintf(stderr, "moepager generate: %s\n", strerror(-err));
+		cli_fail(err, "writing the text");
 	goto cleanup;
 
 fail:
-	fprintf(stderr, "moepager generate: %s\n", mp_last_error());
+	cli_fail(err, NULL);
 cleanup:
 	mp_runner_close(runner);
 	mp_resident_close(resident);

@@ -57,12 +57,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_DTYPE:
 		if (mp_dtype_parse(arg, &t))
-			argp_error(state, "--dtype: %s", mp_last_error());
+			cli_usage_error(state);	/* the library said which type is unknown */
 		env.dtype = (int)t;
 		break;
 	case OPT_MAX_SEQ:
 		if (cli_parse_u32("--max-seq", arg, 1, MP_MAX_SEQ, &env.max_seq))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_NAME:
 		env.name = arg;
@@ -125,8 +125,7 @@ int cmd_import(int argc, char **argv)
 		err = mp_gguf_import(env.src, env.out, &cfg);
 	cli_progress_end();
 	if (err) {
-		fprintf(stderr, "moepager import: %s\n", mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.src);
 	}
 	if (!env.quiet)
 		summary(cli_now_ns() - t0);

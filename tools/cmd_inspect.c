@@ -171,9 +171,7 @@ int cmd_inspect(int argc, char **argv)
 		return err;
 	err = mp_store_open(env.path, &s);
 	if (err) {
-		fprintf(stderr, "moepager inspect: %s: %s (%s)\n", env.path, strerror(-err),
-			mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.path);
 	}
 	if (env.json)
 		err = print_json(s);

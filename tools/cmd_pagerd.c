@@ -90,7 +90,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_SET_NODE:
 		if (cli_parse_u32("--set-node", arg, 0, 1023, &node))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.set_node = (int)node;
 		break;
 	case OPT_SET_BUDGET:
@@ -98,18 +98,18 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_MAX_CLIENTS:
 		if (cli_parse_u32("--max-clients", arg, 1, 1024, &env.max_clients))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PAGES:
 		if (cli_parse_pages("--pages", arg, &pages))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.pages = pages;
 		break;
 	case OPT_JSON:
 		env.json = true;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.model || !env.socket)
@@ -211,8 +211,7 @@ int cmd_pagerd(int argc, char **argv)
 		return err;
 	err = mp_store_open(env.model, &s);
 	if (err) {
-		fprintf(stderr, "moepager pagerd: %s: %s\n", env.model, strerror(-err));
-		return err;
+		return cli_fail(err, "%s", env.model);
 	}
 	if (env.set_node >= 0) {
 		err = set_node(s);
@@ -230,7 +229,7 @@ int cmd_pagerd(int argc, char **argv)
 	cfg.pages = env.pages;
 	err = mp_pagerd_open(s, &cfg, &d);
 	if (err) {
-		/* The library's message is already on stderr (cli_install_log_handler()). */
+		cli_fail(err, "%s", env.socket);
 		mp_store_close(s);
 		return err;
 	}

@@ -132,26 +132,26 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_PROMPT_TOKENS:
 		if (cli_parse_u32("--prompt-tokens", arg, 1, MP_MAX_SEQ, &env.prompt_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case 'n':
 		if (cli_parse_u32("--tokens", arg, 0, MP_MAX_SEQ, &env.tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_WARMUP:
 		if (cli_parse_u32("--warmup", arg, 0, MP_MAX_SEQ, &env.warmup))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_RECORD_ALTERNATE:
 		env.record_alternate = true;
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TRACE:
 		env.trace = arg;
@@ -164,7 +164,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_REQUEST:
 		if (cli_parse_u32("--request", arg, 0, UINT32_MAX, &env.request))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_RESIDENT:
 		env.resident = true;
@@ -205,7 +205,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.model)
@@ -304,8 +304,7 @@ static int dump_logits(struct run *r, uint32_t vocab)
 	if (!r->dump)
 		return 0;
 	if (fwrite(mp_runner_logits(r->runner), sizeof(float), vocab, r->dump) != vocab) {
-		fprintf(stderr, "moepager run: writing %s: %s\n", env.dump_logits, strerror(errno));
-		return -EIO;
+		return cli_fail(-EIO, "writing %s", env.dump_logits);
 	}
 	return 0;
 }
@@ -843,9 +842,8 @@ int cmd_run(int argc, char **argv)
 	}
 	steps = env.warmup + env.tokens;
 	if ((uint64_t)env.prompt_tokens + steps > g->max_seq) {
-		fprintf(stderr, "moepager run: %u prompt tokens + %u decode steps exceed the "
-			"model's max_seq %u\n", env.prompt_tokens, steps, g->max_seq);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "%u prompt tokens + %u decode steps exceed the model's "
+				"max_seq %u", env.prompt_tokens, steps, g->max_seq);
 		goto fail;
 	}
 	ecfg.threads = env.eng.threads;
@@ -877,8 +875,7 @@ int cmd_run(int argc, char **argv)
 	if (env.dump_logits) {
 		r.dump = fopen(env.dump_logits, "wb");
 		if (!r.dump) {
-			err = -errno;
-			fprintf(stderr, "moepager run: %s: %s\n", env.dump_logits, strerror(errno));
+			err = cli_fail(-errno, "%s", env.dump_logits);
 			goto fail;
 		}
 	}
@@ -907,8 +904,7 @@ int cmd_run(int argc, char **argv)
 	return 0;
 
 fail:
-	/* The library's message is already on stderr (cli_install_log_handler()). */
-	fprintf(stderr, "moepager run: %s\n", strerror(-err));
+	cli_fail(err, NULL);
 	free(res.rep);
 	close_run(&r);
 	return err;

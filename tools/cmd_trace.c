@@ -55,9 +55,14 @@ static const char doc[] =
 	"CAP_PERFMON).\n"
 	"\n"
 	"--export FILE prints a trajectory file's routes as moe-trace v1 on stdout.\n"
-	"--json prints one object: {\"pid\", \"source\", \"out\", \"records\", \"routes\",\n"
-	"\"page_faults\", \"faults\", \"prefetches\", \"evictions\", \"dropped\", \"bad_args\",\n"
+	"--json prints one object on stdout (a started command's stdout goes to stderr):\n"
+	"{\"pid\", \"source\", \"out\", \"records\", \"routes\", \"page_faults\", \"faults\",\n"
+	"\"caller_faults\", \"prefetches\", \"evictions\", \"dropped\", \"bad_args\",\n"
 	"\"probes_attached\", \"pgfault\", \"pin_dir\", \"seconds\", \"exit_status\"}.\n"
+	"page_faults counts the user page faults in expert ranges; faults the pager's demand\n"
+	"faults (fault_done), of which caller_faults had no page fault before them: the\n"
+	"pager resolves experts below 2 MiB on the thread that asks for them, so the engine\n"
+	"never faults on them (MOEPAGER_RESOLVE=fault makes it; docs/region.md).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager trace --out run.mptraj -- moepager run --model m.mpk --trace t.csv\n"
@@ -125,7 +130,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'p':
 		if (cli_parse_u32("--pid", arg, 1, INT32_MAX, &v))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.pid = (int)v;
 		break;
 	case 'o':
@@ -142,22 +147,22 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_RANGE:
 		if (parse_range(arg))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_LIB:
 		env.lib = arg;
 		break;
 	case OPT_LAYERS:
 		if (cli_parse_u32("--layers", arg, 1, 1024, &env.layers))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_EXPERTS:
 		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_DURATION:
 		if (cli_parse_u64("--duration", arg, 1, 86400 * 365, &d))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.duration_ms = d * 1000;
 		break;
 	case OPT_EXPORT:
@@ -190,6 +195,13 @@ struct recorder {
 	struct mp_traj_writer *w;
 	int err;			/* first write error */
 	uint64_t kinds[MP_TRAJ_PREFILL + 1];
+	/*
+	 * Demand faults with no page fault on their expert since its last one
+	 * (or eviction): resolved on the asking thread. One bit per (layer,
+	 * expert), set by a page fault, cleared by a fault_begin or an evict.
+	 */
+	uint64_t caller_faults;
+	uint8_t *faulted;
 	/* --top: uses of (layer, expert) by routes and page faults, grown as ids appear. */
 	uint64_t *heat;
 	uint32_t heat_layers, heat_experts;
@@ -223,6 +235,29 @@ static void heat_add(struct recorder *rc, uint32_t layer, uint32_t expert)
 		rc->heat[(size_t)layer * rc->heat_experts + expert]++;
 }
 
+/* Counts a fault_begin that no page fault of its expert came before (struct recorder). */
+static void note_caller_fault(struct recorder *rc, const struct mp_traj_rec *r)
+{
+	size_t bit = (size_t)r->layer * MP_MAX_EXPERTS + r->expert;
+	uint8_t mask = (uint8_t)(1u << (bit % 8));
+
+	if (r->layer >= MP_MAX_LAYERS || r->expert >= MP_MAX_EXPERTS || !rc->faulted)
+		return;
+	switch (r->kind) {
+	case MP_TRAJ_PGFAULT:
+		rc->faulted[bit / 8] |= mask;
+		break;
+	case MP_TRAJ_FAULT_BEGIN:
+		rc->caller_faults += !(rc->faulted[bit / 8] & mask);
+		/* fall through */
+	case MP_TRAJ_EVICT:
+		rc->faulted[bit / 8] &= (uint8_t)~mask;
+		break;
+	default:
+		break;
+	}
+}
+
 static int on_record(const struct mp_traj_rec *r, void *arg)
 {
 	struct recorder *rc = arg;
@@ -230,6 +265,7 @@ static int on_record(const struct mp_traj_rec *r, void *arg)
 
 	if (r->kind <= MP_TRAJ_PREFILL)
 		rc->kinds[r->kind]++;
+	note_caller_fault(rc, r);
 	if (env.top && r->kind == MP_TRAJ_ROUTE)
 		for (uint32_t i = 0; i < r->k; i++)
 			heat_add(rc, r->layer, r->ids[i]);
@@ -327,6 +363,9 @@ static int start_command(int *go_fd, int *err_fd)
 		close(ep[0]);
 		if (read(go[0], &c, 1) != 1)
 			_exit(127);	/* the tracer gave up */
+		/* --json: stdout is the summary object alone; the command's goes to stderr. */
+		if (env.json && dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
+			_exit(127);
 		execvp(env.cmd[0], env.cmd);
 		e = errno;
 		if (write(ep[1], &e, sizeof(e)) < 0)
@@ -343,13 +382,14 @@ static int start_command(int *go_fd, int *err_fd)
 static int print_json(const struct recorder *rc, const struct mp_traj_stats *st,
 		      const char *pin_dir, double seconds, int exit_status)
 {
-	json_t *o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:b, "
-			      "s:o, s:f, s:o}",
+	json_t *o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, "
+			      "s:b, s:o, s:f, s:o}",
 			      "pid", env.pid, "source", "bpf", "out", env.out,
 			      "records", (json_int_t)st->records,
 			      "routes", (json_int_t)rc->kinds[MP_TRAJ_ROUTE],
 			      "page_faults", (json_int_t)rc->kinds[MP_TRAJ_PGFAULT],
 			      "faults", (json_int_t)rc->kinds[MP_TRAJ_FAULT_DONE],
+			      "caller_faults", (json_int_t)rc->caller_faults,
 			      "prefetches", (json_int_t)rc->kinds[MP_TRAJ_PREFETCH_DONE],
 			      "evictions", (json_int_t)rc->kinds[MP_TRAJ_EVICT],
 			      "dropped", (json_int_t)st->dropped,
@@ -384,15 +424,19 @@ static int record(void)
 
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	rc.faulted = calloc((size_t)MP_MAX_LAYERS * MP_MAX_EXPERTS / 8, 1);
+	if (!rc.faulted)
+		return cli_fail(-ENOMEM, NULL);
 	if (env.top && !isatty(2)) {
 		fprintf(stderr, "moepager trace: --top draws on a terminal; stderr is not one\n");
-		return -ENOTTY;
+		err = -ENOTTY;
+		goto cleanup;
 	}
 	if (env.cmd) {
-		child = start_command(&go_fd, &err_fd);
-		if (child < 0)
-			return child;
-		env.pid = child;
+		err = start_command(&go_fd, &err_fd);
+		if (err < 0)
+			goto cleanup;
+		child = env.pid = err;
 	}
 	if (!env.out) {
 		snprintf(out_buf, sizeof(out_buf), "moepager-%d.mptraj", env.pid);
@@ -406,7 +450,7 @@ static int record(void)
 	o.keep_pins = env.keep;
 	err = mp_traj_open(&o, &t);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	info.pid = (uint32_t)env.pid;
@@ -417,12 +461,12 @@ static int record(void)
 	info.start_unix_ns = cli_clock_ns(CLOCK_REALTIME);
 	err = mp_traj_writer_create(env.out, &info, &rc.w);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	err = mp_traj_start(t);
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (mp_traj_pin_dir(t))
@@ -464,7 +508,7 @@ static int record(void)
 		if (err == -EINTR)
 			break;
 		if (err < 0) {
-			fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+			cli_fail(err, NULL);
 			goto cleanup;
 		}
 		now = cli_clock_ns(CLOCK_MONOTONIC);
@@ -482,7 +526,7 @@ static int record(void)
 	while ((err = mp_traj_poll(t, 0, on_record, &rc)) > 0)
 		;
 	if (err < 0 && err != -EINTR) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (env.top)
@@ -493,13 +537,13 @@ static int record(void)
 	mp_traj_writer_set_dropped(rc.w, st.dropped);
 	err = rc.err;
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	err = mp_traj_writer_finish(rc.w);
 	rc.w = NULL;
 	if (err) {
-		fprintf(stderr, "moepager trace: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto cleanup;
 	}
 	if (child) {
@@ -516,10 +560,12 @@ static int record(void)
 				 (double)(cli_clock_ns(CLOCK_MONOTONIC) - start) / 1e9, exit_status);
 	} else {
 		fprintf(stderr, "moepager trace: %" PRIu64 " records (%" PRIu64 " routes, %" PRIu64
-			" page faults, %" PRIu64 " faults served, %" PRIu64 " prefetches, %" PRIu64
+			" page faults, %" PRIu64 " faults served (%" PRIu64 " on the asking "
+			"thread, without a page fault), %" PRIu64 " prefetches, %" PRIu64
 			" evictions), %" PRIu64 " dropped -> %s\n", st.records,
 			rc.kinds[MP_TRAJ_ROUTE], rc.kinds[MP_TRAJ_PGFAULT],
-			rc.kinds[MP_TRAJ_FAULT_DONE], rc.kinds[MP_TRAJ_PREFETCH_DONE],
+			rc.kinds[MP_TRAJ_FAULT_DONE], rc.caller_faults,
+			rc.kinds[MP_TRAJ_PREFETCH_DONE],
 			rc.kinds[MP_TRAJ_EVICT], st.dropped, env.out);
 		if (env.keep && pin_dir[0])
 			fprintf(stderr, "moepager trace: maps kept in %s\n", pin_dir);
@@ -545,6 +591,7 @@ cleanup:
 	if (child > 0)
 		waitpid(child, NULL, 0);
 	free(rc.heat);
+	free(rc.faulted);
 	return err;
 }
 
@@ -562,10 +609,8 @@ int cmd_trace(int argc, char **argv)
 		return err;
 	if (env.export_path) {
 		n = mp_traj_export_moe_trace(env.export_path, env.experts, stdout);
-		if (n < 0) {
-			fprintf(stderr, "moepager trace: %s\n", mp_last_error());
-			return (int)n;
-		}
+		if (n < 0)
+			return cli_fail((int)n, "%s", env.export_path);
 		return 0;
 	}
 	return record();

@@ -111,9 +111,7 @@ int cmd_verify(int argc, char **argv)
 		return err;
 	err = mp_store_open(env.path, &s);
 	if (err) {
-		fprintf(stderr, "moepager verify: %s: %s (%s)\n", env.path, strerror(-err),
-			mp_last_error());
-		return err;
+		return cli_fail(err, "%s", env.path);
 	}
 	g = mp_store_geometry(s);
 	n_experts = g->layers * g->experts;
@@ -128,9 +126,7 @@ int cmd_verify(int argc, char **argv)
 	cli_progress_end();
 	secs = (cli_now_ns() - t0) / 1e9;
 	if (n_fail < 0) {
-		fprintf(stderr, "moepager verify: %s: %s (%s)\n", env.path, strerror(-n_fail),
-			mp_last_error());
-		err = n_fail;
+		err = cli_fail(n_fail, "%s", env.path);
 		goto free_bad;
 	}
 	/* bad[] holds every failing expert (max_bad = all); the rest are tensors */

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 
 #include <moepager.h>
 
@@ -62,7 +63,7 @@ int main(int argc, char **argv)
 
 	if (argc < 2) {
 		usage(stderr);
-		return 1;
+		return EX_USAGE;
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(stdout);
@@ -74,16 +75,16 @@ int main(int argc, char **argv)
 	}
 	/* The subcommands' doc strings are laid out for 100 columns (argp's default is 79). */
 	setenv("ARGP_HELP_FMT", "rmargin=100", 0);
-	cli_install_log_handler();
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name))
 			continue;
-		/* argp's usage lines and errors name the whole command: "moepager run". */
+		/* argp's usage lines and errors, and the tool's, name the whole command. */
 		snprintf(prog, sizeof(prog), "moepager %s", commands[i].name);
 		argv[1] = prog;
+		cli_install_log_handler(prog);
 		return commands[i].run(argc - 1, argv + 1) ? 1 : 0;
 	}
 	fprintf(stderr, "moepager: unknown command '%s'\n", argv[1]);
 	usage(stderr);
-	return 1;
+	return EX_USAGE;
 }

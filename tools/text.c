@@ -38,12 +38,12 @@ int text_tokenizer_open(const char *path, const char *model_path, uint32_t model
 	if (err) {
 		/* The log handler has printed why; say where the guess came from. */
 		if (guess)
-			fprintf(stderr, "moepager: %s is the tokenizer expected beside the model; "
-				"give --tokenizer FILE\n", path);
+			cli_error(0, "%s is the tokenizer expected beside the model; "
+				"give --tokenizer FILE", path);
 		goto free_guess;
 	}
 	if (mp_tokenizer_vocab(*out) != model_vocab) {
-		fprintf(stderr, "moepager: tokenizer %s has %u pieces, the model %u\n", path,
+		cli_error(0, "tokenizer %s has %u pieces, the model %u", path,
 			mp_tokenizer_vocab(*out), model_vocab);
 		mp_tokenizer_close(*out);
 		*out = NULL;
@@ -137,7 +137,7 @@ int text_encode_fortunes(const struct mp_tokenizer *t, const char *path, uint32_
 	}
 	free(buf);
 	if (!count) {
-		fprintf(stderr, "moepager: %s: no text\n", path);
+		cli_error(0, "%s: no text", path);
 		free(a);
 		return -EINVAL;
 	}
@@ -146,7 +146,7 @@ int text_encode_fortunes(const struct mp_tokenizer *t, const char *path, uint32_
 	*texts = count;
 	return 0;
 fail:
-	fprintf(stderr, "moepager: %s: encoding failed: %s\n", path, strerror(-err));
+	cli_fail(err, "%s: encoding failed", path);
 	free(a);
 	free(buf);
 	return err;
@@ -162,8 +162,7 @@ int text_read_ids(const char *path, uint32_t **ids, size_t *n)
 	if (err)
 		return err;
 	if (len % 2) {
-		fprintf(stderr, "moepager: %s: %zu bytes is not a whole number of uint16 ids\n",
-			path, len);
+		cli_error(0, "%s: %zu bytes is not a whole number of uint16 ids", path, len);
 		free(buf);
 		return -EINVAL;
 	}

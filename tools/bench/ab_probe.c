@@ -229,8 +229,7 @@ int ab_run_probe(struct ab_setup *s, double *fig)
 		fig[F_REROUTE_NS] = time_reroute(&t, B, scratch) / (o->max_tokens - 1);
 		fig[F_LOOKUP_NS] = time_lookups(&t) / (o->max_tokens - 1);
 	} else {
-		fprintf(stderr, "moepager bench-adapters: %s setup, rerouting probe: %s\n",
-			ab_kind_names[s->kind], strerror(-err));
+		cli_fail(err, "%s setup, rerouting probe", ab_kind_names[s->kind]);
 	}
 	free(scratch);
 	mp_runner_close(r);

@@ -43,9 +43,7 @@ static int read_file(struct ab_bench *b, const char *dir, const char *name, stru
 		f->max_per_layer = mp_adapter_max_per_layer(a);
 	}
 	mp_adapter_close(a);
-	if (err)
-		fprintf(stderr, "moepager bench-adapters: %s: %s\n", f->path, strerror(-err));
-	return err;
+	return err ? cli_fail(err, "%s", f->path) : 0;
 }
 
 static int read_files(struct ab_bench *b)
@@ -477,10 +475,7 @@ int ab_setup_open(struct ab_bench *b, enum ab_kind kind, struct ab_setup *s)
 
 		err = mp_sched_open(&sc, &s->inst[i].sched);
 	}
-	if (err)
-		fprintf(stderr, "moepager bench-adapters: %s setup: %s\n", ab_kind_names[kind],
-			strerror(-err));
-	return err;
+	return err ? cli_fail(err, "%s setup", ab_kind_names[kind]) : 0;
 }
 
 void ab_setup_close(struct ab_setup *s)

@@ -108,7 +108,7 @@ static int parse_u32(const char *opt, const char *arg, uint32_t lo, uint32_t hi,
 		     struct argp_state *state)
 {
 	if (cli_parse_u32(opt, arg, lo, hi, out))
-		argp_usage(state);
+		cli_usage_error(state);
 	return 0;
 }
 
@@ -127,15 +127,15 @@ static int parse_num(int key, char *arg, struct argp_state *state)
 	case OPT_REPEAT: return parse_u32("--repeat", arg, 1, AB_MAX_REPEAT, &env.repeat, state);
 	case OPT_RATE:
 		if (cli_parse_double("--rate", arg, 1e-3, 1e5, &env.rate))
-			argp_usage(state);
+			cli_usage_error(state);
 		return 0;
 	case OPT_MIX_ALPHA:
 		if (cli_parse_double("--mix-alpha", arg, 0, 10, &env.mix_alpha))
-			argp_usage(state);
+			cli_usage_error(state);
 		return 0;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		return 0;
 	}
 	return ARGP_ERR_UNKNOWN;

@@ -78,15 +78,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TOKENS:
 		if (cli_parse_u32("--tokens", arg, 1, 1u << 16, &env.tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PROMPT:
 		if (cli_parse_u32("--prompt", arg, 1, 1u << 16, &env.prompt))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_ATTACH: env.attach = arg; break;
@@ -95,7 +95,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.model)
@@ -287,7 +287,7 @@ int cmd_batchbench(int argc, char **argv)
 	for (uint32_t i = 0; i < env.nsizes && !err; i++)
 		err = measure(&b, env.sizes[i], results, &tok1, bw, &nbw);
 	if (err) {
-		fprintf(stderr, "moepager batchbench: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	} else if (env.json) {
 		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
 				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),

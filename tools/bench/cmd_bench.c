@@ -168,27 +168,27 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 	}
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_IO_CHANNELS:
 		if (cli_parse_u32("--io-channels", arg, 1, 64, &env.io_channels))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_FILL_THREADS:
 		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_DISTANCE:
 		if (cli_parse_u32("--distance", arg, 1, MP_MAX_LAYERS, &env.distance))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_EMAP:
 		if (cli_parse_u32("--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_TOKENS:
 		if (cli_parse_u32("--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;
@@ -269,17 +269,13 @@ static int parse_policy(const char *s, struct bench_spec *spec)
 			 spec->baseline == BENCH_MMAP ? "kernel" : "lru");
 		return 0;
 	}
-	if (mp_prefetch_check_names(spec->prefetch, NULL)) {
-		fprintf(stderr, "moepager bench: unknown policy '%s' (prefetch: %s; baselines: "
-			"mmap, pread-lru)\n", spec->prefetch, mp_prefetch_policy_names());
-		return -EINVAL;
-	}
+	/* The library's error line names the policies (the baselines are in --help). */
+	if (mp_prefetch_check_names(spec->prefetch, NULL))
+		return cli_fail(-EINVAL, "unknown policy '%s'", spec->prefetch);
 	snprintf(spec->evict, sizeof(spec->evict), "%s",
 		 colon ? colon + 1 : env.evict ? env.evict : default_evict(spec->prefetch));
-	if (mp_prefetch_check_names(NULL, spec->evict)) {
-		fprintf(stderr, "moepager bench: %s\n", mp_last_error());
-		return -EINVAL;
-	}
+	if (mp_prefetch_check_names(NULL, spec->evict))
+		return cli_fail(-EINVAL, NULL);
 	return 0;
 }
 
@@ -293,7 +289,7 @@ static int parse_budget(const char *s, uint64_t expert_bytes, uint64_t total_exp
 		int err = mp_budget_parse(s, expert_bytes * total_experts, bytes);
 
 		if (err) {
-			fprintf(stderr, "moepager bench: --budget %s: %s\n", s, mp_last_error());
+			cli_fail(err, "--budget %s", s);
 			return err;
 		}
 		*experts = (uint32_t)(*bytes / expert_bytes);
@@ -379,8 +375,7 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 	}
 	err = mp_prefetch_simulate(&c, &s);
 	if (err) {
-		fprintf(stderr, "moepager bench: simulate %s:%s: %s\n", spec->prefetch, spec->evict,
-			mp_last_error());
+		cli_fail(err, "simulate %s:%s", spec->prefetch, spec->evict);
 		return err;
 	}
 	memset(r, 0, sizeof(*r));
@@ -549,7 +544,7 @@ int cmd_bench(int argc, char **argv)
 		env.npolicies = 3;
 	}
 	if (env.evict && mp_prefetch_check_names(NULL, env.evict)) {
-		fprintf(stderr, "moepager bench: %s\n", mp_last_error());
+		cli_fail(-EINVAL, NULL);
 		return 1;
 	}
 	for (uint32_t i = 0; i < env.npolicies; i++)
@@ -558,7 +553,7 @@ int cmd_bench(int argc, char **argv)
 	if (env.model) {
 		err = mp_store_open(env.model, &store);
 		if (err) {
-			fprintf(stderr, "moepager bench: %s: %s\n", env.model, mp_last_error());
+			cli_fail(err, "%s", env.model);
 			return 1;
 		}
 		expert_bytes = mp_store_expert_bytes(store);
@@ -566,11 +561,11 @@ int cmd_bench(int argc, char **argv)
 	for (uint32_t i = 0; i < env.ntraces; i++) {
 		err = mp_trace_open(env.traces[i], &traces[i]);
 		if (err) {
-			fprintf(stderr, "moepager bench: %s\n", mp_last_error());
+			cli_fail(err, NULL);
 			goto out;
 		}
 		if (store && (err = mp_trace_check_geometry(traces[i], mp_store_geometry(store)))) {
-			fprintf(stderr, "moepager bench: %s: %s\n", env.traces[i], mp_last_error());
+			cli_fail(err, "%s", env.traces[i]);
 			goto out;
 		}
 		if (i && (mp_trace_layers(traces[i]) != mp_trace_layers(traces[0]) ||

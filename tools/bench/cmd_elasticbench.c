@@ -114,47 +114,47 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_LOAD:
 		if (cli_parse_double("--load", arg, 1e-3, 1e4, &env.load.rate))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PHASE:
 		if (cli_parse_double("--phase", arg, 0.5, 3600, &env.load.phase))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_THREADS:
 		if (cli_parse_u32("--threads", arg, 1, 1024, &env.load.threads))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_THREADS_TO:
 		if (cli_parse_u32("--threads-to", arg, 1, 1024, &env.load.threads_to))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_TOKENS:
 		if (cli_parse_u32("--max-tokens", arg, 1, 1u << 16, &env.load.max_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PROMPT_IDS:
 		if (cli_parse_u32("--prompt-ids", arg, 1, 1u << 16, &env.load.prompt_ids))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SLO_TTFT:
 		if (cli_parse_double("--slo-ttft-ms", arg, 0, 1e7, &env.load.slo_ttft_ms))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SLO_TPOT:
 		if (cli_parse_double("--slo-tpot-ms", arg, 0, 1e7, &env.load.slo_tpot_ms))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_RETRY:
 		if (cli_parse_double("--retry-s", arg, 0, 86400, &env.load.retry_s))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.load.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PAGES:
 		if (cli_parse_pages("--pages", arg, &pages))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.load.pages = arg;
 		break;
 	default:
@@ -499,8 +499,7 @@ int cmd_elasticbench(int argc, char **argv)
 	}
 	err = mp_store_open(env.path, &s);
 	if (err) {
-		fprintf(stderr, "moepager bench-elastic: %s: %s\n", env.path, strerror(-err));
-		return err;
+		return cli_fail(err, "%s", env.path);
 	}
 	total = mp_store_total_expert_bytes(s);
 	err = mp_budget_parse(env.budget ? env.budget : "100%", total, &budget);
@@ -540,7 +539,7 @@ int cmd_elasticbench(int argc, char **argv)
 		err = report(s, budget, &sh, &cp, &cold);
 done:
 	if (err)
-		fprintf(stderr, "moepager bench-elastic: %s (%s)\n", strerror(-err), mp_last_error());
+		cli_fail(err, NULL);
 	if (fd >= 0)
 		close(fd);
 	mp_store_close(s);

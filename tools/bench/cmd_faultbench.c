@@ -401,8 +401,7 @@ static int bench(struct mp_store *s, struct results *res)
 	cfg.no_route_fill = true;
 	err = mp_pager_open(s, &cfg, &p);
 	if (err) {
-		fprintf(stderr, "moepager faultbench: opening the pager: %s (%s)\n", strerror(-err),
-			mp_last_error());
+		cli_fail(err, "opening the pager");
 		goto close_raw;
 	}
 
@@ -563,8 +562,7 @@ static int shared_bench(struct mp_store *s, struct results *res)
 	if (!err)
 		err = shared_touches(a, ids + env.experts, xb, fd, res);
 	if (err)
-		fprintf(stderr, "moepager faultbench: shared host tier: %s (%s)\n", strerror(-err),
-			mp_last_error());
+		cli_fail(err, "shared host tier");
 	mp_attach_close(a);
 	cli_child_stop(d);
 	if (fd >= 0)
@@ -723,8 +721,7 @@ int cmd_faultbench(int argc, char **argv)
 		return err;
 	err = mp_store_open(env.path, &s);
 	if (err) {
-		fprintf(stderr, "moepager faultbench: %s: %s (%s)\n", env.path, strerror(-err),
-			mp_last_error());
+		cli_fail(err, "%s", env.path);
 		return err;
 	}
 	total = mp_store_geometry(s)->layers * mp_store_geometry(s)->experts;

@@ -232,20 +232,20 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_REQUESTS:
 		if (cli_parse_u32("--requests", arg, 1, 4096, &env.requests))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_TOKENS:
 		if (cli_parse_u32("--max-tokens", arg, 1, 4096, &env.max_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_WARMUP:
 		if (cli_parse_u32("--warmup", arg, 0, 64, &env.warmup))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PROMPTS: env.prompts = arg; break;
 	case OPT_PROMPT_TOKENS:
 		if (cli_parse_u32("--prompt-tokens", arg, 1, 4096, &env.prompt_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TOKENIZER: env.tokenizer = arg; break;
 	case OPT_IO_RATE:
@@ -259,23 +259,23 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_BATCH:
 		if (cli_parse_u32("--max-batch", arg, 1, 256, &env.max_batch))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_THREADS:
 		if (cli_parse_u32("--threads", arg, 1, 256, &env.threads))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TIMEOUT:
 		if (cli_parse_double("--timeout", arg, 1, 86400, &env.timeout))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
@@ -283,7 +283,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SHARED_STORE: env.shared_store = true; break;
 	case OPT_GROUP:
 		if (cli_parse_u32("--group", arg, 0, 600000, &env.group_ms))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;
@@ -700,8 +700,7 @@ static int run_one(enum setup s, const struct plan *pl, double rate, uint32_t re
 	n = make_arrivals(reqs, rate, s == S_SINGLE || s == S_CONSOL_ONE, env.seed + rep, pr->n);
 	err = open_setup(s, pl, &sv);
 	if (err) {
-		fprintf(stderr, "moepager bench-multi: %s: cannot open: %s (%s)\n",
-			setup_names[s], mp_last_error(), strerror(-err));
+		cli_fail(err, "%s: cannot open", setup_names[s]);
 		free(reqs);
 		return err;
 	}
@@ -774,7 +773,7 @@ static int make_plan(struct plan *pl)
 	}
 out:
 	if (err && err != -EINVAL)
-		fprintf(stderr, "moepager bench-multi: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	mp_consolidation_close(none);
 	mp_consolidation_close(map);
 	for (uint32_t i = 0; i < env.n; i++)
@@ -802,7 +801,7 @@ static int load_prompts(struct prompts *pr)
 	memset(pr, 0, sizeof(*pr));
 	err = mp_store_open(env.models[0], &st);
 	if (err) {
-		fprintf(stderr, "moepager bench-multi: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		return err;
 	}
 	if (!env.prompts) {

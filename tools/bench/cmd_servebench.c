@@ -106,19 +106,19 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TOKENS:
 		if (cli_parse_u32("--tokens", arg, 8, 1u << 16, &env.tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PROMPT:
 		if (cli_parse_u32("--prompt", arg, 1, 64, &env.prompt))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_ROUNDS:
 		if (cli_parse_u32("--rounds", arg, 1, 1000, &env.rounds))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_JSON: env.json = true; break;
 	case OPT_CLIENTS_IDLE: env.clients_idle = true; break;
@@ -133,7 +133,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 
 		if (cli_parse_u32(key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
 				  0, key == OPT_GATHER ? 100000 : 1000000, &us))
-			argp_usage(state);
+			cli_usage_error(state);
 		*(key == OPT_GATHER ? &env.gather : &env.stream) = arg;
 		break;
 	}
@@ -141,7 +141,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.model)
@@ -243,7 +243,7 @@ static int alone_run(struct alone *a, uint32_t C, uint32_t rep, double *us)
 		ns += cli_now_ns() - t0;
 	}
 	if (err)
-		fprintf(stderr, "moepager bench-serve: the runner alone: %s\n", mp_last_error());
+		cli_fail(err, "the runner alone");
 	*us = (double)ns / 1e3;
 	return err;
 }
@@ -658,8 +658,7 @@ int cmd_servebench(int argc, char **argv)
 		env.max_conc = SB_MAX(env.max_conc, env.conc[i]);
 	err = results ? alone_open(&a) : -ENOMEM;
 	if (err) {
-		fprintf(stderr, "moepager bench-serve: %s\n",
-			results ? mp_last_error() : strerror(ENOMEM));
+		cli_fail(err, NULL);
 	} else if (env.prompt + env.tokens > a.context) {
 		fprintf(stderr, "moepager bench-serve: --prompt + --tokens exceed the context of "
 			"%u\n", a.context);

@@ -105,7 +105,7 @@ static int prepare(struct bench_look *b)
 	if (!err)
 		err = mp_resident_open(b->store, NULL, NULL, &b->res);
 	if (err) {
-		fprintf(stderr, "moepager bench: speculative gates: %s\n", mp_last_error());
+		cli_fail(err, "speculative gates");
 		return err;
 	}
 	b->routers = malloc((size_t)b->L * per * sizeof(float));
@@ -173,8 +173,7 @@ static int compute(struct bench_look *b, uint32_t r)
 		mp_runner_close(run);
 	}
 	if (err) {
-		fprintf(stderr, "moepager bench: speculative gates of request %u: %s\n", r,
-			mp_last_error());
+		cli_fail(err, "speculative gates of request %u", r);
 		free(b->cur);
 		b->cur = NULL;
 		return err;

@@ -159,7 +159,7 @@ static int decode_segment(struct child_ctx *c, struct mp_engine *e, struct feed 
 	rc.max_seq = end + 2 < g->max_seq ? end + 2 : g->max_seq;
 	err = mp_runner_open(c->store, &rc, &r);
 	if (err) {
-		fprintf(stderr, "moepager bench: runner: %s\n", mp_last_error());
+		cli_fail(err, "runner");
 		return err;
 	}
 	fd->feed_from = seg->begin;
@@ -180,8 +180,7 @@ static int decode_segment(struct child_ctx *c, struct mp_engine *e, struct feed 
 	*secs += now_s() - t0;
 	mark(arg, false);
 	if (err)
-		fprintf(stderr, "moepager bench: decode request %u: %s\n", seg->request,
-			mp_last_error());
+		cli_fail(err, "decode request %u", seg->request);
 	mp_runner_close(r);
 	return err;
 }
@@ -229,7 +228,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	pc.fill_threads = c->o->fill_threads;
 	err = mp_pager_open(c->store, &pc, &p);
 	if (err) {
-		fprintf(stderr, "moepager bench: pager: %s\n", mp_last_error());
+		cli_fail(err, "pager");
 		return err;
 	}
 	fc.policy = c->spec->prefetch;
@@ -244,7 +243,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	}
 	err = mp_prefetcher_open(p, &fc, &pf);
 	if (err) {
-		fprintf(stderr, "moepager bench: prefetcher: %s\n", mp_last_error());
+		cli_fail(err, "prefetcher");
 		goto close_pager;
 	}
 	for (uint32_t i = 0; !err && i < c->ntrain; i++)
@@ -253,7 +252,7 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	if (!err && truth)
 		err = mp_prefetcher_set_future(pf, c->eval, c->neval);
 	if (err) {
-		fprintf(stderr, "moepager bench: prefetcher: %s\n", mp_last_error());
+		cli_fail(err, "prefetcher");
 		goto close_pf;
 	}
 	fd = (struct feed){ .inner = mp_pager_source_ops(), .inner_ctx = p, .pf = pf, .t = c->t,
@@ -364,7 +363,7 @@ static int child_baseline(struct child_ctx *c, struct mp_engine *e, struct bench
 
 		err = mp_runner_open(c->store, &rc, &r);
 		if (err) {
-			fprintf(stderr, "moepager bench: runner: %s\n", mp_last_error());
+			cli_fail(err, "runner");
 			goto out;
 		}
 		err = memcg_read(&cg, cg.v2 ? "memory.current" : "memory.usage_in_bytes", &used);
@@ -411,7 +410,7 @@ static int child_main(struct child_ctx *c, struct bench_result *res)
 
 	err = mp_engine_open(c->o->eng.engine, &ec, &e);
 	if (err) {
-		fprintf(stderr, "moepager bench: engine: %s\n", mp_last_error());
+		cli_fail(err, "engine");
 		return err;
 	}
 	err = c->spec->baseline == BENCH_POLICY ? child_policy(c, e, res) :
@@ -474,7 +473,7 @@ int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
 	}
 	err = mp_replay_split(t, o->train_fraction, c.train, &c.ntrain, c.eval, &c.neval);
 	if (err) {
-		fprintf(stderr, "moepager bench: %s: %s\n", trace_path, mp_last_error());
+		cli_fail(err, "%s", trace_path);
 		goto out;
 	}
 	/* --max-tokens shortens every evaluated segment (the future the oracle sees too). */

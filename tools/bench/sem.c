@@ -43,7 +43,7 @@ static int read_ids(struct bench_sem *b, const char *trace_path)
 			return -ENOMEM;
 		err = mp_trace_token_ids(b->t, r, b->ids[r]);
 		if (err) {
-			fprintf(stderr, "moepager bench: %s: %s\n", trace_path, mp_last_error());
+			cli_fail(err, "%s", trace_path);
 			return err == -ENOENT ? -EINVAL : err;
 		}
 		for (uint32_t i = 0; i < mp_trace_tokens(b->t, r); i++) {
@@ -97,7 +97,7 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 		goto fail;
 	err = mp_store_read_tensor(s, emb, b->table);
 	if (err) {
-		fprintf(stderr, "moepager bench: %s: %s\n", mp_store_path(s), mp_last_error());
+		cli_fail(err, "%s", mp_store_path(s));
 		goto fail;
 	}
 	*out = b;

@@ -93,7 +93,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SEED: err = cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed); break;
 	case OPT_REPEAT: err = cli_parse_u32("--repeat", arg, 1, MAX_ROUNDS, &env.repeat); break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.coe)
@@ -105,7 +105,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		return ARGP_ERR_UNKNOWN;
 	}
 	if (err)
-		argp_usage(state);
+		cli_usage_error(state);
 	return 0;
 }
 
@@ -184,7 +184,7 @@ static int load_profile(struct mp_coe_profile *pr)
 		return 0;
 	err = mp_coe_profile_load(env.profile, pr);
 	if (err)
-		fprintf(stderr, "moepager bench-coe: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	return err;
 }
 
@@ -325,7 +325,7 @@ int cmd_bench_coe(int argc, char **argv)
 		return err;
 	err = mp_coe_open(env.coe, &c);
 	if (err) {
-		fprintf(stderr, "moepager bench-coe: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		return err;
 	}
 	err = load_profile(&pr);

@@ -59,26 +59,26 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case 's':
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_COMPONENTS:
 		if (cli_parse_u32("--components", arg, 1, 60000, &env.components))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_ZIPF:
 		if (cli_parse_double("--zipf", arg, 0, 100, &env.zipf))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_DET:
 		if (cli_parse_double("--detector-share", arg, 0, 1, &env.detector_share))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_CLEAN:
 		if (cli_parse_double("--clean", arg, 0, 1, &env.clean))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.out)
@@ -149,7 +149,7 @@ int cmd_coe_gen(int argc, char **argv)
 	err = mp_coe_gen(env.out, &cfg, cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
 	if (err) {
-		fprintf(stderr, "moepager coe-gen: %s: %s\n", env.out, mp_last_error());
+		cli_fail(err, "%s", env.out);
 		return err;
 	}
 	printf("%s/coe.json: %u components, 4 architectures, in %.1f s\n", env.out,

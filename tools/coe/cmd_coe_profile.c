@@ -73,18 +73,18 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_MAX_BATCH:
 		if (cli_parse_u32("--max-batch", arg, 2, 256, &env.max_batch))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TOKENS:
 		if (cli_parse_u32("--tokens", arg, 1, 4096, &env.tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_REPEAT:
 		if (cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.coe)
@@ -158,12 +158,12 @@ static int run_profile(struct mp_coe *c, const uint32_t *threads, uint32_t nt,
 	env.container_fd = mp_store_fd(cs);
 	err = mp_pager_open(cs, &pc, &p);
 	if (err) {
-		fprintf(stderr, "moepager coe-profile: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		return err;
 	}
 	err = mp_coe_profile_run(c, p, &cfg, pr);
 	if (err)
-		fprintf(stderr, "moepager coe-profile: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	mp_pager_close(p);
 	return err;
 }
@@ -187,7 +187,7 @@ int cmd_coe_profile(int argc, char **argv)
 		return nt;
 	err = mp_coe_open(env.coe, &c);
 	if (err) {
-		fprintf(stderr, "moepager coe-profile: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		return err;
 	}
 	err = run_profile(c, threads, (uint32_t)nt, &pr);
@@ -198,7 +198,7 @@ int cmd_coe_profile(int argc, char **argv)
 	else if (!err)
 		print_profile(c, &pr);
 	if (err)
-		fprintf(stderr, "moepager coe-profile: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	mp_coe_profile_free(&pr);
 	mp_coe_close(c);
 	return err;

@@ -70,7 +70,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_EXECUTORS: err = cli_parse_u32("--executors", arg, 1, 256, &env.executors); break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.coe || !env.profile || !env.memory)
@@ -80,7 +80,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		return ARGP_ERR_UNKNOWN;
 	}
 	if (err)
-		argp_usage(state);
+		cli_usage_error(state);
 	return 0;
 }
 
@@ -184,7 +184,7 @@ int cmd_coe_window(int argc, char **argv)
 		return err;
 	err = mp_coe_open(env.coe, &w.c);
 	if (err) {
-		fprintf(stderr, "moepager coe-window: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		return err;
 	}
 	err = mp_coe_profile_load(env.profile, &pr);
@@ -195,7 +195,7 @@ int cmd_coe_window(int argc, char **argv)
 		&w.reqs);
 	if (n < 0) {
 		err = n;
-		fprintf(stderr, "moepager coe-window: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 		goto close;
 	}
 	w.n = (uint32_t)n;
@@ -204,7 +204,7 @@ int cmd_coe_window(int argc, char **argv)
 				     .engine = env.eng.engine, .drop_cache = true };
 	err = mp_coe_decay_window(env.w0, env.margin, mp_coe_model_count(w.c), 1, measure, &w, &r);
 	if (err)
-		fprintf(stderr, "moepager coe-window: %s\n", mp_last_error());
+		cli_fail(err, NULL);
 	else
 		print_result(&r);
 close:

@@ -39,7 +39,7 @@ int coe_parse_budget(const struct mp_coe *c, const char *s, uint64_t *out)
 	int err = mp_budget_parse(s, mp_coe_total_bytes(c), out);
 
 	if (err)
-		fprintf(stderr, "moepager: --budget: %s\n", mp_last_error());
+		cli_fail(err, "--budget");
 	return err;
 }
 
@@ -73,7 +73,7 @@ static int open_pager(struct mp_coe *c, const struct coe_run_opts *o, struct mp_
 	int err = mp_pager_open(cs, &pc, p);
 
 	if (err)
-		fprintf(stderr, "moepager: pager over %s: %s\n", mp_store_path(cs), mp_last_error());
+		cli_fail(err, "pager over %s", mp_store_path(cs));
 	return err;
 }
 
@@ -99,13 +99,13 @@ int coe_run(struct mp_coe *c, struct coe_run_opts *o, const struct mp_coe_reques
 		return err;
 	err = mp_coe_sched_open(c, p, &sc, &s);
 	if (err) {
-		fprintf(stderr, "moepager: %s: %s\n", pol->name, mp_last_error());
+		cli_fail(err, "%s", pol->name);
 		goto close_pager;
 	}
 	mp_pager_stats_reset(p);
 	err = mp_coe_sched_run(s, reqs, n);
 	if (err)
-		fprintf(stderr, "moepager: %s: the run failed: %s\n", pol->name, mp_last_error());
+		cli_fail(err, "%s: the run failed", pol->name);
 	mp_coe_sched_stats(s, st);
 	mp_pager_stats(p, pst);
 	mp_coe_sched_close(s);

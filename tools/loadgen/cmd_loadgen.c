@@ -103,7 +103,7 @@ static int parse_double(struct argp_state *state, const char *opt, const char *a
 			double hi, double *out)
 {
 	if (cli_parse_double(opt, arg, lo, hi, out))
-		argp_usage(state);
+		cli_usage_error(state);
 	return 0;
 }
 
@@ -118,11 +118,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_PROMPTS: env.prompts = arg; break;
 	case OPT_PROMPT_CHARS:
 		if (cli_parse_u32("--prompt-chars", arg, 1, 1u << 20, &env.prompt_chars))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_TOKENS:
 		if (cli_parse_u32("--max-tokens", arg, 1, 1u << 20, &env.max_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_TEMPERATURE:
 		return parse_double(state, "--temperature", arg, 0, 2, &env.temperature);
@@ -141,12 +141,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_SEED:
 		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_DRAIN: return parse_double(state, "--drain", arg, 0, 86400, &env.drain_s);
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.url == !env.pool)

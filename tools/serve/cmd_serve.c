@@ -188,18 +188,18 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_SHARED_STORE: env.local.shared_store = true; break;
 	case OPT_GROUP_MS:
 		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
-			argp_usage(state);
+			cli_usage_error(state);
 		sc->group_ns = size * 1000000;
 		break;
 	case OPT_GATHER_US:
 		if (cli_parse_u64("--gather-us", arg, 0, 100000, &size))
-			argp_usage(state);
+			cli_usage_error(state);
 		sc->gather_ns = size * 1000;
 		break;
 	case OPT_STREAM_US:
 		if (cli_parse_u32("--stream-interval-us", arg, 0, 1000000,
 				  &env.http.stream_interval_us))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
@@ -208,7 +208,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_WARM: env.local.warm = true; break;
 	case OPT_EPOCH:
 		if (cli_parse_u64("--epoch", arg, 0, UINT64_MAX, &env.http.epoch))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PREFETCH: env.local.prefetch = arg; break;
 	case OPT_EVICT: env.local.evict = arg; break;
@@ -218,27 +218,27 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_API_KEY_FILE: env.api_key_file = arg; break;
 	case OPT_MAX_BATCH:
 		if (cli_parse_u32("--max-batch", arg, 1, 256, &sc->max_batch))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_QUEUE:
 		if (cli_parse_u32("--max-queue", arg, 1, 1u << 20, &sc->max_queue))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_KV_BUDGET:
 		if (cli_parse_size("--kv-budget", arg, &sc->kv_budget))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_PREFILL_CHUNK:
 		if (cli_parse_u32("--prefill-chunk", arg, 1, 1u << 20, &sc->prefill_chunk))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_STEP_TOKENS:
 		if (cli_parse_u32("--step-tokens", arg, 1, 1u << 20, &sc->step_tokens))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_GRACE:
 		if (cli_parse_u32("--grace-ms", arg, 0, 3600000, &env.grace_ms))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_MAX_BODY:
 		if (cli_parse_size("--max-body", arg, &size) || size < 1024 || size > (1u << 30))
@@ -247,11 +247,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_MAX_CONNECTIONS:
 		if (cli_parse_u32("--max-connections", arg, 1, 65536, &env.http.max_connections))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_REQUEST_TIMEOUT:
 		if (cli_parse_u32("--request-timeout", arg, 1, 3600, &env.http.header_timeout_s))
-			argp_usage(state);
+			cli_usage_error(state);
 		env.http.body_timeout_s = env.http.header_timeout_s;
 		break;
 	case OPT_ADAPTERS: env.local.adapters = arg; break;
@@ -259,21 +259,21 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_WARM_ROWS: env.local.warm_rows = true; break;
 	case OPT_ADAPTER_SLOTS:
 		if (cli_parse_u32("--adapter-slots", arg, 1, 4096, &env.local.adapter_slots))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_ADAPTER_ROWS:
 		if (cli_parse_u32("--adapter-rows", arg, 1, 4096, &env.local.adapter_rows))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case OPT_IDLE_TIMEOUT:
 		if (cli_parse_u32("--idle-timeout", arg, 1, 3600, &env.http.idle_timeout_s))
-			argp_usage(state);
+			cli_usage_error(state);
 		break;
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
 		break;
 	case ARGP_KEY_ARG:
-		argp_usage(state);
+		argp_error(state, "unexpected argument '%s'", arg);
 		break;
 	case ARGP_KEY_END:
 		if (!env.local.model)
@@ -406,7 +406,7 @@ static int serve(uint64_t t0)
 	signal(SIGPIPE, SIG_IGN);
 	err = serve_local_open(&env.local, &b);
 	if (err) {
-		fprintf(stderr, "moepager serve: %s: %s\n", env.local.model, mp_last_error());
+		cli_fail(err, "%s", env.local.model);
 		return 1;
 	}
 	env.http.ready_s = (double)(cli_now_ns() - t0) / 1e9;

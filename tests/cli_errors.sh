@@ -1,0 +1,75 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# Each failure of a moepager command says one line naming what failed and where (the
+# library's message when the library failed, prefixed by the command), with exit status 1,
+# or 64 for a usage error (then argp's "Try `moepager CMD --help'" hint follows it).
+# Usage: cli_errors.sh MOEPAGER TINY_REAL_MPK
+set -u
+MOEPAGER=$1
+MODEL=$2
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/check_lib.sh"
+
+# A model cut short (its header promises more), a file that is no model, and none at all.
+head -c 100000 "$MODEL" >"$T/cut.mpk"
+echo hello >"$T/junk.mpk"
+NONE=$T/none.mpk
+echo "the quick brown fox" >"$T/text.txt"
+
+# one_error STATUS MESSAGE COMMAND...: COMMAND exits STATUS and its stderr holds exactly
+# one error line (argp's "Try ..." hint aside), starting "moepager CMD: " and holding MESSAGE.
+one_error() {
+	local want=$1 msg=$2 st lines
+	shift 2
+	"$MOEPAGER" "$@" >/dev/null 2>"$T/err"
+	st=$?
+	grep -v "^Try \`moepager" "$T/err" >"$T/lines"
+	lines=$(wc -l <"$T/lines")
+	if [[ $st != "$want" || $lines != 1 ]] || ! grep -q -- "^moepager $1: .*$msg" "$T/lines"; then
+		echo "moepager $*: exit $st (want $want), $lines error lines (want 1, '$msg'):"
+		cat "$T/err"
+		return 1
+	fi
+}
+
+# A truncated model: the library's message, once, naming the file and both sizes.
+CUT="$T/cut.mpk: truncated: file is 100000 bytes, header says"
+check "inspect: truncated model" one_error 1 "$CUT" inspect "$T/cut.mpk"
+check "verify: truncated model" one_error 1 "$CUT" verify "$T/cut.mpk"
+check "run: truncated model" one_error 1 "$CUT" run --model "$T/cut.mpk" --tokens 2
+check "export: truncated model" one_error 1 "$CUT" export "$T/cut.mpk" --gguf "$T/x.gguf"
+check "eval: truncated model" one_error 1 "$CUT" eval --model "$T/cut.mpk" --text "$T/text.txt"
+check "generate: truncated model" one_error 1 "$CUT" generate --model "$T/cut.mpk" --prompt hi
+check "serve: truncated model" one_error 1 "$CUT" serve --model "$T/cut.mpk" --listen 127.0.0.1:0
+check "faultbench: truncated model" one_error 1 "$CUT" faultbench --model "$T/cut.mpk"
+check "pagerd: truncated model" one_error 1 "$CUT" pagerd --model "$T/cut.mpk" --socket "$T/s"
+check "bench: truncated model" one_error 1 "$CUT" bench --model "$T/cut.mpk" --trace "$T/text.txt"
+check "inspect: not a model" one_error 1 "junk.mpk: truncated: file is 6 bytes" inspect "$T/junk.mpk"
+
+# A missing file: named with the system's reason, once.
+check "inspect: missing file" one_error 1 "$NONE: cannot open: No such file" inspect "$NONE"
+check "run: missing model" one_error 1 "$NONE: cannot open: No such file" run --model "$NONE"
+check "verify: missing file" one_error 1 "$NONE: cannot open: No such file" verify "$NONE"
+
+# Bad arguments: one line naming the option and what it wants, exit 64.
+check "run --threads x" one_error 64 "--threads: 'x' is not a number in \[1, 1024\]" \
+	run --model "$MODEL" --threads x
+check "gen --layers -3 names the option" one_error 64 "--layers: '-3' is not a number" \
+	gen --layers -3 --out "$T/g.mpk"
+check "gen --dtype f7" one_error 64 "unknown weight type 'f7'" gen --dtype f7 --out "$T/g.mpk"
+check "inspect with no FILE" one_error 64 "FILE is missing" inspect
+check "inspect with two FILEs" one_error 64 "one FILE only: 'b' is a second" inspect a b
+check "run --bogus" one_error 64 "unrecognized option '--bogus'" run --bogus
+check "gen with an argument" one_error 64 "unexpected argument 'x'" gen x --out "$T/g.mpk"
+check "trace --pid 0" one_error 64 "--pid: '0' is not a number" trace --pid 0
+check "adapter with an unknown action" one_error 64 "unknown action 'inspect'" adapter inspect x
+check "adapter info: not an adapter" one_error 1 "junk.mpk" adapter info "$T/junk.mpk"
+
+# The dispatcher: no command or an unknown one is a usage error too.
+"$MOEPAGER" >/dev/null 2>&1
+check "no command: exit 64" test $? = 64
+"$MOEPAGER" nosuch >/dev/null 2>&1
+check "an unknown command: exit 64" test $? = 64
+
+exit $((fails > 0))
