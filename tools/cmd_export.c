@@ -188,9 +188,8 @@ int cmd_export(int argc, char **argv)
 	if (err)
 		return err;
 	err = mp_store_open(env.model, &s);
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.model);
-	}
 	cfg.dtype = env.dtype;
 	cfg.dense_dtype = env.dense_dtype;
 	cfg.alignment = env.alignment;

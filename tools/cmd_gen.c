@@ -188,18 +188,16 @@ int cmd_gen(int argc, char **argv)
 	if (err)
 		return err;
 	err = mp_gen_preset(env.preset, &g);
-	if (err) {
+	if (err)
 		return cli_fail(err, "--preset %s", env.preset);
-	}
 	apply_overrides(&g);
 	t0 = cli_now_ns();
 	err = mp_gen_variant(env.out, &g, env.seed, env.variant, (float)env.spread,
 			     env.name ? env.name : env.preset,
 			     cli_progress_enabled() ? on_progress : NULL, NULL);
 	cli_progress_end();
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.out);
-	}
 	ns = cli_now_ns() - t0;
 	if (!env.quiet) {
 		uint64_t data = (uint64_t)g.layers * g.experts * mp_geometry_expert_bytes(&g);

@@ -124,9 +124,8 @@ int cmd_import(int argc, char **argv)
 	else
 		err = mp_gguf_import(env.src, env.out, &cfg);
 	cli_progress_end();
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.src);
-	}
 	if (!env.quiet)
 		summary(cli_now_ns() - t0);
 	return 0;

@@ -170,9 +170,8 @@ int cmd_inspect(int argc, char **argv)
 	if (err)
 		return err;
 	err = mp_store_open(env.path, &s);
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.path);
-	}
 	if (env.json)
 		err = print_json(s);
 	else

@@ -210,9 +210,8 @@ int cmd_pagerd(int argc, char **argv)
 	if (err)
 		return err;
 	err = mp_store_open(env.model, &s);
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.model);
-	}
 	if (env.set_node >= 0) {
 		err = set_node(s);
 		mp_store_close(s);

@@ -303,9 +303,8 @@ static int dump_logits(struct run *r, uint32_t vocab)
 {
 	if (!r->dump)
 		return 0;
-	if (fwrite(mp_runner_logits(r->runner), sizeof(float), vocab, r->dump) != vocab) {
+	if (fwrite(mp_runner_logits(r->runner), sizeof(float), vocab, r->dump) != vocab)
 		return cli_fail(-EIO, "writing %s", env.dump_logits);
-	}
 	return 0;
 }
 

@@ -110,9 +110,8 @@ int cmd_verify(int argc, char **argv)
 	if (err)
 		return err;
 	err = mp_store_open(env.path, &s);
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.path);
-	}
 	g = mp_store_geometry(s);
 	n_experts = g->layers * g->experts;
 	bad = calloc(n_experts, sizeof(*bad));

@@ -506,12 +506,13 @@ static bool head_model_ready(struct mp_sched *s)
 
 	if (active < 0 || s->qhead->p.model == (uint32_t)active)
 		return true;
-	t0 = mp_now_ns();
 	if (s->nrun) {
+		/* The clock only once per waiting head: this runs at every step it waits. */
 		if (!s->qhead->t_switch)
-			s->qhead->t_switch = t0;
+			s->qhead->t_switch = mp_now_ns();
 		return false;
 	}
+	t0 = mp_now_ns();
 	if (s->qhead->t_switch)
 		s->st.switch_wait_seconds += seconds(t0 - s->qhead->t_switch);
 	/* A refused swap (no such model) lets it join anyway: its step fails it, nobody hangs. */

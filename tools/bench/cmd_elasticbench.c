@@ -498,9 +498,8 @@ int cmd_elasticbench(int argc, char **argv)
 		return -EINVAL;
 	}
 	err = mp_store_open(env.path, &s);
-	if (err) {
+	if (err)
 		return cli_fail(err, "%s", env.path);
-	}
 	total = mp_store_total_expert_bytes(s);
 	err = mp_budget_parse(env.budget ? env.budget : "100%", total, &budget);
 	stride = (mp_store_expert_bytes(s) + 4095) & ~4095ull;

@@ -541,10 +541,16 @@ struct plan {
 	char dir[4096];
 };
 
-/* Memory held outside the pager's budget: consolidated(-one) and mixed keep the owned ones. */
+/* Setups that keep the owned experts outside the budget: consolidated(-one), mixed. */
+static bool holds_owned(enum setup s)
+{
+	return s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED;
+}
+
+/* Memory held outside the pager's budget. */
 static uint64_t owned_outside(enum setup s, const struct plan *pl)
 {
-	return s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED ? pl->owned : 0;
+	return holds_owned(s) ? pl->owned : 0;
 }
 
 static void close_servers(struct servers *sv)
@@ -725,7 +731,7 @@ static int make_plan(struct plan *pl)
 	struct mp_store *st[MP_CONSOL_MAX_MODELS] = { 0 };
 	struct mp_consolidation *map = NULL, *none = NULL;
 	uint64_t stride, all;
-	bool held;
+	bool held = false;
 	int err = 0;
 
 	memset(pl, 0, sizeof(*pl));
@@ -745,8 +751,8 @@ static int make_plan(struct plan *pl)
 		goto out;
 	pl->owned = mp_consolidation_capacity(map) * stride;
 	pl->topk = mp_store_geometry(st[0])->topk;
-	/* Only consolidated(-one) and mixed hold the owned experts outside the pager's budget. */
-	held = env.setups[S_CONSOL] || env.setups[S_CONSOL_ONE] || env.setups[S_MIXED];
+	for (int s = 0; s < N_SETUPS; s++)
+		held |= env.setups[s] && holds_owned((enum setup)s);
 	if (pl->budget < stride || (held && pl->budget < pl->owned + stride) ||
 	    (env.setups[S_SPLIT] && pl->budget / env.n < stride)) {
 		fprintf(stderr, "moepager bench-multi: --budget %s (%llu bytes) must hold the map's "
