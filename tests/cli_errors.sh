@@ -52,6 +52,12 @@ check "inspect: missing file" one_error 1 "$NONE: cannot open: No such file" ins
 check "run: missing model" one_error 1 "$NONE: cannot open: No such file" run --model "$NONE"
 check "verify: missing file" one_error 1 "$NONE: cannot open: No such file" verify "$NONE"
 
+# No tokenizer beside the model (looked for as MODEL.tok): one line naming it and the option.
+ln -s "$(realpath "$MODEL")" "$T/notok.mpk"
+check "generate: no tokenizer beside the model" one_error 1 \
+	"$T/notok.tok: no tokenizer beside the model; give --tokenizer FILE" \
+	generate --model "$T/notok.mpk" --prompt hi
+
 # Bad arguments: one line naming the option and what it wants, exit 64.
 check "run --threads x" one_error 64 "--threads: 'x' is not a number in \[1, 1024\]" \
 	run --model "$MODEL" --threads x
@@ -65,6 +71,31 @@ check "gen with an argument" one_error 64 "unexpected argument 'x'" gen x --out 
 check "trace --pid 0" one_error 64 "--pid: '0' is not a number" trace --pid 0
 check "adapter with an unknown action" one_error 64 "unknown action 'inspect'" adapter inspect x
 check "adapter info: not an adapter" one_error 1 "junk.mpk" adapter info "$T/junk.mpk"
+
+# Parsers that returned EINVAL to argp (exit 1, no hint) and checks across options made
+# after parsing: usage errors too.
+check "faultbench --experts 0" one_error 64 "--experts: '0' is not a number" \
+	faultbench --model "$MODEL" --experts 0
+check "faultbench --io-bytes 5000" one_error 64 "--io-bytes: '5000' is not a multiple of 4K" \
+	faultbench --model "$MODEL" --io-bytes 5000
+check "faultbench with an argument" one_error 64 "unexpected argument 'x'" \
+	faultbench --model "$MODEL" x
+check "faultbench without --model" one_error 64 "--model FILE is required" faultbench
+check "bench-elastic without --model" one_error 64 "--model FILE is required" bench-elastic
+check "bench-elastic --threads-to without --load" one_error 64 "--threads-to 2 needs --load" \
+	bench-elastic --model "$MODEL" --threads-to 2
+check "bench-preload --tokens 1" one_error 64 "--tokens: '1' is not a number" \
+	bench-preload --tokens 1
+check "consolidate --cross-samples x" one_error 64 "--cross-samples: 'x' is not a number" \
+	consolidate --cross-samples x "$MODEL" "$MODEL"
+check "adapter gen --per-layer 0" one_error 64 "--per-layer: '0' is not a number" \
+	adapter gen --per-layer 0 "$MODEL"
+check "run --record-alternate without --repeat 2" one_error 64 \
+	"--record-alternate needs --repeat 2" run --model "$MODEL" --record-alternate
+check "serve --api-key and --api-key-file" one_error 64 "--api-key or --api-key-file, not both" \
+	serve --model "$MODEL" --api-key abcdefghij --api-key-file "$T/text.txt"
+check "serve: a short API key" one_error 1 "--api-key: the API key has 2 characters" \
+	serve --model "$MODEL" --api-key ab --listen 127.0.0.1:0
 
 # The dispatcher: no command or an unknown one is a usage error too.
 "$MOEPAGER" >/dev/null 2>&1

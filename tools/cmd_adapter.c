@@ -71,10 +71,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.base = arg;
 		break;
 	case 'k':
-		return cli_parse_u32("--per-layer", arg, 1, MP_MAX_EXPERTS, &env.per_layer) ?
-		       EINVAL : 0;
+		if (cli_parse_u32("--per-layer", arg, 1, MP_MAX_EXPERTS, &env.per_layer))
+			cli_usage_error(state);
+		break;
 	case 's':
-		return cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed) ? EINVAL : 0;
+		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
+			cli_usage_error(state);
+		break;
 	case 'V':
 		env.verify = true;
 		break;

@@ -369,9 +369,8 @@ int cmd_eval(int argc, char **argv)
 	if (!env.window)
 		env.window = g->max_seq;
 	if (env.window > g->max_seq) {
-		fprintf(stderr, "moepager eval: --window %u exceeds the model's max_seq %u\n",
-			env.window, g->max_seq);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "--window %u exceeds the model's max_seq %u", env.window,
+				g->max_seq);
 		goto cleanup;
 	}
 	ecfg.threads = env.eng.threads;

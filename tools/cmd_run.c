@@ -216,6 +216,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--prefetch, --evict, --warm-all need --budget (paged)");
 		if (env.emap && !env.prefetch)
 			argp_error(state, "--emap needs --prefetch (finemoe keeps an expert-map store)");
+		if (env.record_alternate && env.repeat < 2)
+			argp_error(state, "--record-alternate needs --repeat 2 or more");
 		break;
 	default:
 		return ARGP_ERR_UNKNOWN;
@@ -818,10 +820,6 @@ int cmd_run(int argc, char **argv)
 	if (err)
 		return err;
 	res.tokens_requested = env.tokens;
-	if (env.record_alternate && env.repeat < 2) {
-		fprintf(stderr, "moepager run: --record-alternate needs --repeat 2 or more\n");
-		return -EINVAL;
-	}
 
 	err = mp_store_open(env.model, &r.store);
 	if (err)

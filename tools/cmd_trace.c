@@ -106,19 +106,15 @@ static int parse_range(const char *s)
 	for (char *p = strtok_r(buf, ",", &save); p && n < 4; p = strtok_r(NULL, ",", &save))
 		parts[n++] = p;
 	if (n != 4 || strtok_r(NULL, ",", &save)) {
-		fprintf(stderr, "moepager trace: --range wants BASE,SLOT,SLOTS,LAYERS, got '%s'\n",
-			s);
-		return -EINVAL;
+		return cli_error(-EINVAL, "--range wants BASE,SLOT,SLOTS,LAYERS, got '%s'", s);
 	}
 	if (cli_parse_u64("--range base", parts[0], 0, UINT64_MAX, &env.range.base) ||
 	    cli_parse_size("--range slot", parts[1], &env.range.slot_bytes) ||
 	    cli_parse_u32("--range slots", parts[2], 1, 1u << 20, &env.range.slots_per_layer) ||
 	    cli_parse_u32("--range layers", parts[3], 1, 1024, &env.range.layers))
 		return -EINVAL;
-	if (!env.range.slot_bytes) {
-		fprintf(stderr, "moepager trace: --range slot bytes must not be 0\n");
-		return -EINVAL;
-	}
+	if (!env.range.slot_bytes)
+		return cli_error(-EINVAL, "--range slot bytes must not be 0");
 	return 0;
 }
 

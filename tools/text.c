@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "text.h"
@@ -34,14 +35,15 @@ int text_tokenizer_open(const char *path, const char *model_path, uint32_t model
 			return -ENOMEM;
 		path = guess;
 	}
-	err = mp_tokenizer_open(path, out);
-	if (err) {
-		/* The log handler has printed why; say where the guess came from. */
-		if (guess)
-			cli_error(0, "%s is the tokenizer expected beside the model; "
-				"give --tokenizer FILE", path);
+	/* A guess that is not there is one line naming the option, not the library's open error. */
+	if (guess && access(path, F_OK) && errno == ENOENT) {
+		err = cli_error(-ENOENT, "%s: no tokenizer beside the model; give --tokenizer FILE",
+				path);
 		goto free_guess;
 	}
+	err = mp_tokenizer_open(path, out);
+	if (err)
+		goto free_guess;
 	if (mp_tokenizer_vocab(*out) != model_vocab) {
 		cli_error(0, "tokenizer %s has %u pieces, the model %u", path,
 			mp_tokenizer_vocab(*out), model_vocab);

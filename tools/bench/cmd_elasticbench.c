@@ -157,8 +157,19 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			cli_usage_error(state);
 		env.load.pages = arg;
 		break;
+	case ARGP_KEY_ARG:
+		argp_error(state, "unexpected argument '%s'", arg);
+		break;
+	case ARGP_KEY_END:
+		if (!env.path)
+			argp_error(state, "--model FILE is required");
+		if (env.load.threads_to &&
+		    (!env.load.rate || env.load.threads_to == env.load.threads))
+			argp_error(state, "--threads-to %u needs --load RATE and a count other than "
+				   "--threads (%u)", env.load.threads_to, env.load.threads);
+		break;
 	default:
-		return cli_parse_one_path(key, arg, state, &env.path);
+		return ARGP_ERR_UNKNOWN;
 	}
 	return 0;
 }
@@ -488,15 +499,6 @@ int cmd_elasticbench(int argc, char **argv)
 	err = argp_parse(&argp, argc, argv, 0, NULL, NULL);
 	if (err)
 		return err;
-	if (!env.path) {
-		fprintf(stderr, "moepager bench-elastic: --model FILE is required\n");
-		return -EINVAL;
-	}
-	if (env.load.threads_to && (!env.load.rate || env.load.threads_to == env.load.threads)) {
-		fprintf(stderr, "moepager bench-elastic: --threads-to %u needs --load RATE and a "
-			"count other than --threads (%u)\n", env.load.threads_to, env.load.threads);
-		return -EINVAL;
-	}
 	err = mp_store_open(env.path, &s);
 	if (err)
 		return cli_fail(err, "%s", env.path);

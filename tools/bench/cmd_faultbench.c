@@ -112,21 +112,29 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.json = true;
 		break;
 	case 'n':
-		return cli_parse_u32("--experts", arg, 1, 4096, &env.experts) ? EINVAL : 0;
+		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
+			cli_usage_error(state);
+		break;
 	case 'r':
-		return cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat) ? EINVAL : 0;
+		if (cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat))
+			cli_usage_error(state);
+		break;
 	case OPT_IO_DEPTH:
-		return cli_parse_u32("--io-depth", arg, 1, 4096, &env.io_depth) ? EINVAL : 0;
+		if (cli_parse_u32("--io-depth", arg, 1, 4096, &env.io_depth))
+			cli_usage_error(state);
+		break;
 	case OPT_IO_BYTES:
-		if (cli_parse_size("--io-bytes", arg, &env.io_bytes) || env.io_bytes < 4096 ||
-		    env.io_bytes % 4096 || env.io_bytes > (64u << 20)) {
-			fprintf(stderr, "moepager faultbench: --io-bytes: a multiple of 4K, "
-				"at most 64M\n");
-			return EINVAL;
+		if (cli_parse_size("--io-bytes", arg, &env.io_bytes))
+			cli_usage_error(state);
+		if (env.io_bytes < 4096 || env.io_bytes % 4096 || env.io_bytes > (64u << 20)) {
+			cli_error(-EINVAL, "--io-bytes: '%s' is not a multiple of 4K up to 64M", arg);
+			cli_usage_error(state);
 		}
 		break;
 	case OPT_THREADS:
-		return cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads) ? EINVAL : 0;
+		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
+			cli_usage_error(state);
+		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;
 		break;
@@ -142,8 +150,15 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.shared = true;
 		env.shared_pages = arg;
 		break;
+	case ARGP_KEY_ARG:
+		argp_error(state, "unexpected argument '%s'", arg);
+		break;
+	case ARGP_KEY_END:
+		if (!env.path)
+			argp_error(state, "--model FILE is required");
+		break;
 	default:
-		return cli_parse_one_path(key, arg, state, &env.path);
+		return ARGP_ERR_UNKNOWN;
 	}
 	return 0;
 }

@@ -88,15 +88,25 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT: env.eviction = arg; break;
 	case 'p': env.prompt = arg; break;
 	case OPT_PREFETCH:
-		return cli_parse_u32("--prefetch", arg, 0, 64, &env.prefetch) ? EINVAL : 0;
+		if (cli_parse_u32("--prefetch", arg, 0, 64, &env.prefetch))
+			cli_usage_error(state);
+		break;
 	case OPT_LIMIT:
-		return cli_parse_size("--memory-limit", arg, &env.limit) ? EINVAL : 0;
+		if (cli_parse_size("--memory-limit", arg, &env.limit))
+			cli_usage_error(state);
+		break;
 	case 'n':
-		return cli_parse_u32("--tokens", arg, 2, 1u << 16, &env.tokens) ? EINVAL : 0;
+		if (cli_parse_u32("--tokens", arg, 2, 1u << 16, &env.tokens))
+			cli_usage_error(state);
+		break;
 	case 'r':
-		return cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat) ? EINVAL : 0;
+		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
+			cli_usage_error(state);
+		break;
 	case 't':
-		return cli_parse_u32("--threads", arg, 1, 1024, &env.threads) ? EINVAL : 0;
+		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
+			cli_usage_error(state);
+		break;
 	case ARGP_KEY_END:
 		if (!env.gguf || !env.llama_run || !env.backends || !env.preload)
 			argp_error(state, "--gguf, --llama-run, --backends and --preload are needed");

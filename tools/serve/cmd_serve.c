@@ -291,6 +291,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--owned-paged needs --consolidate MAP");
 		if (sc->group_ns && (!env.local.consolidate || env.local.mixed))
 			argp_error(state, "--group-ms needs --consolidate MAP and no --mixed-batches");
+		if (env.http.api_key && env.api_key_file)
+			argp_error(state, "--api-key or --api-key-file, not both");
 		if (env.local.n_more && !env.local.consolidate)
 			argp_error(state, "several --model need --consolidate MAP");
 		if (env.local.consolidate && (!env.local.budget || env.local.adapters))
@@ -356,10 +358,6 @@ static int check_api_key(void)
 	size_t len;
 
 	if (env.api_key_file) {
-		if (env.http.api_key) {
-			fprintf(stderr, "moepager serve: --api-key or --api-key-file, not both\n");
-			return -EINVAL;
-		}
 		if (cli_read_file(env.api_key_file, &env.api_key_buf, &len))
 			return -EINVAL;
 		env.api_key_buf[strcspn(env.api_key_buf, "\r\n")] = 0;
@@ -372,17 +370,14 @@ static int check_api_key(void)
 	k = env.http.api_key;
 	for (len = 0; k && k[len]; len++) {
 		if (k[len] < 0x21 || k[len] > 0x7e) {
-			fprintf(stderr, "moepager serve: %s: the API key has a byte 0x%02x at %zu: "
-				"printable ASCII without spaces only\n", from,
-				(unsigned char)k[len], len);
-			return -EINVAL;
+			return cli_error(-EINVAL, "%s: the API key has a byte 0x%02x at %zu: "
+					 "printable ASCII without spaces only", from,
+					 (unsigned char)k[len], len);
 		}
 	}
-	if (k && len < 8) {
-		fprintf(stderr, "moepager serve: %s: the API key has %zu characters; 8 at least\n",
-			from, len);
-		return -EINVAL;
-	}
+	if (k && len < 8)
+		return cli_error(-EINVAL, "%s: the API key has %zu characters; 8 at least", from,
+				 len);
 	return 0;
 }
 
