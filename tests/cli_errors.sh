@@ -52,6 +52,12 @@ check "inspect: missing file" one_error 1 "$NONE: cannot open: No such file" ins
 check "run: missing model" one_error 1 "$NONE: cannot open: No such file" run --model "$NONE"
 check "verify: missing file" one_error 1 "$NONE: cannot open: No such file" verify "$NONE"
 
+# A value checked against the input once it is read: the tool's line alone, not a second
+# "Invalid argument" after it.
+check "run --request past the trace's end" one_error 1 "has 64 requests; --request 999 is not one" \
+	run --model "$MODEL" --trace "$(dirname "$0")/../data/traces/tiny-real/heldout-fortunes.csv" \
+	--request 999 --tokens 2
+
 # No tokenizer beside the model (looked for as MODEL.tok): one line naming it and the option.
 ln -s "$(realpath "$MODEL")" "$T/notok.mpk"
 check "generate: no tokenizer beside the model" one_error 1 \

@@ -130,8 +130,7 @@ static int need(uint32_t files, bool out, const char *usage)
 {
 	if (env.n_args == files + 1 && (!out || env.out))
 		return 0;
-	fprintf(stderr, "moepager adapter: usage: moepager adapter %s\n", usage);
-	return -EINVAL;
+	return cli_error(-EINVAL, "usage: moepager adapter %s", usage);
 }
 
 static int do_pack(void)
@@ -227,9 +226,8 @@ static int do_gen(void)
 	if (err)
 		return fail(env.args[1], err);
 	if (!env.per_layer || env.per_layer >= mp_store_geometry(base)->experts) {
-		fprintf(stderr, "moepager adapter: --per-layer must be in [1, %u)\n",
-			mp_store_geometry(base)->experts);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "--per-layer must be in [1, %u)",
+				mp_store_geometry(base)->experts);
 		goto close_base;
 	}
 	buf = malloc(mp_store_expert_bytes(base));

@@ -121,9 +121,8 @@ static int parse_capacity(const char *s, uint32_t positions, uint64_t expert_byt
 	}
 	return cli_parse_u32("--capacity", s, 0, positions, out);
 bad:
-	fprintf(stderr, "moepager consolidate: --capacity '%s' is not a count, a fraction in [0, 1], "
-		"a percentage or a size\n", s);
-	return -EINVAL;
+	return cli_error(-EINVAL, "--capacity '%s' is not a count, a fraction in [0, 1], "
+			 "a percentage or a size", s);
 }
 
 /*

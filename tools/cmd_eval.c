@@ -159,8 +159,7 @@ static int print_object(json_t *o)
 {
 	if (!o || json_dumpf(o, stdout, JSON_INDENT(2))) {
 		json_decref(o);
-		fprintf(stderr, "moepager eval: out of memory building JSON\n");
-		return -ENOMEM;
+		return cli_error(-ENOMEM, "out of memory building JSON");
 	}
 	putchar('\n');
 	json_decref(o);

@@ -106,9 +106,8 @@ static int load_vocab(const struct mp_geometry *g, struct mp_export_config *cfg,
 	}
 	err = mp_tokenizer_open(path, &tok);
 	if (!err && mp_tokenizer_vocab(tok) != g->vocab) {
-		fprintf(stderr, "moepager export: tokenizer %s has %u pieces, the model %u\n", path,
-			mp_tokenizer_vocab(tok), g->vocab);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "tokenizer %s has %u pieces, the model %u", path,
+				mp_tokenizer_vocab(tok), g->vocab);
 	}
 	for (uint32_t i = 0; !err && i < g->vocab; i++) {
 		struct mp_piece p;
@@ -125,8 +124,7 @@ static int load_vocab(const struct mp_geometry *g, struct mp_export_config *cfg,
 
 		mp_tokenizer_piece(tok, i, &p);
 		if (memchr(p.text, 0, p.len)) {
-			fprintf(stderr, "moepager export: piece %u of %s holds a NUL byte\n", i, path);
-			err = -EINVAL;
+			err = cli_error(-EINVAL, "piece %u of %s holds a NUL byte", i, path);
 			break;
 		}
 		memcpy(*text + used, p.text, p.len);

@@ -231,17 +231,15 @@ int cmd_generate(int argc, char **argv)
 	if (err)
 		goto fail;
 	if (prompt_n >= g->max_seq) {
-		fprintf(stderr, "moepager generate: the prompt is %u tokens; the model holds %u\n",
-			prompt_n, g->max_seq);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "the prompt is %u tokens; the model holds %u", prompt_n,
+				g->max_seq);
 		goto cleanup;
 	}
 	env.tokens = MIN_U32(env.tokens, g->max_seq - prompt_n);
 	ids = calloc(prompt_n + env.tokens, sizeof(*ids));
 	scratch = calloc(g->vocab, sizeof(*scratch));
 	if (!ids || !scratch) {
-		err = -ENOMEM;
-		fprintf(stderr, "moepager generate: out of memory\n");
+		err = cli_error(-ENOMEM, "out of memory");
 		goto cleanup;
 	}
 	memcpy(ids, prompt, prompt_n * sizeof(*ids));

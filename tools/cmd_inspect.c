@@ -116,7 +116,7 @@ put_json:
 	json_decref(tensors);
 	json_decref(root);
 	if (err)
-		fprintf(stderr, "moepager inspect: out of memory building JSON\n");
+		cli_error(err, "out of memory building JSON");
 	return err;
 }
 

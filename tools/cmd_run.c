@@ -342,16 +342,14 @@ static int open_trace(struct run *r, const struct mp_geometry *g)
 	if (err)
 		return err;
 	if (env.request >= mp_trace_requests(r->trace)) {
-		fprintf(stderr, "moepager run: %s has %u requests; --request %u is not one\n",
-			env.trace, mp_trace_requests(r->trace), env.request);
-		return -EINVAL;
+		return cli_error(-EINVAL, "%s has %u requests; --request %u is not one",
+				 env.trace, mp_trace_requests(r->trace), env.request);
 	}
 	/* Stop at the trace's end rather than wrap: a wrapped trace would repeat itself. */
 	have = mp_trace_tokens(r->trace, env.request);
 	if (env.warmup >= have) {
-		fprintf(stderr, "moepager run: request %u of %s has %u tokens, not more than "
-			"--warmup %u\n", env.request, env.trace, have, env.warmup);
-		return -EINVAL;
+		return cli_error(-EINVAL, "request %u of %s has %u tokens, not more than "
+				 "--warmup %u", env.request, env.trace, have, env.warmup);
 	}
 	if (env.warmup + env.tokens > have) {
 		fprintf(stderr, "moepager run: request %u of %s has %u tokens: measuring %u "

@@ -343,13 +343,11 @@ static int start_command(int *go_fd, int *err_fd)
 	pid_t pid;
 
 	if (pipe2(go, O_CLOEXEC) || pipe2(ep, O_CLOEXEC)) {
-		fprintf(stderr, "moepager trace: pipe: %s\n", strerror(errno));
-		return -errno;
+		return cli_error(-errno, "pipe: %s", strerror(errno));
 	}
 	pid = fork();
 	if (pid < 0) {
-		fprintf(stderr, "moepager trace: fork: %s\n", strerror(errno));
-		return -errno;
+		return cli_error(-errno, "fork: %s", strerror(errno));
 	}
 	if (!pid) {
 		char c;
@@ -424,8 +422,7 @@ static int record(void)
 	if (!rc.faulted)
 		return cli_fail(-ENOMEM, NULL);
 	if (env.top && !isatty(2)) {
-		fprintf(stderr, "moepager trace: --top draws on a terminal; stderr is not one\n");
-		err = -ENOTTY;
+		err = cli_error(-ENOTTY, "--top draws on a terminal; stderr is not one");
 		goto cleanup;
 	}
 	if (env.cmd) {
@@ -470,24 +467,20 @@ static int record(void)
 	mp_traj_stats(t, &attached);	/* stop detaches: keep what start attached */
 	pidfd = pidfd_open_(env.pid);
 	if (pidfd < 0) {
-		err = -errno;
-		fprintf(stderr, "moepager trace: pidfd_open(%d): %s\n", env.pid, strerror(errno));
+		err = cli_error(-errno, "pidfd_open(%d): %s", env.pid, strerror(errno));
 		goto cleanup;
 	}
 	if (child) {
 		/* Probes are attached: let the command run. */
 		if (write(go_fd, "g", 1) != 1) {
-			err = -errno;
-			fprintf(stderr, "moepager trace: starting the command: %s\n",
-				strerror(errno));
+			err = cli_error(-errno, "starting the command: %s", strerror(errno));
 			goto cleanup;
 		}
 		close(go_fd);
 		go_fd = -1;
 		if (read(err_fd, &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno)) {
-			err = -exec_errno;
-			fprintf(stderr, "moepager trace: cannot run %s: %s\n", env.cmd[0],
-				strerror(exec_errno));
+			err = cli_error(-exec_errno, "cannot run %s: %s", env.cmd[0],
+					strerror(exec_errno));
 			goto cleanup;
 		}
 	}
@@ -570,9 +563,7 @@ static int record(void)
 		fprintf(stderr, "moepager trace: warning: %" PRIu64 " records dropped (ring full); "
 			"the pinned counts are still exact\n", st.dropped);
 	if (!err && exit_status > 0) {
-		fprintf(stderr, "moepager trace: %s exited with status %d\n", env.cmd[0],
-			exit_status);
-		err = -ECHILD;
+		err = cli_error(-ECHILD, "%s exited with status %d", env.cmd[0], exit_status);
 	}
 
 cleanup:

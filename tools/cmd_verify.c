@@ -90,7 +90,7 @@ put_json:
 	json_decref(arr);
 	json_decref(root);
 	if (err)
-		fprintf(stderr, "moepager verify: out of memory building JSON\n");
+		cli_error(err, "out of memory building JSON");
 	return err;
 }
 
@@ -116,8 +116,7 @@ int cmd_verify(int argc, char **argv)
 	n_experts = g->layers * g->experts;
 	bad = calloc(n_experts, sizeof(*bad));
 	if (!bad) {
-		fprintf(stderr, "moepager verify: out of memory\n");
-		err = -ENOMEM;
+		err = cli_error(-ENOMEM, "out of memory");
 		goto close_store;
 	}
 	t0 = cli_now_ns();

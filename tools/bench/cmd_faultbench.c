@@ -741,10 +741,9 @@ int cmd_faultbench(int argc, char **argv)
 	}
 	total = mp_store_geometry(s)->layers * mp_store_geometry(s)->experts;
 	if (env.experts * (NSETS + 1) > total) {
-		fprintf(stderr, "moepager faultbench: %u experts per set need %u distinct experts; "
-			"the model has %u (use --experts %u)\n", env.experts,
-			env.experts * (NSETS + 1), total, total / (NSETS + 1));
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "%u experts per set need %u distinct experts; "
+				"the model has %u (use --experts %u)", env.experts,
+				env.experts * (NSETS + 1), total, total / (NSETS + 1));
 		goto close_store;
 	}
 	memset(&res, 0, sizeof(res));

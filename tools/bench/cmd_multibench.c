@@ -755,11 +755,10 @@ static int make_plan(struct plan *pl)
 		held |= env.setups[s] && holds_owned((enum setup)s);
 	if (pl->budget < stride || (held && pl->budget < pl->owned + stride) ||
 	    (env.setups[S_SPLIT] && pl->budget / env.n < stride)) {
-		fprintf(stderr, "moepager bench-multi: --budget %s (%llu bytes) must hold the map's "
-			"%u owned experts and one more (consolidated, mixed), and one expert per "
-			"split server\n",
-			env.budget, (unsigned long long)pl->budget, mp_consolidation_capacity(map));
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "--budget %s (%llu bytes) must hold the map's %u owned "
+				"experts and one more (consolidated, mixed), and one expert per "
+				"split server", env.budget, (unsigned long long)pl->budget,
+				mp_consolidation_capacity(map));
 		goto out;
 	}
 	if (env.setups[S_TIMESHARE]) {
@@ -830,9 +829,8 @@ static int load_prompts(struct prompts *pr)
 	err = text_tokenizer_open(env.tokenizer, env.models[0], mp_store_geometry(st)->vocab,
 				  &tok);
 	if (!err && !tok) {
-		fprintf(stderr, "moepager bench-multi: --prompts needs a tokenizer (--tokenizer, or "
-			"MODEL.tok beside model 0)\n");
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "--prompts needs a tokenizer (--tokenizer, or "
+				"MODEL.tok beside model 0)");
 	}
 	f = err ? NULL : fopen(env.prompts, "r");
 	if (!err && !f) {
@@ -850,8 +848,7 @@ static int load_prompts(struct prompts *pr)
 		pr->n += !err;
 	}
 	if (!err && !pr->n) {
-		fprintf(stderr, "moepager bench-multi: %s holds no prompt\n", env.prompts);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "%s holds no prompt", env.prompts);
 	}
 out:
 	if (f)
@@ -1059,9 +1056,9 @@ static int merge(void)
 
 		rows = d ? json_object_get(d, "results") : NULL;
 		if (!json_is_array(rows)) {
-			fprintf(stderr, "moepager bench-multi: %s: %s\n", env.merge[f],
-				d ? "no results array: not a bench-multi --json output" : je.text);
-			err = -EINVAL;
+			err = cli_error(-EINVAL, "%s: %s", env.merge[f],
+					d ? "no results array: not a bench-multi --json output" :
+					    je.text);
 		}
 		for (size_t k = 0; !err && root && k < sizeof(same_keys) / sizeof(*same_keys); k++) {
 			json_t *a = json_object_get(root, same_keys[k]);
@@ -1069,9 +1066,8 @@ static int merge(void)
 
 			if ((!a && !b) || json_equal(a, b))
 				continue;
-			fprintf(stderr, "moepager bench-multi: %s: another %s than %s's: these runs "
-				"do not compare\n", env.merge[f], same_keys[k], env.merge[0]);
-			err = -EINVAL;
+			err = cli_error(-EINVAL, "%s: another %s than %s's: these runs "
+					"do not compare", env.merge[f], same_keys[k], env.merge[0]);
 		}
 		json_array_foreach(rows, i, r) {
 			if (err)
@@ -1079,11 +1075,10 @@ static int merge(void)
 			if (!find_row(results, json_string_value(json_object_get(r, "setup")) ?: "",
 				      json_number_value(json_object_get(r, "rate"))))
 				continue;
-			fprintf(stderr, "moepager bench-multi: %s: %s at rate %g is in an earlier "
-				"file too\n", env.merge[f],
-				json_string_value(json_object_get(r, "setup")),
-				json_number_value(json_object_get(r, "rate")));
-			err = -EINVAL;
+			err = cli_error(-EINVAL, "%s: %s at rate %g is in an earlier "
+					"file too", env.merge[f],
+					json_string_value(json_object_get(r, "setup")),
+					json_number_value(json_object_get(r, "rate")));
 		}
 		if (!err)
 			json_array_extend(results, rows);

@@ -81,9 +81,8 @@ static int read_f32(struct bench_look *b, const char *what, uint32_t layer, size
 	snprintf(name, sizeof(name), "blk.%u.%s", layer, what);
 	ti = mp_store_tensor(b->store, name);
 	if (!ti || ti->bytes != n * mp_dtype_size(ti->dtype)) {
-		fprintf(stderr, "moepager bench: %s: no %s of %zu values\n",
-			mp_store_path(b->store), name, n);
-		return -EINVAL;
+		return cli_error(-EINVAL, "%s: no %s of %zu values",
+				 mp_store_path(b->store), name, n);
 	}
 	err = mp_store_read_tensor(b->store, ti, buf);
 	if (!err)

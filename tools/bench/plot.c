@@ -150,8 +150,7 @@ static int run_gnuplot(const char *script)
 	snprintf(cmd, sizeof(cmd), "gnuplot '%s'", script);
 	st = system(cmd);
 	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st)) {
-		fprintf(stderr, "moepager bench: gnuplot %s failed (status %d)\n", script, st);
-		return -EIO;
+		return cli_error(-EIO, "gnuplot %s failed (status %d)", script, st);
 	}
 	return 0;
 }

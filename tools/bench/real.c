@@ -512,9 +512,8 @@ int bench_run_real(const struct bench_opts *o, const struct bench_spec *spec,
 	while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR)
 		;
 	if (n != (ssize_t)sizeof(*out) || !WIFEXITED(status) || WEXITSTATUS(status)) {
-		fprintf(stderr, "moepager bench: %s with %s: the run failed (%s)\n", spec->prefetch,
-			trace_path, WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "error");
-		err = -EIO;
+		err = cli_error(-EIO, "%s with %s: the run failed (%s)", spec->prefetch, trace_path,
+				WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "error");
 		goto out;
 	}
 	out->peak_rss = (uint64_t)ru.ru_maxrss * 1024;

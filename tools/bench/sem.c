@@ -48,10 +48,9 @@ static int read_ids(struct bench_sem *b, const char *trace_path)
 		}
 		for (uint32_t i = 0; i < mp_trace_tokens(b->t, r); i++) {
 			if (b->ids[r][i] >= b->vocab) {
-				fprintf(stderr, "moepager bench: %s: request %u token %u is id %u, "
-					"the model's vocabulary has %u\n", trace_path, r, i,
-					b->ids[r][i], b->vocab);
-				return -EINVAL;
+				return cli_error(-EINVAL, "%s: request %u token %u is id %u, "
+						 "the model's vocabulary has %u", trace_path, r, i,
+						 b->ids[r][i], b->vocab);
 			}
 		}
 	}
@@ -71,9 +70,8 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	if (!mp_trace_meta(t, "tokens.0"))
 		return -ENOENT;
 	if (!emb || emb->bytes != mp_dtype_bytes(emb->dtype, (uint64_t)g->vocab * g->hidden)) {
-		fprintf(stderr, "moepager bench: %s: no %u x %u tok_embd tensor\n",
-			mp_store_path(s), g->vocab, g->hidden);
-		return -EINVAL;
+		return cli_error(-EINVAL, "%s: no %u x %u tok_embd tensor",
+				 mp_store_path(s), g->vocab, g->hidden);
 	}
 	b = calloc(1, sizeof(*b));
 	if (!b)

@@ -205,8 +205,7 @@ static int parse_policies(struct results *res)
 		 "coserve,samba,fifo,parallel,none,em,em-ra");
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		if (res->n == MAX_POLICIES || !(res->pol[res->n] = coe_policy_find(tok))) {
-			fprintf(stderr, "moepager bench-coe: unknown policy '%s'\n", tok);
-			return -EINVAL;
+			return cli_error(-EINVAL, "unknown policy '%s'", tok);
 		}
 		res->n++;
 	}

@@ -135,8 +135,7 @@ int cmd_coe_gen(int argc, char **argv)
 		return err;
 	tiny = !strcmp(env.preset, "tiny");
 	if (!tiny && strcmp(env.preset, "default")) {
-		fprintf(stderr, "moepager coe-gen: unknown preset '%s' (default, tiny)\n", env.preset);
-		return -EINVAL;
+		return cli_error(-EINVAL, "unknown preset '%s' (default, tiny)", env.preset);
 	}
 	cfg.archs = tiny ? tiny_archs : default_archs;
 	cfg.n_archs = 4;

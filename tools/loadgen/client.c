@@ -168,9 +168,8 @@ static int server_models(const char *url, struct lg_models *out)
 	}
 	json_decref(j);
 	if (!out->n) {
-		fprintf(stderr, "moepager loadgen: %s/v1/models lists no model (status %ld)\n",
-			url, status);
-		return -EPROTO;
+		return cli_error(-EPROTO, "%s/v1/models lists no model (status %ld)",
+				 url, status);
 	}
 	return 0;
 }

@@ -188,8 +188,7 @@ int cmd_loadgen(int argc, char **argv)
 		return 1;
 	err = lg_pool_init(&pool, env.url, env.pool);
 	if (!err && !pool.ncur) {
-		fprintf(stderr, "moepager loadgen: %s: the pool has no server yet\n", env.pool);
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "%s: the pool has no server yet", env.pool);
 	}
 	if (!err)
 		err = lg_read_prompts(env.prompts, env.prompt_chars, &prompts);
