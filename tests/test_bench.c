@@ -125,11 +125,17 @@ static void bench_runs_every_policy_and_baseline(void **state)
 				 strcmp(pol, "pread-lru") && strcmp(pol, "mmap"));
 		check_policy_cost(row, strcmp(pol, "pread-lru") && strcmp(pol, "mmap"), true);
 		/* --fill-threads 3 reached the pager (its own count); the baselines have none. */
-		if (strcmp(pol, "pread-lru") && strcmp(pol, "mmap"))
+		if (strcmp(pol, "pread-lru") && strcmp(pol, "mmap")) {
 			assert_int_equal(json_integer_value(json_object_get(row, "fill_threads")),
 					 3);
-		else
+			assert_true(json_is_real(json_object_get(row, "fill_cpu_ms_per_token")));
+		} else {
 			assert_null(json_object_get(row, "fill_threads"));
+			assert_null(json_object_get(row, "fresh_bytes"));
+		}
+		/* The pager starts empty: its first fills zero new chunks while measured. */
+		if (!strcmp(pol, "none"))
+			assert_true(json_integer_value(json_object_get(row, "fresh_bytes")) > 0);
 	}
 	json_decref(j);
 	assert_true(file_size(t_path("out.csv")) > 100);

@@ -494,6 +494,23 @@ int mp_pager_workers_start(struct mp_pager *p)
 	return 0;
 }
 
+uint64_t mp_pager_fill_cpu_ns(struct mp_pager *p)
+{
+	uint64_t ns = 0;
+
+	/* The workers array is fixed between start and stop, the span stats are read in. */
+	for (uint32_t i = 0; p->workers && i < p->nworkers; i++) {
+		struct timespec ts;
+		clockid_t cid;
+
+		if (!p->workers[i].started || pthread_getcpuclockid(p->workers[i].thread, &cid) ||
+		    clock_gettime(cid, &ts))
+			continue;
+		ns += (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	return ns;
+}
+
 void mp_pager_workers_stop(struct mp_pager *p)
 {
 	if (p->workers) {

@@ -289,6 +289,9 @@ void mp_pager_stats(struct mp_pager *p, struct mp_pager_stats *out)
 	out->fill_threads = p->nworkers;
 	pthread_mutex_unlock(&p->lock);
 	out->memory_bytes = mem.populated_bytes;
+	out->fresh_bytes = mem.fresh_bytes;
+	out->released_bytes = mem.released_bytes;
+	out->fill_cpu_ns = mp_pager_fill_cpu_ns(p);
 }
 
 void mp_pager_stats_reset(struct mp_pager *p)

@@ -203,6 +203,8 @@ extern const struct mp_region_ops mp_pager_region_ops;
 
 /* fill.c */
 int mp_pager_workers_start(struct mp_pager *p);
+/* CPU time the fill threads have used so far (0 for a thread whose clock cannot be read). */
+uint64_t mp_pager_fill_cpu_ns(struct mp_pager *p);
 void mp_pager_workers_stop(struct mp_pager *p);
 /*
  * EMPTY -> FILLING -> MAPPED (or POISONED, or EMPTY for an unwanted

@@ -73,6 +73,8 @@ struct bench_result {
 	float load_ratio;		/* the prefetcher's measured read/layer ratio (last trace) */
 	bool semantic;			/* the prefetcher had semantic vectors */
 	uint32_t fill_threads;		/* the pager's fill threads (pager runs) */
+	uint64_t fresh_bytes;		/* new (kernel-zeroed) chunk bytes while measured */
+	uint64_t fill_cpu_ns;		/* the fill threads' CPU while measured */
 	char cache_note[96];		/* how the page cache started */
 };
 

@@ -340,6 +340,8 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 	sum->semantic |= r->semantic;
 	if (r->fill_threads > sum->fill_threads)
 		sum->fill_threads = r->fill_threads;
+	sum->fresh_bytes += r->fresh_bytes;
+	sum->fill_cpu_ns += r->fill_cpu_ns;
 	if (r->cache_note[0])
 		snprintf(sum->cache_note, sizeof(sum->cache_note), "%s", r->cache_note);
 }
@@ -462,6 +464,10 @@ static json_t *result_json(const struct bench_row *row)
 		json_object_set_new(o, "emap_bytes", json_integer((json_int_t)r->emap_bytes));
 		json_object_set_new(o, "load_ratio", json_real(r->load_ratio));
 		json_object_set_new(o, "fill_threads", json_integer(r->fill_threads));
+		/* Chunks the kernel zeroed for fills (the pool's growth), and what fills cost the CPUs. */
+		json_object_set_new(o, "fresh_bytes", json_integer((json_int_t)r->fresh_bytes));
+		json_object_set_new(o, "fill_cpu_ms_per_token",
+				    json_real(r->tokens ? r->fill_cpu_ns / 1e6 / r->tokens : 0));
 	}
 	if (r->cache_note[0])
 		json_object_set_new(o, "page_cache", json_string(r->cache_note));

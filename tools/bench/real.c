@@ -209,6 +209,8 @@ static void pager_mark(void *arg, bool start)
 	m->sum.prefetch_wasted += now.prefetch_wasted - m->before.prefetch_wasted;
 	m->sum.prefetch_late += now.prefetch_late - m->before.prefetch_late;
 	m->sum.bytes_file += now.bytes_file - m->before.bytes_file;
+	m->sum.fresh_bytes += now.fresh_bytes - m->before.fresh_bytes;
+	m->sum.fill_cpu_ns += now.fill_cpu_ns - m->before.fill_cpu_ns;
 }
 
 static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_result *res)
@@ -276,6 +278,8 @@ static int child_policy(struct child_ctx *c, struct mp_engine *e, struct bench_r
 	res->prefetch_wasted = marks.sum.prefetch_wasted;
 	res->prefetch_late = marks.sum.prefetch_late;
 	res->bytes_read = marks.sum.bytes_file;
+	res->fresh_bytes = marks.sum.fresh_bytes;
+	res->fill_cpu_ns = marks.sum.fill_cpu_ns;
 	struct mp_prefetcher_stats ps;
 	struct mp_pager_stats st;
 

@@ -362,7 +362,17 @@ struct mp_pager_stats {
 	uint64_t fill_threads;		/* config.fill_threads, or the default */
 	/* Of misses, those of experts evicted before: what an eviction cost later. */
 	uint64_t refaults;
-	MP_RESERVED(4);
+	/*
+	 * Since the pager opened (mp_pager_stats_reset() leaves them): chunk
+	 * bytes newly allocated (pages the kernel zeroed, then a read
+	 * overwrote; recycled chunks are not counted), spare chunk bytes given
+	 * back to the kernel, and the fill threads' CPU time (reads, checksums,
+	 * moves, new chunks; fills on the asking thread are the engine's).
+	 */
+	uint64_t fresh_bytes;
+	uint64_t released_bytes;
+	uint64_t fill_cpu_ns;
+	MP_RESERVED(1);
 };
 
 /* A snapshot of the counters. */
