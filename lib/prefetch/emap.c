@@ -123,7 +123,6 @@ struct mp_emap {
  */
 typedef double v8d __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
-typedef int64_t v8l __attribute__((vector_size(64)));
 
 float mp_cosine(const float *a, const float *b, uint32_t n)
 {
@@ -449,20 +448,40 @@ static void lists_add(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
 }
 
 /*
+ * Whether q followed map in m: its trajectory products are m's and the
+ * rows it folded in are map's first q->layers (then so are their kept
+ * rows and squared norms, which an insert of map can take from q).
+ */
+static bool followed(const struct mp_emap *m, const struct mp_emap_query *q, const float *map)
+{
+	return q && q->store == m->id && q->layers &&
+	       !memcmp(map, q->rows, (size_t)q->layers * m->cfg.experts * sizeof(*map));
+}
+
+/*
  * A map's kept rows (NULL: zeros) into k, with room made in r's lists for
  * them. Returns 0, or -ENOMEM with the store unchanged.
  */
-static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k)
+static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k,
+		    const struct mp_emap_query *q)
 {
-	const uint32_t J = m->cfg.experts;
+	const uint32_t J = m->cfg.experts, K = m->kept;
+	/* The layers a query that followed map has kept already, the same way. */
+	const uint32_t from_q = map && followed(m, q, map) ? q->layers : 0;
 	int err = 0;
 
 	k->sq = 0;
 	for (uint32_t l = 0; !err && l < m->cfg.layers; l++) {
-		keep_row(map ? map + (size_t)l * J : NULL, J, m->kept, k->id + l * m->kept,
-			 k->val + l * m->kept, &k->sq);
+		if (l < from_q) {
+			memcpy(k->id + l * K, q->kid + (size_t)l * K, K * sizeof(*k->id));
+			memcpy(k->val + l * K, q->kval + (size_t)l * K, K * sizeof(*k->val));
+			k->sq = q->ksq[l];
+		} else {
+			keep_row(map ? map + (size_t)l * J : NULL, J, K, k->id + l * K,
+				 k->val + l * K, &k->sq);
+		}
 		k->prefix_sq[l] = (float)k->sq;
-		err = lists_reserve(m, r, l, k->id + l * m->kept);
+		err = lists_reserve(m, r, l, k->id + l * K);
 	}
 	return err;
 }
@@ -530,15 +549,16 @@ static const float *search_vec(struct mp_emap *m, const float *sem)
  * norms, top-k, a new generation. Returns 0, or -ENOMEM with the record as
  * it was.
  */
-static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
+static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem,
+		      const struct mp_emap_query *q)
 {
 	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
 	double s = 0;
 	int err;
 
-	err = keep_map(m, &m->maps, map, &m->kmap);
+	err = keep_map(m, &m->maps, map, &m->kmap, q);
 	if (!err && m->cfg.sem_is_map)
-		err = keep_map(m, &m->ctx, sem, &m->kctx);
+		err = keep_map(m, &m->ctx, sem, &m->kctx, NULL);
 	if (err)
 		return err;
 	put_rows(m, &m->maps, y, &m->kmap);
@@ -778,6 +798,9 @@ void mp_emap_query_reset(struct mp_emap_query *q)
 void mp_emap_query_fini(struct mp_emap_query *q)
 {
 	free(q->rows);
+	free(q->kid);
+	free(q->kval);
+	free(q->ksq);
 	free(q->dot);
 	free(q->gen);
 	free(q->sdot);
@@ -813,7 +836,12 @@ static bool grow(void **p, size_t cap, size_t size)
 static int query_fit(const struct mp_emap *m, struct mp_emap_query *q)
 {
 	if (q->row_cap < m->lj) {
-		if (!grow((void **)&q->rows, m->lj, sizeof(*q->rows)))
+		const size_t kept = (size_t)m->cfg.layers * MAX_KEPT;
+
+		if (!grow((void **)&q->rows, m->lj, sizeof(*q->rows)) ||
+		    !grow((void **)&q->kid, kept, sizeof(*q->kid)) ||
+		    !grow((void **)&q->kval, kept, sizeof(*q->kval)) ||
+		    !grow((void **)&q->ksq, m->cfg.layers, sizeof(*q->ksq)))
 			return mp_err(-ENOMEM, "expert map: no memory for a query of %u layers",
 				      m->cfg.layers);
 		q->row_cap = m->lj;
@@ -855,9 +883,13 @@ static int query_traj(struct mp_emap *m, struct mp_emap_query *q, const float *m
 	}
 	for (uint32_t l = q->layers; l < prefix; l++) {
 		const size_t at = (size_t)l * m->cfg.experts;
+		uint16_t *id = q->kid + (size_t)l * m->kept;
+		float *val = q->kval + (size_t)l * m->kept;
 
 		memcpy(q->rows + at, map + at, m->cfg.experts * sizeof(*q->rows));
-		fold_map_row(m, &m->maps, map + at, l, q->dot, &q->vsq);
+		keep_row(map + at, m->cfg.experts, m->kept, id, val, &q->vsq);
+		q->ksq[l] = q->vsq;
+		fold_rows(m, &m->maps, l, id, val, q->dot);
 	}
 	for (uint32_t y = 0; q->writes != m->writes && y < m->count; y++) {
 		if (q->gen[y] == m->gen[y])
@@ -942,12 +974,14 @@ static float cos_sem(const struct mp_emap *m, uint32_t y, double dot, double vno
 static void reuse_traj(const struct mp_emap *m, const struct mp_emap_query *q, const float *norm,
 		       struct mp_emap_query *t)
 {
-	const size_t n = (size_t)q->layers * m->cfg.experts;
+	const size_t n = (size_t)q->layers * m->cfg.experts, nk = (size_t)q->layers * m->kept;
 
-	if (q->store != m->id || !q->layers || q->layers >= m->cfg.layers || q->cap < m->cap ||
-	    memcmp(norm, q->rows, n * sizeof(*norm)))
+	if (q->layers >= m->cfg.layers || q->cap < m->cap || !followed(m, q, norm))
 		return;
 	memcpy(t->rows, q->rows, n * sizeof(*t->rows));
+	memcpy(t->kid, q->kid, nk * sizeof(*t->kid));
+	memcpy(t->kval, q->kval, nk * sizeof(*t->kval));
+	memcpy(t->ksq, q->ksq, q->layers * sizeof(*t->ksq));
 	memcpy(t->dot, q->dot, m->count * sizeof(*t->dot));
 	memcpy(t->gen, q->gen, m->count * sizeof(*t->gen));
 	memset(t->gen + m->count, 0, (t->cap - m->count) * sizeof(*t->gen));
@@ -1014,13 +1048,13 @@ int mp_emap_insert(struct mp_emap *m, struct mp_emap_query *q, const float *map,
 	if (m->count == m->cap) {
 		err = most_redundant(m, q, m->row, sem, &y);
 		if (!err)
-			err = put_record(m, y, m->row, sem);
+			err = put_record(m, y, m->row, sem, q);
 		if (err)
 			return err;
 		m->replaced++;
 	} else {
 		y = m->count;
-		err = put_record(m, y, m->row, sem);
+		err = put_record(m, y, m->row, sem, q);
 		if (err)
 			return err;
 		m->count++;
@@ -1231,61 +1265,43 @@ static bool neighbour_has(const struct neighbours *nb, uint32_t y)
  */
 #define BELOW_MARGIN (1 - 1e-6)
 
+/* t^2 vsq x margin, t the last neighbour's cosine, once they are all found (else 0: no bar). */
+static double traj_bar(const struct neighbours *nb, double vsq)
+{
+	double t = nb->n == MP_EMAP_NEIGHBOURS ? nb->c[nb->n - 1] : 0.0;
+
+	return t * t * vsq * BELOW_MARGIN;
+}
+
 /*
  * The trajectory neighbours of q's prefix of `layers` layers, starting
  * from the last search's (q->nb_y: most often still among the nearest,
  * they set a high bar at once). Then a record sharing nothing with the
  * prefix (product 0) never is one, and the others are first compared by
- * dot^2 against (t^2 vsq) x their prefix's squared norm, eight at a time
- * (the AVX-512 and AVX2 clones in one and two registers).
+ * dot^2 against (t^2 vsq) x their prefix's squared norm: a load, two
+ * multiplications and two well-predicted branches for most records.
  */
-#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 static void traj_neighbours(const struct mp_emap *m, struct mp_emap_query *q, uint32_t layers,
 			    struct neighbours *nb)
 {
 	const float *ysq = m->maps.prefix_sq + (size_t)(layers - 1) * m->cap;
 	const double *dot = q->dot;
-	double f = 0;	/* t^2 vsq x margin once the neighbours are found: the bar */
-	uint32_t y = 0;
+	double f;	/* the bar: traj_bar() */
 
-	for (uint32_t i = 0; i < q->nb_n; i++)
-		if (q->nb_y[i] < m->count && dot[q->nb_y[i]] > 0 && !neighbour_has(nb, q->nb_y[i]))
-			neighbour_add(nb, q->nb_y[i], cos_prefix(m, q->nb_y[i], dot[q->nb_y[i]],
-								  q->vsq, layers));
-	for (;;) {
-		uint64_t pass = 0;
-		uint32_t n = MP_MIN(8u, m->count - y);
+	for (uint32_t i = 0; i < q->nb_n; i++) {
+		uint32_t y = q->nb_y[i];
 
-		if (!n)
-			break;
-		if (nb->n == MP_EMAP_NEIGHBOURS) {
-			float t = nb->c[nb->n - 1];
+		if (y < m->count && dot[y] > 0 && !neighbour_has(nb, y))
+			neighbour_add(nb, y, cos_prefix(m, y, dot[y], q->vsq, layers));
+	}
+	f = traj_bar(nb, q->vsq);
+	for (uint32_t y = 0; y < m->count; y++) {
+		const double d = dot[y];
 
-			f = (double)t * t * q->vsq * BELOW_MARGIN;
-		}
-		if (n == 8) {
-			v8d d, s;
-			v8f ys;
-			v8l ok;
-
-			memcpy(&d, dot + y, sizeof(d));
-			memcpy(&ys, ysq + y, sizeof(ys));
-			s = __builtin_convertvector(ys, v8d);
-			ok = (d > 0) & ~(d * d < f * s);
-			for (uint32_t i = 0; i < 8; i++)
-				pass |= (uint64_t)(ok[i] != 0) << i;
-		} else {
-			for (uint32_t i = 0; i < n; i++)
-				pass |= (uint64_t)(dot[y + i] > 0 &&
-						   !(dot[y + i] * dot[y + i] < f * ysq[y + i])) << i;
-		}
-		for (uint32_t i = 0; pass; i++, pass >>= 1)
-			if ((pass & 1) && !neighbour_has(nb, y + i))
-				neighbour_add(nb, y + i, cos_prefix(m, y + i, dot[y + i], q->vsq,
-								    layers));
-		y += n;
+		if (!(d > 0) || d * d < f * ysq[y] || neighbour_has(nb, y))
+			continue;
+		neighbour_add(nb, y, cos_prefix(m, y, d, q->vsq, layers));
+		f = traj_bar(nb, q->vsq);
 	}
 	q->nb_n = nb->n;
 	memcpy(q->nb_y, nb->y, nb->n * sizeof(*nb->y));
@@ -1570,7 +1586,7 @@ int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_e
 				goto free_payload;
 			}
 		}
-		err = put_record(m, y, map, map + m->lj);
+		err = put_record(m, y, map, map + m->lj, NULL);
 		if (err)
 			goto free_payload;
 	}

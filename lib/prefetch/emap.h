@@ -81,6 +81,10 @@ struct mp_emap_query {
 	double vsq;		/* the prefix's squared norm */
 	uint32_t row_cap;	/* floats rows holds */
 	float *rows;		/* [layers][experts]: the prefix's rows folded in */
+	/* Those rows as kept ([layers][kept]) and vsq after each ([layers]): an insert's. */
+	uint16_t *kid;
+	float *kval;
+	double *ksq;
 	double *dot;		/* [cap] */
 	uint32_t *gen;		/* [cap]: the record write each product belongs to */
 	/* The last trajectory search's neighbours: the next one starts from them. */
