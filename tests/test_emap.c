@@ -677,32 +677,45 @@ static void ref_normalise(const float *map, float *out)
 }
 
 /*
+ * The indices of the (at most) `want` largest positive values of v[0..n),
+ * largest first, equal ones by increasing index, into out; returns how many.
+ */
+static uint32_t ref_top(const float *v, uint32_t n, uint32_t want, uint32_t *out)
+{
+	bool *used = calloc(n, sizeof(*used));
+	uint32_t got = 0;
+
+	assert_non_null(used);
+	for (; got < want; got++) {
+		uint32_t b = n;
+
+		for (uint32_t j = 0; j < n; j++)
+			if (!used[j] && v[j] > 0 && (b == n || v[j] > v[b]))
+				b = j;
+		if (b == n)
+			break;
+		used[b] = true;
+		out[got] = b;
+	}
+	free(used);
+	return got;
+}
+
+/*
  * A row as kept: its RKEPT largest positive values (ties: lower index)
  * scaled to the row's sum when it has more, spread out over kept[];
  * their squares added to *sq by index.
  */
 static void ref_keep(const float *row, float *kept, double *sq)
 {
-	uint32_t best[RKEPT], n = 0, nz = 0;
+	uint32_t best[RKEPT], n = ref_top(row, RJ, RKEPT, best), nz = 0;
 	double total = 0, sum = 0;
-	bool used[RJ] = { false };
 
 	for (uint32_t j = 0; j < RJ; j++)
 		if (row[j] > 0) {
 			nz++;
 			total += row[j];
 		}
-	for (; n < RKEPT; n++) {
-		uint32_t b = RJ;
-
-		for (uint32_t j = 0; j < RJ; j++)
-			if (!used[j] && row[j] > 0 && (b == RJ || row[j] > row[b]))
-				b = j;
-		if (b == RJ)
-			break;
-		used[b] = true;
-		best[n] = b;
-	}
 	for (uint32_t i = 0; nz > n && i < n; i++)
 		sum += row[best[i]];
 	memset(kept, 0, RJ * sizeof(float));
@@ -745,26 +758,6 @@ static float ref_cos_sem(const struct ref *r, uint32_t y, const float *v)
 	return vsq > 0 && yn > 0 ? (float)(dot / (sqrt(vsq) * yn)) : 0.0f;
 }
 
-/* The nearest records (cosine > 0, at most MP_EMAP_NEIGHBOURS; ties: lower index first). */
-static uint32_t ref_neighbours(const float *c, uint32_t count, uint32_t *ys)
-{
-	uint32_t n = 0;
-	bool taken[RCAP] = { false };
-
-	for (; n < MP_EMAP_NEIGHBOURS; n++) {
-		uint32_t b = count;
-
-		for (uint32_t y = 0; y < count; y++)
-			if (!taken[y] && c[y] > 0 && (b == count || c[y] > c[b]))
-				b = y;
-		if (b == count)
-			break;
-		taken[b] = true;
-		ys[n] = b;
-	}
-	return n;
-}
-
 /* The neighbours' vote for layer target (the uniform pseudo-record included), and the score. */
 static void ref_vote(const struct ref *r, const float *c, const uint32_t *ys, uint32_t n,
 		     uint32_t target, float *out, float *score)
@@ -772,21 +765,11 @@ static void ref_vote(const struct ref *r, const float *c, const uint32_t *ys, ui
 	double acc[RJ] = { 0 }, wsum = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
-		const float *row = r->norm[ys[i]] + target * RJ;
-		bool used[RJ] = { false };
+		uint32_t top[RK], k = ref_top(r->norm[ys[i]] + target * RJ, RJ, RK, top);
 
 		wsum += c[ys[i]];
-		for (uint32_t t = 0; t < RK; t++) {
-			uint32_t b = RJ;
-
-			for (uint32_t j = 0; j < RJ; j++)
-				if (!used[j] && row[j] > 0 && (b == RJ || row[j] > row[b]))
-					b = j;
-			if (b == RJ)
-				break;
-			used[b] = true;
-			acc[b] += c[ys[i]];
-		}
+		for (uint32_t t = 0; t < k; t++)
+			acc[top[t]] += c[ys[i]];
 	}
 	for (uint32_t j = 0; j < RJ; j++)
 		out[j] = (float)(((double)RK / RJ + acc[j]) / (1.0 + wsum));
@@ -802,7 +785,7 @@ static void ref_traj(const struct ref *r, const float *q, uint32_t prefix, uint3
 
 	for (uint32_t y = 0; y < r->count; y++)
 		c[y] = ref_cos(r, y, q, prefix);
-	nb = ref_neighbours(c, r->count, ys);
+	nb = ref_top(c, r->count, MP_EMAP_NEIGHBOURS, ys);	/* the nearest */
 	for (uint32_t i = 0; i < n; i++)
 		ref_vote(r, c, ys, nb, target + i, out + i * RJ, score);
 }
@@ -890,7 +873,7 @@ static void fast_searches_equal_a_dense_reference(bool with_sem)
 			assert_int_equal(mp_emap_predict_sem(m, &q, sem, got, &gs), 0);
 			for (uint32_t y = 0; y < r->count; y++)
 				cs[y] = ref_cos_sem(r, y, sem);
-			nb = ref_neighbours(cs, r->count, ys);
+			nb = ref_top(cs, r->count, MP_EMAP_NEIGHBOURS, ys);
 			for (uint32_t l = 0; l < RL; l++)
 				ref_vote(r, cs, ys, nb, l, want + l * RJ, &ws);
 			same_bits(got, want, RL * RJ);
