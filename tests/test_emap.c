@@ -640,6 +640,293 @@ static void gated_rows_become_the_next_iterations_semantic_search(void **state)
 	mp_emap_destroy(b);
 }
 
+/*
+ * A dense reference of the store's searches, from scratch: every record's
+ * map normalised, its rows kept, the cosines of flattened prefixes, the
+ * nearest records' vote, the insert's victim. The store computes the same
+ * through its expert lists, running products per query, products reused
+ * from the iteration at the insert, and neighbours turned away without
+ * their cosine; it must give the same bits.
+ */
+#define RL 6
+#define RJ 64
+#define RK 6
+#define RKEPT (MP_EMAP_ROW_KEEP * RK)
+#define RCAP 48
+#define RSEM 16
+#define RD 2
+
+struct ref {
+	float norm[RCAP][RL * RJ];	/* each record's map as the store normalises it */
+	float sem[RCAP][RSEM];
+	uint32_t count;
+	bool with_sem;
+};
+
+/* As the store normalises a map: each row over its sum, in double. */
+static void ref_normalise(const float *map, float *out)
+{
+	for (uint32_t l = 0; l < RL; l++) {
+		double sum = 0;
+
+		for (uint32_t j = 0; j < RJ; j++)
+			sum += map[l * RJ + j];
+		for (uint32_t j = 0; j < RJ; j++)
+			out[l * RJ + j] = sum > 0 ? (float)(map[l * RJ + j] / sum) : 0.0f;
+	}
+}
+
+/*
+ * The indices of the (at most) `want` largest positive values of v[0..n),
+ * largest first, equal ones by increasing index, into out; returns how many.
+ */
+static uint32_t ref_top(const float *v, uint32_t n, uint32_t want, uint32_t *out)
+{
+	bool *used = calloc(n, sizeof(*used));
+	uint32_t got = 0;
+
+	assert_non_null(used);
+	for (; got < want; got++) {
+		uint32_t b = n;
+
+		for (uint32_t j = 0; j < n; j++)
+			if (!used[j] && v[j] > 0 && (b == n || v[j] > v[b]))
+				b = j;
+		if (b == n)
+			break;
+		used[b] = true;
+		out[got] = b;
+	}
+	free(used);
+	return got;
+}
+
+/*
+ * A row as kept: its RKEPT largest positive values (ties: lower index)
+ * scaled to the row's sum when it has more, spread out over kept[];
+ * their squares added to *sq by index.
+ */
+static void ref_keep(const float *row, float *kept, double *sq)
+{
+	uint32_t best[RKEPT], n = ref_top(row, RJ, RKEPT, best), nz = 0;
+	double total = 0, sum = 0;
+
+	for (uint32_t j = 0; j < RJ; j++)
+		if (row[j] > 0) {
+			nz++;
+			total += row[j];
+		}
+	for (uint32_t i = 0; nz > n && i < n; i++)
+		sum += row[best[i]];
+	memset(kept, 0, RJ * sizeof(float));
+	for (uint32_t i = 0; i < n; i++)
+		kept[best[i]] = nz > n ? (float)(row[best[i]] * (total / sum)) : row[best[i]];
+	for (uint32_t j = 0; j < RJ; j++)
+		*sq += (double)kept[j] * kept[j];
+}
+
+/* Cosine of q's first `layers` rows (as kept) with record y's. */
+static float ref_cos(const struct ref *r, uint32_t y, const float *q, uint32_t layers)
+{
+	float qk[RJ], yk[RJ];
+	double dot = 0, vsq = 0, ysq = 0;
+	float ysqf;
+
+	for (uint32_t l = 0; l < layers; l++) {
+		ref_keep(q + l * RJ, qk, &vsq);
+		ref_keep(r->norm[y] + l * RJ, yk, &ysq);
+		for (uint32_t j = 0; j < RJ; j++)
+			if (qk[j] != 0 && yk[j] != 0)
+				dot += (double)qk[j] * yk[j];
+	}
+	ysqf = (float)ysq;
+	return vsq > 0 && ysqf > 0 ? (float)(dot / sqrt(vsq * ysqf)) : 0.0f;
+}
+
+static float ref_cos_sem(const struct ref *r, uint32_t y, const float *v)
+{
+	double dot = 0, vsq = 0, ysq = 0;
+	float yn;
+
+	for (uint32_t i = 0; i < RSEM; i++) {
+		if (v[i] != 0)
+			dot += (double)v[i] * r->sem[y][i];
+		vsq += (double)v[i] * v[i];
+		ysq += (double)r->sem[y][i] * r->sem[y][i];
+	}
+	yn = (float)sqrt(ysq);
+	return vsq > 0 && yn > 0 ? (float)(dot / (sqrt(vsq) * yn)) : 0.0f;
+}
+
+/* The neighbours' vote for layer target (the uniform pseudo-record included), and the score. */
+static void ref_vote(const struct ref *r, const float *c, const uint32_t *ys, uint32_t n,
+		     uint32_t target, float *out, float *score)
+{
+	double acc[RJ] = { 0 }, wsum = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t top[RK], k = ref_top(r->norm[ys[i]] + target * RJ, RJ, RK, top);
+
+		wsum += c[ys[i]];
+		for (uint32_t t = 0; t < k; t++)
+			acc[top[t]] += c[ys[i]];
+	}
+	for (uint32_t j = 0; j < RJ; j++)
+		out[j] = (float)(((double)RK / RJ + acc[j]) / (1.0 + wsum));
+	*score = n ? c[ys[0]] : 0.0f;
+}
+
+/* mp_emap_predict_traj_n() from scratch. */
+static void ref_traj(const struct ref *r, const float *q, uint32_t prefix, uint32_t target,
+		     uint32_t n, float *out, float *score)
+{
+	float c[RCAP];
+	uint32_t ys[MP_EMAP_NEIGHBOURS], nb;
+
+	for (uint32_t y = 0; y < r->count; y++)
+		c[y] = ref_cos(r, y, q, prefix);
+	nb = ref_top(c, r->count, MP_EMAP_NEIGHBOURS, ys);	/* the nearest */
+	for (uint32_t i = 0; i < n; i++)
+		ref_vote(r, c, ys, nb, target + i, out + i * RJ, score);
+}
+
+/* The record an insert of map (normalised) with sem replaces: FineMoE's highest RDY. */
+static uint32_t ref_victim(const struct ref *r, const float *norm, const float *sem)
+{
+	const uint32_t Lr = RL, d = RD;
+	float best = -INFINITY;
+	uint32_t v = 0;
+
+	for (uint32_t y = 0; y < r->count; y++) {
+		float traj = ref_cos(r, y, norm, RL);
+		float s = r->with_sem ? ref_cos_sem(r, y, sem) : traj;
+		float rdy = ((float)d / Lr) * s + ((float)(Lr - d) / Lr) * traj;
+
+		if (rdy > best) {
+			best = rdy;
+			v = y;
+		}
+	}
+	return v;
+}
+
+static float rnd(uint32_t *seed)
+{
+	*seed = *seed * 1103515245u + 12345u;
+	return (float)((*seed >> 8) % 1000 + 1);
+}
+
+/*
+ * A map of pseudo-random gate values, normalised as a gate's rows are:
+ * each row a full softmax (every expert), a top-k row (RK experts), or
+ * now and then all zeros (a layer that saw no gate).
+ */
+static void ref_map(uint32_t *seed, float *map)
+{
+	float raw[RL * RJ] = { 0 };
+
+	for (uint32_t l = 0; l < RL; l++) {
+		uint32_t kind = (uint32_t)rnd(seed) % 8;
+
+		for (uint32_t j = 0; kind < 5 && j < RJ; j++)
+			raw[l * RJ + j] = rnd(seed);
+		for (uint32_t t = 0; kind >= 5 && kind < 7 && t < RK; t++)
+			raw[l * RJ + (uint32_t)rnd(seed) % RJ] = rnd(seed);
+	}
+	ref_normalise(raw, map);
+}
+
+static void same_bits(const float *a, const float *b, size_t n)
+{
+	assert_memory_equal(a, b, n * sizeof(float));
+}
+
+static void fast_searches_equal_a_dense_reference(bool with_sem)
+{
+	struct mp_emap_config c = { .layers = RL, .experts = RJ, .topk = RK,
+				    .sem_dim = with_sem ? RSEM : 0, .capacity = RCAP,
+				    .distance = RD };
+	struct ref *r = calloc(1, sizeof(*r));
+	struct mp_emap_query q = { 0 };
+	struct mp_emap *m = NULL;
+	float map[RL * RJ], other[RL * RJ], traj[RL * RJ], nm[RL * RJ], sem[RSEM], osem[RSEM];
+	float got[RL * RJ], want[RL * RJ], gs, ws;
+	uint32_t seed = with_sem ? 5 : 3, dup = 0;
+
+	assert_non_null(r);
+	r->with_sem = with_sem;
+	assert_int_equal(mp_emap_create(&c, &m), 0);
+	for (uint32_t it = 0; it < 4 * RCAP; it++) {
+		int y;
+
+		ref_map(&seed, map);
+		/* Now and then an earlier map again: equal cosines, ties broken by the index. */
+		if (it % 9 == 8 && r->count)
+			memcpy(map, r->norm[dup++ % r->count], sizeof(map));
+		for (uint32_t i = 0; i < RSEM; i++)
+			sem[i] = rnd(&seed) - 500.0f;
+		mp_emap_query_reset(&q);
+		if (with_sem && r->count) {
+			float cs[RCAP];
+			uint32_t ys[MP_EMAP_NEIGHBOURS], nb;
+
+			assert_int_equal(mp_emap_predict_sem(m, &q, sem, got, &gs), 0);
+			for (uint32_t y = 0; y < r->count; y++)
+				cs[y] = ref_cos_sem(r, y, sem);
+			nb = ref_top(cs, r->count, MP_EMAP_NEIGHBOURS, ys);
+			for (uint32_t l = 0; l < RL; l++)
+				ref_vote(r, cs, ys, nb, l, want + l * RJ, &ws);
+			same_bits(got, want, RL * RJ);
+			same_bits(&gs, &ws, 1);
+		}
+		/* The iteration's gates, one prefix longer each. */
+		memset(traj, 0, sizeof(traj));
+		for (uint32_t p = 1; p < RL && r->count; p++) {
+			memcpy(traj + (p - 1) * RJ, map + (p - 1) * RJ, RJ * sizeof(float));
+			assert_int_equal(mp_emap_predict_traj_n(m, &q, traj, p, p, RL - p, got, &gs),
+					 0);
+			ref_traj(r, traj, p, p, RL - p, want, &ws);
+			same_bits(got, want, (RL - p) * RJ);
+			same_bits(&gs, &ws, 1);
+			/* Another request's map written under the query: its product is redone. */
+			if ((it + p) % 5 == 0) {
+				ref_map(&seed, other);
+				for (uint32_t i = 0; i < RSEM; i++)
+					osem[i] = rnd(&seed) - 500.0f;
+				y = mp_emap_insert(m, NULL, other, with_sem ? osem : NULL);
+				ref_normalise(other, nm);
+				assert_int_equal(y, r->count < RCAP ? r->count :
+						 ref_victim(r, nm, osem));
+				memcpy(r->norm[y], nm, sizeof(nm));
+				memcpy(r->sem[y], osem, sizeof(osem));
+				r->count += r->count < RCAP;
+			}
+		}
+		/* The iteration's own map goes in, its query's products reused where they apply. */
+		y = mp_emap_insert(m, &q, map, with_sem ? sem : NULL);
+		ref_normalise(map, nm);
+		assert_int_equal(y, r->count < RCAP ? r->count : ref_victim(r, nm, sem));
+		memcpy(r->norm[y], nm, sizeof(nm));
+		memcpy(r->sem[y], sem, sizeof(sem));
+		r->count += r->count < RCAP;
+	}
+	mp_emap_query_fini(&q);
+	mp_emap_destroy(m);
+	free(r);
+}
+
+static void fast_trajectory_searches_equal_a_dense_reference(void **state)
+{
+	(void)state;
+	fast_searches_equal_a_dense_reference(false);
+}
+
+static void fast_semantic_searches_equal_a_dense_reference(void **state)
+{
+	(void)state;
+	fast_searches_equal_a_dense_reference(true);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -659,6 +946,8 @@ int main(void)
 		cmocka_unit_test(a_topk_outside_the_experts_is_refused),
 		cmocka_unit_test(a_query_finds_what_a_search_from_scratch_finds),
 		cmocka_unit_test(gated_rows_become_the_next_iterations_semantic_search),
+		cmocka_unit_test(fast_trajectory_searches_equal_a_dense_reference),
+		cmocka_unit_test(fast_semantic_searches_equal_a_dense_reference),
 	};
 	int ret = cmocka_run_group_tests_name("emap", tests, NULL, NULL);
 

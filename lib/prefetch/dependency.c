@@ -41,6 +41,34 @@ static int dependency_init(struct mp_prefetch *pf)
 	return 0;
 }
 
+typedef double v8d __attribute__((vector_size(64)));
+
+/*
+ * nq[b] += qa * t[b] / row for every b < J: eight at a time, each the
+ * same operations in the same order (the same bits); the AVX-512 and AVX2
+ * clones do them in one and two registers. A step of the propagation is
+ * J x J of these, d steps per gate.
+ */
+#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void add_row(double *restrict nq, double qa, const double *restrict t, double row,
+		    uint32_t J)
+{
+	uint32_t b = 0;
+
+	for (; b + 8 <= J; b += 8) {
+		v8d x, n;
+
+		memcpy(&x, t + b, sizeof(x));
+		memcpy(&n, nq + b, sizeof(n));
+		n += qa * x / row;
+		memcpy(nq + b, &n, sizeof(n));
+	}
+	for (; b < J; b++)
+		nq[b] += qa * t[b] / row;
+}
+
 /* q holds layer `from`'s distribution; moves it to layer `to` through the counts. */
 static bool propagate(struct dependency *d, uint32_t from, uint32_t to)
 {
@@ -54,10 +82,8 @@ static bool propagate(struct dependency *d, uint32_t from, uint32_t to)
 		for (uint32_t a = 0; a < J; a++) {
 			double row = d->row_sum[(size_t)l * J + a];
 
-			if (!(d->q[a] > 0))
-				continue;
-			for (uint32_t b = 0; row > 0 && b < J; b++)
-				d->nq[b] += d->q[a] * T[a * J + b] / row;
+			if (d->q[a] > 0 && row > 0)
+				add_row(d->nq, d->q[a], T + (size_t)a * J, row, J);
 		}
 		for (uint32_t b = 0; b < J; b++)
 			total += d->nq[b];

@@ -45,11 +45,12 @@ _Static_assert(sizeof(struct emap_header) == 64, "expert-map header is 64 bytes"
  * kept experts only, so it touches the records that share an expert with
  * it, kept x kept / J values per record on average rather than all kept,
  * and adds each record's terms in expert order, as a dense row-by-row dot
- * product adds the same non-zero terms.
+ * product adds the same non-zero terms. A post is 8 bytes, what a search
+ * reads of it: which of the record's kept values it is, only a record's
+ * removal needs, and finds in the record's row (kept_slot()).
  */
 struct post {
 	uint32_t y;		/* the record */
-	uint32_t i;		/* which of its kept values */
 	float v;
 };
 
@@ -83,7 +84,13 @@ struct mp_emap {
 	uint64_t id;		/* unique among stores: a query of another store starts over */
 	struct rows maps;
 	struct rows ctx;	/* sem_is_map: the records' semantic maps */
-	float *sem;		/* otherwise: [sem_dim][cap], by columns */
+	/*
+	 * Otherwise the vectors: [sem_dim][cap] by columns when searches read
+	 * them, [cap][sem_dim] by records when they read the sketches (then
+	 * only a save reads them, and an insert writes one record's floats
+	 * together, not sem_dim cache lines apart).
+	 */
+	float *sem;
 	/*
 	 * What searches compare: sem itself, or (sem_dim above
 	 * MP_EMAP_SKETCH_DIM) each vector's sketch, sdim floats by columns.
@@ -91,6 +98,7 @@ struct mp_emap {
 	uint32_t sdim;
 	float *sk;		/* [sdim][cap], NULL: searches read sem */
 	float *qsk;		/* [sdim] scratch: the sketch of a query's vector */
+	uint32_t *skb;		/* [sem_dim]: each value's bucket, the top bit its sign */
 	float *sem_norm;	/* [cap]: of what searches compare */
 	uint16_t *top;		/* [layers][cap][topk]: each row's top-k, in vote order */
 	uint32_t *gen;		/* [cap]: changes with every write of the record */
@@ -107,6 +115,14 @@ struct mp_emap {
 /* Marks the end of a row's top-k when fewer than k of its experts ran. */
 #define NO_EXPERT UINT16_MAX
 #define MAX_KEPT (MP_EMAP_ROW_KEEP * MP_MAX_TOPK)
+
+/*
+ * Eight lanes (GCC vector extensions): the target_clones below compile
+ * them to one AVX-512 register, two AVX2 ones or four SSE ones, each lane
+ * the same IEEE operation as the plain loop's, so the same bits.
+ */
+typedef double v8d __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
 
 float mp_cosine(const float *a, const float *b, uint32_t n)
 {
@@ -180,6 +196,23 @@ static uint64_t rows_bytes(const struct mp_emap *m, const struct rows *r)
 	return b;
 }
 
+/*
+ * A long semantic vector's sketch (feature hashing): each of its values is
+ * added, with a sign, into one of sdim buckets, both picked by a fixed hash
+ * of its index. Inner products, and so cosines, are kept in expectation,
+ * within about 1/sqrt(sdim) of a unit vector's: enough to rank neighbours,
+ * at sdim instead of sem_dim floats per record read by every search.
+ */
+static uint32_t sketch_hash(uint32_t i)
+{
+	i ^= i >> 16;
+	i *= 0x7feb352du;
+	i ^= i >> 15;
+	i *= 0x846ca68bu;
+	i ^= i >> 16;
+	return i;
+}
+
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 {
 	static _Atomic uint64_t stores;
@@ -212,8 +245,14 @@ int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out)
 	if (m->sdim < sem) {
 		m->sk = calloc(cap * m->sdim, sizeof(float));
 		m->qsk = calloc(m->sdim, sizeof(float));
-		if (!m->sk || !m->qsk)
+		m->skb = calloc(sem, sizeof(uint32_t));
+		if (!m->sk || !m->qsk || !m->skb)
 			err = -ENOMEM;
+		for (uint32_t i = 0; m->skb && i < sem; i++) {
+			uint32_t h = sketch_hash(i);
+
+			m->skb[i] = (h % m->sdim) | (h & 0x80000000u);
+		}
 	}
 	m->sem_norm = calloc(cap, sizeof(float));
 	m->top = calloc(cap * cfg->layers * cfg->topk, sizeof(uint16_t));
@@ -247,6 +286,7 @@ void mp_emap_destroy(struct mp_emap *m)
 	free(m->sem);
 	free(m->sk);
 	free(m->qsk);
+	free(m->skb);
 	free(m->sem_norm);
 	free(m->top);
 	free(m->gen);
@@ -281,7 +321,8 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
 		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
 		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
-		     (m->sk ? (cap + 1) * m->sdim * sizeof(float) : 0) +
+		     (m->sk ? (cap + 1) * m->sdim * sizeof(float) +
+			      (uint64_t)m->cfg.sem_dim * sizeof(uint32_t) : 0) +
 		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
 			    sizeof(uint16_t) + sizeof(uint32_t)) +
 		     (m->lj + m->cfg.experts + 1) * sizeof(float) +
@@ -364,6 +405,18 @@ static int lists_reserve(struct mp_emap *m, struct rows *r, uint32_t l, const ui
 	return 0;
 }
 
+/* Which of record y's kept values of layer l is expert e's (its row holds e). */
+static uint32_t kept_slot(const struct mp_emap *m, const struct rows *r, uint32_t l, uint32_t y,
+			  uint16_t e)
+{
+	const uint16_t *id = r->id + at(m, l, y);
+	uint32_t i = 0;
+
+	while (i + 1 < m->kept && id[i] != e)
+		i++;
+	return i;
+}
+
 /* Takes record y's kept row of layer l out of its lists (the last entry fills each gap). */
 static void lists_remove(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
 {
@@ -377,7 +430,7 @@ static void lists_remove(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t
 		if (where[i] == li->n)
 			continue;
 		li->p[where[i]] = last;
-		r->where[at(m, l, last.y) + last.i] = where[i];
+		r->where[at(m, l, last.y) + kept_slot(m, r, l, last.y, id[i])] = where[i];
 	}
 }
 
@@ -390,25 +443,45 @@ static void lists_add(struct mp_emap *m, struct rows *r, uint32_t l, uint32_t y)
 		struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
 
 		r->where[at(m, l, y) + i] = li->n;
-		li->p[li->n++] = (struct post){ y, i, val[i] };
+		li->p[li->n++] = (struct post){ y, val[i] };
 	}
+}
+
+/*
+ * Whether q followed map in m: its trajectory products are m's and the
+ * rows it folded in are map's first q->layers (then so are their kept
+ * rows and squared norms, which an insert of map can take from q).
+ */
+static bool followed(const struct mp_emap *m, const struct mp_emap_query *q, const float *map)
+{
+	return q && q->store == m->id && q->layers &&
+	       !memcmp(map, q->rows, (size_t)q->layers * m->cfg.experts * sizeof(*map));
 }
 
 /*
  * A map's kept rows (NULL: zeros) into k, with room made in r's lists for
  * them. Returns 0, or -ENOMEM with the store unchanged.
  */
-static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k)
+static int keep_map(struct mp_emap *m, struct rows *r, const float *map, struct kept_map *k,
+		    const struct mp_emap_query *q)
 {
-	const uint32_t J = m->cfg.experts;
+	const uint32_t J = m->cfg.experts, K = m->kept;
+	/* The layers a query that followed map has kept already, the same way. */
+	const uint32_t from_q = map && followed(m, q, map) ? q->layers : 0;
 	int err = 0;
 
 	k->sq = 0;
 	for (uint32_t l = 0; !err && l < m->cfg.layers; l++) {
-		keep_row(map ? map + (size_t)l * J : NULL, J, m->kept, k->id + l * m->kept,
-			 k->val + l * m->kept, &k->sq);
+		if (l < from_q) {
+			memcpy(k->id + l * K, q->kid + (size_t)l * K, K * sizeof(*k->id));
+			memcpy(k->val + l * K, q->kval + (size_t)l * K, K * sizeof(*k->val));
+			k->sq = q->ksq[l];
+		} else {
+			keep_row(map ? map + (size_t)l * J : NULL, J, K, k->id + l * K,
+				 k->val + l * K, &k->sq);
+		}
 		k->prefix_sq[l] = (float)k->sq;
-		err = lists_reserve(m, r, l, k->id + l * m->kept);
+		err = lists_reserve(m, r, l, k->id + l * K);
 	}
 	return err;
 }
@@ -426,41 +499,34 @@ static void put_rows(struct mp_emap *m, struct rows *r, uint32_t y, const struct
 	}
 }
 
-/* The k largest positive values of row, largest first (ties: lower j), NO_EXPERT after. */
+/*
+ * The k largest positive values of row, largest first (ties: lower j),
+ * NO_EXPERT after: one pass, each value inserted among the k best so far
+ * (k is small), an equal value after the lower index already in.
+ */
 static void row_topk(const float *row, uint32_t J, uint32_t k, uint16_t *ids)
 {
-	for (uint32_t i = 0; i < k; i++) {
-		uint32_t best = J;
+	uint32_t n = 0;
 
-		for (uint32_t j = 0; j < J; j++) {
-			bool used = false;
+	for (uint32_t j = 0; j < J; j++) {
+		float v = row[j];
+		uint32_t i;
 
-			for (uint32_t t = 0; t < i; t++)
-				used |= ids[t] == j;
-			if (!used && row[j] > 0 && (best == J || row[j] > row[best]))
-				best = j;
-		}
-		ids[i] = best == J ? NO_EXPERT : (uint16_t)best;
-		if (best == J)
-			return;		/* fewer than k experts ran (an all-zero row) */
+		if (!(v > 0) || (n == k && !(v > row[ids[n - 1]])))
+			continue;
+		i = n < k ? n++ : n - 1;
+		for (; i > 0 && row[ids[i - 1]] < v; i--)
+			ids[i] = ids[i - 1];
+		ids[i] = (uint16_t)j;
 	}
+	for (uint32_t i = n; i < k; i++)
+		ids[i] = NO_EXPERT;	/* fewer than k experts ran (an all-zero row) */
 }
 
-/*
- * A long semantic vector's sketch (feature hashing): each of its values is
- * added, with a sign, into one of sdim buckets, both picked by a fixed hash
- * of its index. Inner products, and so cosines, are kept in expectation,
- * within about 1/sqrt(sdim) of a unit vector's: enough to rank neighbours,
- * at sdim instead of sem_dim floats per record read by every search.
- */
-static uint32_t sketch_hash(uint32_t i)
+/* Where value i of record y's semantic vector is in m->sem. */
+static size_t sem_at(const struct mp_emap *m, uint32_t y, uint32_t i)
 {
-	i ^= i >> 16;
-	i *= 0x7feb352du;
-	i ^= i >> 15;
-	i *= 0x846ca68bu;
-	i ^= i >> 16;
-	return i;
+	return m->sk ? (size_t)y * m->cfg.sem_dim + i : (size_t)i * m->cap + y;
 }
 
 /* What searches compare for sem: sem, or its sketch in m->qsk (NULL stays NULL). */
@@ -470,9 +536,9 @@ static const float *search_vec(struct mp_emap *m, const float *sem)
 		return sem;
 	memset(m->qsk, 0, m->sdim * sizeof(float));
 	for (uint32_t i = 0; i < m->cfg.sem_dim; i++) {
-		uint32_t h = sketch_hash(i);
+		uint32_t b = m->skb[i];
 
-		m->qsk[h % m->sdim] += h & 0x80000000u ? -sem[i] : sem[i];
+		m->qsk[b & ~0x80000000u] += b & 0x80000000u ? -sem[i] : sem[i];
 	}
 	return m->qsk;
 }
@@ -483,15 +549,16 @@ static const float *search_vec(struct mp_emap *m, const float *sem)
  * norms, top-k, a new generation. Returns 0, or -ENOMEM with the record as
  * it was.
  */
-static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem)
+static int put_record(struct mp_emap *m, uint32_t y, const float *map, const float *sem,
+		      const struct mp_emap_query *q)
 {
 	const uint32_t L = m->cfg.layers, J = m->cfg.experts, K = m->cfg.topk;
 	double s = 0;
 	int err;
 
-	err = keep_map(m, &m->maps, map, &m->kmap);
+	err = keep_map(m, &m->maps, map, &m->kmap, q);
 	if (!err && m->cfg.sem_is_map)
-		err = keep_map(m, &m->ctx, sem, &m->kctx);
+		err = keep_map(m, &m->ctx, sem, &m->kctx, NULL);
 	if (err)
 		return err;
 	put_rows(m, &m->maps, y, &m->kmap);
@@ -502,7 +569,7 @@ static int put_record(struct mp_emap *m, uint32_t y, const float *map, const flo
 		s = m->kctx.sq;
 	}
 	for (uint32_t i = 0; m->sem && i < m->cfg.sem_dim; i++)
-		m->sem[(size_t)i * m->cap + y] = sem ? sem[i] : 0.0f;
+		m->sem[sem_at(m, y, i)] = sem ? sem[i] : 0.0f;
 	if (m->sem) {
 		const float *v = search_vec(m, sem);
 
@@ -572,10 +639,13 @@ static void fold_rows(const struct mp_emap *m, const struct rows *r, uint32_t l,
 {
 	for (uint32_t i = 0; i < m->kept && id[i] < m->cfg.experts; i++) {
 		const struct list *li = &r->lists[(size_t)l * m->cfg.experts + id[i]];
-		double a = val[i];
+		/* Read once: acc may alias them as far as the compiler knows (no strict aliasing). */
+		const struct post *p = li->p;
+		const uint32_t n = li->n;
+		const double a = val[i];
 
-		for (uint32_t n = 0; n < li->n; n++)
-			acc[li->p[n].y] += a * li->p[n].v;
+		for (uint32_t x = 0; x < n; x++)
+			acc[p[x].y] += a * p[x].v;
 	}
 }
 
@@ -633,26 +703,63 @@ static void fold_map_row(struct mp_emap *m, const struct rows *r, const float *r
  * Dense semantic vectors, by columns
  */
 
-/* acc[y] += a * col[y] for every record y < n: the next term of each record's dot product. */
-static void fold(double *restrict acc, double a, const float *restrict col, uint32_t n)
+/*
+ * Every record's dot product with v (sdim floats), term by term in index
+ * order. A zero term is skipped: adding +-0 leaves a sum that is never -0
+ * unchanged, so the sums are those of a plain loop. Eight records' sums in
+ * one vector through all the terms (the same additions in the same order:
+ * the same bits), four such at once.
+ */
+#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void sem_dots_cols(double *restrict acc, const float *restrict v, const float *restrict cols,
+			  uint32_t dim, uint32_t cap, uint32_t n)
 {
-	for (uint32_t y = 0; y < n; y++)
-		acc[y] += a * col[y];
+	uint32_t y = 0;
+
+	/* 32 records at once: four sums in flight hide an addition's latency. */
+	for (; y + 32 <= n; y += 32) {
+		v8d s[4] = { { 0 } };
+
+		for (uint32_t i = 0; i < dim; i++) {
+			const float *col = cols + (size_t)i * cap + y;
+			v8f c[4];
+
+			if (v[i] == 0)
+				continue;
+			memcpy(c, col, sizeof(c));
+			for (uint32_t b = 0; b < 4; b++)
+				s[b] += (double)v[i] * __builtin_convertvector(c[b], v8d);
+		}
+		memcpy(acc + y, s, sizeof(s));
+	}
+	for (; y + 8 <= n; y += 8) {
+		v8d s = { 0 };
+
+		for (uint32_t i = 0; i < dim; i++) {
+			v8f c;
+
+			if (v[i] == 0)
+				continue;
+			memcpy(&c, cols + (size_t)i * cap + y, sizeof(c));
+			s += (double)v[i] * __builtin_convertvector(c, v8d);
+		}
+		memcpy(acc + y, &s, sizeof(s));
+	}
+	for (; y < n; y++) {
+		double s = 0;
+
+		for (uint32_t i = 0; i < dim; i++)
+			if (v[i] != 0)
+				s += (double)v[i] * cols[(size_t)i * cap + y];
+		acc[y] = s;
+	}
 }
 
-/*
- * Every record's dot product with v (sem_dim floats), term by term in index
- * order. A zero term is skipped: adding +-0 leaves a sum that is never -0
- * unchanged, so the sums are those of a plain loop.
- */
 static void sem_dots(const struct mp_emap *m, double *acc, const float *v)
 {
-	const float *cols = m->sk ? m->sk : m->sem;
-
-	memset(acc, 0, m->count * sizeof(*acc));
-	for (uint32_t i = 0; i < m->sdim; i++)
-		if (v[i] != 0)
-			fold(acc, v[i], cols + (size_t)i * m->cap, m->count);
+	sem_dots_cols(acc, v, m->sk ? m->sk : m->sem, m->sdim, m->cap, m->count);
 }
 
 static double record_sem_dot(const struct mp_emap *m, uint32_t y, const float *v)
@@ -690,6 +797,10 @@ void mp_emap_query_reset(struct mp_emap_query *q)
 
 void mp_emap_query_fini(struct mp_emap_query *q)
 {
+	free(q->rows);
+	free(q->kid);
+	free(q->kval);
+	free(q->ksq);
 	free(q->dot);
 	free(q->gen);
 	free(q->sdot);
@@ -724,6 +835,18 @@ static bool grow(void **p, size_t cap, size_t size)
 
 static int query_fit(const struct mp_emap *m, struct mp_emap_query *q)
 {
+	if (q->row_cap < m->lj) {
+		const size_t kept = (size_t)m->cfg.layers * MAX_KEPT;
+
+		if (!grow((void **)&q->rows, m->lj, sizeof(*q->rows)) ||
+		    !grow((void **)&q->kid, kept, sizeof(*q->kid)) ||
+		    !grow((void **)&q->kval, kept, sizeof(*q->kval)) ||
+		    !grow((void **)&q->ksq, m->cfg.layers, sizeof(*q->ksq)))
+			return mp_err(-ENOMEM, "expert map: no memory for a query of %u layers",
+				      m->cfg.layers);
+		q->row_cap = m->lj;
+		q->store = 0;	/* its rows were another geometry's */
+	}
 	if (q->cap >= m->cap)
 		return 0;
 	if (!grow((void **)&q->dot, m->cap, sizeof(double)) ||
@@ -758,14 +881,23 @@ static int query_traj(struct mp_emap *m, struct mp_emap_query *q, const float *m
 		q->vsq = 0;
 		products_start(m, q, q->dot, q->gen);
 	}
-	for (uint32_t l = q->layers; l < prefix; l++)
-		fold_map_row(m, &m->maps, map + (size_t)l * m->cfg.experts, l, q->dot, &q->vsq);
-	for (uint32_t y = 0; y < m->count; y++) {
+	for (uint32_t l = q->layers; l < prefix; l++) {
+		const size_t at = (size_t)l * m->cfg.experts;
+		uint16_t *id = q->kid + (size_t)l * m->kept;
+		float *val = q->kval + (size_t)l * m->kept;
+
+		memcpy(q->rows + at, map + at, m->cfg.experts * sizeof(*q->rows));
+		keep_row(map + at, m->cfg.experts, m->kept, id, val, &q->vsq);
+		q->ksq[l] = q->vsq;
+		fold_rows(m, &m->maps, l, id, val, q->dot);
+	}
+	for (uint32_t y = 0; q->writes != m->writes && y < m->count; y++) {
 		if (q->gen[y] == m->gen[y])
 			continue;
 		q->dot[y] = record_rows_dot(m, &m->maps, y, map, prefix);
 		q->gen[y] = m->gen[y];
 	}
+	q->writes = m->writes;
 	q->layers = prefix;
 	return 0;
 }
@@ -833,6 +965,33 @@ static float cos_sem(const struct mp_emap *m, uint32_t y, double dot, double vno
 }
 
 /*
+ * Starts t (fitted to m) from q's trajectory products when q followed the
+ * map the store is given: the rows q folded in are those of norm (the
+ * iteration's rows normalised again, most often the same bits). Then only
+ * the layers after q's prefix are folded in for the insert, not all of
+ * them again: the same terms added in the same order, the same sums.
+ */
+static void reuse_traj(const struct mp_emap *m, const struct mp_emap_query *q, const float *norm,
+		       struct mp_emap_query *t)
+{
+	const size_t n = (size_t)q->layers * m->cfg.experts, nk = (size_t)q->layers * m->kept;
+
+	if (q->layers >= m->cfg.layers || q->cap < m->cap || !followed(m, q, norm))
+		return;
+	memcpy(t->rows, q->rows, n * sizeof(*t->rows));
+	memcpy(t->kid, q->kid, nk * sizeof(*t->kid));
+	memcpy(t->kval, q->kval, nk * sizeof(*t->kval));
+	memcpy(t->ksq, q->ksq, q->layers * sizeof(*t->ksq));
+	memcpy(t->dot, q->dot, m->count * sizeof(*t->dot));
+	memcpy(t->gen, q->gen, m->count * sizeof(*t->gen));
+	memset(t->gen + m->count, 0, (t->cap - m->count) * sizeof(*t->gen));
+	t->vsq = q->vsq;
+	t->layers = q->layers;
+	t->writes = q->writes;
+	t->store = m->id;
+}
+
+/*
  * The record whose RDY against the new map norm (and sem) is highest:
  * FineMoE's victim. q's semantic products are reused when it has them.
  */
@@ -845,7 +1004,11 @@ static int most_redundant(struct mp_emap *m, struct mp_emap_query *q, const floa
 	int err;
 
 	mp_emap_query_reset(t);
-	err = query_traj(m, t, norm, L);
+	err = query_fit(m, t);
+	if (!err && q)
+		reuse_traj(m, q, norm, t);
+	if (!err)
+		err = query_traj(m, t, norm, L);
 	if (!err && m->cfg.sem_dim && sem) {
 		if (!q || q->sem_store != m->id)
 			q = t;
@@ -885,13 +1048,13 @@ int mp_emap_insert(struct mp_emap *m, struct mp_emap_query *q, const float *map,
 	if (m->count == m->cap) {
 		err = most_redundant(m, q, m->row, sem, &y);
 		if (!err)
-			err = put_record(m, y, m->row, sem);
+			err = put_record(m, y, m->row, sem, q);
 		if (err)
 			return err;
 		m->replaced++;
 	} else {
 		y = m->count;
-		err = put_record(m, y, m->row, sem);
+		err = put_record(m, y, m->row, sem, q);
 		if (err)
 			return err;
 		m->count++;
@@ -966,12 +1129,26 @@ static void vote(const struct mp_emap *m, uint32_t y, uint32_t layer, double w, 
  * pseudo-record keeps every probability above zero and is all there is for
  * an empty store or a context no record shares.
  */
+#ifndef __SANITIZE_THREAD__	/* TSan instruments ifunc resolvers, which run before it is up */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 static void finish_use(const struct mp_emap *m, const double *acc, double wsum, float *out)
 {
 	const uint32_t J = m->cfg.experts, k = m->cfg.topk;
+	const double prior = (double)k / J, den = 1.0 + wsum;
+	uint32_t j = 0;
 
-	for (uint32_t j = 0; j < J; j++)
-		out[j] = (float)(((double)k / J + acc[j]) / (1.0 + wsum));
+	/* Eight at a time: the same divisions, a register each (two with AVX2). */
+	for (; j + 8 <= J; j += 8) {
+		v8d a;
+		v8f o;
+
+		memcpy(&a, acc + j, sizeof(a));
+		o = __builtin_convertvector((prior + a) / den, v8f);
+		memcpy(out + j, &o, sizeof(o));
+	}
+	for (; j < J; j++)
+		out[j] = (float)((prior + acc[j]) / den);
 }
 
 /*
@@ -1036,27 +1213,114 @@ int mp_emap_predict_layer(struct mp_emap *m, struct mp_emap_query *q, uint32_t l
 	return 0;
 }
 
-/* The MP_EMAP_NEIGHBOURS records of highest positive cosine, by decreasing cosine. */
+/*
+ * The MP_EMAP_NEIGHBOURS records of highest positive cosine, by decreasing
+ * cosine, equal ones by increasing index: the records a pass in index
+ * order keeps, whatever order they are offered in.
+ */
 struct neighbours {
 	uint32_t n;
 	uint32_t y[MP_EMAP_NEIGHBOURS];
 	float c[MP_EMAP_NEIGHBOURS];
 };
 
+/* Whether record y of cosine c goes before record y2 of cosine c2. */
+static bool ranks_before(float c, uint32_t y, float c2, uint32_t y2)
+{
+	return c > c2 || (c == c2 && y < y2);
+}
+
 static void neighbour_add(struct neighbours *nb, uint32_t y, float c)
 {
 	uint32_t i;
 
-	if (!(c > 0) || (nb->n == MP_EMAP_NEIGHBOURS && c <= nb->c[nb->n - 1]))
+	if (!(c > 0) || (nb->n == MP_EMAP_NEIGHBOURS &&
+			 !ranks_before(c, y, nb->c[nb->n - 1], nb->y[nb->n - 1])))
 		return;
 	/* Insertion: n is small. */
 	i = nb->n < MP_EMAP_NEIGHBOURS ? nb->n++ : nb->n - 1;
-	for (; i > 0 && nb->c[i - 1] < c; i--) {
+	for (; i > 0 && ranks_before(c, y, nb->c[i - 1], nb->y[i - 1]); i--) {
 		nb->y[i] = nb->y[i - 1];
 		nb->c[i] = nb->c[i - 1];
 	}
 	nb->y[i] = y;
 	nb->c[i] = c;
+}
+
+static bool neighbour_has(const struct neighbours *nb, uint32_t y)
+{
+	for (uint32_t i = 0; i < nb->n; i++)
+		if (nb->y[i] == y)
+			return true;
+	return false;
+}
+
+/*
+ * Turning records away without their cosine: once the neighbours are
+ * found, a record whose cosine num / den is below the last one's t by a
+ * margin far above a float's rounding (1e-6 against 6e-8) certainly rounds
+ * to a float below t, and neighbour_add() would turn it away. No square
+ * root or division for them, most records; the others are judged by their
+ * cosine as before, so the neighbours are the same.
+ */
+#define BELOW_MARGIN (1 - 1e-6)
+
+/* t^2 vsq x margin, t the last neighbour's cosine, once they are all found (else 0: no bar). */
+static double traj_bar(const struct neighbours *nb, double vsq)
+{
+	double t = nb->n == MP_EMAP_NEIGHBOURS ? nb->c[nb->n - 1] : 0.0;
+
+	return t * t * vsq * BELOW_MARGIN;
+}
+
+/*
+ * The trajectory neighbours of q's prefix of `layers` layers, starting
+ * from the last search's (q->nb_y: most often still among the nearest,
+ * they set a high bar at once). Then a record sharing nothing with the
+ * prefix (product 0) never is one, and the others are first compared by
+ * dot^2 against (t^2 vsq) x their prefix's squared norm: a load, two
+ * multiplications and two well-predicted branches for most records.
+ */
+static void traj_neighbours(const struct mp_emap *m, struct mp_emap_query *q, uint32_t layers,
+			    struct neighbours *nb)
+{
+	const float *ysq = m->maps.prefix_sq + (size_t)(layers - 1) * m->cap;
+	const double *dot = q->dot;
+	double f;	/* the bar: traj_bar() */
+
+	for (uint32_t i = 0; i < q->nb_n; i++) {
+		uint32_t y = q->nb_y[i];
+
+		if (y < m->count && dot[y] > 0 && !neighbour_has(nb, y))
+			neighbour_add(nb, y, cos_prefix(m, y, dot[y], q->vsq, layers));
+	}
+	f = traj_bar(nb, q->vsq);
+	for (uint32_t y = 0; y < m->count; y++) {
+		const double d = dot[y];
+
+		if (!(d > 0) || d * d < f * ysq[y] || neighbour_has(nb, y))
+			continue;
+		neighbour_add(nb, y, cos_prefix(m, y, d, q->vsq, layers));
+		f = traj_bar(nb, q->vsq);
+	}
+	q->nb_n = nb->n;
+	memcpy(q->nb_y, nb->y, nb->n * sizeof(*nb->y));
+}
+
+/* The semantic neighbours of q's vector: as traj_neighbours(), without the squares. */
+static void sem_neighbours(const struct mp_emap *m, const struct mp_emap_query *q,
+			   struct neighbours *nb)
+{
+	for (uint32_t y = 0; y < m->count; y++) {
+		double dot = q->sdot[y];
+
+		if (!(dot > 0))
+			continue;
+		if (nb->n == MP_EMAP_NEIGHBOURS &&
+		    dot < (double)nb->c[nb->n - 1] * q->snorm * m->sem_norm[y] * BELOW_MARGIN)
+			continue;
+		neighbour_add(nb, y, cos_sem(m, y, dot, q->snorm));
+	}
 }
 
 /* The neighbours' vote, weighted by their cosine, for layer `target`: finish_use() into out. */
@@ -1085,8 +1349,7 @@ int mp_emap_predict_traj_n(struct mp_emap *m, struct mp_emap_query *q, const flo
 	q = query_of(m, q);
 	if (query_traj(m, q, map, prefix_layers))
 		return -ENOMEM;
-	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_prefix(m, y, q->dot[y], q->vsq, prefix_layers));
+	traj_neighbours(m, q, prefix_layers, &nb);
 	for (uint32_t i = 0; i < n; i++)
 		neighbour_vote(m, &nb, target + i, out + (size_t)i * m->cfg.experts);
 	if (score)
@@ -1112,8 +1375,7 @@ int mp_emap_predict_sem(struct mp_emap *m, struct mp_emap_query *q, const float 
 	q = query_of(m, q);
 	if (query_sem(m, q, sem))
 		return -ENOMEM;
-	for (uint32_t y = 0; y < m->count; y++)
-		neighbour_add(&nb, y, cos_sem(m, y, q->sdot[y], q->snorm));
+	sem_neighbours(m, q, &nb);
 	for (uint32_t l = 0; l < m->cfg.layers; l++)
 		neighbour_vote(m, &nb, l, out + (size_t)l * J);
 	if (score)
@@ -1144,7 +1406,7 @@ int mp_emap_record(const struct mp_emap *m, uint32_t idx, float *map, float *sem
 	if (sem && m->cfg.sem_is_map)
 		get_rows(m, &m->ctx, idx, sem);
 	for (uint32_t i = 0; sem && m->sem && i < m->cfg.sem_dim; i++)
-		sem[i] = m->sem[(size_t)i * m->cap + idx];
+		sem[i] = m->sem[sem_at(m, idx, i)];
 	return 0;
 }
 
@@ -1324,7 +1586,7 @@ int mp_emap_load(const char *path, const struct mp_emap_config *cfg, struct mp_e
 				goto free_payload;
 			}
 		}
-		err = put_record(m, y, map, map + m->lj);
+		err = put_record(m, y, map, map + m->lj, NULL);
 		if (err)
 			goto free_payload;
 	}

@@ -30,6 +30,8 @@ struct mp_emap;
 #define MP_EMAP_SKETCH_DIM	128u
 /* A map row keeps its ROW_KEEP x topk largest values. */
 #define MP_EMAP_ROW_KEEP	2u
+/* Enough votes for a probability within about +-0.12 (binomial), few enough to stay local. */
+#define MP_EMAP_NEIGHBOURS	16u
 
 struct mp_emap_config {
 	uint32_t layers;
@@ -70,12 +72,24 @@ struct mp_emap_query {
 	uint64_t store;		/* the store the trajectory products belong to (0: none) */
 	uint32_t cap;		/* records the arrays hold */
 	uint32_t layers;	/* trajectory prefix layers folded in */
-	uint32_t row_cap;	/* rows the id/val arrays hold */
+	/*
+	 * The store's write count when gen[] was last brought up to date:
+	 * while it has not moved no record was written, and a search need
+	 * not look for one.
+	 */
+	uint32_t writes;
 	double vsq;		/* the prefix's squared norm */
-	uint16_t *id;		/* [layers][kept]: the prefix's rows as kept */
-	float *val;
+	uint32_t row_cap;	/* floats rows holds */
+	float *rows;		/* [layers][experts]: the prefix's rows folded in */
+	/* Those rows as kept ([layers][kept]) and vsq after each ([layers]): an insert's. */
+	uint16_t *kid;
+	float *kval;
+	double *ksq;
 	double *dot;		/* [cap] */
 	uint32_t *gen;		/* [cap]: the record write each product belongs to */
+	/* The last trajectory search's neighbours: the next one starts from them. */
+	uint32_t nb_n;
+	uint32_t nb_y[MP_EMAP_NEIGHBOURS];
 	uint64_t sem_store;	/* the store the semantic products belong to (0: none) */
 	double snorm;
 	double *sdot;		/* [cap] */
@@ -160,8 +174,6 @@ int mp_emap_search_traj(struct mp_emap *m, const float *map, uint32_t prefix_lay
  * query q, sem is its iteration's vector.
  */
 #define MP_MAX_PREDICT_EXPERTS	256u
-/* Enough votes for a probability within about +-0.12 (binomial), few enough to stay local. */
-#define MP_EMAP_NEIGHBOURS	16u
 int mp_emap_predict_layer(struct mp_emap *m, struct mp_emap_query *q, uint32_t layer,
 			  const float *ctx, float *out);
 int mp_emap_predict_traj(struct mp_emap *m, struct mp_emap_query *q, const float *map,
