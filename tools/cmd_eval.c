@@ -190,10 +190,9 @@ static int read_tokens(uint32_t i, struct mp_store *s, uint32_t **ids, size_t *n
 					     mp_store_geometry(s)->vocab, &tok)))
 		err = text_encode_fortunes(tok, env.files[i], ids, n, &texts);
 	mp_tokenizer_close(tok);
-	if (!err && *n < env.window) {
+	if (!err && *n < env.window)
 		err = cli_error(-EINVAL, "%s: %zu tokens do not fill one window of %u",
 				env.files[i], *n, env.window);
-	}
 	return err;
 }
 

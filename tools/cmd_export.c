@@ -105,10 +105,9 @@ static int load_vocab(const struct mp_geometry *g, struct mp_export_config *cfg,
 		return 1;
 	}
 	err = mp_tokenizer_open(path, &tok);
-	if (!err && mp_tokenizer_vocab(tok) != g->vocab) {
+	if (!err && mp_tokenizer_vocab(tok) != g->vocab)
 		err = cli_error(-EINVAL, "tokenizer %s has %u pieces, the model %u", path,
 				mp_tokenizer_vocab(tok), g->vocab);
-	}
 	for (uint32_t i = 0; !err && i < g->vocab; i++) {
 		struct mp_piece p;
 

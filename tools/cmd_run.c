@@ -341,16 +341,14 @@ static int open_trace(struct run *r, const struct mp_geometry *g)
 		err = mp_trace_check_geometry(r->trace, g);
 	if (err)
 		return err;
-	if (env.request >= mp_trace_requests(r->trace)) {
+	if (env.request >= mp_trace_requests(r->trace))
 		return cli_error(-EINVAL, "%s has %u requests; --request %u is not one",
 				 env.trace, mp_trace_requests(r->trace), env.request);
-	}
 	/* Stop at the trace's end rather than wrap: a wrapped trace would repeat itself. */
 	have = mp_trace_tokens(r->trace, env.request);
-	if (env.warmup >= have) {
+	if (env.warmup >= have)
 		return cli_error(-EINVAL, "request %u of %s has %u tokens, not more than "
 				 "--warmup %u", env.request, env.trace, have, env.warmup);
-	}
 	if (env.warmup + env.tokens > have) {
 		fprintf(stderr, "moepager run: request %u of %s has %u tokens: measuring %u "
 			"decode steps, not %u\n", env.request, env.trace, have,

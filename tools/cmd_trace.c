@@ -105,9 +105,8 @@ static int parse_range(const char *s)
 	snprintf(buf, sizeof(buf), "%s", s);
 	for (char *p = strtok_r(buf, ",", &save); p && n < 4; p = strtok_r(NULL, ",", &save))
 		parts[n++] = p;
-	if (n != 4 || strtok_r(NULL, ",", &save)) {
+	if (n != 4 || strtok_r(NULL, ",", &save))
 		return cli_error(-EINVAL, "--range wants BASE,SLOT,SLOTS,LAYERS, got '%s'", s);
-	}
 	if (cli_parse_u64("--range base", parts[0], 0, UINT64_MAX, &env.range.base) ||
 	    cli_parse_size("--range slot", parts[1], &env.range.slot_bytes) ||
 	    cli_parse_u32("--range slots", parts[2], 1, 1u << 20, &env.range.slots_per_layer) ||
@@ -342,13 +341,11 @@ static int start_command(int *go_fd, int *err_fd)
 	int go[2], ep[2];
 	pid_t pid;
 
-	if (pipe2(go, O_CLOEXEC) || pipe2(ep, O_CLOEXEC)) {
+	if (pipe2(go, O_CLOEXEC) || pipe2(ep, O_CLOEXEC))
 		return cli_error(-errno, "pipe: %s", strerror(errno));
-	}
 	pid = fork();
-	if (pid < 0) {
+	if (pid < 0)
 		return cli_error(-errno, "fork: %s", strerror(errno));
-	}
 	if (!pid) {
 		char c;
 		int e;
@@ -562,9 +559,8 @@ static int record(void)
 	if (st.dropped)
 		fprintf(stderr, "moepager trace: warning: %" PRIu64 " records dropped (ring full); "
 			"the pinned counts are still exact\n", st.dropped);
-	if (!err && exit_status > 0) {
+	if (!err && exit_status > 0)
 		err = cli_error(-ECHILD, "%s exited with status %d", env.cmd[0], exit_status);
-	}
 
 cleanup:
 	mp_traj_writer_abort(rc.w);

@@ -23,6 +23,13 @@ uint32_t mp_pager_slots_per_layer(const struct mp_pager *p);
  */
 void mp_pager_set_hints(struct mp_pager *p, const struct mp_evict_hints *h);
 
+/*
+ * The demand reads from the file tier and their summed read and checksum
+ * time (mp_pager_stats' file_reads, file_read_ns), without the rest of a
+ * snapshot: the driver samples them every step.
+ */
+void mp_pager_demand_reads(struct mp_pager *p, uint64_t *reads, uint64_t *read_ns);
+
 /* Unqueues every queued prefetch whose key drop() accepts (called locked). Returns how many. */
 uint32_t mp_pager_drop_prefetches(struct mp_pager *p, bool (*drop)(void *arg, uint32_t key),
 				  void *arg);

@@ -384,6 +384,14 @@ uint32_t mp_pager_slots_per_layer(const struct mp_pager *p)
 	return p->slots_per_layer;
 }
 
+void mp_pager_demand_reads(struct mp_pager *p, uint64_t *reads, uint64_t *read_ns)
+{
+	pthread_mutex_lock(&p->lock);
+	*reads = p->st.file_reads;
+	*read_ns = p->st.file_read_ns;
+	pthread_mutex_unlock(&p->lock);
+}
+
 void mp_pager_set_hints(struct mp_pager *p, const struct mp_evict_hints *h)
 {
 	pthread_mutex_lock(&p->lock);

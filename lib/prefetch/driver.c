@@ -518,13 +518,13 @@ static void publish_miss_weights(struct mp_prefetcher *d)
  * gaps: gaps with a fault in them include its stall, and under memory
  * pressure fewer than three in four layers find every expert resident. A
  * read is the mean time of the file tier's demand reads since the last
- * iteration (mp_pager_stats: prefetch reads yield to them, so they would
+ * iteration (mp_pager_demand_reads: prefetch reads yield to them, so they would
  * time the yielding, not the device).
  */
 static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_event *ev)
 {
 	const double a = 0.25;	/* smoothing over about four iterations */
-	struct mp_pager_stats st;
+	uint64_t reads, read_ns;
 
 	if (ev->step == rq->last_step && ev->layer == rq->last_layer + 1 && rq->last_ns &&
 	    ev->t_ns > rq->last_ns && d->ngaps < d->L * d->pf.niters)
@@ -543,15 +543,14 @@ static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_
 		d->t_layer = d->t_layer > 0 ? (1 - a) * d->t_layer + a * q : q;
 	}
 	d->ngaps = 0;
-	mp_pager_stats(d->pager, &st);
-	if (st.file_reads > d->reads0 && st.file_read_ns >= d->read_ns0) {
-		double t = (double)(st.file_read_ns - d->read_ns0) / (double)(st.file_reads -
-									     d->reads0);
+	mp_pager_demand_reads(d->pager, &reads, &read_ns);
+	if (reads > d->reads0 && read_ns >= d->read_ns0) {
+		double t = (double)(read_ns - d->read_ns0) / (double)(reads - d->reads0);
 
 		d->t_load = d->t_load > 0 ? (1 - a) * d->t_load + a * t : t;
 	}
-	d->reads0 = st.file_reads;
-	d->read_ns0 = st.file_read_ns;
+	d->reads0 = reads;
+	d->read_ns0 = read_ns;
 	if (d->t_layer > 0 && d->t_load > 0)
 		d->pf.load_ratio = (float)(d->t_load / d->t_layer);
 	publish_miss_weights(d);

@@ -583,8 +583,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	c.fault = env.io_rate ? fault : "";
 	snprintf(budget, sizeof(budget), "%llu", (unsigned long long)(
 		s == S_SPLIT ? pl->budget / env.n : pl->budget - owned_outside(s, pl)));
-	if (s == S_CONSOL || s == S_CONSOL_ONE || s == S_MIXED || s == S_TIMESHARE ||
-	    s == S_PAGED) {
+	if (holds_owned(s) || s == S_TIMESHARE || s == S_PAGED) {
 		c.consolidate = s == S_TIMESHARE ? pl->share0 : env.map;
 		c.mixed = s == S_MIXED;
 		c.timeshare = s == S_TIMESHARE;
@@ -828,10 +827,9 @@ static int load_prompts(struct prompts *pr)
 	}
 	err = text_tokenizer_open(env.tokenizer, env.models[0], mp_store_geometry(st)->vocab,
 				  &tok);
-	if (!err && !tok) {
+	if (!err && !tok)
 		err = cli_error(-EINVAL, "--prompts needs a tokenizer (--tokenizer, or "
 				"MODEL.tok beside model 0)");
-	}
 	f = err ? NULL : fopen(env.prompts, "r");
 	if (!err && !f) {
 		err = -errno;
@@ -847,9 +845,8 @@ static int load_prompts(struct prompts *pr)
 					 mp_store_geometry(st)->max_seq - env.max_tokens : 1;
 		pr->n += !err;
 	}
-	if (!err && !pr->n) {
+	if (!err && !pr->n)
 		err = cli_error(-EINVAL, "%s holds no prompt", env.prompts);
-	}
 out:
 	if (f)
 		fclose(f);
@@ -1055,11 +1052,10 @@ static int merge(void)
 		json_t *r;
 
 		rows = d ? json_object_get(d, "results") : NULL;
-		if (!json_is_array(rows)) {
+		if (!json_is_array(rows))
 			err = cli_error(-EINVAL, "%s: %s", env.merge[f],
 					d ? "no results array: not a bench-multi --json output" :
 					    je.text);
-		}
 		for (size_t k = 0; !err && root && k < sizeof(same_keys) / sizeof(*same_keys); k++) {
 			json_t *a = json_object_get(root, same_keys[k]);
 			json_t *b = json_object_get(d, same_keys[k]);

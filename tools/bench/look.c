@@ -80,10 +80,9 @@ static int read_f32(struct bench_look *b, const char *what, uint32_t layer, size
 
 	snprintf(name, sizeof(name), "blk.%u.%s", layer, what);
 	ti = mp_store_tensor(b->store, name);
-	if (!ti || ti->bytes != n * mp_dtype_size(ti->dtype)) {
+	if (!ti || ti->bytes != n * mp_dtype_size(ti->dtype))
 		return cli_error(-EINVAL, "%s: no %s of %zu values",
 				 mp_store_path(b->store), name, n);
-	}
 	err = mp_store_read_tensor(b->store, ti, buf);
 	if (!err)
 		mp_dtype_to_f32(ti->dtype, buf, out, n);

@@ -149,9 +149,8 @@ static int run_gnuplot(const char *script)
 
 	snprintf(cmd, sizeof(cmd), "gnuplot '%s'", script);
 	st = system(cmd);
-	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st))
 		return cli_error(-EIO, "gnuplot %s failed (status %d)", script, st);
-	}
 	return 0;
 }
 

@@ -47,11 +47,10 @@ static int read_ids(struct bench_sem *b, const char *trace_path)
 			return err == -ENOENT ? -EINVAL : err;
 		}
 		for (uint32_t i = 0; i < mp_trace_tokens(b->t, r); i++) {
-			if (b->ids[r][i] >= b->vocab) {
+			if (b->ids[r][i] >= b->vocab)
 				return cli_error(-EINVAL, "%s: request %u token %u is id %u, "
 						 "the model's vocabulary has %u", trace_path, r, i,
 						 b->ids[r][i], b->vocab);
-			}
 		}
 	}
 	return 0;
@@ -69,10 +68,9 @@ int bench_sem_open(struct mp_store *s, const struct mp_trace *t, const char *tra
 	/* A trace without token ids has no semantic vectors: not an error, nothing to say. */
 	if (!mp_trace_meta(t, "tokens.0"))
 		return -ENOENT;
-	if (!emb || emb->bytes != mp_dtype_bytes(emb->dtype, (uint64_t)g->vocab * g->hidden)) {
+	if (!emb || emb->bytes != mp_dtype_bytes(emb->dtype, (uint64_t)g->vocab * g->hidden))
 		return cli_error(-EINVAL, "%s: no %u x %u tok_embd tensor",
 				 mp_store_path(s), g->vocab, g->hidden);
-	}
 	b = calloc(1, sizeof(*b));
 	if (!b)
 		return -ENOMEM;

@@ -204,9 +204,8 @@ static int parse_policies(struct results *res)
 	snprintf(buf, sizeof(buf), "%s", env.policies ? env.policies :
 		 "coserve,samba,fifo,parallel,none,em,em-ra");
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		if (res->n == MAX_POLICIES || !(res->pol[res->n] = coe_policy_find(tok))) {
+		if (res->n == MAX_POLICIES || !(res->pol[res->n] = coe_policy_find(tok)))
 			return cli_error(-EINVAL, "unknown policy '%s'", tok);
-		}
 		res->n++;
 	}
 	return 0;

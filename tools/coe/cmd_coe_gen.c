@@ -134,9 +134,8 @@ int cmd_coe_gen(int argc, char **argv)
 	if (err)
 		return err;
 	tiny = !strcmp(env.preset, "tiny");
-	if (!tiny && strcmp(env.preset, "default")) {
+	if (!tiny && strcmp(env.preset, "default"))
 		return cli_error(-EINVAL, "unknown preset '%s' (default, tiny)", env.preset);
-	}
 	cfg.archs = tiny ? tiny_archs : default_archs;
 	cfg.n_archs = 4;
 	cfg.components = env.components ? env.components : tiny ? 12 : 352;

@@ -167,10 +167,9 @@ static int server_models(const char *url, struct lg_models *out)
 			out->name[out->n++] = strdup(id);
 	}
 	json_decref(j);
-	if (!out->n) {
+	if (!out->n)
 		return cli_error(-EPROTO, "%s/v1/models lists no model (status %ld)",
 				 url, status);
-	}
 	return 0;
 }
 

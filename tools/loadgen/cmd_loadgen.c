@@ -187,9 +187,8 @@ int cmd_loadgen(int argc, char **argv)
 	if (curl_global_init(CURL_GLOBAL_DEFAULT))
 		return 1;
 	err = lg_pool_init(&pool, env.url, env.pool);
-	if (!err && !pool.ncur) {
+	if (!err && !pool.ncur)
 		err = cli_error(-EINVAL, "%s: the pool has no server yet", env.pool);
-	}
 	if (!err)
 		err = lg_read_prompts(env.prompts, env.prompt_chars, &prompts);
 	/* The models from the first server of the pool that answers. */

@@ -369,11 +369,10 @@ static int check_api_key(void)
 	}
 	k = env.http.api_key;
 	for (len = 0; k && k[len]; len++) {
-		if (k[len] < 0x21 || k[len] > 0x7e) {
+		if (k[len] < 0x21 || k[len] > 0x7e)
 			return cli_error(-EINVAL, "%s: the API key has a byte 0x%02x at %zu: "
 					 "printable ASCII without spaces only", from,
 					 (unsigned char)k[len], len);
-		}
 	}
 	if (k && len < 8)
 		return cli_error(-EINVAL, "%s: the API key has %zu characters; 8 at least", from,
