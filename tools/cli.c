@@ -260,6 +260,54 @@ bad:
 	return -EINVAL;
 }
 
+/* The cli_opt_*() parsers: a parse that failed (and said why) is a usage error. */
+static int or_usage(const struct argp_state *state, int err)
+{
+	if (err)
+		cli_usage_error(state);
+	return 0;
+}
+
+int cli_opt_u64(const struct argp_state *state, const char *opt, const char *s, uint64_t lo,
+		uint64_t hi, uint64_t *out)
+{
+	return or_usage(state, cli_parse_u64(opt, s, lo, hi, out));
+}
+
+int cli_opt_u32(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		uint32_t hi, uint32_t *out)
+{
+	return or_usage(state, cli_parse_u32(opt, s, lo, hi, out));
+}
+
+int cli_opt_double(const struct argp_state *state, const char *opt, const char *s, double lo,
+		   double hi, double *out)
+{
+	return or_usage(state, cli_parse_double(opt, s, lo, hi, out));
+}
+
+int cli_opt_u32_list(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		     uint32_t hi, uint32_t *out, uint32_t max, uint32_t *n)
+{
+	return or_usage(state, cli_parse_u32_list(opt, s, lo, hi, out, max, n));
+}
+
+int cli_opt_size(const struct argp_state *state, const char *opt, const char *s, uint64_t *out)
+{
+	return or_usage(state, cli_parse_size(opt, s, out));
+}
+
+int cli_opt_pages(const struct argp_state *state, const char *opt, const char *s, int *out)
+{
+	return or_usage(state, cli_parse_pages(opt, s, out));
+}
+
+/* mp_dtype_parse() says which name is unknown and which are known. */
+int cli_opt_dtype(const struct argp_state *state, const char *s, enum mp_dtype *out)
+{
+	return or_usage(state, mp_dtype_parse(s, out));
+}
+
 int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path)
 {
 	switch (key) {
@@ -298,9 +346,7 @@ static error_t parse_engine_opt(int key, char *arg, struct argp_state *state)
 		o->engine = arg;
 		return 0;
 	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &o->threads))
-			cli_usage_error(state);
-		return 0;
+		return cli_opt_u32(state, "--threads", arg, 1, 1024, &o->threads);
 	default:
 		return ARGP_ERR_UNKNOWN;
 	}

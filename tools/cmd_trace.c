@@ -124,8 +124,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 
 	switch (key) {
 	case 'p':
-		if (cli_parse_u32("--pid", arg, 1, INT32_MAX, &v))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--pid", arg, 1, INT32_MAX, &v);
 		env.pid = (int)v;
 		break;
 	case 'o':
@@ -148,16 +147,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.lib = arg;
 		break;
 	case OPT_LAYERS:
-		if (cli_parse_u32("--layers", arg, 1, 1024, &env.layers))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--layers", arg, 1, 1024, &env.layers);
 		break;
 	case OPT_EXPERTS:
-		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--experts", arg, 1, 4096, &env.experts);
 		break;
 	case OPT_DURATION:
-		if (cli_parse_u64("--duration", arg, 1, 86400 * 365, &d))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--duration", arg, 1, 86400 * 365, &d);
 		env.duration_ms = d * 1000;
 		break;
 	case OPT_EXPORT:

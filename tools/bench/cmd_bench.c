@@ -167,28 +167,22 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	}
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_IO_CHANNELS:
-		if (cli_parse_u32("--io-channels", arg, 1, 64, &env.io_channels))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--io-channels", arg, 1, 64, &env.io_channels);
 		break;
 	case OPT_FILL_THREADS:
-		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
 		break;
 	case OPT_DISTANCE:
-		if (cli_parse_u32("--distance", arg, 1, MP_MAX_LAYERS, &env.distance))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--distance", arg, 1, MP_MAX_LAYERS, &env.distance);
 		break;
 	case OPT_EMAP:
-		if (cli_parse_u32("--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity);
 		break;
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens);
 		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;

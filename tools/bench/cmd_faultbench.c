@@ -112,28 +112,23 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.json = true;
 		break;
 	case 'n':
-		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--experts", arg, 1, 4096, &env.experts);
 		break;
 	case 'r':
-		if (cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, 1000, &env.repeat);
 		break;
 	case OPT_IO_DEPTH:
-		if (cli_parse_u32("--io-depth", arg, 1, 4096, &env.io_depth))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--io-depth", arg, 1, 4096, &env.io_depth);
 		break;
 	case OPT_IO_BYTES:
-		if (cli_parse_size("--io-bytes", arg, &env.io_bytes))
-			cli_usage_error(state);
+		cli_opt_size(state, "--io-bytes", arg, &env.io_bytes);
 		if (env.io_bytes < 4096 || env.io_bytes % 4096 || env.io_bytes > (64u << 20)) {
 			cli_error(-EINVAL, "--io-bytes: '%s' is not a multiple of 4K up to 64M", arg);
 			cli_usage_error(state);
 		}
 		break;
 	case OPT_THREADS:
-		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
 		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;

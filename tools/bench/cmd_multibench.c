@@ -231,21 +231,17 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 				   MAX_RATES);
 		break;
 	case OPT_REQUESTS:
-		if (cli_parse_u32("--requests", arg, 1, 4096, &env.requests))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--requests", arg, 1, 4096, &env.requests);
 		break;
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, 4096, &env.max_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-tokens", arg, 1, 4096, &env.max_tokens);
 		break;
 	case OPT_WARMUP:
-		if (cli_parse_u32("--warmup", arg, 0, 64, &env.warmup))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--warmup", arg, 0, 64, &env.warmup);
 		break;
 	case OPT_PROMPTS: env.prompts = arg; break;
 	case OPT_PROMPT_TOKENS:
-		if (cli_parse_u32("--prompt-tokens", arg, 1, 4096, &env.prompt_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt-tokens", arg, 1, 4096, &env.prompt_tokens);
 		break;
 	case OPT_TOKENIZER: env.tokenizer = arg; break;
 	case OPT_IO_RATE:
@@ -258,32 +254,26 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 				   "split, timeshare, paged, consolidated-one");
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_MAX_BATCH:
-		if (cli_parse_u32("--max-batch", arg, 1, 256, &env.max_batch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-batch", arg, 1, 256, &env.max_batch);
 		break;
 	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 256, &env.threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads", arg, 1, 256, &env.threads);
 		break;
 	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case OPT_TIMEOUT:
-		if (cli_parse_double("--timeout", arg, 1, 86400, &env.timeout))
-			cli_usage_error(state);
+		cli_opt_double(state, "--timeout", arg, 1, 86400, &env.timeout);
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
 	case OPT_EVICT: env.evict = arg; break;
 	case OPT_SHARED_STORE: env.shared_store = true; break;
 	case OPT_GROUP:
-		if (cli_parse_u32("--group", arg, 0, 600000, &env.group_ms))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--group", arg, 0, 600000, &env.group_ms);
 		break;
 	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;

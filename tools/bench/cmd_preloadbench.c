@@ -88,24 +88,19 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT: env.eviction = arg; break;
 	case 'p': env.prompt = arg; break;
 	case OPT_PREFETCH:
-		if (cli_parse_u32("--prefetch", arg, 0, 64, &env.prefetch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prefetch", arg, 0, 64, &env.prefetch);
 		break;
 	case OPT_LIMIT:
-		if (cli_parse_size("--memory-limit", arg, &env.limit))
-			cli_usage_error(state);
+		cli_opt_size(state, "--memory-limit", arg, &env.limit);
 		break;
 	case 'n':
-		if (cli_parse_u32("--tokens", arg, 2, 1u << 16, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 2, 1u << 16, &env.tokens);
 		break;
 	case 'r':
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case 't':
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads", arg, 1, 1024, &env.threads);
 		break;
 	case ARGP_KEY_END:
 		if (!env.gguf || !env.llama_run || !env.backends || !env.preload)

@@ -105,20 +105,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--concurrency wants up to %u values in [1, 64]", MAX_CONC);
 		break;
 	case OPT_TOKENS:
-		if (cli_parse_u32("--tokens", arg, 8, 1u << 16, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 8, 1u << 16, &env.tokens);
 		break;
 	case OPT_PROMPT:
-		if (cli_parse_u32("--prompt", arg, 1, 64, &env.prompt))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt", arg, 1, 64, &env.prompt);
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_ROUNDS:
-		if (cli_parse_u32("--rounds", arg, 1, 1000, &env.rounds))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--rounds", arg, 1, 1000, &env.rounds);
 		break;
 	case OPT_JSON: env.json = true; break;
 	case OPT_CLIENTS_IDLE: env.clients_idle = true; break;
@@ -131,9 +127,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_STREAM: {
 		uint32_t us;
 
-		if (cli_parse_u32(key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
-				  0, key == OPT_GATHER ? 100000 : 1000000, &us))
-			cli_usage_error(state);
+		cli_opt_u32(state, key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
+			    0, key == OPT_GATHER ? 100000 : 1000000, &us);
 		*(key == OPT_GATHER ? &env.gather : &env.stream) = arg;
 		break;
 	}
