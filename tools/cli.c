@@ -81,17 +81,34 @@ int cli_fail(int err, const char *fmt, ...)
 	return err;
 }
 
+/* "PROG: FMT...\n" in one piece, whichever threads say lines at the same time. */
+static void say(const char *fmt, va_list ap)
+{
+	flockfile(stderr);
+	fprintf(stderr, "%s: ", cli_log.prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	funlockfile(stderr);
+}
+
 int cli_error(int err, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, "%s: ", cli_log.prog);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	say(fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	atomic_fetch_add(&cli_log.errors, 1);
 	return err;
+}
+
+void cli_say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	say(fmt, ap);
+	va_end(ap);
 }
 
 void cli_usage_error(const struct argp_state *state)
@@ -161,8 +178,7 @@ static int reap(pid_t pid, int *status)
 	return r == pid ? 0 : -errno;
 }
 
-int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
-			unsigned timeout_ms, unsigned *port)
+int cli_serve_wait_port(pid_t pid, const char *port_file, unsigned timeout_ms, unsigned *port)
 {
 	const struct timespec ts = { 0, 2000000L };
 	const uint64_t deadline = cli_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -176,16 +192,13 @@ int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
 			fclose(f);
 		if (n == 1)
 			return 0;
-		if (waitpid(pid, &status, WNOHANG) == pid) {
-			fprintf(stderr, "moepager %s: the server exited before listening\n", who);
-			return -ECHILD;
-		}
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return cli_error(-ECHILD, "the server exited before listening");
 		if (cli_now_ns() > deadline) {
-			fprintf(stderr, "moepager %s: the server did not listen within %u ms\n",
-				who, timeout_ms);
 			kill(pid, SIGKILL);
 			reap(pid, &status);
-			return -ETIMEDOUT;
+			return cli_error(-ETIMEDOUT, "the server did not listen within %u ms",
+					 timeout_ms);
 		}
 		nanosleep(&ts, NULL);
 	}

@@ -65,6 +65,12 @@ const char *cli_prog(void);
 int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The tool's own error line, "PROG: FMT...", counted as cli_fail() counts it. Returns err. */
 int cli_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * A line the tool says that reports no failure of the command (what it does,
+ * a warning, a request that failed and is counted): "PROG: FMT...", not
+ * counted, so a failure after it is still said.
+ */
+void cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /*
  * In an argp parser, after a bad option value was said (cli_parse_*): the
@@ -85,10 +91,9 @@ pid_t cli_spawn(const char *exe, const char *const *args, int out_fd);
 /*
  * Waits up to timeout_ms for the port a serve child writes to port_file once
  * it listens. Returns 0, -ECHILD if the child exited (reaped), or -ETIMEDOUT
- * (the child killed and reaped); says which on stderr, after who.
+ * (the child killed and reaped), after saying which (cli_error).
  */
-int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
-			unsigned timeout_ms, unsigned *port);
+int cli_serve_wait_port(pid_t pid, const char *port_file, unsigned timeout_ms, unsigned *port);
 /* SIGTERM to a child, then reaps it: its wait status, or -errno. */
 int cli_child_stop(pid_t pid);
 

@@ -344,8 +344,8 @@ static int open_trace(struct run *r, const struct mp_geometry *g)
 		return cli_error(-EINVAL, "request %u of %s has %u tokens, not more than "
 				 "--warmup %u", env.request, env.trace, have, env.warmup);
 	if (env.warmup + env.tokens > have) {
-		fprintf(stderr, "moepager run: request %u of %s has %u tokens: measuring %u "
-			"decode steps, not %u\n", env.request, env.trace, have,
+		cli_say("request %u of %s has %u tokens: measuring %u "
+			"decode steps, not %u", env.request, env.trace, have,
 			have - env.warmup, env.tokens);
 		env.tokens = have - env.warmup;
 	}

@@ -260,7 +260,7 @@ static int engine_start(struct engine *e, const char *sock, uint64_t budget, str
 	if (e->pid < 0 || read(e->from, r, sizeof(*r)) != sizeof(*r))
 		return -ECHILD;
 	if (r->err)
-		fprintf(stderr, "moepager bench-elastic: an engine failed: %s\n", strerror(-r->err));
+		cli_error(0, "an engine failed: %s", strerror(-r->err));
 	return r->err;
 }
 

@@ -487,8 +487,8 @@ static int drive(struct servers *sv, struct req *reqs, uint32_t n, const struct 
 	}
 	pthread_mutex_unlock(&r.lock);
 	if (r.pending) {
-		fprintf(stderr, "moepager bench-multi: %u requests still running after %.0f s; "
-			"stopping the run\n", r.pending, env.timeout);
+		cli_say("%u requests still running after %.0f s; "
+			"stopping the run", r.pending, env.timeout);
 		for (uint32_t i = 0; i < sv->nb; i++)
 			sv->b[i]->ops->stop(sv->b[i]);
 		pthread_mutex_lock(&r.lock);
@@ -676,7 +676,7 @@ static int warm_up(struct servers *sv, const struct prompts *pr)
 		}
 	}
 	if (err)
-		fprintf(stderr, "moepager bench-multi: the warm-up failed\n");
+		cli_error(0, "the warm-up failed");
 	memset(&sv->warm, 0, sizeof(sv->warm));
 	collect(sv, &sv->warm, -1);
 	return err;
@@ -755,7 +755,7 @@ static int make_plan(struct plan *pl)
 			 env.tmpdir ? env.tmpdir : "/tmp");
 		if (!mkdtemp(pl->dir)) {
 			err = -errno;
-			fprintf(stderr, "moepager bench-multi: cannot make a directory in %s: %s\n",
+			cli_error(0, "cannot make a directory in %s: %s",
 				env.tmpdir ? env.tmpdir : "/tmp", strerror(errno));
 			pl->dir[0] = 0;
 			goto out;
@@ -823,7 +823,7 @@ static int load_prompts(struct prompts *pr)
 	f = err ? NULL : fopen(env.prompts, "r");
 	if (!err && !f) {
 		err = -errno;
-		fprintf(stderr, "moepager bench-multi: %s: %s\n", env.prompts, strerror(errno));
+		cli_error(0, "%s: %s", env.prompts, strerror(errno));
 	}
 	while (!err && pr->n < MAX_PROMPTS && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = 0;

@@ -132,8 +132,7 @@ static void child(enum run_kind kind, int out, const char *stats)
 	if ((kind == RUN_MMAP || kind == RUN_PRELOAD) && env.limit &&
 	    ((err = memcg_enter(&cg)) ||
 	     (err = memcg_write(&cg, cg.v2 ? "memory.max" : "memory.limit_in_bytes", env.limit)))) {
-		fprintf(stderr, "moepager bench-preload: cannot limit memory (a memory cgroup): "
-			"%s\n", strerror(-err));
+		cli_error(0, "cannot limit memory (a memory cgroup): %s", strerror(-err));
 		_exit(126);
 	}
 	if (kind == RUN_PRELOAD || kind == RUN_PRELOAD_WARM) {
@@ -151,7 +150,7 @@ static void child(enum run_kind kind, int out, const char *stats)
 	snprintf(t, sizeof(t), "%u", env.threads);
 	execl(env.llama_run, env.llama_run, "-m", env.gguf, "-B", env.backends, "-p", env.prompt,
 	      "-n", n, "-t", t, (char *)NULL);
-	fprintf(stderr, "moepager bench-preload: %s: %s\n", env.llama_run, strerror(errno));
+	cli_error(0, "%s: %s", env.llama_run, strerror(errno));
 	_exit(127);
 }
 
@@ -277,7 +276,7 @@ static int one_repeat(uint32_t i, const char *stats, const char *first, struct r
 		"tok/s\n", i + 1, res->mmap[i], res->resident[i], res->preload[i], res->warm[i]);
 	return 0;
 fail:
-	fprintf(stderr, "moepager bench-preload: the %s run failed: %s\n", names[k],
+	cli_error(0, "the %s run failed: %s", names[k],
 		err == -ENODATA ? "the preload made no image of the file" : strerror(-err));
 	json_decref(r[2].stats);
 	json_decref(r[3].stats);
