@@ -9,9 +9,7 @@ moepager=$1
 base=$2
 adapters=$3
 slices=$4
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-fail=0
+. "$(dirname "$0")/cli_lib.sh"
 tok=${base%.mpk}.tok
 ppl() {
 	"$moepager" eval --model "$1" --text "$2" --tokenizer "$tok" --json |
@@ -30,31 +28,29 @@ domains=$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1
 for d in $domains; do
 	text=$slices/$(field "$d" file)
 	"$moepager" adapter info "$adapters/$d.mpa" --base "$base" --verify >/dev/null ||
-		{ echo "FAILED: $d.mpa is not a sound adapter of $base"; fail=1; continue; }
+		{ bad "$d.mpa is not a sound adapter of $base"; continue; }
 	"$moepager" adapter merge "$base" "$adapters/$d.mpa" --out "$T/$d.mpk" >/dev/null ||
-		{ echo "FAILED: merging $d.mpa"; fail=1; continue; }
+		{ bad "merging $d.mpa"; continue; }
 	b=$(ppl "$base" "$text") && m=$(ppl "$T/$d.mpk" "$text") ||
-		{ echo "FAILED: moepager eval on $text"; fail=1; continue; }
+		{ bad "moepager eval on $text"; continue; }
 	echo "$d: base $b, with its adapter $m"
 	python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < 0.9 * float(sys.argv[2]))' "$m" "$b" ||
-		{ echo "FAILED: $d's adapter does not lower its perplexity by 10 %"; fail=1; }
+		bad "$d's adapter does not lower its perplexity by 10 %"
 	near "$b" "$(field "$d" base_ppl)" && near "$m" "$(field "$d" merged_ppl)" ||
-		{ echo "FAILED: $d: not the recorded perplexities"; fail=1; }
+		bad "$d: not the recorded perplexities"
 	rm -f "$T/$d.mpk"
 done
 # A missing input is named, once, not the output the command never got to write.
 if err=$("$moepager" adapter merge "$base" "$T/missing.mpa" --out "$T/m.mpk" 2>&1 >/dev/null); then
-	echo "FAILED: merge with a missing adapter succeeded"
-	fail=1
+	bad "merge with a missing adapter succeeded"
 fi
 [[ $err == "moepager adapter: $T/missing.mpa: "*"No such file"* && $err != *$'\n'* &&
    $err != *"$T/m.mpk"* ]] ||
-	{ echo "FAILED: the missing adapter is not named: $err"; fail=1; }
+	bad "the missing adapter is not named: $err"
 if err=$("$moepager" adapter pack "$base" "$T/missing.mpk" --out "$T/p.mpa" 2>&1 >/dev/null); then
-	echo "FAILED: pack with a missing fine-tune succeeded"
-	fail=1
+	bad "pack with a missing fine-tune succeeded"
 fi
 [[ $err == "moepager adapter: $T/missing.mpk: "*"No such file"* && $err != *$'\n'* &&
    $err != *"$T/p.mpa"* ]] ||
-	{ echo "FAILED: the missing fine-tune is not named: $err"; fail=1; }
-exit $fail
+	bad "the missing fine-tune is not named: $err"
+exit $((fails > 0))

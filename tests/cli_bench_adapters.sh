@@ -11,26 +11,14 @@
 set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/cli_lib.sh"
 
-. "$(dirname "$0")/check_lib.sh"
 # holds FILE PYTHON-EXPRESSION: the expression over the JSON object j is true.
 holds() {
 	[[ $("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(bool($2))" "$1") == True ]]
 }
 # refused DESCRIPTION PATTERN ARGS...: exits non-zero and says PATTERN on stderr.
-refused() {
-	local what=$1 pattern=$2
-	shift 2
-	if "$MOEPAGER" bench-adapters "$@" >"$T/out" 2>"$T/err"; then
-		bad "$what (it succeeded)"
-	elif grep -q -- "$pattern" "$T/err"; then
-		ok "$what"
-	else
-		bad "$what: stderr was: $(cat "$T/err")"
-	fi
-}
+refused() { check "$1" refused_by "$2" "$MOEPAGER" bench-adapters "${@:3}"; }
 
 M=$T/tiny.mpk
 A=$T/adapters

@@ -13,9 +13,7 @@
 set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/cli_lib.sh"
 
 refused() { refused_by "$1" "$MOEPAGER" bench-multi "${@:2}"; }	# refused MESSAGE ARGS...
 for s in 1 2; do

@@ -11,9 +11,7 @@
 set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/cli_lib.sh"
 
 refused() { refused_by "$1" "$MOEPAGER" bench-serve "${@:2}"; }	# refused MESSAGE ARGS...
 "$MOEPAGER" gen --preset tiny --seed 1 --name bs --out "$T/m.mpk" --quiet || exit 1

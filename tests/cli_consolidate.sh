@@ -5,35 +5,32 @@
 # against the models in another order or another geometry refused with a message saying so.
 set -u
 moepager=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail=0
+. "$(dirname "$0")/cli_lib.sh"
 for s in 1 2 3; do
-	"$moepager" gen --preset tiny --seed $s --name v$s --out "$dir/v$s.mpk" --quiet || exit 1
+	"$moepager" gen --preset tiny --seed $s --name v$s --out "$T/v$s.mpk" --quiet || exit 1
 done
-"$moepager" gen --preset tiny --layers 2 --out "$dir/short.mpk" --quiet || exit 1
-models=("$dir/v1.mpk" "$dir/v2.mpk" "$dir/v3.mpk")
+"$moepager" gen --preset tiny --layers 2 --out "$T/short.mpk" --quiet || exit 1
+models=("$T/v1.mpk" "$T/v2.mpk" "$T/v3.mpk")
 capacity() {
-	"$moepager" consolidate "${models[@]}" --capacity "$1" --out "$dir/m.mpc" --json \
+	"$moepager" consolidate "${models[@]}" --capacity "$1" --out "$T/m.mpc" --json \
 		--cross-samples 4 | python3 -c 'import json, sys; print(json.load(sys.stdin)["capacity"])'
 }
 # tiny: 4 x 8 = 32 positions, experts of 3 x 128 x 256 f32 = 393216 bytes
 for c in 5:5 50%:16 0.25:8 1M:2 0:0 32:32 100G:32; do
 	got=$(capacity "${c%%:*}")
-	[[ $got == "${c##*:}" ]] || { echo "FAILED: --capacity ${c%%:*} gave '$got', not ${c##*:}"; fail=1; }
+	[[ $got == "${c##*:}" ]] || bad "--capacity ${c%%:*} gave '$got', not ${c##*:}"
 done
-for bad in 33 1.5 150% abc -1; do
-	if "$moepager" consolidate "${models[@]}" --capacity "$bad" --out "$dir/x.mpc" \
-		>/dev/null 2>&1 || [[ -e $dir/x.mpc ]]; then
-		echo "FAILED: --capacity $bad was accepted"
-		fail=1
+for v in 33 1.5 150% abc -1; do
+	if "$moepager" consolidate "${models[@]}" --capacity "$v" --out "$T/x.mpc" \
+		>/dev/null 2>&1 || [[ -e $T/x.mpc ]]; then
+		bad "--capacity $v was accepted"
 	fi
 done
-"$moepager" consolidate "${models[@]}" --capacity 11 --out "$dir/m.mpc" --json \
-	--cross-samples 8 > "$dir/build.json" || exit 1
-"$moepager" consolidate --info "$dir/m.mpc" "${models[@]}" --json > "$dir/info.json" || {
-	echo "FAILED: --info refused the models the map was made for"; fail=1; }
-python3 - "$dir/build.json" "$dir/info.json" <<'PY' || fail=1
+"$moepager" consolidate "${models[@]}" --capacity 11 --out "$T/m.mpc" --json \
+	--cross-samples 8 > "$T/build.json" || exit 1
+"$moepager" consolidate --info "$T/m.mpc" "${models[@]}" --json > "$T/info.json" ||
+	bad "--info refused the models the map was made for"
+python3 - "$T/build.json" "$T/info.json" <<'PY' || bad "the map's report and --info (above)"
 import json, sys
 b, i = (json.load(open(p)) for p in sys.argv[1:3])
 ok = True
@@ -58,32 +55,29 @@ check(i["positions_by_index"] == b["positions_by_index"], "--info reads back oth
 check(i["distance"]["cross"] is None, "--info reports cross-position distances")
 sys.exit(0 if ok else 1)
 PY
-if err=$("$moepager" consolidate --info "$dir/m.mpc" "$dir/v2.mpk" "$dir/v1.mpk" \
-	"$dir/v3.mpk" 2>&1 >/dev/null); then
-	echo "FAILED: a map was accepted for its models in another order"
-	fail=1
+if err=$("$moepager" consolidate --info "$T/m.mpc" "$T/v2.mpk" "$T/v1.mpk" \
+	"$T/v3.mpk" 2>&1 >/dev/null); then
+	bad "a map was accepted for its models in another order"
 fi
-[[ $err == *"is model 1 of the map, not 0"* ]] || { echo "FAILED: the order error: $err"; fail=1; }
-if err=$("$moepager" consolidate "$dir/v1.mpk" "$dir/short.mpk" --capacity 1 \
-	--out "$dir/s.mpc" 2>&1 >/dev/null) || [[ -e $dir/s.mpc ]]; then
-	echo "FAILED: models of two geometries were consolidated"
-	fail=1
+[[ $err == *"is model 1 of the map, not 0"* ]] || bad "the order error: $err"
+if err=$("$moepager" consolidate "$T/v1.mpk" "$T/short.mpk" --capacity 1 \
+	--out "$T/s.mpc" 2>&1 >/dev/null) || [[ -e $T/s.mpc ]]; then
+	bad "models of two geometries were consolidated"
 fi
-[[ $err == *"v1.mpk and $dir/short.mpk differ in geometry: layers 4 vs 2"* ]] ||
-	{ echo "FAILED: the geometry error: $err"; fail=1; }
-if err=$("$moepager" consolidate --info "$dir/v1.mpk" 2>&1 >/dev/null); then
-	echo "FAILED: an .mpk was read as a map"
-	fail=1
+[[ $err == *"v1.mpk and $T/short.mpk differ in geometry: layers 4 vs 2"* ]] ||
+	bad "the geometry error: $err"
+if err=$("$moepager" consolidate --info "$T/v1.mpk" 2>&1 >/dev/null); then
+	bad "an .mpk was read as a map"
 fi
-[[ $err == *"not a moepager consolidation map"* ]] || { echo "FAILED: $err"; fail=1; }
+[[ $err == *"not a moepager consolidation map"* ]] || bad "$err"
 # Every subcommand's usage names itself as the user types it, and the help examples
 # point at the trained model where the build puts it.
 for c in consolidate loadgen bench batchbench bench-adapters bench-multi; do
 	line=$("$moepager" "$c" --help | head -1)
-	[[ $line == "Usage: moepager $c "* ]] || { echo "FAILED: $c --help: $line"; fail=1; }
+	[[ $line == "Usage: moepager $c "* ]] || bad "$c --help: $line"
 done
 for c in eval generate; do
 	"$moepager" "$c" --help | grep -q -- "--model build/data/models/tiny-real.mpk" ||
-		{ echo "FAILED: $c --help: the example model is not build/data/models/tiny-real.mpk"; fail=1; }
+		bad "$c --help: the example model is not build/data/models/tiny-real.mpk"
 done
-exit $fail
+exit $((fails > 0))

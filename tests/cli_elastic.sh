@@ -16,12 +16,8 @@ set -u
 moepager=$1
 model=$2
 prompts=$3
-dir=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"' EXIT
-sock=$dir/pagerd.sock
-fail=0
-bad() { echo "FAILED: $*"; fail=1; }
+. "$(dirname "$0")/cli_lib.sh"
+sock=$T/pagerd.sock
 json() {
 	python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
@@ -32,21 +28,20 @@ print(d)' "$1" "$2"
 # serve NAME EPOCH THREADS: an attached, warmed server; sets PORT.
 serve() {
 	"$moepager" serve --model "$model" --attach "$sock" --warm --epoch "$2" \
-		--listen 127.0.0.1:0 --port-file "$dir/$1.port" --threads "$3" \
-		>"$dir/$1.out" 2>"$dir/$1.err" &
-	pids+=($!)
+		--listen 127.0.0.1:0 --port-file "$T/$1.port" --threads "$3" \
+		>"$T/$1.out" 2>"$T/$1.err" &
+	KILL+=($!)
 	eval "pid_$1=$!"
-	for _ in $(seq 200); do [[ -s $dir/$1.port ]] && break; sleep 0.05; done
-	[[ -s $dir/$1.port ]] || { cat "$dir/$1.err"; echo "FAILED: server $1 not ready"; exit 1; }
-	PORT=$(cat "$dir/$1.port")
+	PORT=$(wait_port "$T/$1.port" "${KILL[-1]}") ||
+		{ cat "$T/$1.err"; echo "FAILED: server $1 not ready"; exit 1; }
 }
 pool() {	# pool EPOCH PORT...: a new pool file renamed over the old
-	{ echo "epoch $1"; shift; for p in "$@"; do echo "http://127.0.0.1:$p"; done; } >"$dir/pool.tmp"
-	mv "$dir/pool.tmp" "$dir/pool"
+	{ echo "epoch $1"; shift; for p in "$@"; do echo "http://127.0.0.1:$p"; done; } >"$T/pool.tmp"
+	mv "$T/pool.tmp" "$T/pool"
 }
-# threads PORT BODY: POST /admin/threads; prints the status, the answer in $dir/threads.json.
+# threads PORT BODY: POST /admin/threads; prints the status, the answer in $T/threads.json.
 threads() {
-	curl -s -o "$dir/threads.json" -w '%{http_code}' "127.0.0.1:$1/admin/threads" -d "$2"
+	curl -s -o "$T/threads.json" -w '%{http_code}' "127.0.0.1:$1/admin/threads" -d "$2"
 }
 metric() {	# metric PORT NAME: its value in /metrics
 	curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n "{") == 1 {print $2}'
@@ -57,29 +52,29 @@ greedy() {
 		python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])'
 }
 
-"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$dir/d.out" 2>&1 &
-pids+=($!)
+"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$T/d.out" 2>&1 &
+KILL+=($!)
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
 serve a 1 1
 port_a=$PORT
 text_a=$(greedy "$port_a")
 pool 1 "$port_a"
-"$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 6 --duration 6 \
-	--max-tokens 8 --retry-s 60 --json >"$dir/lg.json" 2>"$dir/lg.err" &
+"$moepager" loadgen --pool "$T/pool" --prompts "$prompts" --rate 6 --duration 6 \
+	--max-tokens 8 --retry-s 60 --json >"$T/lg.json" 2>"$T/lg.err" &
 lg=$!
 sleep 0.5
 # a's engine threads, 1 -> 2 in place under load (between two of its scheduler's steps).
 [[ $(metric "$port_a" moepager_engine_threads) == 1 ]] || bad "server a does not show 1 thread"
 code=$(threads "$port_a" '{"threads": 2}')
-[[ $code == 200 && $(json "$dir/threads.json" threads) == 2 &&
-   $(json "$dir/threads.json" previous) == 1 ]] || bad "threads 1 -> 2: $code $(cat "$dir/threads.json")"
+[[ $code == 200 && $(json "$T/threads.json" threads) == 2 &&
+   $(json "$T/threads.json" previous) == 1 ]] || bad "threads 1 -> 2: $code $(cat "$T/threads.json")"
 [[ $(metric "$port_a" moepager_engine_threads) == 2 ]] || bad "server a does not show 2 threads"
 [[ $(greedy "$port_a") == "$text_a" ]] || bad "server a answers otherwise with 2 threads"
 # Bad thread counts: refused naming the field, nothing changed.
 for body in '{"threads": 0}' '{"threads": 1025}' '{"threads": "2"}' '{"thread": 2}' '{}' 'x'; do
 	code=$(threads "$port_a" "$body")
 	[[ $code == 400 ]] || bad "threads body $body: $code, not 400"
-	grep -q '"message"' "$dir/threads.json" || bad "no message for threads body $body"
+	grep -q '"message"' "$T/threads.json" || bad "no message for threads body $body"
 done
 [[ $(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$port_a/admin/threads") == 405 ]] ||
 	bad "GET /admin/threads is not 405"
@@ -89,19 +84,19 @@ sleep 1
 serve b 2 2
 port_b=$PORT
 # What server a's requests read is in the daemon's memfd: b maps it before it listens.
-grep -Eq ", [1-9][0-9]* experts warmed" "$dir/b.out" || bad "server b warmed nothing: $(cat "$dir/b.out")"
+grep -Eq ", [1-9][0-9]* experts warmed" "$T/b.out" || bad "server b warmed nothing: $(cat "$T/b.out")"
 pool 2 "$port_a" "$port_b"
-curl -s "127.0.0.1:$port_b/metrics" >"$dir/b.metrics"
-grep -qx 'moepager_serve_epoch 2' "$dir/b.metrics" || bad "server b's /metrics does not show epoch 2"
+curl -s "127.0.0.1:$port_b/metrics" >"$T/b.metrics"
+grep -qx 'moepager_serve_epoch 2' "$T/b.metrics" || bad "server b's /metrics does not show epoch 2"
 # b reads the dense weights where the daemon holds them: lent, not read from the file.
-lent=$(awk '/^moepager_runner_dense_lent_bytes/ {print $2}' "$dir/b.metrics")
-copied=$(awk '/^moepager_runner_dense_read_bytes/ {print $2}' "$dir/b.metrics")
+lent=$(awk '/^moepager_runner_dense_lent_bytes/ {print $2}' "$T/b.metrics")
+copied=$(awk '/^moepager_runner_dense_read_bytes/ {print $2}' "$T/b.metrics")
 [[ $copied == 0 && ${lent:-0} -gt 0 ]] || bad "server b's dense weights: $lent lent, $copied read"
 rchar=$(awk '/^rchar/ {print $2}' "/proc/$pid_b/io")
 (( rchar < ${lent:-0} )) || bad "server b read $rchar bytes; the dense weights are $lent"
 sleep 0.5
 code=$(threads "$port_a" '{"threads": 1}')
-[[ $code == 200 && $(json "$dir/threads.json" previous) == 2 ]] || bad "threads 2 -> 1: $code"
+[[ $code == 200 && $(json "$T/threads.json" previous) == 2 ]] || bad "threads 2 -> 1: $code"
 [[ $(metric "$port_a" moepager_engine_threads) == 1 &&
    $(metric "$port_a" moepager_engine_thread_changes_total) == 2 ]] ||
 	bad "server a does not show 1 thread after 2 changes"
@@ -110,7 +105,7 @@ sleep 1
 pool 3 "$port_b"
 kill -TERM "$pid_a"
 wait "$pid_a" || bad "server a exited non-zero when drained"
-grep -q "0 request(s) cut short" "$dir/a.err" || bad "server a cut requests short: $(cat "$dir/a.err")"
+grep -q "0 request(s) cut short" "$T/a.err" || bad "server a cut requests short: $(cat "$T/a.err")"
 # The budget, one number across the processes, down and up while they serve.
 "$moepager" pagerd --model "$model" --socket "$sock" --set-budget 50% >/dev/null ||
 	bad "--set-budget 50% under load"
@@ -118,71 +113,71 @@ grep -q "0 request(s) cut short" "$dir/a.err" || bad "server a cut requests shor
 	bad "--set-budget 100% under load"
 # The host tier to NUMA node 0 under load (this machine's one node: the call path, the pages
 # counted on it), and a node that does not exist refused with a message.
-"$moepager" pagerd --model "$model" --socket "$sock" --set-node 0 >"$dir/node.out" ||
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 0 >"$T/node.out" ||
 	bad "--set-node 0 under load"
-grep -Eq 'host tier on node 0: ([1-9][0-9]*) of \1 resident' "$dir/node.out" ||
-	bad "--set-node 0: $(cat "$dir/node.out")"
-"$moepager" pagerd --model "$model" --socket "$sock" --set-node 1000 2>"$dir/e6" &&
+grep -Eq 'host tier on node 0: ([1-9][0-9]*) of \1 resident' "$T/node.out" ||
+	bad "--set-node 0: $(cat "$T/node.out")"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-node 1000 2>"$T/e6" &&
 	bad "--set-node 1000 was taken"
-grep -q "NUMA node 1000 does not exist" "$dir/e6" || bad "no message for node 1000: $(cat "$dir/e6")"
-wait $lg || { cat "$dir/lg.err"; bad "loadgen"; }
-[[ $(json "$dir/lg.json" errors) == 0 ]] || bad "$(json "$dir/lg.json" errors) requests failed"
-[[ $(json "$dir/lg.json" completed) == $(json "$dir/lg.json" requests) ]] ||
+grep -q "NUMA node 1000 does not exist" "$T/e6" || bad "no message for node 1000: $(cat "$T/e6")"
+wait $lg || { cat "$T/lg.err"; bad "loadgen"; }
+[[ $(json "$T/lg.json" errors) == 0 ]] || bad "$(json "$T/lg.json" errors) requests failed"
+[[ $(json "$T/lg.json" completed) == $(json "$T/lg.json" requests) ]] ||
 	bad "not every request completed"
-echo "load: $(json "$dir/lg.json" requests) requests, $(json "$dir/lg.json" retried) retried"
+echo "load: $(json "$T/lg.json" requests) requests, $(json "$T/lg.json" retried) retried"
 text_b=$(greedy "$port_b")
 [[ -n $text_a && $text_a == "$text_b" ]] || bad "server a answered '$text_a', b '$text_b'"
-"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$dir/st.json" ||
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$T/st.json" ||
 	bad "--set-budget 100% --json"
 # The daemon holds them once: its memfd of dense weights holds what b was lent.
-(( $(json "$dir/st.json" dense_bytes) >= ${lent:-1} )) ||
-	bad "the daemon's dense memfd is $(json "$dir/st.json" dense_bytes) bytes, b was lent $lent"
+(( $(json "$T/st.json" dense_bytes) >= ${lent:-1} )) ||
+	bad "the daemon's dense memfd is $(json "$T/st.json" dense_bytes) bytes, b was lent $lent"
 # Bad control input: refused with a message, nothing changed.
-printf 'epoch x\nhttp://127.0.0.1:1\n' >"$dir/badpool"
-if "$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e1"; then
+printf 'epoch x\nhttp://127.0.0.1:1\n' >"$T/badpool"
+if "$moepager" loadgen --pool "$T/badpool" --prompts "$prompts" --duration 1 2>"$T/e1"; then
 	bad "loadgen took a pool file without an epoch"
 fi
-grep -q 'want "epoch N" first' "$dir/e1" || bad "no message for the bad pool file: $(cat "$dir/e1")"
-printf 'epoch 4\nftp://x\n' >"$dir/badpool"
-"$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e2" &&
+grep -q 'want "epoch N" first' "$T/e1" || bad "no message for the bad pool file: $(cat "$T/e1")"
+printf 'epoch 4\nftp://x\n' >"$T/badpool"
+"$moepager" loadgen --pool "$T/badpool" --prompts "$prompts" --duration 1 2>"$T/e2" &&
 	bad "loadgen took a pool file with a bad URL"
-printf 'epoch 5\n' >"$dir/badpool"
-"$moepager" loadgen --pool "$dir/badpool" --prompts "$prompts" --duration 1 2>"$dir/e3" &&
+printf 'epoch 5\n' >"$T/badpool"
+"$moepager" loadgen --pool "$T/badpool" --prompts "$prompts" --duration 1 2>"$T/e3" &&
 	bad "loadgen took a pool without servers"
-grep -q "has no server" "$dir/e3" || bad "no message for an empty pool: $(cat "$dir/e3")"
-"$moepager" serve --model "$model" --epoch many --port-file "$dir/x.port" 2>/dev/null &&
+grep -q "has no server" "$T/e3" || bad "no message for an empty pool: $(cat "$T/e3")"
+"$moepager" serve --model "$model" --epoch many --port-file "$T/x.port" 2>/dev/null &&
 	bad "serve took --epoch many"
-"$moepager" pagerd --model "$model" --socket "$sock" --set-budget lots 2>"$dir/e4" &&
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget lots 2>"$T/e4" &&
 	bad "--set-budget lots was taken"
-[[ -s $dir/e4 ]] || bad "no message for --set-budget lots"
-"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$dir/st2.json"
-[[ $(json "$dir/st2.json" budget_bytes) == $(json "$dir/st.json" budget_bytes) ]] ||
+[[ -s $T/e4 ]] || bad "no message for --set-budget lots"
+"$moepager" pagerd --model "$model" --socket "$sock" --set-budget 100% --json >"$T/st2.json"
+[[ $(json "$T/st2.json" budget_bytes) == $(json "$T/st.json" budget_bytes) ]] ||
 	bad "a refused --set-budget changed the budget"
 # A server that left without leaving the pool: requests it refuses go to the other one.
 pool 4 "$port_a" "$port_b"
-"$moepager" loadgen --pool "$dir/pool" --prompts "$prompts" --rate 8 --duration 1.5 \
-	--max-tokens 4 --retry-s 60 --json >"$dir/lg2.json" 2>"$dir/lg2.err" || bad "loadgen 2"
-[[ $(json "$dir/lg2.json" errors) == 0 ]] || bad "requests failed with a dead server in the pool"
-[[ $(json "$dir/lg2.json" retried) -gt 0 ]] || bad "no request was refused by the dead server"
+"$moepager" loadgen --pool "$T/pool" --prompts "$prompts" --rate 8 --duration 1.5 \
+	--max-tokens 4 --retry-s 60 --json >"$T/lg2.json" 2>"$T/lg2.err" || bad "loadgen 2"
+[[ $(json "$T/lg2.json" errors) == 0 ]] || bad "requests failed with a dead server in the pool"
+[[ $(json "$T/lg2.json" retried) -gt 0 ]] || bad "no request was refused by the dead server"
 kill -TERM "$pid_b"
 wait "$pid_b"
 
 # The daemon dies: a server that has mapped nothing answers its next request with an
 # error naming the daemon, not a hang, and still exits cleanly.
-kill -9 "${pids[0]}"
-wait "${pids[0]}" 2>/dev/null
+kill -9 "${KILL[0]}"
+wait "${KILL[0]}" 2>/dev/null
 rm -f "$sock"
-"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$dir/d2.out" 2>&1 &
-pids+=($!)
+"$moepager" pagerd --model "$model" --socket "$sock" --budget 100% >"$T/d2.out" 2>&1 &
+KILL+=($!)
 daemon2=$!
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
 serve c 5 1
 kill -9 $daemon2
 wait $daemon2 2>/dev/null
-code=$(curl -s -m 60 -o "$dir/c.json" -w '%{http_code}' "127.0.0.1:$PORT/v1/completions" \
+code=$(curl -s -m 60 -o "$T/c.json" -w '%{http_code}' "127.0.0.1:$PORT/v1/completions" \
 	-d '{"prompt": "Q: What is a", "max_tokens": 4, "temperature": 0}')
 [[ $code == 500 ]] || bad "a request after the daemon's death got $code, not 500"
-grep -q "pager daemon this server is attached to is gone" "$dir/c.json" || bad "no message naming the daemon: $(cat "$dir/c.json")"
+grep -q "pager daemon this server is attached to is gone" "$T/c.json" || bad "no message naming the daemon: $(cat "$T/c.json")"
 kill -TERM "$pid_c"
 wait "$pid_c" || bad "server c exited non-zero after the daemon's death"
 
@@ -191,8 +186,8 @@ wait "$pid_c" || bad "server c exited non-zero after the daemon's death"
 # memory pressure evicted (4 KiB seen once on a loaded machine), so the bound is one expert:
 # the daemon reads whole experts, and the dense weights read are counted apart.
 xbytes=$("$moepager" inspect "$model" | awk '/^experts/ {print $4}')
-"$moepager" bench-elastic --model "$model" --load 4 --phase 1 --json >"$dir/bench.json" \
-	2>"$dir/bench.err" || { tail "$dir/bench.err"; bad "bench-elastic --load"; }
+"$moepager" bench-elastic --model "$model" --load 4 --phase 1 --json >"$T/bench.json" \
+	2>"$T/bench.err" || { tail "$T/bench.err"; bad "bench-elastic --load"; }
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for k in ("shared", "second_copy", "cold_restart"):
@@ -205,11 +200,11 @@ assert d["shared"]["disk_bytes_read"] < xbytes, d["shared"]
 assert d["shared"]["new_server"]["dense_read_bytes"] == 0, d["shared"]["new_server"]
 assert d["shared"]["new_server"]["dense_lent_bytes"] > 0, d["shared"]["new_server"]
 assert d["shared"]["downtime_s"] == 0 and d["cold_restart"]["downtime_s"] > 0
-assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$dir/bench.json" "$xbytes" ||
+assert d["second_copy"]["disk_bytes_read"] > 10 * xbytes, d["second_copy"]' "$T/bench.json" "$xbytes" ||
 	bad "bench-elastic --load's figures"
 # bench-elastic --threads-to: a server's threads 1 -> 2 -> 1 in place under load, none failed.
 "$moepager" bench-elastic --model "$model" --load 4 --phase 1 --threads-to 2 --json \
-	>"$dir/bench-t.json" 2>"$dir/bench-t.err" || { tail "$dir/bench-t.err"; bad "--threads-to"; }
+	>"$T/bench-t.json" 2>"$T/bench-t.err" || { tail "$T/bench-t.err"; bad "--threads-to"; }
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for k in ("fixed", "in_place"):
@@ -217,8 +212,8 @@ for k in ("fixed", "in_place"):
 ch = d["in_place"]["changes"]
 assert [(c["status"], c["from"], c["to"], c["threads_seen"]) for c in ch] == \
 	[(200, 1, 2, 2), (200, 2, 1, 1)], ch
-assert d["fixed"]["changes"] == []' "$dir/bench-t.json" || bad "bench-elastic --threads-to's figures"
-"$moepager" bench-elastic --model "$model" --threads-to 2 2>"$dir/e5" &&
+assert d["fixed"]["changes"] == []' "$T/bench-t.json" || bad "bench-elastic --threads-to's figures"
+"$moepager" bench-elastic --model "$model" --threads-to 2 2>"$T/e5" &&
 	bad "--threads-to without --load was taken"
-grep -q "needs --load" "$dir/e5" || bad "no message for --threads-to without --load"
-exit $fail
+grep -q "needs --load" "$T/e5" || bad "no message for --threads-to without --load"
+exit $((fails > 0))

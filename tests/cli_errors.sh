@@ -7,9 +7,7 @@
 set -u
 MOEPAGER=$1
 MODEL=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/cli_lib.sh"
 
 # A model cut short (its header promises more), a file that is no model, and none at all.
 head -c 100000 "$MODEL" >"$T/cut.mpk"

@@ -9,12 +9,11 @@ if ((EUID != 0)) && [[ -z ${CI:-}${MOEPAGER_REQUIRE_BPF:-} ]]; then
 	echo "skipped: recording through BPF needs root"
 	exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-"$moepager" gen --preset tiny --out "$tmp/tiny.mpk" >/dev/null || exit 1
-"$moepager" run --model "$tmp/tiny.mpk" --tokens 8 --prompt-tokens 4 --repeat 4 \
-	--record-alternate --json >"$tmp/out.json" || exit 1
-python3 - "$tmp/out.json" <<'PY'
+. "$(dirname "$0")/cli_lib.sh"
+"$moepager" gen --preset tiny --out "$T/tiny.mpk" >/dev/null || exit 1
+"$moepager" run --model "$T/tiny.mpk" --tokens 8 --prompt-tokens 4 --repeat 4 \
+	--record-alternate --json >"$T/out.json" || exit 1
+python3 - "$T/out.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 r = d["record"]

@@ -7,8 +7,7 @@
 set -u
 moepager=$1
 model=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/cli_lib.sh"
 run() {
 	"$moepager" run --model "$model" --prompt "Q: What is a" --tokens 24 --budget 50% \
 		--json "$@"
@@ -21,31 +20,29 @@ for k in sys.argv[1].split("."):
 	v = v[k]
 print(json.dumps(v))' "$1"
 }
-fail=0
 plain=$(run | field tokens) || exit 1
-first=$(run --prefetch finemoe --emap "$dir/maps") || exit 1
-second=$(run --prefetch finemoe --emap "$dir/maps") || exit 1
-[[ -s $dir/maps ]] || { echo "FAILED: no map file written"; fail=1; }
+first=$(run --prefetch finemoe --emap "$T/maps") || exit 1
+second=$(run --prefetch finemoe --emap "$T/maps") || exit 1
+[[ -s $T/maps ]] || bad "no map file written"
 n1=$(field prefetch.emap_records <<<"$first")
 n2=$(field prefetch.emap_records <<<"$second")
 echo "records: $n1 after the first run, $n2 after the second"
-[[ $n1 -eq 24 ]] || { echo "FAILED: the first run stored $n1 records, not one per token"; fail=1; }
+[[ $n1 -eq 24 ]] || bad "the first run stored $n1 records, not one per token"
 [[ $n2 -eq $((2 * n1)) ]] ||
-	{ echo "FAILED: the second run did not start from the first run's records"; fail=1; }
+	bad "the second run did not start from the first run's records"
 [[ $(field prefetch.semantic <<<"$first") == true ]] ||
-	{ echo "FAILED: no semantic vectors without a trace"; fail=1; }
+	bad "no semantic vectors without a trace"
 # One begin event (the token's embedding) and one gate event per layer for each token.
 events=$(field prefetch.events <<<"$first")
-[[ $events -eq $((24 * 7)) ]] || { echo "FAILED: $events events, not 24 x (6 gates + 1)"; fail=1; }
+[[ $events -eq $((24 * 7)) ]] || bad "$events events, not 24 x (6 gates + 1)"
 for out in "$first" "$second"; do
 	[[ $(field tokens <<<"$out") == "$plain" ]] ||
-		{ echo "FAILED: prefetching changed the tokens"; fail=1; }
+		bad "prefetching changed the tokens"
 done
-echo "not a map" > "$dir/bad"
-if err=$(run --prefetch finemoe --emap "$dir/bad" 2>&1 >/dev/null); then
-	echo "FAILED: a corrupt map file was accepted"
-	fail=1
+echo "not a map" > "$T/bad"
+if err=$(run --prefetch finemoe --emap "$T/bad" 2>&1 >/dev/null); then
+	bad "a corrupt map file was accepted"
 fi
-[[ $err == *"$dir/bad"* ]] || { echo "FAILED: the error does not name the file: $err"; fail=1; }
+[[ $err == *"$T/bad"* ]] || bad "the error does not name the file: $err"
 echo "$err" | tail -n 1
-exit $fail
+exit $((fails > 0))

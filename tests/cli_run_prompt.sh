@@ -5,6 +5,7 @@
 set -u
 moepager=$1
 model=$2
+. "$(dirname "$0")/cli_lib.sh"
 text() {
 	python3 -c 'import json, sys; d = json.load(sys.stdin); print(len(d["tokens"])); print(d["text"])'
 }
@@ -12,9 +13,8 @@ resident=$("$moepager" run --model "$model" --prompt "Q: What is a" --tokens 24 
 paged=$("$moepager" run --model "$model" --prompt "Q: What is a" --tokens 24 --budget 30% --json |
 	text) || exit 1
 printf '%s\n' "$resident"
-fail=0
-[[ $(head -n1 <<<"$resident") -ge 24 ]] || { echo "FAILED: fewer than 24 tokens"; fail=1; }
+[[ $(head -n1 <<<"$resident") -ge 24 ]] || bad "fewer than 24 tokens"
 [[ $(sed -n 2p <<<"$resident") == "Q: What is a"?* ]] ||
-	{ echo "FAILED: the text does not continue the prompt"; fail=1; }
-[[ $resident == "$paged" ]] || { echo "FAILED: paged text differs: $paged"; fail=1; }
-exit $fail
+	bad "the text does not continue the prompt"
+[[ $resident == "$paged" ]] || bad "paged text differs: $paged"
+exit $((fails > 0))

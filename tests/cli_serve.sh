@@ -492,6 +492,7 @@ check "a full queue answers 503 with Retry-After ($busy of 4)" test $busy -ge 2
 kill -TERM "$SERVER"
 wait "$SERVER"
 st=$?
+forget "$SERVER"
 SERVER=
 wait "${pids[@]}"
 check "SIGTERM with requests in flight exits 0 (status $st)" test $st = 0

@@ -81,17 +81,34 @@ int cli_fail(int err, const char *fmt, ...)
 	return err;
 }
 
+/* "PROG: FMT...\n" in one piece, whichever threads say lines at the same time. */
+static void say(const char *fmt, va_list ap)
+{
+	flockfile(stderr);
+	fprintf(stderr, "%s: ", cli_log.prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	funlockfile(stderr);
+}
+
 int cli_error(int err, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, "%s: ", cli_log.prog);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	say(fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	atomic_fetch_add(&cli_log.errors, 1);
 	return err;
+}
+
+void cli_say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	say(fmt, ap);
+	va_end(ap);
 }
 
 void cli_usage_error(const struct argp_state *state)
@@ -161,8 +178,7 @@ static int reap(pid_t pid, int *status)
 	return r == pid ? 0 : -errno;
 }
 
-int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
-			unsigned timeout_ms, unsigned *port)
+int cli_serve_wait_port(pid_t pid, const char *port_file, unsigned timeout_ms, unsigned *port)
 {
 	const struct timespec ts = { 0, 2000000L };
 	const uint64_t deadline = cli_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -176,16 +192,13 @@ int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
 			fclose(f);
 		if (n == 1)
 			return 0;
-		if (waitpid(pid, &status, WNOHANG) == pid) {
-			fprintf(stderr, "moepager %s: the server exited before listening\n", who);
-			return -ECHILD;
-		}
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return cli_error(-ECHILD, "the server exited before listening");
 		if (cli_now_ns() > deadline) {
-			fprintf(stderr, "moepager %s: the server did not listen within %u ms\n",
-				who, timeout_ms);
 			kill(pid, SIGKILL);
 			reap(pid, &status);
-			return -ETIMEDOUT;
+			return cli_error(-ETIMEDOUT, "the server did not listen within %u ms",
+					 timeout_ms);
 		}
 		nanosleep(&ts, NULL);
 	}
@@ -260,6 +273,54 @@ bad:
 	return -EINVAL;
 }
 
+/* The cli_opt_*() parsers: a parse that failed (and said why) is a usage error. */
+static int or_usage(const struct argp_state *state, int err)
+{
+	if (err)
+		cli_usage_error(state);
+	return 0;
+}
+
+int cli_opt_u64(const struct argp_state *state, const char *opt, const char *s, uint64_t lo,
+		uint64_t hi, uint64_t *out)
+{
+	return or_usage(state, cli_parse_u64(opt, s, lo, hi, out));
+}
+
+int cli_opt_u32(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		uint32_t hi, uint32_t *out)
+{
+	return or_usage(state, cli_parse_u32(opt, s, lo, hi, out));
+}
+
+int cli_opt_double(const struct argp_state *state, const char *opt, const char *s, double lo,
+		   double hi, double *out)
+{
+	return or_usage(state, cli_parse_double(opt, s, lo, hi, out));
+}
+
+int cli_opt_u32_list(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		     uint32_t hi, uint32_t *out, uint32_t max, uint32_t *n)
+{
+	return or_usage(state, cli_parse_u32_list(opt, s, lo, hi, out, max, n));
+}
+
+int cli_opt_size(const struct argp_state *state, const char *opt, const char *s, uint64_t *out)
+{
+	return or_usage(state, cli_parse_size(opt, s, out));
+}
+
+int cli_opt_pages(const struct argp_state *state, const char *opt, const char *s, int *out)
+{
+	return or_usage(state, cli_parse_pages(opt, s, out));
+}
+
+/* mp_dtype_parse() says which name is unknown and which are known. */
+int cli_opt_dtype(const struct argp_state *state, const char *s, enum mp_dtype *out)
+{
+	return or_usage(state, mp_dtype_parse(s, out));
+}
+
 int cli_parse_one_path(int key, char *arg, struct argp_state *state, const char **path)
 {
 	switch (key) {
@@ -298,9 +359,7 @@ static error_t parse_engine_opt(int key, char *arg, struct argp_state *state)
 		o->engine = arg;
 		return 0;
 	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &o->threads))
-			cli_usage_error(state);
-		return 0;
+		return cli_opt_u32(state, "--threads", arg, 1, 1024, &o->threads);
 	default:
 		return ARGP_ERR_UNKNOWN;
 	}

@@ -9,6 +9,8 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include <moepager/common.h>
+
 struct cli_command {
 	const char *name;
 	const char *summary;
@@ -63,6 +65,12 @@ const char *cli_prog(void);
 int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The tool's own error line, "PROG: FMT...", counted as cli_fail() counts it. Returns err. */
 int cli_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * A line the tool says that reports no failure of the command (what it does,
+ * a warning, a request that failed and is counted): "PROG: FMT...", not
+ * counted, so a failure after it is still said.
+ */
+void cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /*
  * In an argp parser, after a bad option value was said (cli_parse_*): the
@@ -83,17 +91,16 @@ pid_t cli_spawn(const char *exe, const char *const *args, int out_fd);
 /*
  * Waits up to timeout_ms for the port a serve child writes to port_file once
  * it listens. Returns 0, -ECHILD if the child exited (reaped), or -ETIMEDOUT
- * (the child killed and reaped); says which on stderr, after who.
+ * (the child killed and reaped), after saying which (cli_error).
  */
-int cli_serve_wait_port(const char *who, pid_t pid, const char *port_file,
-			unsigned timeout_ms, unsigned *port);
+int cli_serve_wait_port(pid_t pid, const char *port_file, unsigned timeout_ms, unsigned *port);
 /* SIGTERM to a child, then reaps it: its wait status, or -errno. */
 int cli_child_stop(pid_t pid);
 
 /*
  * Parses a number with strtoull+errno: the whole string must be a number
  * in [lo, hi]. Returns 0 or -EINVAL (and prints which option was bad); in an
- * argp parser, follow a failure with cli_usage_error().
+ * argp parser, cli_opt_u64() and the rest below.
  */
 int cli_parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int cli_parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
@@ -112,6 +119,30 @@ int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
  * Returns 0 or -EINVAL.
  */
 int cli_parse_size(const char *opt, const char *s, uint64_t *out);
+
+/*
+ * The page kind a pager daemon's memfd uses (`--pages small|thp|hugetlb`): 0 and
+ * *out an enum mp_pagerd_pages, or -EINVAL after printing what is allowed.
+ */
+int cli_parse_pages(const char *opt, const char *s, int *out);
+
+/*
+ * The same in an argp parser: parses into *out, or says which option was bad
+ * and raises the usage error (cli_usage_error: exit 64). Returns 0, so a
+ * case can `return cli_opt_u32(state, "--tokens", arg, 1, 64, &env.tokens);`.
+ * cli_opt_dtype() takes a dtype name (mp_dtype_parse, which says what is known).
+ */
+int cli_opt_u64(const struct argp_state *state, const char *opt, const char *s, uint64_t lo,
+		uint64_t hi, uint64_t *out);
+int cli_opt_u32(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		uint32_t hi, uint32_t *out);
+int cli_opt_double(const struct argp_state *state, const char *opt, const char *s, double lo,
+		   double hi, double *out);
+int cli_opt_u32_list(const struct argp_state *state, const char *opt, const char *s, uint32_t lo,
+		     uint32_t hi, uint32_t *out, uint32_t max, uint32_t *n);
+int cli_opt_size(const struct argp_state *state, const char *opt, const char *s, uint64_t *out);
+int cli_opt_pages(const struct argp_state *state, const char *opt, const char *s, int *out);
+int cli_opt_dtype(const struct argp_state *state, const char *s, enum mp_dtype *out);
 
 /*
  * The positional-argument part of an argp parser for commands that take
@@ -194,12 +225,6 @@ int cli_read_file(const char *path, char **buf, size_t *len);
  * as root). Returns how: "drop_caches" or "fadvise".
  */
 const char *cli_drop_caches(int fd);
-
-/*
- * The page kind a pager daemon's memfd uses (`--pages small|thp|hugetlb`): 0 and
- * *out an enum mp_pagerd_pages, or -EINVAL after printing what is allowed.
- */
-int cli_parse_pages(const char *opt, const char *s, int *out);
 
 /*
  * Starts `moepager pagerd` (this binary, /proc/self/exe) for model on sock

@@ -71,12 +71,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.base = arg;
 		break;
 	case 'k':
-		if (cli_parse_u32("--per-layer", arg, 1, MP_MAX_EXPERTS, &env.per_layer))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--per-layer", arg, 1, MP_MAX_EXPERTS, &env.per_layer);
 		break;
 	case 's':
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case 'V':
 		env.verify = true;

@@ -69,8 +69,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.info = arg;
 		break;
 	case 'x':
-		if (cli_parse_u32("--cross-samples", arg, 0, MP_MAX_EXPERTS * MP_MAX_EXPERTS, &env.cross))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--cross-samples", arg, 0, MP_MAX_EXPERTS * MP_MAX_EXPERTS,
+			    &env.cross);
 		break;
 	case 'j':
 		env.json = true;

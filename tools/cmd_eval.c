@@ -110,12 +110,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.budget = arg;
 		break;
 	case OPT_WINDOW:
-		if (cli_parse_u32("--window", arg, 2, MP_MAX_SEQ, &env.window))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--window", arg, 2, MP_MAX_SEQ, &env.window);
 		break;
 	case OPT_MAX_WINDOWS:
-		if (cli_parse_u32("--max-windows", arg, 1, UINT32_MAX, &env.max_windows))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-windows", arg, 1, UINT32_MAX, &env.max_windows);
 		break;
 	case OPT_JSON:
 		env.json = true;

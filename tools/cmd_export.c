@@ -62,8 +62,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_DTYPE:
 	case OPT_DENSE_DTYPE:
-		if (mp_dtype_parse(arg, &t))
-			cli_usage_error(state);	/* the library said which type is unknown */
+		cli_opt_dtype(state, arg, &t);
 		*(key == OPT_DTYPE ? &env.dtype : &env.dense_dtype) = (int)t;
 		break;
 	case OPT_ALIGNMENT:

@@ -109,8 +109,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.out = arg;
 		break;
 	case 's':
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case 'q':
 		env.quiet = true;
@@ -119,17 +118,14 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.name = arg;
 		break;
 	case OPT_VARIANT:
-		if (cli_parse_u32("--variant", arg, 1, UINT32_MAX, &env.variant))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--variant", arg, 1, UINT32_MAX, &env.variant);
 		break;
 	case OPT_SPREAD:
-		if (cli_parse_double("--spread", arg, 1e-6, 1, &env.spread))
-			cli_usage_error(state);
+		cli_opt_double(state, "--spread", arg, 1e-6, 1, &env.spread);
 		env.set_spread = true;
 		break;
 	case OPT_DTYPE:
-		if (mp_dtype_parse(arg, &env.dtype))
-			cli_usage_error(state);
+		cli_opt_dtype(state, arg, &env.dtype);
 		env.set_dtype = true;
 		break;
 	case ARGP_KEY_ARG:
@@ -150,8 +146,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			;
 		snprintf(name, sizeof(name), "--%s", o->name ? o->name : "geometry");
 		/* the range check proper is mp_geometry_check(); this only rejects non-numbers */
-		if (cli_parse_u32(name, arg, 0, UINT32_MAX, field))
-			cli_usage_error(state);
+		cli_opt_u32(state, name, arg, 0, UINT32_MAX, field);
 		env.set[key - OPT_LAYERS] = true;
 		break;
 	}

@@ -69,8 +69,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.prompt = arg;
 		break;
 	case 'n':
-		if (cli_parse_u32("--tokens", arg, 1, MP_MAX_SEQ, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 1, MP_MAX_SEQ, &env.tokens);
 		break;
 	case OPT_TEMPERATURE:
 		errno = 0;
@@ -80,12 +79,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--temperature: '%s' is not a number in [0, 100]", arg);
 		break;
 	case OPT_TOP_K:
-		if (cli_parse_u32("--top-k", arg, 1, MP_MAX_VOCAB, &env.top_k))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--top-k", arg, 1, MP_MAX_VOCAB, &env.top_k);
 		break;
 	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case OPT_JSON:
 		env.json = true;

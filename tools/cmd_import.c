@@ -56,13 +56,11 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.out = arg;
 		break;
 	case OPT_DTYPE:
-		if (mp_dtype_parse(arg, &t))
-			cli_usage_error(state);	/* the library said which type is unknown */
+		cli_opt_dtype(state, arg, &t);
 		env.dtype = (int)t;
 		break;
 	case OPT_MAX_SEQ:
-		if (cli_parse_u32("--max-seq", arg, 1, MP_MAX_SEQ, &env.max_seq))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-seq", arg, 1, MP_MAX_SEQ, &env.max_seq);
 		break;
 	case OPT_NAME:
 		env.name = arg;

@@ -89,20 +89,17 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.budget = arg;
 		break;
 	case OPT_SET_NODE:
-		if (cli_parse_u32("--set-node", arg, 0, 1023, &node))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--set-node", arg, 0, 1023, &node);
 		env.set_node = (int)node;
 		break;
 	case OPT_SET_BUDGET:
 		env.set_budget = arg;
 		break;
 	case OPT_MAX_CLIENTS:
-		if (cli_parse_u32("--max-clients", arg, 1, 1024, &env.max_clients))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-clients", arg, 1, 1024, &env.max_clients);
 		break;
 	case OPT_PAGES:
-		if (cli_parse_pages("--pages", arg, &pages))
-			cli_usage_error(state);
+		cli_opt_pages(state, "--pages", arg, &pages);
 		env.pages = pages;
 		break;
 	case OPT_JSON:

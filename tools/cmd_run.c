@@ -131,27 +131,22 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.model = arg;
 		break;
 	case OPT_PROMPT_TOKENS:
-		if (cli_parse_u32("--prompt-tokens", arg, 1, MP_MAX_SEQ, &env.prompt_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt-tokens", arg, 1, MP_MAX_SEQ, &env.prompt_tokens);
 		break;
 	case 'n':
-		if (cli_parse_u32("--tokens", arg, 0, MP_MAX_SEQ, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 0, MP_MAX_SEQ, &env.tokens);
 		break;
 	case OPT_WARMUP:
-		if (cli_parse_u32("--warmup", arg, 0, MP_MAX_SEQ, &env.warmup))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--warmup", arg, 0, MP_MAX_SEQ, &env.warmup);
 		break;
 	case OPT_RECORD_ALTERNATE:
 		env.record_alternate = true;
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case OPT_TRACE:
 		env.trace = arg;
@@ -163,8 +158,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.tokenizer = arg;
 		break;
 	case OPT_REQUEST:
-		if (cli_parse_u32("--request", arg, 0, UINT32_MAX, &env.request))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--request", arg, 0, UINT32_MAX, &env.request);
 		break;
 	case OPT_RESIDENT:
 		env.resident = true;
@@ -350,8 +344,8 @@ static int open_trace(struct run *r, const struct mp_geometry *g)
 		return cli_error(-EINVAL, "request %u of %s has %u tokens, not more than "
 				 "--warmup %u", env.request, env.trace, have, env.warmup);
 	if (env.warmup + env.tokens > have) {
-		fprintf(stderr, "moepager run: request %u of %s has %u tokens: measuring %u "
-			"decode steps, not %u\n", env.request, env.trace, have,
+		cli_say("request %u of %s has %u tokens: measuring %u "
+			"decode steps, not %u", env.request, env.trace, have,
 			have - env.warmup, env.tokens);
 		env.tokens = have - env.warmup;
 	}

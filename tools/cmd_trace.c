@@ -124,8 +124,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 
 	switch (key) {
 	case 'p':
-		if (cli_parse_u32("--pid", arg, 1, INT32_MAX, &v))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--pid", arg, 1, INT32_MAX, &v);
 		env.pid = (int)v;
 		break;
 	case 'o':
@@ -148,16 +147,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.lib = arg;
 		break;
 	case OPT_LAYERS:
-		if (cli_parse_u32("--layers", arg, 1, 1024, &env.layers))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--layers", arg, 1, 1024, &env.layers);
 		break;
 	case OPT_EXPERTS:
-		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--experts", arg, 1, 4096, &env.experts);
 		break;
 	case OPT_DURATION:
-		if (cli_parse_u64("--duration", arg, 1, 86400 * 365, &d))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--duration", arg, 1, 86400 * 365, &d);
 		env.duration_ms = d * 1000;
 		break;
 	case OPT_EXPORT:
@@ -288,8 +284,8 @@ static void draw_top(const struct recorder *rc, const struct mp_traj *t, uint64_
 	per = rc->heat_experts ? (rc->heat_experts + cols - 17) / (cols - 16) : 1;
 	width = per == 1 && rc->heat_experts ? MIN(4u, (cols - 16) / rc->heat_experts) : 1;
 	fprintf(stderr, "\033[H\033[2J");
-	fprintf(stderr, "moepager trace: pid %d, %.1f s, %" PRIu64 " routes, %" PRIu64
-		" page faults, %" PRIu64 " dropped\n", env.pid, (double)elapsed_ns / 1e9,
+	cli_say("pid %d, %.1f s, %" PRIu64 " routes, %" PRIu64
+		" page faults, %" PRIu64 " dropped", env.pid, (double)elapsed_ns / 1e9,
 		rc->kinds[MP_TRAJ_ROUTE], rc->kinds[MP_TRAJ_PGFAULT], st.dropped);
 	fprintf(stderr, "layer  experts 0..%u%s, shade = uses / busiest expert of the layer\n",
 		rc->heat_experts ? rc->heat_experts - 1 : 0,
@@ -482,7 +478,7 @@ static int record(void)
 		}
 	}
 	if (!env.top && !env.json)
-		fprintf(stderr, "moepager trace: recording pid %d into %s%s%s (Ctrl-C stops)\n",
+		cli_say("recording pid %d into %s%s%s (Ctrl-C stops)",
 			env.pid, env.out, pin_dir[0] ? ", maps pinned in " : "", pin_dir);
 
 	start = cli_clock_ns(CLOCK_MONOTONIC);
@@ -545,20 +541,20 @@ static int record(void)
 		err = print_json(&rc, &st, env.keep && pin_dir[0] ? pin_dir : NULL,
 				 (double)(cli_clock_ns(CLOCK_MONOTONIC) - start) / 1e9, exit_status);
 	} else {
-		fprintf(stderr, "moepager trace: %" PRIu64 " records (%" PRIu64 " routes, %" PRIu64
+		cli_say("%" PRIu64 " records (%" PRIu64 " routes, %" PRIu64
 			" page faults, %" PRIu64 " faults served (%" PRIu64 " on the asking "
 			"thread, without a page fault), %" PRIu64 " prefetches, %" PRIu64
-			" evictions), %" PRIu64 " dropped -> %s\n", st.records,
+			" evictions), %" PRIu64 " dropped -> %s", st.records,
 			rc.kinds[MP_TRAJ_ROUTE], rc.kinds[MP_TRAJ_PGFAULT],
 			rc.kinds[MP_TRAJ_FAULT_DONE], rc.caller_faults,
 			rc.kinds[MP_TRAJ_PREFETCH_DONE],
 			rc.kinds[MP_TRAJ_EVICT], st.dropped, env.out);
 		if (env.keep && pin_dir[0])
-			fprintf(stderr, "moepager trace: maps kept in %s\n", pin_dir);
+			cli_say("maps kept in %s", pin_dir);
 	}
 	if (st.dropped)
-		fprintf(stderr, "moepager trace: warning: %" PRIu64 " records dropped (ring full); "
-			"the pinned counts are still exact\n", st.dropped);
+		cli_say("warning: %" PRIu64 " records dropped (ring full); "
+			"the pinned counts are still exact", st.dropped);
 	if (!err && exit_status > 0)
 		err = cli_error(-ECHILD, "%s exited with status %d", env.cmd[0], exit_status);
 

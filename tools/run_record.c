@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "run_record.h"
 
 static int count_record(const struct mp_traj_rec *r, void *arg)
@@ -45,7 +46,7 @@ int run_record_begin(struct run_record *rr)
 	rr->polling = true;
 	return 0;
 fail:
-	fprintf(stderr, "moepager run: recording the trajectory: %s\n", strerror(-err));
+	cli_error(0, "recording the trajectory: %s", strerror(-err));
 	mp_traj_close(rr->traj);
 	rr->traj = NULL;
 	return err;

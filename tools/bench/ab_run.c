@@ -95,7 +95,7 @@ static int submit(struct ab_setup *s, uint32_t r, struct out *o)
 		o->t->pending--;
 		pthread_mutex_unlock(&o->t->lock);
 		o->failed = true;
-		fprintf(stderr, "moepager bench-adapters: request %u: %s\n", r, strerror(-err));
+		cli_error(0, "request %u: %s", r, strerror(-err));
 	}
 	return err;
 }
@@ -171,7 +171,7 @@ int ab_run_alone(struct ab_setup **s, uint32_t n, int base, double (*fig)[F_COUN
 		}
 	}
 	if (err)
-		fprintf(stderr, "moepager bench-adapters: requests alone: %s\n",
+		cli_error(0, "requests alone: %s",
 			err == -EIO ? "a request failed" : strerror(-err));
 	free(ttft);
 	free(tpot);
@@ -325,8 +325,8 @@ int ab_run_mixed(struct ab_setup *s, double *fig)
 		fig[F_MEMBW] = (bw[0] + bw[1]) / 2;
 		mixed_figures(s, outs, t0, &c0, &c1, fig);
 	} else {
-		fprintf(stderr, "moepager bench-adapters: %s setup, mixed load: %s\n",
-			ab_kind_names[s->kind], strerror(-err));
+		cli_error(0, "%s setup, mixed load: %s", ab_kind_names[s->kind],
+			  strerror(-err));
 	}
 	free(outs);
 	return err;

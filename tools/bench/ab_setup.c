@@ -52,7 +52,7 @@ static int read_files(struct ab_bench *b)
 	int n = scandir(b->o->adapters, &ents, is_mpa, alphasort), err = 0;
 
 	if (n <= 0) {
-		fprintf(stderr, "moepager bench-adapters: --adapters %s: %s\n", b->o->adapters,
+		cli_error(0, "--adapters %s: %s", b->o->adapters,
 			n < 0 ? strerror(errno) : "no .mpa file in it");
 		free(ents);
 		return n < 0 ? -errno : -ENOENT;
@@ -85,11 +85,9 @@ static int name_adapters(struct ab_bench *b)
 		len = round ? snprintf(a->name, sizeof(a->name), "%s#%u", b->files[a->file].name,
 				       round + 1) :
 			      snprintf(a->name, sizeof(a->name), "%s", b->files[a->file].name);
-		if (len >= (int)sizeof(a->name)) {
-			fprintf(stderr, "moepager bench-adapters: replica name of '%s' is too long\n",
+		if (len >= (int)sizeof(a->name))
+			return cli_error(-ENAMETOOLONG, "replica name of '%s' is too long",
 				b->files[a->file].name);
-			return -ENAMETOOLONG;
-		}
 		if (b->files[a->file].max_per_layer > b->e_max)
 			b->e_max = b->files[a->file].max_per_layer;
 	}
@@ -139,11 +137,9 @@ int ab_bench_open(struct ab_bench *b, const struct ab_opts *o)
 	err = read_files(b);
 	if (!err)
 		err = name_adapters(b);
-	if (!err && o->e_max && o->e_max < b->e_max) {
-		fprintf(stderr, "moepager bench-adapters: --e-max %u is below the %u experts an "
-			"adapter replaces in a layer\n", o->e_max, b->e_max);
-		err = -EINVAL;
-	}
+	if (!err && o->e_max && o->e_max < b->e_max)
+		err = cli_error(-EINVAL, "--e-max %u is below the %u experts an "
+			"adapter replaces in a layer", o->e_max, b->e_max);
 	if (!err && o->e_max)
 		b->e_max = o->e_max;
 	if (!err)
@@ -153,7 +149,7 @@ int ab_bench_open(struct ab_bench *b, const struct ab_opts *o)
 	if (!err)
 		err = mp_membw_open(b->engine, 0, &b->membw);
 	if (err == -ENOMEM)
-		fprintf(stderr, "moepager bench-adapters: out of memory\n");
+		cli_error(0, "out of memory");
 	return err;
 }
 
@@ -196,11 +192,10 @@ static int check_memory(enum ab_kind kind, uint64_t need)
 		fclose(f);
 	if (!kb || need <= kb * 1024 / 10 * 9)
 		return 0;
-	fprintf(stderr, "moepager bench-adapters: the %s setup needs %.2f GB of expert memory, "
+	return cli_error(-ENOMEM, "the %s setup needs %.2f GB of expert memory, "
 		"more than the %.2f GB available here: run fewer adapters, other --setups, or "
-		"page the experts with --budget\n", ab_kind_names[kind], need / 1e9,
+		"page the experts with --budget", ab_kind_names[kind], need / 1e9,
 		kb * 1024 / 1e9);
-	return -ENOMEM;
 }
 
 /* With --prefetch, a prefetcher between the runner and the instance's pager. */
@@ -342,12 +337,10 @@ static int open_weave(struct ab_setup *s)
 		s->memory = b->budget;
 		return inst_runner(b, s->inst, mp_adapters_rows(s->set));
 	}
-	if (!err && b->budget && s->stats.held_bytes + mp_store_expert_bytes(b->base) > b->budget) {
-		fprintf(stderr, "moepager bench-adapters: --budget %s leaves no room for the base's "
-			"experts beside the %.1f MB the adapters hold\n", b->o->budget,
+	if (!err && b->budget && s->stats.held_bytes + mp_store_expert_bytes(b->base) > b->budget)
+		return cli_error(-ENOSPC, "--budget %s leaves no room for the base's "
+			"experts beside the %.1f MB the adapters hold", b->o->budget,
 			s->stats.held_bytes / 1e6);
-		return -ENOSPC;
-	}
 	if (!err && b->budget)
 		err = mp_pager_set_budget(s->inst->pager, b->budget - s->stats.held_bytes);
 	if (err)
@@ -385,16 +378,15 @@ static int make_merged(struct ab_bench *b)
 	snprintf(b->tmpdir, sizeof(b->tmpdir), "%s/moepager-abench-XXXXXX", tmp ? tmp : "/tmp");
 	if (!mkdtemp(b->tmpdir)) {
 		err = -errno;
-		fprintf(stderr, "moepager bench-adapters: %s: %s\n", b->tmpdir, strerror(errno));
+		cli_error(0, "%s: %s", b->tmpdir, strerror(errno));
 		b->tmpdir[0] = '\0';
 		return err;
 	}
 	if (!statvfs(b->tmpdir, &vfs) &&
 	    (uint64_t)vfs.f_bavail * vfs.f_frsize < b->n_files * mp_store_file_bytes(b->base)) {
-		fprintf(stderr, "moepager bench-adapters: %u merged models of %.2f GB do not fit "
-			"in %s (set TMPDIR)\n", b->n_files, mp_store_file_bytes(b->base) / 1e9,
+		return cli_error(-ENOSPC, "%u merged models of %.2f GB do not fit "
+			"in %s (set TMPDIR)", b->n_files, mp_store_file_bytes(b->base) / 1e9,
 			b->tmpdir);
-		return -ENOSPC;
 	}
 	for (uint32_t i = 0; i < b->n_files && !err; i++) {
 		struct mp_adapter *a = NULL;
@@ -426,11 +418,9 @@ static int open_merged(struct ab_setup *s)
 	s->memory = b->budget ? b->budget :
 				b->n_adapters * mp_store_total_expert_bytes(b->base);
 	err = check_memory(s->kind, s->memory);
-	if (!err && b->budget && share < mp_store_expert_bytes(b->base)) {
-		fprintf(stderr, "moepager bench-adapters: --budget %s shared by %u merged models "
-			"leaves each less than one expert\n", b->o->budget, b->n_adapters);
-		err = -ENOSPC;
-	}
+	if (!err && b->budget && share < mp_store_expert_bytes(b->base))
+		err = cli_error(-ENOSPC, "--budget %s shared by %u merged models "
+			"leaves each less than one expert", b->o->budget, b->n_adapters);
 	if (!err)
 		err = make_merged(b);
 	s->inst = err ? NULL : calloc(b->n_adapters, sizeof(*s->inst));

@@ -104,39 +104,23 @@ static int parse_setups(const char *s, unsigned *mask)
 	return err ? err : *mask ? 0 : -EINVAL;
 }
 
-static int parse_u32(const char *opt, const char *arg, uint32_t lo, uint32_t hi, uint32_t *out,
-		     struct argp_state *state)
-{
-	if (cli_parse_u32(opt, arg, lo, hi, out))
-		cli_usage_error(state);
-	return 0;
-}
-
 static int parse_num(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
-	case OPT_REPLICATE: return parse_u32("--replicate", arg, 1, AB_MAX_ADAPTERS, &env.replicate,
-					     state);
-	case OPT_REQUESTS: return parse_u32("--requests", arg, 1, 10000, &env.requests, state);
-	case OPT_ALONE: return parse_u32("--alone", arg, 1, 10000, &env.alone, state);
-	case OPT_MAX_TOKENS: return parse_u32("--max-tokens", arg, 2, 4096, &env.max_tokens, state);
+	case OPT_REPLICATE:
+		return cli_opt_u32(state, "--replicate", arg, 1, AB_MAX_ADAPTERS, &env.replicate);
+	case OPT_REQUESTS: return cli_opt_u32(state, "--requests", arg, 1, 10000, &env.requests);
+	case OPT_ALONE: return cli_opt_u32(state, "--alone", arg, 1, 10000, &env.alone);
+	case OPT_MAX_TOKENS:
+		return cli_opt_u32(state, "--max-tokens", arg, 2, 4096, &env.max_tokens);
 	case OPT_PROMPT_TOKENS:
-		return parse_u32("--prompt-tokens", arg, 1, 4096, &env.prompt_tokens, state);
-	case OPT_MAX_BATCH: return parse_u32("--max-batch", arg, 1, 256, &env.max_batch, state);
-	case OPT_E_MAX: return parse_u32("--e-max", arg, 1, MP_MAX_EXPERTS, &env.e_max, state);
-	case OPT_REPEAT: return parse_u32("--repeat", arg, 1, AB_MAX_REPEAT, &env.repeat, state);
-	case OPT_RATE:
-		if (cli_parse_double("--rate", arg, 1e-3, 1e5, &env.rate))
-			cli_usage_error(state);
-		return 0;
-	case OPT_MIX_ALPHA:
-		if (cli_parse_double("--mix-alpha", arg, 0, 10, &env.mix_alpha))
-			cli_usage_error(state);
-		return 0;
-	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
-		return 0;
+		return cli_opt_u32(state, "--prompt-tokens", arg, 1, 4096, &env.prompt_tokens);
+	case OPT_MAX_BATCH: return cli_opt_u32(state, "--max-batch", arg, 1, 256, &env.max_batch);
+	case OPT_E_MAX: return cli_opt_u32(state, "--e-max", arg, 1, MP_MAX_EXPERTS, &env.e_max);
+	case OPT_REPEAT: return cli_opt_u32(state, "--repeat", arg, 1, AB_MAX_REPEAT, &env.repeat);
+	case OPT_RATE: return cli_opt_double(state, "--rate", arg, 1e-3, 1e5, &env.rate);
+	case OPT_MIX_ALPHA: return cli_opt_double(state, "--mix-alpha", arg, 0, 10, &env.mix_alpha);
+	case OPT_SEED: return cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 	}
 	return ARGP_ERR_UNKNOWN;
 }

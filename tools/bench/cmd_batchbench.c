@@ -77,16 +77,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--batch wants up to %u sizes in [1, 256]", MAX_SIZES);
 		break;
 	case OPT_TOKENS:
-		if (cli_parse_u32("--tokens", arg, 1, 1u << 16, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 1, 1u << 16, &env.tokens);
 		break;
 	case OPT_PROMPT:
-		if (cli_parse_u32("--prompt", arg, 1, 1u << 16, &env.prompt))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt", arg, 1, 1u << 16, &env.prompt);
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_ATTACH: env.attach = arg; break;

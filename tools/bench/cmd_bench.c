@@ -110,10 +110,8 @@ static int split_list(char *s, char **out, uint32_t max, const char *what)
 	uint32_t n = 0;
 
 	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
-		if (n == max) {
-			fprintf(stderr, "moepager bench: more than %u %s\n", max, what);
-			return -EINVAL;
-		}
+		if (n == max)
+			return cli_error(-EINVAL, "more than %u %s", max, what);
 		out[n++] = tok;
 	}
 	return (int)n;
@@ -167,28 +165,22 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	}
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, BENCH_MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_IO_CHANNELS:
-		if (cli_parse_u32("--io-channels", arg, 1, 64, &env.io_channels))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--io-channels", arg, 1, 64, &env.io_channels);
 		break;
 	case OPT_FILL_THREADS:
-		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
 		break;
 	case OPT_DISTANCE:
-		if (cli_parse_u32("--distance", arg, 1, MP_MAX_LAYERS, &env.distance))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--distance", arg, 1, MP_MAX_LAYERS, &env.distance);
 		break;
 	case OPT_EMAP:
-		if (cli_parse_u32("--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--emap-capacity", arg, 1, 1u << 20, &env.emap_capacity);
 		break;
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-tokens", arg, 1, UINT32_MAX, &env.max_tokens);
 		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;
@@ -253,17 +245,13 @@ static int parse_policy(const char *s, struct bench_spec *spec)
 	size_t n = colon ? (size_t)(colon - s) : strlen(s);
 
 	memset(spec, 0, sizeof(*spec));
-	if (n >= sizeof(spec->prefetch)) {
-		fprintf(stderr, "moepager bench: policy name '%s' too long\n", s);
-		return -EINVAL;
-	}
+	if (n >= sizeof(spec->prefetch))
+		return cli_error(-EINVAL, "policy name '%s' too long", s);
 	memcpy(spec->prefetch, s, n);
 	if (!strcmp(spec->prefetch, "mmap") || !strcmp(spec->prefetch, "pread-lru")) {
-		if (colon) {
-			fprintf(stderr, "moepager bench: baseline %s takes no eviction policy\n",
+		if (colon)
+			return cli_error(-EINVAL, "baseline %s takes no eviction policy",
 				spec->prefetch);
-			return -EINVAL;
-		}
 		spec->baseline = spec->prefetch[0] == 'm' ? BENCH_MMAP : BENCH_PREAD;
 		snprintf(spec->evict, sizeof(spec->evict), "%s",
 			 spec->baseline == BENCH_MMAP ? "kernel" : "lru");
@@ -296,18 +284,14 @@ static int parse_budget(const char *s, uint64_t expert_bytes, uint64_t total_exp
 		return 0;
 	}
 	/* Simulated without a model: only percentages of the experts make sense. */
-	if (n < 2 || s[n - 1] != '%') {
-		fprintf(stderr, "moepager bench: --budget %s: --simulate without --model takes "
-			"percentages\n", s);
-		return -EINVAL;
-	}
+	if (n < 2 || s[n - 1] != '%')
+		return cli_error(-EINVAL, "--budget %s: --simulate without --model takes "
+			"percentages", s);
 	char *end;
 	double pct = strtod(s, &end);
 
-	if (end != s + n - 1 || !(pct > 0 && pct <= 100)) {
-		fprintf(stderr, "moepager bench: --budget %s: not a percentage in (0, 100]\n", s);
-		return -EINVAL;
-	}
+	if (end != s + n - 1 || !(pct > 0 && pct <= 100))
+		return cli_error(-EINVAL, "--budget %s: not a percentage in (0, 100]", s);
 	*bytes = 0;
 	*experts = (uint32_t)llround(pct / 100.0 * (double)total_experts);
 	return 0;
@@ -366,11 +350,9 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 	if (look)
 		c.spec = (struct mp_spec_source){ bench_look_fn, look };
 
-	if (spec->baseline == BENCH_MMAP) {
-		fprintf(stderr, "moepager bench: --simulate has no model of the page cache: "
-			"mmap needs a real run\n");
-		return -EINVAL;
-	}
+	if (spec->baseline == BENCH_MMAP)
+		return cli_error(-EINVAL, "--simulate has no model of the page cache: "
+			"mmap needs a real run");
 	if (spec->baseline == BENCH_PREAD) {
 		c.prefetch = "none";
 		c.evict = "lru";
@@ -497,10 +479,8 @@ static int write_csv(const struct bench_row *rows, uint32_t n)
 {
 	FILE *f = fopen(env.csv, "w");
 
-	if (!f) {
-		fprintf(stderr, "moepager bench: %s: %s\n", env.csv, strerror(errno));
-		return -errno;
-	}
+	if (!f)
+		return cli_error(-errno, "%s: %s", env.csv, strerror(errno));
 	fprintf(f, "policy,evict,budget,budget_bytes,decode_tokens_per_s,stall_ms_per_token,"
 		"hit_rate,prefetch_accuracy,prefetch_waste,bytes_read,peak_rss_bytes,tokens\n");
 	for (uint32_t i = 0; i < n; i++) {
@@ -516,10 +496,8 @@ static int write_csv(const struct bench_row *rows, uint32_t n)
 			(unsigned long long)r->bytes_read, (unsigned long long)r->peak_rss,
 			(unsigned long long)r->tokens);
 	}
-	if (fclose(f)) {
-		fprintf(stderr, "moepager bench: %s: %s\n", env.csv, strerror(errno));
-		return -EIO;
-	}
+	if (fclose(f))
+		return cli_error(-EIO, "%s: %s", env.csv, strerror(errno));
 	return 0;
 }
 
@@ -576,9 +554,8 @@ int cmd_bench(int argc, char **argv)
 		}
 		if (i && (mp_trace_layers(traces[i]) != mp_trace_layers(traces[0]) ||
 			  mp_trace_experts(traces[i]) != mp_trace_experts(traces[0]))) {
-			fprintf(stderr, "moepager bench: %s: geometry differs from %s\n",
+			err = cli_error(-EINVAL, "%s: geometry differs from %s",
 				env.traces[i], env.traces[0]);
-			err = -EINVAL;
 			goto out;
 		}
 		/* Token ids, and with a model their embeddings: none is fine. */
@@ -600,7 +577,7 @@ int cmd_bench(int argc, char **argv)
 	for (uint32_t b = 0; b < env.nbudgets; b++) {
 		uint64_t total = (uint64_t)mp_trace_layers(traces[0]) * mp_trace_experts(traces[0]);
 		uint64_t bytes;
-		uint32_t cap;
+		uint32_t cap = 0;	/* set unless parse_budget() fails */
 
 		err = parse_budget(env.budgets[b], expert_bytes, total, &bytes, &cap);
 		if (err)

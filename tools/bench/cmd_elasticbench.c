@@ -113,48 +113,37 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.json = true;
 		break;
 	case OPT_LOAD:
-		if (cli_parse_double("--load", arg, 1e-3, 1e4, &env.load.rate))
-			cli_usage_error(state);
+		cli_opt_double(state, "--load", arg, 1e-3, 1e4, &env.load.rate);
 		break;
 	case OPT_PHASE:
-		if (cli_parse_double("--phase", arg, 0.5, 3600, &env.load.phase))
-			cli_usage_error(state);
+		cli_opt_double(state, "--phase", arg, 0.5, 3600, &env.load.phase);
 		break;
 	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.load.threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads", arg, 1, 1024, &env.load.threads);
 		break;
 	case OPT_THREADS_TO:
-		if (cli_parse_u32("--threads-to", arg, 1, 1024, &env.load.threads_to))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads-to", arg, 1, 1024, &env.load.threads_to);
 		break;
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, 1u << 16, &env.load.max_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-tokens", arg, 1, 1u << 16, &env.load.max_tokens);
 		break;
 	case OPT_PROMPT_IDS:
-		if (cli_parse_u32("--prompt-ids", arg, 1, 1u << 16, &env.load.prompt_ids))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt-ids", arg, 1, 1u << 16, &env.load.prompt_ids);
 		break;
 	case OPT_SLO_TTFT:
-		if (cli_parse_double("--slo-ttft-ms", arg, 0, 1e7, &env.load.slo_ttft_ms))
-			cli_usage_error(state);
+		cli_opt_double(state, "--slo-ttft-ms", arg, 0, 1e7, &env.load.slo_ttft_ms);
 		break;
 	case OPT_SLO_TPOT:
-		if (cli_parse_double("--slo-tpot-ms", arg, 0, 1e7, &env.load.slo_tpot_ms))
-			cli_usage_error(state);
+		cli_opt_double(state, "--slo-tpot-ms", arg, 0, 1e7, &env.load.slo_tpot_ms);
 		break;
 	case OPT_RETRY:
-		if (cli_parse_double("--retry-s", arg, 0, 86400, &env.load.retry_s))
-			cli_usage_error(state);
+		cli_opt_double(state, "--retry-s", arg, 0, 86400, &env.load.retry_s);
 		break;
 	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.load.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.load.seed);
 		break;
 	case OPT_PAGES:
-		if (cli_parse_pages("--pages", arg, &pages))
-			cli_usage_error(state);
+		cli_opt_pages(state, "--pages", arg, &pages);
 		env.load.pages = arg;
 		break;
 	case ARGP_KEY_ARG:
@@ -271,7 +260,7 @@ static int engine_start(struct engine *e, const char *sock, uint64_t budget, str
 	if (e->pid < 0 || read(e->from, r, sizeof(*r)) != sizeof(*r))
 		return -ECHILD;
 	if (r->err)
-		fprintf(stderr, "moepager bench-elastic: an engine failed: %s\n", strerror(-r->err));
+		cli_error(0, "an engine failed: %s", strerror(-r->err));
 	return r->err;
 }
 

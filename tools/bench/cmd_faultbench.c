@@ -112,28 +112,23 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.json = true;
 		break;
 	case 'n':
-		if (cli_parse_u32("--experts", arg, 1, 4096, &env.experts))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--experts", arg, 1, 4096, &env.experts);
 		break;
 	case 'r':
-		if (cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, 1000, &env.repeat);
 		break;
 	case OPT_IO_DEPTH:
-		if (cli_parse_u32("--io-depth", arg, 1, 4096, &env.io_depth))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--io-depth", arg, 1, 4096, &env.io_depth);
 		break;
 	case OPT_IO_BYTES:
-		if (cli_parse_size("--io-bytes", arg, &env.io_bytes))
-			cli_usage_error(state);
+		cli_opt_size(state, "--io-bytes", arg, &env.io_bytes);
 		if (env.io_bytes < 4096 || env.io_bytes % 4096 || env.io_bytes > (64u << 20)) {
 			cli_error(-EINVAL, "--io-bytes: '%s' is not a multiple of 4K up to 64M", arg);
 			cli_usage_error(state);
 		}
 		break;
 	case OPT_THREADS:
-		if (cli_parse_u32("--fill-threads", arg, 1, 64, &env.fill_threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
 		break;
 	case OPT_NO_DROP:
 		env.no_drop = true;
@@ -194,10 +189,8 @@ static int raw_open(struct raw *r, const char *path, uint64_t bytes)
 
 	r->bytes = (bytes + 4095) & ~4095ull;
 	r->fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-	if (r->fd < 0) {
-		fprintf(stderr, "moepager faultbench: %s: O_DIRECT: %s\n", path, strerror(errno));
-		return -errno;
-	}
+	if (r->fd < 0)
+		return cli_error(-errno, "%s: O_DIRECT: %s", path, strerror(errno));
 	r->buf = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (r->buf == MAP_FAILED) {
 		close(r->fd);
@@ -208,7 +201,7 @@ static int raw_open(struct raw *r, const char *path, uint64_t bytes)
 	memset(r->buf, 1, r->bytes);
 	err = io_uring_queue_init(env.io_depth, &r->ring, 0);
 	if (err) {
-		fprintf(stderr, "moepager faultbench: io_uring_queue_init: %s\n", strerror(-err));
+		cli_error(0, "io_uring_queue_init: %s", strerror(-err));
 		munmap(r->buf, r->bytes);
 		close(r->fd);
 	}
@@ -243,24 +236,19 @@ static int raw_read(struct raw *r, uint64_t off)
 			inflight++;
 		}
 		ret = io_uring_submit_and_wait(&r->ring, 1);
-		if (ret < 0 && ret != -EINTR) {
-			fprintf(stderr, "moepager faultbench: io_uring_submit: %s\n",
+		if (ret < 0 && ret != -EINTR)
+			return cli_error(ret, "io_uring_submit: %s",
 				strerror(-ret));
-			return ret;
-		}
 		ret = io_uring_wait_cqe(&r->ring, &cqe);
 		if (ret) {
 			if (ret == -EINTR)
 				continue;
-			fprintf(stderr, "moepager faultbench: io_uring_wait_cqe: %s\n",
+			return cli_error(ret, "io_uring_wait_cqe: %s",
 				strerror(-ret));
-			return ret;
 		}
-		if (cqe->res <= 0) {
-			fprintf(stderr, "moepager faultbench: raw read at %llu: %s\n",
+		if (cqe->res <= 0)
+			return cli_error(cqe->res ? cqe->res : -ENODATA, "raw read at %llu: %s",
 				(unsigned long long)off, cqe->res ? strerror(-cqe->res) : "EOF");
-			return cqe->res ? cqe->res : -ENODATA;
-		}
 		io_uring_cqe_seen(&r->ring, cqe);
 		done++;
 		inflight--;
@@ -320,10 +308,8 @@ static int run_mmap(int fd, uint64_t file_bytes, const struct mp_store *s,
 	const volatile uint8_t *m = mmap(NULL, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
 	uint64_t t0, bytes = 0, sum = 0;
 
-	if (m == MAP_FAILED) {
-		fprintf(stderr, "moepager faultbench: mmap: %s\n", strerror(errno));
-		return -errno;
-	}
+	if (m == MAP_FAILED)
+		return cli_error(-errno, "mmap: %s", strerror(errno));
 	t0 = cli_now_ns();
 	for (uint32_t i = 0; i < env.experts; i++) {
 		const struct mp_expert_info *x = mp_store_expert(s, set[i].layer, set[i].expert);
@@ -465,8 +451,8 @@ static int bench(struct mp_store *s, struct results *res)
 				err = mp_pager_evict(p, fs[i].layer, fs[i].expert,
 						     MP_EVICT_KEEP_HOST);
 				if (err) {
-					fprintf(stderr, "moepager faultbench: unmapping layer %u "
-						"expert %u: %s (%s)\n", fs[i].layer, fs[i].expert,
+					cli_error(0, "unmapping layer %u "
+						"expert %u: %s (%s)", fs[i].layer, fs[i].expert,
 						strerror(-err), mp_last_error());
 					goto close_pager;
 				}
@@ -568,7 +554,7 @@ static int shared_bench(struct mp_store *s, struct results *res)
 	snprintf(sock, sizeof(sock), "/tmp/moepager-faultbench-%d.sock", (int)getpid());
 	d = cli_start_pagerd(mp_store_path(s), sock, budget, env.shared_pages);
 	if (d < 0) {
-		fprintf(stderr, "moepager faultbench: starting moepager pagerd failed\n");
+		cli_error(0, "starting moepager pagerd failed");
 		free(ids);
 		return (int)d;
 	}

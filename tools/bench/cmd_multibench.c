@@ -231,21 +231,17 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 				   MAX_RATES);
 		break;
 	case OPT_REQUESTS:
-		if (cli_parse_u32("--requests", arg, 1, 4096, &env.requests))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--requests", arg, 1, 4096, &env.requests);
 		break;
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, 4096, &env.max_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-tokens", arg, 1, 4096, &env.max_tokens);
 		break;
 	case OPT_WARMUP:
-		if (cli_parse_u32("--warmup", arg, 0, 64, &env.warmup))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--warmup", arg, 0, 64, &env.warmup);
 		break;
 	case OPT_PROMPTS: env.prompts = arg; break;
 	case OPT_PROMPT_TOKENS:
-		if (cli_parse_u32("--prompt-tokens", arg, 1, 4096, &env.prompt_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt-tokens", arg, 1, 4096, &env.prompt_tokens);
 		break;
 	case OPT_TOKENIZER: env.tokenizer = arg; break;
 	case OPT_IO_RATE:
@@ -258,32 +254,26 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 				   "split, timeshare, paged, consolidated-one");
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_MAX_BATCH:
-		if (cli_parse_u32("--max-batch", arg, 1, 256, &env.max_batch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-batch", arg, 1, 256, &env.max_batch);
 		break;
 	case OPT_THREADS:
-		if (cli_parse_u32("--threads", arg, 1, 256, &env.threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads", arg, 1, 256, &env.threads);
 		break;
 	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case OPT_TIMEOUT:
-		if (cli_parse_double("--timeout", arg, 1, 86400, &env.timeout))
-			cli_usage_error(state);
+		cli_opt_double(state, "--timeout", arg, 1, 86400, &env.timeout);
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
 	case OPT_PREFETCH: env.prefetch = arg; break;
 	case OPT_EVICT: env.evict = arg; break;
 	case OPT_SHARED_STORE: env.shared_store = true; break;
 	case OPT_GROUP:
-		if (cli_parse_u32("--group", arg, 0, 600000, &env.group_ms))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--group", arg, 0, 600000, &env.group_ms);
 		break;
 	case OPT_MERGE: env.nmerge = 1; break;
 	case OPT_JSON: env.json = true; break;
@@ -497,8 +487,8 @@ static int drive(struct servers *sv, struct req *reqs, uint32_t n, const struct 
 	}
 	pthread_mutex_unlock(&r.lock);
 	if (r.pending) {
-		fprintf(stderr, "moepager bench-multi: %u requests still running after %.0f s; "
-			"stopping the run\n", r.pending, env.timeout);
+		cli_say("%u requests still running after %.0f s; "
+			"stopping the run", r.pending, env.timeout);
 		for (uint32_t i = 0; i < sv->nb; i++)
 			sv->b[i]->ops->stop(sv->b[i]);
 		pthread_mutex_lock(&r.lock);
@@ -686,7 +676,7 @@ static int warm_up(struct servers *sv, const struct prompts *pr)
 		}
 	}
 	if (err)
-		fprintf(stderr, "moepager bench-multi: the warm-up failed\n");
+		cli_error(0, "the warm-up failed");
 	memset(&sv->warm, 0, sizeof(sv->warm));
 	collect(sv, &sv->warm, -1);
 	return err;
@@ -765,7 +755,7 @@ static int make_plan(struct plan *pl)
 			 env.tmpdir ? env.tmpdir : "/tmp");
 		if (!mkdtemp(pl->dir)) {
 			err = -errno;
-			fprintf(stderr, "moepager bench-multi: cannot make a directory in %s: %s\n",
+			cli_error(0, "cannot make a directory in %s: %s",
 				env.tmpdir ? env.tmpdir : "/tmp", strerror(errno));
 			pl->dir[0] = 0;
 			goto out;
@@ -833,7 +823,7 @@ static int load_prompts(struct prompts *pr)
 	f = err ? NULL : fopen(env.prompts, "r");
 	if (!err && !f) {
 		err = -errno;
-		fprintf(stderr, "moepager bench-multi: %s: %s\n", env.prompts, strerror(errno));
+		cli_error(0, "%s: %s", env.prompts, strerror(errno));
 	}
 	while (!err && pr->n < MAX_PROMPTS && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = 0;

@@ -88,24 +88,19 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_EVICT: env.eviction = arg; break;
 	case 'p': env.prompt = arg; break;
 	case OPT_PREFETCH:
-		if (cli_parse_u32("--prefetch", arg, 0, 64, &env.prefetch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prefetch", arg, 0, 64, &env.prefetch);
 		break;
 	case OPT_LIMIT:
-		if (cli_parse_size("--memory-limit", arg, &env.limit))
-			cli_usage_error(state);
+		cli_opt_size(state, "--memory-limit", arg, &env.limit);
 		break;
 	case 'n':
-		if (cli_parse_u32("--tokens", arg, 2, 1u << 16, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 2, 1u << 16, &env.tokens);
 		break;
 	case 'r':
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case 't':
-		if (cli_parse_u32("--threads", arg, 1, 1024, &env.threads))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--threads", arg, 1, 1024, &env.threads);
 		break;
 	case ARGP_KEY_END:
 		if (!env.gguf || !env.llama_run || !env.backends || !env.preload)
@@ -137,8 +132,7 @@ static void child(enum run_kind kind, int out, const char *stats)
 	if ((kind == RUN_MMAP || kind == RUN_PRELOAD) && env.limit &&
 	    ((err = memcg_enter(&cg)) ||
 	     (err = memcg_write(&cg, cg.v2 ? "memory.max" : "memory.limit_in_bytes", env.limit)))) {
-		fprintf(stderr, "moepager bench-preload: cannot limit memory (a memory cgroup): "
-			"%s\n", strerror(-err));
+		cli_error(0, "cannot limit memory (a memory cgroup): %s", strerror(-err));
 		_exit(126);
 	}
 	if (kind == RUN_PRELOAD || kind == RUN_PRELOAD_WARM) {
@@ -156,7 +150,7 @@ static void child(enum run_kind kind, int out, const char *stats)
 	snprintf(t, sizeof(t), "%u", env.threads);
 	execl(env.llama_run, env.llama_run, "-m", env.gguf, "-B", env.backends, "-p", env.prompt,
 	      "-n", n, "-t", t, (char *)NULL);
-	fprintf(stderr, "moepager bench-preload: %s: %s\n", env.llama_run, strerror(errno));
+	cli_error(0, "%s: %s", env.llama_run, strerror(errno));
 	_exit(127);
 }
 
@@ -282,7 +276,7 @@ static int one_repeat(uint32_t i, const char *stats, const char *first, struct r
 		"tok/s\n", i + 1, res->mmap[i], res->resident[i], res->preload[i], res->warm[i]);
 	return 0;
 fail:
-	fprintf(stderr, "moepager bench-preload: the %s run failed: %s\n", names[k],
+	cli_error(0, "the %s run failed: %s", names[k],
 		err == -ENODATA ? "the preload made no image of the file" : strerror(-err));
 	json_decref(r[2].stats);
 	json_decref(r[3].stats);

@@ -105,20 +105,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 			argp_error(state, "--concurrency wants up to %u values in [1, 64]", MAX_CONC);
 		break;
 	case OPT_TOKENS:
-		if (cli_parse_u32("--tokens", arg, 8, 1u << 16, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 8, 1u << 16, &env.tokens);
 		break;
 	case OPT_PROMPT:
-		if (cli_parse_u32("--prompt", arg, 1, 64, &env.prompt))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prompt", arg, 1, 64, &env.prompt);
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, MAX_REPEAT, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_ROUNDS:
-		if (cli_parse_u32("--rounds", arg, 1, 1000, &env.rounds))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--rounds", arg, 1, 1000, &env.rounds);
 		break;
 	case OPT_JSON: env.json = true; break;
 	case OPT_CLIENTS_IDLE: env.clients_idle = true; break;
@@ -131,9 +127,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_STREAM: {
 		uint32_t us;
 
-		if (cli_parse_u32(key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
-				  0, key == OPT_GATHER ? 100000 : 1000000, &us))
-			cli_usage_error(state);
+		cli_opt_u32(state, key == OPT_GATHER ? "--gather-us" : "--stream-interval-us", arg,
+			    0, key == OPT_GATHER ? 100000 : 1000000, &us);
 		*(key == OPT_GATHER ? &env.gather : &env.stream) = arg;
 		break;
 	}
@@ -273,7 +268,7 @@ static int server_start(struct server *s, uint32_t threads)
 	snprintf(s->dir, sizeof(s->dir), "/tmp/moepager-bench-serve.XXXXXX");
 	if (!mkdtemp(s->dir)) {
 		err = -errno;
-		fprintf(stderr, "moepager bench-serve: mkdtemp %s: %s\n", s->dir, strerror(-err));
+		cli_error(0, "mkdtemp %s: %s", s->dir, strerror(-err));
 		s->dir[0] = 0;
 		return err;
 	}
@@ -292,10 +287,9 @@ static int server_start(struct server *s, uint32_t threads)
 	if (s->pid < 0) {
 		err = s->pid;
 		s->pid = 0;
-		fprintf(stderr, "moepager bench-serve: starting the server: %s\n", strerror(-err));
-		return err;
+		return cli_error(err, "starting the server: %s", strerror(-err));
 	}
-	err = cli_serve_wait_port("bench-serve", s->pid, s->port_file, 120000, &port);
+	err = cli_serve_wait_port(s->pid, s->port_file, 120000, &port);
 	if (err) {
 		s->pid = 0;
 		return err;
@@ -400,7 +394,7 @@ static int go_idle(void)
 	int err = sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ 0 }) ? -errno : 0;
 
 	if (err)
-		fprintf(stderr, "moepager bench-serve: --clients-idle: %s\n", strerror(-err));
+		cli_error(0, "--clients-idle: %s", strerror(-err));
 	return err;
 }
 
@@ -437,21 +431,16 @@ static int served_run(const char *base, uint32_t C, uint32_t rep, uint32_t vocab
 		if (running && !err)
 			curl_multi_poll(m, NULL, 0, 100, NULL);
 	}
-	if (!err && !idle) {
-		fprintf(stderr, "moepager bench-serve: --clients-idle: the requests were never all "
-			"sent\n");
-		err = -EIO;
-	}
+	if (!err && !idle)
+		err = cli_error(-EIO, "--clients-idle: the requests were never all sent");
 	for (uint32_t i = 0; i < C; i++) {
 		long status = 0;
 
 		if (st[i].h)
 			curl_easy_getinfo(st[i].h, CURLINFO_RESPONSE_CODE, &status);
-		if (!err && (status != 200 || !st[i].done)) {
-			fprintf(stderr, "moepager bench-serve: stream %u of %u failed (HTTP %ld%s)\n",
+		if (!err && (status != 200 || !st[i].done))
+			err = cli_error(-EIO, "stream %u of %u failed (HTTP %ld%s)",
 				i, C, status, st[i].done ? "" : ", no [DONE]");
-			err = -EIO;
-		}
 		end = SB_MAX(end, st[i].t_end);
 		if (st[i].h)
 			curl_multi_remove_handle(m, st[i].h);
@@ -585,10 +574,8 @@ static int serve_round(struct served *sv, uint32_t round)
 		return sv->err;
 	}
 	err = pthread_create(&t, NULL, served_round, sv);
-	if (err) {
-		fprintf(stderr, "moepager bench-serve: the clients' thread: %s\n", strerror(err));
-		return -err;
-	}
+	if (err)
+		return cli_error(-err, "the clients' thread: %s", strerror(err));
 	pthread_join(t, NULL);
 	return sv->err;
 }
@@ -617,10 +604,8 @@ static int measure(struct alone *a, struct server *s, uint32_t C, json_t *result
 			o->client_cpu_us += sv.cpu_us;
 		}
 		lg_scrape(s->url, &o->after);
-		if (!err && (!o->before.ok || !o->after.ok)) {
-			fprintf(stderr, "moepager bench-serve: no /metrics from the server\n");
-			err = -EIO;
-		}
+		if (!err && (!o->before.ok || !o->after.ok))
+			err = cli_error(-EIO, "no /metrics from the server");
 	}
 	if (err)
 		return err;
@@ -657,13 +642,10 @@ int cmd_servebench(int argc, char **argv)
 	for (uint32_t i = 0; i < env.nconc; i++)
 		env.max_conc = SB_MAX(env.max_conc, env.conc[i]);
 	err = results ? alone_open(&a) : -ENOMEM;
-	if (err) {
+	if (err)
 		cli_fail(err, NULL);
-	} else if (env.prompt + env.tokens > a.context) {
-		fprintf(stderr, "moepager bench-serve: --prompt + --tokens exceed the context of "
-			"%u\n", a.context);
-		err = -EINVAL;
-	}
+	else if (env.prompt + env.tokens > a.context)
+		err = cli_error(-EINVAL, "--prompt + --tokens exceed the context of %u", a.context);
 	if (!err)
 		err = server_start(&s, a.engine->threads);
 	for (uint32_t i = 0; i < env.nconc && !err; i++)

@@ -135,8 +135,7 @@ static int server_spawn(const struct el_config *c, const char *dir, const char *
 		int err = s->pid;
 
 		s->pid = 0;
-		fprintf(stderr, "moepager bench-elastic: starting a server: %s\n", strerror(-err));
-		return err;
+		return cli_error(err, "starting a server: %s", strerror(-err));
 	}
 	return 0;
 }
@@ -146,7 +145,7 @@ static int server_wait(struct server *s)
 {
 	unsigned port;
 	/* Warming reads the budget's experts from a dropped page cache: minutes at worst. */
-	int err = cli_serve_wait_port("bench-elastic", s->pid, s->port_file, 600000, &port);
+	int err = cli_serve_wait_port(s->pid, s->port_file, 600000, &port);
 
 	if (err) {
 		s->pid = 0;

@@ -33,7 +33,7 @@ int bench_mmap_open(struct mp_store *s, struct bench_mmap **out)
 	if (base == MAP_FAILED) {
 		int err = -errno;
 
-		fprintf(stderr, "moepager bench: mmap %s: %s\n", mp_store_path(s), strerror(errno));
+		cli_error(0, "mmap %s: %s", mp_store_path(s), strerror(errno));
 		free(m);
 		return err;
 	}

@@ -16,7 +16,7 @@ static FILE *open_in(const char *dir, const char *name, char *path, size_t len)
 	snprintf(path, len, "%s/%s", dir, name);
 	f = fopen(path, "w");
 	if (!f)
-		fprintf(stderr, "moepager bench: %s: %s\n", path, strerror(errno));
+		cli_error(0, "%s: %s", path, strerror(errno));
 	return f;
 }
 
@@ -173,10 +173,8 @@ int bench_plot(const struct bench_opts *o, const struct bench_row *rows, uint32_
 	int np, err;
 	FILE *f;
 
-	if (mkdir(dir, 0755) && errno != EEXIST) {
-		fprintf(stderr, "moepager bench: mkdir %s: %s\n", dir, strerror(errno));
-		return -errno;
-	}
+	if (mkdir(dir, 0755) && errno != EEXIST)
+		return cli_error(-errno, "mkdir %s: %s", dir, strerror(errno));
 	np = write_metric(dir, "throughput.dat", 0, rows, n);
 	if (np < 0 || (np = write_metric(dir, "hit_rate.dat", 1, rows, n)) < 0)
 		return np;

@@ -41,8 +41,8 @@ int bench_pread_open(struct mp_store *s, uint64_t budget, struct bench_pread **o
 	p->slot_bytes = (mp_store_expert_bytes(s) + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
 	p->nslots = (uint32_t)(budget / mp_store_expert_bytes(s));
 	if (p->nslots < g->topk) {
-		fprintf(stderr, "moepager bench: pread-lru: budget %llu holds fewer than top-%u "
-			"experts\n", (unsigned long long)budget, g->topk);
+		cli_error(0, "pread-lru: budget %llu holds fewer than top-%u "
+			"experts", (unsigned long long)budget, g->topk);
 		free(p);
 		return -EINVAL;
 	}
@@ -52,7 +52,7 @@ int bench_pread_open(struct mp_store *s, uint64_t budget, struct bench_pread **o
 		p->fd = open(mp_store_path(s), O_RDONLY | O_CLOEXEC);
 	if (p->fd < 0) {
 		err = -errno;
-		fprintf(stderr, "moepager bench: %s: %s\n", mp_store_path(s), strerror(errno));
+		cli_error(0, "%s: %s", mp_store_path(s), strerror(errno));
 		free(p);
 		return err;
 	}
@@ -104,12 +104,11 @@ static int read_expert(struct bench_pread *p, uint32_t layer, uint32_t expert, u
 
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0) {
-			fprintf(stderr, "moepager bench: pread-lru: layer %u expert %u at offset "
-				"%llu: %s\n", layer, expert, (unsigned long long)(x->offset + got),
-				n < 0 ? strerror(errno) : "end of file");
-			return n < 0 ? -errno : -ENODATA;
-		}
+		if (n <= 0)
+			return cli_error(n < 0 ? -errno : -ENODATA,
+					 "pread-lru: layer %u expert %u at offset %llu: %s", layer,
+					 expert, (unsigned long long)(x->offset + got),
+					 n < 0 ? strerror(errno) : "end of file");
 		got += (uint64_t)n;
 	}
 	p->st.bytes_read += got;

@@ -353,11 +353,9 @@ static int child_baseline(struct child_ctx *c, struct mp_engine *e, struct bench
 		 * plus the budget.
 		 */
 		err = memcg_enter(&cg);
-		if (err) {
-			fprintf(stderr, "moepager bench: mmap: cannot enter a memory cgroup: %s\n",
+		if (err)
+			return cli_error(err, "mmap: cannot enter a memory cgroup: %s",
 				strerror(-err));
-			return err;
-		}
 		err = bench_mmap_open(c->store, &bm);
 		if (err)
 			goto out;
@@ -376,7 +374,7 @@ static int child_baseline(struct child_ctx *c, struct mp_engine *e, struct bench
 			err = memcg_write(&cg, cg.v2 ? "memory.max" : "memory.limit_in_bytes",
 					  used + c->budget);
 		if (err) {
-			fprintf(stderr, "moepager bench: mmap: cannot limit the cgroup %s: %s\n",
+			cli_error(0, "mmap: cannot limit the cgroup %s: %s",
 				cg.dir, strerror(-err));
 			goto out;
 		}

@@ -69,8 +69,6 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
-	int err = 0;
-
 	switch (key) {
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
@@ -81,17 +79,17 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_POLICIES: env.policies = arg; break;
 	case OPT_NO_DROP: env.no_drop = true; break;
-	case OPT_REQUESTS: err = cli_parse_u32("--requests", arg, 1, 1u << 24, &env.requests); break;
-	case OPT_INTERVAL: err = cli_parse_u64("--interval-us", arg, 0, 10000000, &env.interval_us);
+	case OPT_REQUESTS: cli_opt_u32(state, "--requests", arg, 1, 1u << 24, &env.requests); break;
+	case OPT_INTERVAL: cli_opt_u64(state, "--interval-us", arg, 0, 10000000, &env.interval_us);
 		break;
-	case OPT_EXECUTORS: err = cli_parse_u32("--executors", arg, 0, 256, &env.executors); break;
-	case OPT_THREADS: err = cli_parse_u32("--threads", arg, 1, 256, &env.threads); break;
-	case OPT_TOKENS: err = cli_parse_u32("--tokens", arg, 1, 4096, &env.tokens); break;
-	case OPT_MAX_BATCH: err = cli_parse_u32("--max-batch", arg, 1, 4096, &env.max_batch); break;
-	case OPT_BATCH_MEMORY: err = cli_parse_size("--batch-memory", arg, &env.batch_memory);
+	case OPT_EXECUTORS: cli_opt_u32(state, "--executors", arg, 0, 256, &env.executors); break;
+	case OPT_THREADS: cli_opt_u32(state, "--threads", arg, 1, 256, &env.threads); break;
+	case OPT_TOKENS: cli_opt_u32(state, "--tokens", arg, 1, 4096, &env.tokens); break;
+	case OPT_MAX_BATCH: cli_opt_u32(state, "--max-batch", arg, 1, 4096, &env.max_batch); break;
+	case OPT_BATCH_MEMORY: cli_opt_size(state, "--batch-memory", arg, &env.batch_memory);
 		break;
-	case OPT_SEED: err = cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed); break;
-	case OPT_REPEAT: err = cli_parse_u32("--repeat", arg, 1, MAX_ROUNDS, &env.repeat); break;
+	case OPT_SEED: cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed); break;
+	case OPT_REPEAT: cli_opt_u32(state, "--repeat", arg, 1, MAX_ROUNDS, &env.repeat); break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);
 		break;
@@ -104,8 +102,6 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	default:
 		return ARGP_ERR_UNKNOWN;
 	}
-	if (err)
-		cli_usage_error(state);
 	return 0;
 }
 

@@ -58,24 +58,19 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.preset = arg;
 		break;
 	case 's':
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
 		break;
 	case OPT_COMPONENTS:
-		if (cli_parse_u32("--components", arg, 1, 60000, &env.components))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--components", arg, 1, 60000, &env.components);
 		break;
 	case OPT_ZIPF:
-		if (cli_parse_double("--zipf", arg, 0, 100, &env.zipf))
-			cli_usage_error(state);
+		cli_opt_double(state, "--zipf", arg, 0, 100, &env.zipf);
 		break;
 	case OPT_DET:
-		if (cli_parse_double("--detector-share", arg, 0, 1, &env.detector_share))
-			cli_usage_error(state);
+		cli_opt_double(state, "--detector-share", arg, 0, 1, &env.detector_share);
 		break;
 	case OPT_CLEAN:
-		if (cli_parse_double("--clean", arg, 0, 1, &env.clean))
-			cli_usage_error(state);
+		cli_opt_double(state, "--clean", arg, 0, 1, &env.clean);
 		break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);

@@ -72,16 +72,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.no_drop = true;
 		break;
 	case OPT_MAX_BATCH:
-		if (cli_parse_u32("--max-batch", arg, 2, 256, &env.max_batch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-batch", arg, 2, 256, &env.max_batch);
 		break;
 	case OPT_TOKENS:
-		if (cli_parse_u32("--tokens", arg, 1, 4096, &env.tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--tokens", arg, 1, 4096, &env.tokens);
 		break;
 	case OPT_REPEAT:
-		if (cli_parse_u32("--repeat", arg, 1, 1000, &env.repeat))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--repeat", arg, 1, 1000, &env.repeat);
 		break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);

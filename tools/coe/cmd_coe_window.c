@@ -53,8 +53,6 @@ static const struct argp_option opts[] = {
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
-	int err = 0;
-
 	switch (key) {
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
@@ -62,13 +60,13 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case 'c': env.coe = arg; break;
 	case 'j': env.json = true; break;
 	case OPT_PROFILE: env.profile = arg; break;
-	case OPT_MEMORY: err = cli_parse_size("--memory", arg, &env.memory); break;
-	case OPT_W0: err = cli_parse_double("--w0", arg, 0, 1e9, &env.w0); break;
-	case OPT_MARGIN: err = cli_parse_double("--margin", arg, 0, 1, &env.margin); break;
-	case OPT_REQUESTS: err = cli_parse_u32("--requests", arg, 1, 1u << 24, &env.requests); break;
-	case OPT_INTERVAL: err = cli_parse_u64("--interval-us", arg, 0, 10000000, &env.interval_us);
+	case OPT_MEMORY: cli_opt_size(state, "--memory", arg, &env.memory); break;
+	case OPT_W0: cli_opt_double(state, "--w0", arg, 0, 1e9, &env.w0); break;
+	case OPT_MARGIN: cli_opt_double(state, "--margin", arg, 0, 1, &env.margin); break;
+	case OPT_REQUESTS: cli_opt_u32(state, "--requests", arg, 1, 1u << 24, &env.requests); break;
+	case OPT_INTERVAL: cli_opt_u64(state, "--interval-us", arg, 0, 10000000, &env.interval_us);
 		break;
-	case OPT_EXECUTORS: err = cli_parse_u32("--executors", arg, 1, 256, &env.executors); break;
+	case OPT_EXECUTORS: cli_opt_u32(state, "--executors", arg, 1, 256, &env.executors); break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);
 		break;
@@ -79,8 +77,6 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	default:
 		return ARGP_ERR_UNKNOWN;
 	}
-	if (err)
-		cli_usage_error(state);
 	return 0;
 }
 

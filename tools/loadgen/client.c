@@ -73,7 +73,7 @@ int lg_read_prompts(const char *path, uint32_t chars, struct lg_prompts *out)
 	if (!err && !out->n)
 		err = -ENODATA;
 	if (err)
-		fprintf(stderr, "moepager loadgen: %s: %s\n", path,
+		cli_error(0, "%s: %s", path,
 			err == -ENODATA ? "no prompt in it" : strerror(-err));
 	return err;
 }
@@ -133,7 +133,7 @@ static char *request(const char *url, const char *path, const char *body, long *
 	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
 	curl_easy_cleanup(h);
 	if (rc != CURLE_OK) {
-		fprintf(stderr, "moepager loadgen: %s %s: %s\n", body ? "POST" : "GET", full,
+		cli_say("%s %s: %s", body ? "POST" : "GET", full,
 			curl_easy_strerror(rc));
 		free(b.s);
 		return NULL;

@@ -99,51 +99,39 @@ static const struct argp_option opts[] = {
 	{ 0 },
 };
 
-static int parse_double(struct argp_state *state, const char *opt, const char *arg, double lo,
-			double hi, double *out)
-{
-	if (cli_parse_double(opt, arg, lo, hi, out))
-		cli_usage_error(state);
-	return 0;
-}
-
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
 {
 	switch (key) {
 	case OPT_URL: env.url = arg; break;
 	case OPT_POOL: env.pool = arg; break;
-	case OPT_RETRY: return parse_double(state, "--retry-s", arg, 0, 86400, &env.retry_s);
-	case OPT_RATE: return parse_double(state, "--rate", arg, 1e-3, 1e4, &env.rate);
-	case OPT_DURATION: return parse_double(state, "--duration", arg, 0.1, 86400, &env.duration);
+	case OPT_RETRY: return cli_opt_double(state, "--retry-s", arg, 0, 86400, &env.retry_s);
+	case OPT_RATE: return cli_opt_double(state, "--rate", arg, 1e-3, 1e4, &env.rate);
+	case OPT_DURATION:
+		return cli_opt_double(state, "--duration", arg, 0.1, 86400, &env.duration);
 	case OPT_PROMPTS: env.prompts = arg; break;
 	case OPT_PROMPT_CHARS:
-		if (cli_parse_u32("--prompt-chars", arg, 1, 1u << 20, &env.prompt_chars))
-			cli_usage_error(state);
-		break;
+		return cli_opt_u32(state, "--prompt-chars", arg, 1, 1u << 20, &env.prompt_chars);
 	case OPT_MAX_TOKENS:
-		if (cli_parse_u32("--max-tokens", arg, 1, 1u << 20, &env.max_tokens))
-			cli_usage_error(state);
-		break;
+		return cli_opt_u32(state, "--max-tokens", arg, 1, 1u << 20, &env.max_tokens);
 	case OPT_TEMPERATURE:
-		return parse_double(state, "--temperature", arg, 0, 2, &env.temperature);
+		return cli_opt_double(state, "--temperature", arg, 0, 2, &env.temperature);
 	case OPT_MIX:
 		if (strncmp(arg, "power:", 6)) {
 			env.mix = arg;
 			break;
 		}
 		env.mix = NULL;
-		return parse_double(state, "--mix power:ALPHA", arg + 6, 0, 10, &env.mix_alpha);
-	case OPT_MIX_ALPHA: return parse_double(state, "--mix-alpha", arg, 0, 10, &env.mix_alpha);
-	case OPT_SLO_TTFT: return parse_double(state, "--slo-ttft-ms", arg, 0, 1e7, &env.slo_ttft_ms);
-	case OPT_SLO_TPOT: return parse_double(state, "--slo-tpot-ms", arg, 0, 1e7, &env.slo_tpot_ms);
+		return cli_opt_double(state, "--mix power:ALPHA", arg + 6, 0, 10, &env.mix_alpha);
+	case OPT_MIX_ALPHA: return cli_opt_double(state, "--mix-alpha", arg, 0, 10, &env.mix_alpha);
+	case OPT_SLO_TTFT:
+		return cli_opt_double(state, "--slo-ttft-ms", arg, 0, 1e7, &env.slo_ttft_ms);
+	case OPT_SLO_TPOT:
+		return cli_opt_double(state, "--slo-tpot-ms", arg, 0, 1e7, &env.slo_tpot_ms);
 	case OPT_IGNORE_EOS:
 		env.ignore_eos = true;
 		break;
-	case OPT_SEED:
-		if (cli_parse_u64("--seed", arg, 0, UINT64_MAX, &env.seed))
-			cli_usage_error(state);
-		break;
-	case OPT_DRAIN: return parse_double(state, "--drain", arg, 0, 86400, &env.drain_s);
+	case OPT_SEED: return cli_opt_u64(state, "--seed", arg, 0, UINT64_MAX, &env.seed);
+	case OPT_DRAIN: return cli_opt_double(state, "--drain", arg, 0, 86400, &env.drain_s);
 	case OPT_JSON: env.json = true; break;
 	case ARGP_KEY_ARG:
 		argp_error(state, "unexpected argument '%s'", arg);

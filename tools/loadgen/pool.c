@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli.h"
 #include "loadgen/loadgen.h"
 
 /* The index of url among the backends ever seen, added if new; -1 when the table is full. */
@@ -59,8 +60,8 @@ static int parse(struct lg_pool *p, FILE *f)
 	if (!have_epoch)
 		goto bad;
 	if (p->have && epoch < p->epoch) {
-		fprintf(stderr, "moepager loadgen: %s: epoch %llu after %llu: ignored\n", p->path,
-			epoch, (unsigned long long)p->epoch);
+		cli_say("%s: epoch %llu after %llu: ignored", p->path, epoch,
+			(unsigned long long)p->epoch);
 		return -EINVAL;
 	}
 	p->epoch = epoch;
@@ -68,8 +69,8 @@ static int parse(struct lg_pool *p, FILE *f)
 	p->ncur = ncur;
 	return 0;
 bad:
-	fprintf(stderr, "moepager loadgen: %s line %u: want \"epoch N\" first, then up to %u "
-		"http:// URLs, one per line\n", p->path, lineno, LG_POOL_MAX);
+	cli_say("%s line %u: want \"epoch N\" first, then up to %u http:// URLs, one per line",
+		p->path, lineno, LG_POOL_MAX);
 	return -EINVAL;
 }
 
@@ -98,7 +99,7 @@ int lg_pool_refresh(struct lg_pool *p)
 	if (stat(p->path, &st)) {
 		if (p->have)
 			return 0;
-		fprintf(stderr, "moepager loadgen: %s: %s\n", p->path, strerror(errno));
+		cli_say("%s: %s", p->path, strerror(errno));
 		return -errno;
 	}
 	if (p->have && st.st_ino == p->st.st_ino && st.st_mtim.tv_sec == p->st.st_mtim.tv_sec &&

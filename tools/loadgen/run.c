@@ -307,7 +307,7 @@ int lg_run(struct lg_run *r)
 		err = pend ? 0 : -ENOMEM;
 	}
 	if (err) {
-		fprintf(stderr, "moepager loadgen: out of memory\n");
+		cli_error(0, "out of memory");
 		curl_multi_cleanup(m);
 		free(pend);
 		if (r->pool == &one)
@@ -345,8 +345,8 @@ int lg_run(struct lg_run *r)
 		if (next == r->n && !active && !npend)
 			break;
 		if (next == r->n && now > r->duration + r->drain) {
-			fprintf(stderr, "moepager loadgen: %u request(s) still running after "
-				"--drain %g s: counted as errors\n", active + npend, r->drain);
+			cli_say("%u request(s) still running after "
+				"--drain %g s: counted as errors", active + npend, r->drain);
 			break;
 		}
 		wait_ms = next < r->n ? (int)((r->reqs[next].t_arrive - now) * 1000) : 50;
