@@ -1079,9 +1079,9 @@ static void a_request_queued_behind_a_full_batch_is_not_gathered(void **state)
 }
 
 /*
- * The scheduler's CPU counter, its clock read around one gap in 8, still
+ * The scheduler's CPU counter, its clock read around one gap in 32 at random, still
  * counts every gap: it grows while a request runs (never falls: a
- * Prometheus counter) and with a later request shorter than 8 steps.
+ * Prometheus counter) and with a later request shorter than 32 steps.
  */
 static void the_cpu_counter_grows_with_every_request(void **state)
 {

@@ -130,30 +130,86 @@ static uint64_t thread_cpu_ns(void)
 }
 
 /*
- * The thread's CPU time between steps (sched_cpu_seconds), read around one
- * gap in CPU_EVERY: a read is a system call that takes the run queue's lock,
- * 1-4 us each on this VM (docs/serve.md, s29), on the critical path of
- * steps of ~200 us. A sampled gap counts for itself and the unsampled ones
- * before it (the counter only grows). Thread only.
+ * The thread's CPU time between steps (sched_cpu_seconds). A read of the
+ * clock is a system call that takes the run queue's lock, 1-4 us on this
+ * VM (docs/serve.md, s29), on the critical path of steps of ~125 us, so
+ * only one gap in CPU_EVERY is read, drawn at random, and each gap not
+ * read counts as the recent mean of those read (est). Drawn at random and
+ * not every CPU_EVERY-th: a request of a multiple of CPU_EVERY tokens
+ * ended in a read gap every time, and its end (on_done(), its sequence
+ * pooled: tens of us) stood for CPU_EVERY gaps (docs/serve.md, s32). The
+ * rare costly work is read exactly where it runs: the requests a step
+ * ended (special, taken out of the gap holding it) and the gap after an
+ * idle wait (the joins). The reads lie outside the runner's wall time; a
+ * read gap holds a read's own cost (the first read's return, the second's
+ * entry: what two reads back to back differ by, calib), taken out of the
+ * mean and counted as the reads' cost, 2 x calib, where they happen.
+ * Thread only.
  */
-#define CPU_EVERY	8u
+#define CPU_EVERY	32u
 
 struct cpu_gap {
 	uint64_t mark;			/* the clock as the gap began, when valid */
 	bool valid;
-	uint32_t pending;		/* gaps since the last sampled one */
-	uint64_t steps;
+	bool exact;			/* this gap is read and stands for itself alone */
+	uint64_t special;		/* ns of this gap counted already (requests ended) */
+	uint64_t est;			/* ns: the mean gap, from those read (1/4 each) */
+	uint64_t calib;			/* ns two reads back to back differ by (the least of a few) */
+	uint64_t rng;			/* xorshift64: which gaps are read */
 };
 
-/* A gap ends at CPU clock c (read only when g->valid) or unread. Under lock. */
+static void cpu_gap_init(struct cpu_gap *g)
+{
+	uint64_t a, b;
+
+	g->calib = UINT64_MAX;
+	for (int i = 0; i < 8; i++) {
+		a = thread_cpu_ns();
+		b = thread_cpu_ns();
+		g->calib = MP_MIN(g->calib, b - a);
+	}
+	g->rng = mp_now_ns() | 1;
+	g->mark = thread_cpu_ns();
+	g->valid = g->exact = true;
+}
+
+/* Whether the gap after this step is read: one in CPU_EVERY, at random. */
+static bool cpu_gap_draw(struct cpu_gap *g)
+{
+	g->rng ^= g->rng << 13;
+	g->rng ^= g->rng >> 7;
+	g->rng ^= g->rng << 17;
+	return g->rng % CPU_EVERY == 0;
+}
+
+/* A gap ends at CPU clock c (read when g->valid) or unread: counted. Under lock. */
 static void cpu_gap_end(struct mp_sched *s, struct cpu_gap *g, bool read, uint64_t c)
 {
-	g->pending++;
+	uint64_t d;
+
 	if (read && g->valid) {
-		s->st.sched_cpu_seconds += seconds(c - g->mark) * g->pending;
-		g->pending = 0;
+		d = c - g->mark;
+		d = d > g->calib + g->special ? d - g->calib - g->special : 0;
+		s->st.sched_cpu_seconds += seconds(d + 2 * g->calib);
+		if (!g->exact)
+			g->est = g->est - g->est / 4 + d / 4;
+	} else {
+		s->st.sched_cpu_seconds += seconds(g->est);
 	}
-	g->valid = false;
+	g->special = 0;
+	g->valid = g->exact = false;
+}
+
+/*
+ * Work of the current gap read exactly (c0, c1 around it: their own cost,
+ * calib inside, calib outside, counted with it). Under lock.
+ */
+static void cpu_gap_special(struct mp_sched *s, struct cpu_gap *g, uint64_t c0, uint64_t c1)
+{
+	uint64_t d = c1 - c0 + g->calib;
+
+	s->st.sched_cpu_seconds += seconds(d);
+	g->special += d;
 }
 
 static int check_config(const struct mp_sched_config *c)
@@ -742,14 +798,15 @@ static void step(struct mp_sched *s, struct req **run, uint32_t nrun, struct ste
 	out->err = open_seqs(s, run, nrun);
 	if (!out->err)
 		out->items = build(s, run, nrun);
-	out->t0 = mp_now_ns();
+	/* The CPU clock's reads are the thread's own work: outside the runner's time. */
 	if (out->cpu0)
 		out->c0 = thread_cpu_ns();
+	out->t0 = mp_now_ns();
 	if (!out->err)
 		out->err = mp_runner_batch(s->r, s->items, out->items);
+	out->t1 = mp_now_ns();
 	if (out->cpu1)
 		out->c1 = thread_cpu_ns();
-	out->t1 = mp_now_ns();
 	out->seconds = seconds(out->t1 - out->t0);
 	if (out->err)
 		return;
@@ -857,15 +914,17 @@ static void *loop(void *arg)
 	 * clock around one gap in CPU_EVERY), less the time it sleeps waiting.
 	 */
 	uint64_t t_mark = mp_now_ns();
-	struct cpu_gap cg = { .mark = thread_cpu_ns(), .valid = true };
+	struct cpu_gap cg = { 0 };
 
 	/*
 	 * gather()'s waits are a quarter step, tens of us on a small model:
 	 * the default 50 us timer slack would more than double them.
 	 */
 	prctl(PR_SET_TIMERSLACK, 1000UL);
+	cpu_gap_init(&cg);
 	pthread_mutex_lock(&s->lock);
 	while (run && out.done && out.why) {
+		uint64_t c0, c1;
 		uint32_t nrun;
 
 		reap_and_finish(s, s->stopping);
@@ -886,7 +945,7 @@ static void *loop(void *arg)
 			pthread_cond_wait(&s->work, &s->lock);
 			t_mark = mp_now_ns();
 			cg.mark = c;	/* CPU time asleep is none; waking is the thread's work */
-			cg.valid = true;
+			cg.valid = cg.exact = true;
 			continue;
 		}
 		nrun = s->nrun;
@@ -894,7 +953,7 @@ static void *loop(void *arg)
 		pthread_mutex_unlock(&s->lock);
 
 		out.cpu0 = cg.valid;
-		out.cpu1 = ++cg.steps % CPU_EVERY == 0;
+		out.cpu1 = cpu_gap_draw(&cg);
 		step(s, run, nrun, &out);
 		if (s->cfg.on_step)
 			s->cfg.on_step(s->cfg.on_step_arg);
@@ -909,9 +968,12 @@ static void *loop(void *arg)
 		if (!out.ndone)
 			continue;	/* the lock kept: most steps end no request */
 		pthread_mutex_unlock(&s->lock);
+		c0 = thread_cpu_ns();
 		for (uint32_t i = 0; i < out.ndone; i++)
 			finish(s, out.done[i], out.why[i], out.why[i] == MP_FINISH_ERROR ? out.err : 0);
+		c1 = thread_cpu_ns();
 		pthread_mutex_lock(&s->lock);
+		cpu_gap_special(s, &cg, c0, c1);
 	}
 	/* Out of memory for the thread's own arrays: nothing can run, so nothing may wait. */
 	s->stopping = true;

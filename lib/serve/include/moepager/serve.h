@@ -200,7 +200,7 @@ struct mp_sched_stats {
 	uint64_t batch_size[MP_SCHED_BATCH_BUCKETS];
 	uint64_t swaps;			/* models activated when the queue's head needed another */
 	double swap_seconds;		/* spent activating them */
-	/* The same in the thread's CPU time (not preempted), read around one gap in 8. */
+	/* The same in the thread's CPU time (not preempted): one gap in 32 read, at random. */
 	double sched_cpu_seconds;
 	uint64_t seqs_reused;		/* sequences opened in a finished one's KV cache */
 	uint64_t grouped;		/* requests that joined ahead of an older head (group_ns) */
