@@ -655,6 +655,23 @@ static void membw_measures_a_positive_rate(void **state)
 	}
 }
 
+static void membw_one_thread_and_page_kind(void **state)
+{
+	const struct engine_case *c = *state;
+	struct mp_membw *m;
+	double gbps = 0, share;
+
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_membw_open(e, 5u << 20, &m), 0);
+		assert_int_equal(mp_membw_bytes(m), 5u << 20);
+		assert_int_equal(mp_membw_sample_one(m, &gbps), 0);
+		assert_true(gbps > 0.01 && gbps < 10000.0);
+		share = mp_membw_huge_share(m);
+		assert_true(share == -1 || (share >= 0 && share <= 1));
+		mp_membw_close(m);
+	}
+}
+
 static void bad_arguments_are_refused(void **state)
 {
 	const struct engine_case *c = *state;
@@ -1141,6 +1158,7 @@ int main(void)
 		{ "set_threads_resizes_in_place", set_threads_resizes_in_place },
 		{ "parallel_returns_a_chunk_error", parallel_returns_a_chunk_error },
 		{ "membw_measures_a_positive_rate", membw_measures_a_positive_rate },
+		{ "membw_one_thread_and_page_kind", membw_one_thread_and_page_kind },
 		{ "bad_arguments_are_refused", bad_arguments_are_refused },
 	};
 	static const struct CMUnitTest global[] = {
