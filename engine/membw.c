@@ -2,7 +2,6 @@
 /* Memory read bandwidth with an engine's threads: the ceiling a memory-bound GEMV is held to. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <moepager/membw.h>
@@ -23,6 +22,7 @@ struct mp_membw {
 	uint64_t bytes;
 	uint32_t nchunks;
 	float *sums;		/* one per chunk, so the reads cannot be optimised away */
+	double huge;		/* the buffer's share on huge pages, -1 unknown */
 };
 
 static int membw_chunk(void *arg, uint32_t chunk, uint32_t worker)
@@ -59,15 +59,16 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 	m->nchunks = (uint32_t)MP_MAX(e->threads,
 				      (m->bytes + MEMBW_CHUNK_BYTES - 1) / MEMBW_CHUNK_BYTES);
 	m->sums = calloc(m->nchunks, sizeof(float));
-	m->buf = mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (!m->sums || m->buf == MAP_FAILED) {
+	/* Huge pages, as the resident weights get (mp_huge_map, the same call). */
+	m->buf = mp_huge_map(m->bytes);
+	if (!m->sums || !m->buf) {
 		err = mp_err(-ENOMEM, "membw: cannot map %llu bytes",
 			     (unsigned long long)m->bytes);
 		goto free_probe;
 	}
-	/* Huge pages, as the resident weights get; written, so no page is the shared zero page. */
-	madvise(m->buf, m->bytes, MADV_HUGEPAGE);
+	/* Written, so no page is the shared zero page. */
 	memset(m->buf, 1, m->bytes);
+	m->huge = mp_huge_share(m->buf);
 	/* An untimed pass warms the TLB and wakes the pool. */
 	err = mp_pool_run(m->ei->pool, NULL, m->nchunks, membw_chunk, m);
 	if (err)
@@ -76,8 +77,7 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 	return 0;
 
 free_probe:
-	if (m->buf != MAP_FAILED && m->buf)
-		munmap(m->buf, m->bytes);
+	mp_huge_unmap(m->buf, m->bytes);
 	free(m->sums);
 	free(m);
 	return err;
@@ -95,16 +95,37 @@ int mp_membw_sample(struct mp_membw *m, double *gbps)
 	return 0;
 }
 
+/*
+ * The calling thread alone: beside the pool's pass, it tells which of a
+ * VM's read-bandwidth modes a sample fell in (two threads reading barely
+ * more than one, or about twice as much); docs/engine.md "Session 32".
+ */
+int mp_membw_sample_one(struct mp_membw *m, double *gbps)
+{
+	uint64_t t0 = mp_now_ns(), ns;
+	float s = m->ei->kern->read_sum(m->buf, m->bytes);
+
+	ns = mp_now_ns() - t0;
+	m->sums[0] += s;
+	*gbps = (double)m->bytes / (double)(ns ? ns : 1);
+	return 0;
+}
+
 uint64_t mp_membw_bytes(const struct mp_membw *m)
 {
 	return m->bytes;
+}
+
+double mp_membw_huge_share(const struct mp_membw *m)
+{
+	return m->huge;
 }
 
 void mp_membw_close(struct mp_membw *m)
 {
 	if (!m)
 		return;
-	munmap(m->buf, m->bytes);
+	mp_huge_unmap(m->buf, m->bytes);
 	free(m->sums);
 	free(m);
 }

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* The resident expert source: every expert read into anonymous memory, no paging. */
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #include <moepager/store.h>
 #include <moepager/runner.h>
@@ -37,14 +36,13 @@ int mp_resident_open(struct mp_store *s,
 	r->stride = MP_ALIGN_UP(mp_store_expert_bytes(s), 4096);
 	r->len = (size_t)r->stride * g->layers * g->experts;
 	total = mp_store_expert_bytes(s) * g->layers * g->experts;
-	r->mem = mmap(NULL, r->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (r->mem == MAP_FAILED) {
+	/* Huge pages: the engine streams whole experts, TLB misses would cost bandwidth. */
+	r->mem = mp_huge_map(r->len);
+	if (!r->mem) {
 		err = mp_err(-ENOMEM, "resident source: cannot map %zu bytes for the experts of %s",
 			     r->len, mp_store_path(s));
 		goto free_source;
 	}
-	/* Huge pages: the engine streams whole experts, TLB misses would cost bandwidth. */
-	madvise(r->mem, r->len, MADV_HUGEPAGE);
 	for (uint32_t l = 0; l < g->layers; l++) {
 		for (uint32_t e = 0; e < g->experts; e++) {
 			uint64_t idx = (uint64_t)l * g->experts + e;
@@ -60,7 +58,7 @@ int mp_resident_open(struct mp_store *s,
 	return 0;
 
 unmap:
-	munmap(r->mem, r->len);
+	mp_huge_unmap(r->mem, r->len);
 free_source:
 	free(r);
 	return err;
@@ -70,7 +68,7 @@ void mp_resident_close(struct mp_resident *r)
 {
 	if (!r)
 		return;
-	munmap(r->mem, r->len);
+	mp_huge_unmap(r->mem, r->len);
 	free(r);
 }
 

@@ -127,7 +127,9 @@ static size_t weights_size(const struct mp_store *s)
 /*
  * Reads d->store's non-expert tensors into d, or points d at the source's
  * copies. The block has room for every tensor; the share of a lent one is
- * never touched, so never backed by memory.
+ * never touched, so never backed by memory (but for the rest of a huge
+ * page a read tensor shares with it). Huge pages, as the resident experts':
+ * every step streams the dense matrices too.
  */
 static int load_dense(struct mp_runner *r, struct dense_set *d)
 {
@@ -139,7 +141,7 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 	int err;
 
 	d->weights_len = weights_size(d->store);
-	d->weights = aligned_alloc(TENSOR_ALIGN, MP_ALIGN_UP(d->weights_len, TENSOR_ALIGN));
+	d->weights = mp_huge_map(d->weights_len);
 	d->layers = calloc(g->layers, sizeof(*d->layers));
 	if (!d->weights || !d->layers)
 		return mp_err(-ENOMEM, "runner: out of memory for %zu bytes of weights",
@@ -193,7 +195,7 @@ bad_dtype:
 static void free_dense(struct dense_set *d)
 {
 	free(d->layers);
-	free(d->weights);
+	mp_huge_unmap(d->weights, d->weights_len);
 }
 
 /* The field in which two geometries differ, or NULL when they are the same. */

@@ -12,6 +12,7 @@
 
 #include <moepager/membw.h>
 
+#include "base/base.h"
 #include "engine/kernels.h"
 #include "helpers.h"
 
@@ -654,6 +655,23 @@ static void membw_measures_a_positive_rate(void **state)
 	}
 }
 
+static void membw_one_thread_and_page_kind(void **state)
+{
+	const struct engine_case *c = *state;
+	struct mp_membw *m;
+	double gbps = 0, share;
+
+	FOR_EACH_THREADS(c, e, t) {
+		assert_int_equal(mp_membw_open(e, 5u << 20, &m), 0);
+		assert_int_equal(mp_membw_bytes(m), 5u << 20);
+		assert_int_equal(mp_membw_sample_one(m, &gbps), 0);
+		assert_true(gbps > 0.01 && gbps < 10000.0);
+		share = mp_membw_huge_share(m);
+		assert_true(share == -1 || (share >= 0 && share <= 1));
+		mp_membw_close(m);
+	}
+}
+
 static void bad_arguments_are_refused(void **state)
 {
 	const struct engine_case *c = *state;
@@ -764,6 +782,64 @@ static void set_threads_survives_a_failing_plugin_init(void **state)
 	assert_int_equal(finis, 3);
 	mp_engine_close(e);
 	assert_int_equal(finis, 3);
+}
+
+/* The THPeligible line of the smaps entry holding p: 1 advised, 0 not, -1 none or unreadable. */
+static int thp_eligible(const void *p)
+{
+	FILE *f = fopen("/proc/self/smaps", "re");
+	unsigned long long a, b;
+	char line[512], perm[8];
+	int in = 0, v = -1;
+
+	while (f && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%llx-%llx %7s", &a, &b, perm) == 3)
+			in = (uintptr_t)p >= a && (uintptr_t)p < b;
+		else if (in && sscanf(line, "THPeligible: %d", &v) == 1)
+			break;
+	}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* THP is on for advised memory here: "[always]" or "[madvise]" in the kernel's setting. */
+static bool thp_for_advised(void)
+{
+	char s[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re");
+
+	if (f && !fgets(s, sizeof(s), f))
+		s[0] = '\0';
+	if (f)
+		fclose(f);
+	return strstr(s, "[always]") || strstr(s, "[madvise]");
+}
+
+static void huge_map_is_aligned_zeroed_and_advised(void **state)
+{
+	static const size_t lens[] = { 1, 4096, (3u << 20) + 5, 8u << 20 };
+
+	(void)state;
+	assert_null(mp_huge_map(0));
+	for (size_t i = 0; i < N_ELEMS(lens); i++) {
+		unsigned char *p = mp_huge_map(lens[i]);
+		double share;
+
+		assert_non_null(p);
+		assert_int_equal((uintptr_t)p % (2u << 20), 0);
+		assert_int_equal(p[0] | p[lens[i] / 2] | p[lens[i] - 1], 0);
+		memset(p, 0xa5, lens[i]);
+		/*
+		 * Advised: eligible wherever the kernel gives THP to advised memory and
+		 * the mapping can hold a huge page (smaller ones never can).
+		 */
+		if (lens[i] >= (2u << 20) && thp_for_advised() && thp_eligible(p) != -1)
+			assert_int_equal(thp_eligible(p), 1);
+		share = mp_huge_share(p);
+		assert_true(share == -1 || (share >= 0 && share <= 1));
+		mp_huge_unmap(p, lens[i]);
+	}
 }
 
 static void unknown_engine_is_enoent_naming_it(void **state)
@@ -1082,10 +1158,12 @@ int main(void)
 		{ "set_threads_resizes_in_place", set_threads_resizes_in_place },
 		{ "parallel_returns_a_chunk_error", parallel_returns_a_chunk_error },
 		{ "membw_measures_a_positive_rate", membw_measures_a_positive_rate },
+		{ "membw_one_thread_and_page_kind", membw_one_thread_and_page_kind },
 		{ "bad_arguments_are_refused", bad_arguments_are_refused },
 	};
 	static const struct CMUnitTest global[] = {
 		cmocka_unit_test(unknown_engine_is_enoent_naming_it),
+		cmocka_unit_test(huge_map_is_aligned_zeroed_and_advised),
 		cmocka_unit_test(set_threads_survives_a_failing_plugin_init),
 		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
 		cmocka_unit_test(builtin_names_open_or_say_why_not),

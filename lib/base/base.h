@@ -56,4 +56,19 @@ int mp_check_reserved_ops(void (*const *slots)(void), size_t n, const char *what
 /* Sorts v (n > 0 values); returns its median by nearest rank (the lower middle of an even n). */
 double mp_median(double *v, size_t n);
 
+/*
+ * len bytes (rounded up to 4 KiB) of zeroed anonymous memory starting on a
+ * 2 MiB boundary and advised MADV_HUGEPAGE, for memory the engine streams;
+ * NULL when out of memory. Free with mp_huge_unmap(p, len).
+ */
+void *mp_huge_map(size_t len);
+void mp_huge_unmap(void *p, size_t len);
+/*
+ * The share of the resident memory of the mapping holding p that sits on
+ * transparent huge pages (AnonHugePages / Rss of its /proc/self/smaps entry,
+ * so of the whole VMA when the kernel merged p's mapping with a neighbour):
+ * 0..1, or -1 when smaps cannot be read or has no such mapping.
+ */
+double mp_huge_share(const void *p);
+
 #endif /* MP_BASE_H */

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <moepager/adapters.h>
 
@@ -24,7 +23,7 @@ struct slot {
 	enum slot_state state;
 	uint32_t refs;			/* requests holding its maps */
 	char name[MP_ADAPTER_NAME_MAX];
-	uint8_t *mem;			/* its experts (mmap) */
+	uint8_t *mem;			/* its experts (mp_huge_map) */
 	size_t mem_len;
 	const void **rows;		/* [layers * e_max]: a row's bytes, NULL when unused */
 	uint32_t *tables;		/* [layers * experts]: the routed-id maps */
@@ -125,8 +124,7 @@ static void slot_free(struct mp_adapters *set, struct slot *s)
 {
 	if (s->a)
 		slot_unbind(set, s);
-	if (s->mem)
-		munmap(s->mem, s->mem_len);
+	mp_huge_unmap(s->mem, s->mem_len);
 	free(s->rows);
 	free(s->tables);
 	free(s->maps);
@@ -210,15 +208,11 @@ static int slot_alloc(struct mp_adapters *set, struct slot *s, uint32_t count)
 	if (set->cfg.rows)
 		return s->rows && s->tables && s->maps ? 0 :
 		       mp_err(-ENOMEM, "adapters: out of memory for the maps");
-	s->mem = mmap(NULL, s->mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		      -1, 0);
-	if (s->mem == MAP_FAILED)
-		s->mem = NULL;
+	/* Huge pages, as the resident base's: a row read on 4 KiB pages streams slower. */
+	s->mem = mp_huge_map(s->mem_len);
 	if (!s->rows || !s->tables || !s->maps || !s->mem)
 		return mp_err(-ENOMEM, "adapters: out of memory for %llu experts",
 			      (unsigned long long)experts);
-	/* Huge pages, as the resident base's: a row read on 4 KiB pages streams slower. */
-	madvise(s->mem, s->mem_len, MADV_HUGEPAGE);
 	/* The padded layout holds (and touches) every row, loaded or not. */
 	if (set->cfg.padded)
 		memset(s->mem, 0, s->mem_len);

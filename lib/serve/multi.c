@@ -6,7 +6,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <moepager/multi.h>
 
@@ -19,7 +18,7 @@ struct mp_multi {
 	uint32_t n, layers, experts;
 	uint64_t expert_bytes, stride;
 	int src[MP_CONSOL_MAX_MODELS];	/* pager source id of each model (0: none) */
-	uint8_t *owned_mem;		/* the owned experts (mmap) */
+	uint8_t *owned_mem;		/* the owned experts (mp_huge_map) */
 	size_t owned_len;
 	const void **owned;		/* [layers x experts]: the owner's bytes, or NULL */
 	uint32_t *tables;		/* [n][layers][experts] */
@@ -46,12 +45,10 @@ static int read_owned(struct mp_multi *m)
 	if (!m->owned_n || (m->cfg.flags & MP_MULTI_OWNED_PAGED))
 		return 0;
 	m->owned_len = (size_t)m->owned_n * m->stride;
-	m->owned_mem = mmap(NULL, m->owned_len, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m->owned_mem == MAP_FAILED) {
-		m->owned_mem = NULL;
+	/* Huge pages, as the resident experts': the engine streams these rows alike. */
+	m->owned_mem = mp_huge_map(m->owned_len);
+	if (!m->owned_mem)
 		return mp_err(-ENOMEM, "multi: out of memory for %u owned experts", m->owned_n);
-	}
 	for (uint32_t l = 0; l < m->layers; l++) {
 		for (uint32_t e = 0; e < m->experts; e++) {
 			int y = mp_consolidation_owner(c, l, e);
@@ -186,8 +183,7 @@ void mp_multi_close(struct mp_multi *m)
 					m->cfg.rows->unbind(m->cfg.rows_ctx, l, x * m->experts + e);
 		m->cfg.rows->remove_source(m->cfg.rows_ctx, m->src[x]);
 	}
-	if (m->owned_mem)
-		munmap(m->owned_mem, m->owned_len);
+	mp_huge_unmap(m->owned_mem, m->owned_len);
 	free(m->owned);
 	free(m->tables);
 	free(m->maps);

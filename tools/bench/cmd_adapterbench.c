@@ -353,6 +353,8 @@ static void print_json(const struct ab_bench *b, const struct ab_row *rows, cons
 		      "setups", setups);
 	json_object_set_new(o, "membw_gbps", json_real(rows[AB_BASE].ran ?
 						      rows[AB_BASE].fig[F_MEMBW] : 0));
+	/* The probe's buffer on huge pages, as the resident weights: the two read alike. */
+	json_object_set_new(o, "membw_huge_share", json_real(mp_membw_huge_share(b->membw)));
 	json_object_set_new(o, "loadavg", json_pack("[f, f]", load[0], load[1]));
 	json_object_update_new(o, json_pack("{s:s?, s:b, s:b, s:b}", "prefetch", env.prefetch,
 					    "paged_rows", env.paged_rows && env.budget,

@@ -26,12 +26,16 @@ static struct bb_env {
 	uint32_t tokens;
 	uint32_t prompt;
 	uint32_t repeat;
+	uint32_t membw_every;
 	const char *budget;
 	const char *attach;
 	bool json;
 } env;
 
-enum { OPT_BATCH = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_BUDGET, OPT_ATTACH, OPT_JSON };
+enum {
+	OPT_BATCH = 0x100, OPT_TOKENS, OPT_PROMPT, OPT_REPEAT, OPT_BUDGET, OPT_ATTACH, OPT_JSON,
+	OPT_MEMBW_EVERY,
+};
 
 static const char doc[] =
 	"Decodes B sequences together (mp_runner_batch) for each batch size B and\n"
@@ -39,7 +43,10 @@ static const char doc[] =
 	"a step reads the dense weights once and each routed expert once for all the\n"
 	"sequences that chose it, so its bytes (weight_bytes_per_step, from the\n"
 	"runner's counters) over the read bandwidth of the engine's threads\n"
-	"(membw_gbps, sampled between the runs) give the fastest a step can be.\n"
+	"(membw_gbps, sampled before and after each run and, untimed, after every\n"
+	"--membw-every decode steps inside it) give the fastest a step can be. On a\n"
+	"VM whose read bandwidth changes from one second to the next, the samples\n"
+	"inside the runs see what the steps saw (docs/engine.md \"Session 32\").\n"
 	"Each sequence has its own random prompt (--prompt tokens) and decodes\n"
 	"greedily for --tokens steps; figures are medians over --repeat runs.\n"
 	"Experts are resident unless --budget pages them (then the bound is not the\n"
@@ -47,11 +54,16 @@ static const char doc[] =
 	"dense weights, in a pager daemon's memfds (warmed first: every expert the\n"
 	"daemon holds is mapped before the runs).\n"
 	"\n"
-	"--json prints {model, threads, membw_gbps, results: [{batch, tok_s, steps_s,\n"
-	"weight_bytes_per_step, weights_gbps, membw_gbps, membw_min_gbps,\n"
-	"membw_max_gbps, bound_tok_s, bound_ratio, speedup}]}: a batch size's membw is\n"
-	"the median of the samples before and after each of its runs (min and max:\n"
-	"their spread); speedup is tok_s over batch 1's.\n"
+	"--json prints {model, threads, membw_gbps, membw_bytes, membw_huge_share,\n"
+	"results: [{batch, tok_s, steps_s, weight_bytes_per_step, weights_gbps,\n"
+	"membw_gbps, membw_min_gbps, membw_max_gbps, membw_samples, membw_1t_gbps,\n"
+	"bound_tok_s, bound_ratio, speedup}]}: a batch size's membw is the median of\n"
+	"its samples before, inside and after its runs (min and max: their spread;\n"
+	"membw_samples: how many), membw_1t the median of one sample a run on the\n"
+	"calling thread alone (beside membw, it tells the VM's bandwidth mode: the\n"
+	"threads reading barely more than one, or twice as much); membw_huge_share is\n"
+	"the probe buffer's share on huge pages, as the resident weights'; speedup is\n"
+	"tok_s over batch 1's.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager batchbench --model mixtral-mini.mpk --batch 1,2,4,8,16 --json\n";
@@ -62,6 +74,9 @@ static const struct argp_option opts[] = {
 	{ "tokens", OPT_TOKENS, "N", 0, "Decode steps per run (default 32)", 0 },
 	{ "prompt", OPT_PROMPT, "N", 0, "Prompt tokens of each sequence (default 16)", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0, "Runs per batch size (default 3)", 0 },
+	{ "membw-every", OPT_MEMBW_EVERY, "N", 0,
+	  "Sample the read bandwidth after every N decode steps, untimed (default 1; 0: only "
+	  "before and after each run, as before session 32)", 0 },
 	{ "budget", OPT_BUDGET, "B", 0, "Page the experts under this budget", 0 },
 	{ "attach", OPT_ATTACH, "SOCKET", 0, "Read the weights from the pager daemon on SOCKET", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print one JSON object", 0 },
@@ -84,6 +99,10 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_REPEAT:
 		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
+		break;
+	case OPT_MEMBW_EVERY:
+		if (cli_parse_u32("--membw-every", arg, 0, 1u << 16, &env.membw_every))
+			cli_usage_error(state);
 		break;
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_ATTACH: env.attach = arg; break;
@@ -126,14 +145,18 @@ struct one_run {
 	uint64_t steps;
 };
 
-/* B sequences: a prefill of random prompts, then `tokens` greedy steps, timed. */
-static int run_batch(struct bench *b, uint32_t B, uint32_t rep, struct one_run *out)
+/*
+ * B sequences: a prefill of random prompts, then `tokens` greedy steps, timed;
+ * a bandwidth sample into bw[(*nb)++] after every env.membw_every steps, untimed.
+ */
+static int run_batch(struct bench *b, uint32_t B, uint32_t rep, struct one_run *out,
+		     double *bw, uint32_t *nb)
 {
 	struct mp_batch_item items[256];
 	uint32_t *prompt = malloc((size_t)env.prompt * sizeof(*prompt)), next[256];
 	struct mp_seq *seq[256] = { 0 };
 	struct mp_runner_stats s0, s1;
-	uint64_t t0;
+	uint64_t t0, ns = 0;
 	int err = prompt ? 0 : -ENOMEM;
 
 	for (uint32_t i = 0; i < B && !err; i++) {
@@ -147,15 +170,18 @@ static int run_batch(struct bench *b, uint32_t B, uint32_t rep, struct one_run *
 				seq[i], prompt, env.prompt, MP_BATCH_PREFILL }, 1);
 	}
 	mp_runner_stats(b->runner, &s0);
-	t0 = cli_now_ns();
 	for (uint32_t step = 0; step < env.tokens && !err; step++) {
+		t0 = cli_now_ns();
 		for (uint32_t i = 0; i < B; i++) {
 			next[i] = mp_logits_argmax(mp_seq_logits(seq[i]), b->vocab);
 			items[i] = (struct mp_batch_item){ seq[i], &next[i], 1, MP_BATCH_DECODE };
 		}
 		err = mp_runner_batch(b->runner, items, B);
+		ns += cli_now_ns() - t0;
+		if (!err && env.membw_every && (step + 1) % env.membw_every == 0)
+			err = mp_membw_sample(b->membw, &bw[(*nb)++]);
 	}
-	out->seconds = (double)(cli_now_ns() - t0) / 1e9;
+	out->seconds = (double)ns / 1e9;
 	mp_runner_stats(b->runner, &s1);
 	out->bytes = (s1.dense_bytes - s0.dense_bytes) + (s1.expert_bytes - s0.expert_bytes);
 	out->steps = s1.steps - s0.steps;
@@ -211,11 +237,21 @@ static void close_bench(struct bench *b)
 	mp_store_close(b->store);
 }
 
-/* One batch size: repeat runs, membw sampled around each; medians. */
+/* Bandwidth samples a batch size takes: around each run and inside it. */
+static uint32_t samples_per_size(void)
+{
+	return env.repeat * (2 + (env.membw_every ? env.tokens / env.membw_every : 0));
+}
+
+/*
+ * One batch size: repeat runs, membw sampled around and inside each (appended
+ * to bw_all at *nbw); medians.
+ */
 static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, double *bw_all,
 		   uint32_t *nbw)
 {
-	double tps[MAX_REPEAT], sps[MAX_REPEAT], bps[MAX_REPEAT], bw[2 * MAX_REPEAT];
+	double tps[MAX_REPEAT], sps[MAX_REPEAT], bps[MAX_REPEAT], bw1[MAX_REPEAT];
+	double *bw = bw_all + *nbw;
 	uint32_t nb = 0;
 	int err = 0;
 
@@ -224,9 +260,11 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 
 		err = mp_membw_sample(b->membw, &bw[nb++]);
 		if (!err)
-			err = run_batch(b, B, r, &o);
+			err = run_batch(b, B, r, &o, bw, &nb);
 		if (!err)
 			err = mp_membw_sample(b->membw, &bw[nb++]);
+		if (!err)
+			err = mp_membw_sample_one(b->membw, &bw1[r]);
 		if (err)
 			break;
 		sps[r] = (double)o.steps / o.seconds;
@@ -235,11 +273,11 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 	}
 	if (err)
 		return err;
-	for (uint32_t i = 0; i < nb; i++)
-		bw_all[(*nbw)++] = bw[i];
+	*nbw += nb;
 	{
 		double t = cli_median(tps, env.repeat), s = cli_median(sps, env.repeat);
 		double bytes = cli_median(bps, env.repeat), membw = cli_median(bw, nb);
+		double membw1 = cli_median(bw1, env.repeat);
 		double bound = membw * 1e9 / bytes * B, bw_lo = bw[0], bw_hi = bw[0];
 
 		/* the samples' spread: how far the bound itself moves within a batch size */
@@ -251,43 +289,49 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 		if (B == env.sizes[0])
 			*tok1 = t / B;
 		json_array_append_new(results, json_pack(
-			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", (int)B,
-			"tok_s", t, "steps_s", s, "weight_bytes_per_step", bytes,
+			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f}", "batch",
+			(int)B, "tok_s", t, "steps_s", s, "weight_bytes_per_step", bytes,
 			"weights_gbps", bytes * s / 1e9, "membw_gbps", membw, "membw_min_gbps",
-			bw_lo, "membw_max_gbps", bw_hi, "bound_tok_s", bound,
+			bw_lo, "membw_max_gbps", bw_hi, "membw_samples", (int)nb, "membw_1t_gbps",
+			membw1, "bound_tok_s", bound,
 			"bound_ratio", t / bound, "speedup", *tok1 > 0 ? t / *tok1 : 0));
 		if (!env.json)
 			printf("batch %3u: %8.1f tok/s  %7.2f steps/s  %7.1f MB/step  %5.1f GB/s of "
-			       "%5.1f  bound %.2f  x%.2f\n", B, t, s, bytes / 1e6, bytes * s / 1e9,
-			       membw, t / bound, *tok1 > 0 ? t / *tok1 : 0);
+			       "%5.1f (1 thread %5.1f)  bound %.2f  x%.2f\n", B, t, s, bytes / 1e6,
+			       bytes * s / 1e9, membw, membw1, t / bound, *tok1 > 0 ? t / *tok1 : 0);
 	}
 	return 0;
 }
 
 int cmd_batchbench(int argc, char **argv)
 {
-	double bw[2 * MAX_REPEAT * MAX_SIZES], tok1 = 0;
 	struct bench b = { 0 };
 	json_t *results = json_array();
 	uint32_t nbw = 0;
+	double tok1 = 0, *bw;
 	int err;
 
 	memset(&env, 0, sizeof(env));
 	env.tokens = 32;
 	env.prompt = 16;
 	env.repeat = 3;
+	env.membw_every = 1;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nsizes)
 		cli_parse_u32_list("--batch", "1,2,4,8,16", 1, 256, env.sizes, MAX_SIZES, &env.nsizes);
-	err = results ? open_bench(&b) : -ENOMEM;
+	bw = calloc((size_t)env.nsizes * samples_per_size(), sizeof(*bw));
+	err = results && bw ? open_bench(&b) : -ENOMEM;
 	for (uint32_t i = 0; i < env.nsizes && !err; i++)
 		err = measure(&b, env.sizes[i], results, &tok1, bw, &nbw);
 	if (err) {
 		cli_fail(err, NULL);
 	} else if (env.json) {
-		json_t *o = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", env.model, "threads",
-				      (int)b.engine->threads, "membw_gbps", cli_median(bw, nbw),
+		json_t *o = json_pack("{s:s, s:i, s:f, s:I, s:f, s:s, s:o}", "model", env.model,
+				      "threads", (int)b.engine->threads, "membw_gbps",
+				      cli_median(bw, nbw), "membw_bytes",
+				      (json_int_t)mp_membw_bytes(b.membw), "membw_huge_share",
+				      mp_membw_huge_share(b.membw),
 				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
 				      "results", results);
 
@@ -298,5 +342,6 @@ int cmd_batchbench(int argc, char **argv)
 	}
 	json_decref(results);
 	close_bench(&b);
+	free(bw);
 	return err ? 1 : 0;
 }

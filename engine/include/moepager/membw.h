@@ -22,14 +22,22 @@ extern "C" {
 struct mp_membw;
 
 /*
- * Maps and fills `bytes` (0: 256 MiB, at least 4x the last-level cache) and
- * runs one untimed pass. Returns 0 and sets *out, -EINVAL (under 1 MiB) or
- * -ENOMEM.
+ * Maps and fills `bytes` (0: 256 MiB, at least 4x the last-level cache) on
+ * 2 MiB-aligned memory advised for transparent huge pages, as the engine's
+ * resident weights are, and runs one untimed pass. Returns 0 and sets *out,
+ * -EINVAL (under 1 MiB) or -ENOMEM.
  */
 MP_API int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out);
 /* One timed pass over the buffer: sets *gbps (1e9 bytes/s). Returns 0 or -errno. */
 MP_API int mp_membw_sample(struct mp_membw *m, double *gbps);
+/* One timed pass on the calling thread only (none of the pool's): sets *gbps. Returns 0. */
+MP_API int mp_membw_sample_one(struct mp_membw *m, double *gbps);
 MP_API uint64_t mp_membw_bytes(const struct mp_membw *m);
+/*
+ * The share (0..1) of the buffer's memory the kernel put on huge pages when
+ * it was filled, as /proc/self/smaps counts it; -1 when smaps is unreadable.
+ */
+MP_API double mp_membw_huge_share(const struct mp_membw *m);
 MP_API void mp_membw_close(struct mp_membw *m);
 
 /* Opens a probe, takes the median of `runs` passes (0: 5, at most 101), closes it. */
