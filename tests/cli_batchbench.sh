@@ -10,9 +10,7 @@
 set -uo pipefail
 MOEPAGER=$1
 PY=/usr/bin/python3
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/cli_lib.sh"
 
 "$MOEPAGER" gen --preset tiny --seed 1 --name bb --out "$T/m.mpk" --quiet || exit 1
 A=(--model "$T/m.mpk" --batch 1,2 --prompt 2 --tokens 4 --repeat 3 --json)
@@ -44,4 +42,4 @@ done
 check "a bad --membw-every is refused" refused_by "--membw-every" \
 	"$MOEPAGER" batchbench "${A[@]}" --membw-every x
 
-[[ $fails == 0 ]] || { echo "$fails check(s) failed"; exit 1; }
+exit $((fails > 0))
