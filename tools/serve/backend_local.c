@@ -514,13 +514,14 @@ static uint32_t dir_e_max(struct local *l, struct dirent **files, int n)
 /* The adapter directory's files and the set's E_max, before the pager is sized for them. */
 static int scan_adapters(struct local *l, const struct serve_local_config *cfg)
 {
+	int err;
+
 	l->adapter_dir = strdup(cfg->adapters);
 	l->n_adapter_files = scandir(cfg->adapters, &l->adapter_files, is_adapter_file,
 				     alphasort);
 	if (!l->adapter_dir || l->n_adapter_files < 0) {
-		fprintf(stderr, "moepager serve: adapter directory %s: %s\n", cfg->adapters,
-			strerror(l->adapter_dir ? errno : ENOMEM));
-		return l->adapter_dir ? -errno : -ENOMEM;
+		err = l->adapter_dir ? -errno : -ENOMEM;
+		return cli_error(err, "adapter directory %s: %s", cfg->adapters, strerror(-err));
 	}
 	l->e_max = cfg->adapter_rows ? cfg->adapter_rows :
 		   dir_e_max(l, l->adapter_files, l->n_adapter_files);
@@ -560,8 +561,7 @@ static int open_adapters(struct local *l, const struct serve_local_config *cfg,
 		char why[512];
 
 		if (!err && local_adapter_load(&l->b, files[i]->d_name, NULL, why, sizeof(why)))
-			fprintf(stderr, "moepager serve: adapter %s not loaded: %s\n",
-				files[i]->d_name, why);
+			cli_say("adapter %s not loaded: %s", files[i]->d_name, why);
 		free(files[i]);
 	}
 	free(files);
@@ -641,9 +641,8 @@ static int add_models(struct local *l, const struct serve_local_config *cfg)
 		for (uint32_t j = 0; !err && j < i; j++) {
 			if (strcmp(l->mm_names[i], j ? l->mm_names[j] : l->name))
 				continue;
-			fprintf(stderr, "moepager serve: two models are called '%s': rename a "
-				"file\n", l->mm_names[i]);
-			err = -EINVAL;
+			err = cli_error(-EINVAL, "two models are called '%s': rename a file",
+					l->mm_names[i]);
 		}
 	}
 	if (err || cfg->mixed)
@@ -758,12 +757,10 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 	if (!err && cfg->consolidate)
 		err = add_models(l, cfg);
 	if (!err && cfg->timeshare && cfg->mixed) {
-		fprintf(stderr, "moepager serve: time-sharing swaps models; mixed batches do not\n");
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "time-sharing swaps models; mixed batches do not");
 	}
 	if (!err && cfg->timeshare && !(l->pager && cfg->consolidate)) {
-		fprintf(stderr, "moepager serve: time-sharing needs several models and a budget\n");
-		err = -EINVAL;
+		err = cli_error(-EINVAL, "time-sharing needs several models and a budget");
 	}
 	if (!err && cfg->timeshare) {
 		sc.on_swap = evict_all;

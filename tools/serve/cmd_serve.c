@@ -187,19 +187,16 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_OWNED_PAGED: env.local.owned_paged = true; break;
 	case OPT_SHARED_STORE: env.local.shared_store = true; break;
 	case OPT_GROUP_MS:
-		if (cli_parse_u64("--group-ms", arg, 0, 600000, &size))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--group-ms", arg, 0, 600000, &size);
 		sc->group_ns = size * 1000000;
 		break;
 	case OPT_GATHER_US:
-		if (cli_parse_u64("--gather-us", arg, 0, 100000, &size))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--gather-us", arg, 0, 100000, &size);
 		sc->gather_ns = size * 1000;
 		break;
 	case OPT_STREAM_US:
-		if (cli_parse_u32("--stream-interval-us", arg, 0, 1000000,
-				  &env.http.stream_interval_us))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--stream-interval-us", arg, 0, 1000000,
+			    &env.http.stream_interval_us);
 		break;
 	case OPT_NAME: env.local.name = arg; break;
 	case OPT_TOKENIZER: env.local.tokenizer = arg; break;
@@ -207,8 +204,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_ATTACH: env.local.attach = arg; break;
 	case OPT_WARM: env.local.warm = true; break;
 	case OPT_EPOCH:
-		if (cli_parse_u64("--epoch", arg, 0, UINT64_MAX, &env.http.epoch))
-			cli_usage_error(state);
+		cli_opt_u64(state, "--epoch", arg, 0, UINT64_MAX, &env.http.epoch);
 		break;
 	case OPT_PREFETCH: env.local.prefetch = arg; break;
 	case OPT_EVICT: env.local.evict = arg; break;
@@ -217,28 +213,22 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_API_KEY: env.http.api_key = arg; break;
 	case OPT_API_KEY_FILE: env.api_key_file = arg; break;
 	case OPT_MAX_BATCH:
-		if (cli_parse_u32("--max-batch", arg, 1, 256, &sc->max_batch))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-batch", arg, 1, 256, &sc->max_batch);
 		break;
 	case OPT_MAX_QUEUE:
-		if (cli_parse_u32("--max-queue", arg, 1, 1u << 20, &sc->max_queue))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-queue", arg, 1, 1u << 20, &sc->max_queue);
 		break;
 	case OPT_KV_BUDGET:
-		if (cli_parse_size("--kv-budget", arg, &sc->kv_budget))
-			cli_usage_error(state);
+		cli_opt_size(state, "--kv-budget", arg, &sc->kv_budget);
 		break;
 	case OPT_PREFILL_CHUNK:
-		if (cli_parse_u32("--prefill-chunk", arg, 1, 1u << 20, &sc->prefill_chunk))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--prefill-chunk", arg, 1, 1u << 20, &sc->prefill_chunk);
 		break;
 	case OPT_STEP_TOKENS:
-		if (cli_parse_u32("--step-tokens", arg, 1, 1u << 20, &sc->step_tokens))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--step-tokens", arg, 1, 1u << 20, &sc->step_tokens);
 		break;
 	case OPT_GRACE:
-		if (cli_parse_u32("--grace-ms", arg, 0, 3600000, &env.grace_ms))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--grace-ms", arg, 0, 3600000, &env.grace_ms);
 		break;
 	case OPT_MAX_BODY:
 		if (cli_parse_size("--max-body", arg, &size) || size < 1024 || size > (1u << 30))
@@ -246,28 +236,23 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.http.max_body = (uint32_t)size;
 		break;
 	case OPT_MAX_CONNECTIONS:
-		if (cli_parse_u32("--max-connections", arg, 1, 65536, &env.http.max_connections))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--max-connections", arg, 1, 65536, &env.http.max_connections);
 		break;
 	case OPT_REQUEST_TIMEOUT:
-		if (cli_parse_u32("--request-timeout", arg, 1, 3600, &env.http.header_timeout_s))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--request-timeout", arg, 1, 3600, &env.http.header_timeout_s);
 		env.http.body_timeout_s = env.http.header_timeout_s;
 		break;
 	case OPT_ADAPTERS: env.local.adapters = arg; break;
 	case OPT_ADAPTERS_PADDED: env.local.adapters_padded = true; break;
 	case OPT_WARM_ROWS: env.local.warm_rows = true; break;
 	case OPT_ADAPTER_SLOTS:
-		if (cli_parse_u32("--adapter-slots", arg, 1, 4096, &env.local.adapter_slots))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--adapter-slots", arg, 1, 4096, &env.local.adapter_slots);
 		break;
 	case OPT_ADAPTER_ROWS:
-		if (cli_parse_u32("--adapter-rows", arg, 1, 4096, &env.local.adapter_rows))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--adapter-rows", arg, 1, 4096, &env.local.adapter_rows);
 		break;
 	case OPT_IDLE_TIMEOUT:
-		if (cli_parse_u32("--idle-timeout", arg, 1, 3600, &env.http.idle_timeout_s))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--idle-timeout", arg, 1, 3600, &env.http.idle_timeout_s);
 		break;
 	case ARGP_KEY_INIT:
 		state->child_inputs[0] = &env.eng;
@@ -328,8 +313,9 @@ static int write_port(const char *path, uint16_t port)
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	f = fopen(tmp, "w");
 	if (!f || fprintf(f, "%u\n", port) < 0 || fclose(f) || rename(tmp, path)) {
-		fprintf(stderr, "moepager serve: writing %s: %s\n", path, strerror(errno));
-		return -errno;
+		int err = -errno;
+
+		return cli_error(err, "writing %s: %s", path, strerror(-err));
 	}
 	return 0;
 }
@@ -425,10 +411,10 @@ static int serve(uint64_t t0)
 		return 1;
 	}
 	err = wait_signal(h, &set);
-	fprintf(stderr, "moepager serve: %s: draining (up to %u ms)\n", strsignal(err),
+	cli_say("%s: draining (up to %u ms)", strsignal(err),
 		env.grace_ms);
 	cut = http_stop(h, env.grace_ms);
-	fprintf(stderr, "moepager serve: stopped; %u request(s) cut short\n", cut);
+	cli_say("stopped; %u request(s) cut short", cut);
 	return 0;
 }
 

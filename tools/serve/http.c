@@ -328,7 +328,7 @@ static void wake_loop(struct http_server *h)
 	uint64_t one = 1;
 
 	if (write(h->efd, &one, sizeof(one)) != sizeof(one))
-		fprintf(stderr, "moepager serve: waking the HTTP thread: %s\n", strerror(errno));
+		cli_say("waking the HTTP thread: %s", strerror(errno));
 }
 
 /* The HTTP thread: resumes a connection unpark() released. No lock held. */
@@ -1309,7 +1309,7 @@ static void *http_loop(void *arg)
 	 * tick. Not fatal: a thread of normal policy only costs time.
 	 */
 	if (pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp))
-		fprintf(stderr, "moepager serve: the HTTP thread's SCHED_BATCH: not set\n");
+		cli_say("the HTTP thread's SCHED_BATCH: not set");
 	while (!atomic_load(&h->stop)) {
 		MHD_UNSIGNED_LONG_LONG to;
 		int ms = 1000, n;
@@ -1319,13 +1319,13 @@ static void *http_loop(void *arg)
 			ms = (int)to;
 		n = epoll_wait(h->ep, ev, 4, ms);
 		if (n < 0 && errno != EINTR) {
-			fprintf(stderr, "moepager serve: epoll_wait: %s\n", strerror(errno));
+			cli_say("epoll_wait: %s", strerror(errno));
 			usleep(1000);	/* not a busy loop if it keeps failing */
 		}
 		for (int i = 0; i < n; i++)
 			if (ev[i].data.fd == h->efd && read(h->efd, &v, sizeof(v)) < 0 &&
 			    errno != EAGAIN)
-				fprintf(stderr, "moepager serve: the HTTP thread's eventfd: %s\n",
+				cli_say("the HTTP thread's eventfd: %s",
 					strerror(errno));
 		/*
 		 * A connection resumed is run by the libmicrohttpd call after
@@ -1370,8 +1370,7 @@ static int loop_start(struct http_server *h)
 	return 0;
 fail:
 	err = -(errno ? errno : EINVAL);
-	fprintf(stderr, "moepager serve: starting the HTTP thread: %s\n", strerror(-err));
-	return err;
+	return cli_error(err, "starting the HTTP thread: %s", strerror(-err));
 }
 
 /* Stops the HTTP thread (libmicrohttpd is stopped after it) and closes its fds. */
@@ -1397,9 +1396,7 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 	struct http_server *h;
 
 	if (inet_pton(AF_INET, cfg->host, &sin.sin_addr) != 1) {
-		fprintf(stderr, "moepager serve: --listen: '%s' is not an IPv4 address\n",
-			cfg->host);
-		return -EINVAL;
+		return cli_error(-EINVAL, "--listen: '%s' is not an IPv4 address", cfg->host);
 	}
 	h = calloc(1, sizeof(*h));
 	if (!h)
@@ -1433,8 +1430,8 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 				MHD_OPTION_END);
 	if (!h->d) {
-		fprintf(stderr, "moepager serve: cannot listen on %s:%u: %s\n", cfg->host,
-			cfg->port, strerror(errno ? errno : EADDRINUSE));
+		cli_error(-EADDRINUSE, "cannot listen on %s:%u: %s", cfg->host, cfg->port,
+			  strerror(errno ? errno : EADDRINUSE));
 		if (b->ops->on_step)
 			b->ops->on_step(b, NULL, NULL);
 		pthread_mutex_destroy(&h->lock);
@@ -1544,7 +1541,7 @@ uint32_t http_stop(struct http_server *h, uint32_t grace_ms)
 		close(lsock);
 	cut = atomic_load(&h->cut_short);
 	if (atomic_load(&h->live))
-		fprintf(stderr, "moepager serve: %u requests still held at exit\n",
+		cli_say("%u requests still held at exit",
 			atomic_load(&h->live));
 	pthread_mutex_destroy(&h->lock);
 	free(h);
