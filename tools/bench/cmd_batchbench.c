@@ -101,8 +101,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
 		break;
 	case OPT_MEMBW_EVERY:
-		if (cli_parse_u32("--membw-every", arg, 0, 1u << 16, &env.membw_every))
-			cli_usage_error(state);
+		cli_opt_u32(state, "--membw-every", arg, 0, 1u << 16, &env.membw_every);
 		break;
 	case OPT_BUDGET: env.budget = arg; break;
 	case OPT_ATTACH: env.attach = arg; break;
