@@ -122,9 +122,11 @@ static inline ALWAYS_INLINE TARGET const char *pf_at_##type(const char *w, size_
 	return w + MP_PF_AHEAD;							\
 }										\
 										\
-static inline ALWAYS_INLINE TARGET void pf_##type(const char *pw, size_t rs, uint32_t c)	\
+static inline ALWAYS_INLINE TARGET void pf_##type(const char *pw, size_t rs, uint32_t R,	\
+						  uint32_t c)				\
 {										\
 	(void)rs;								\
+	(void)R;								\
 	for (int l = 0; l < PF_LINES_##type; l++)				\
 		_mm_prefetch(pw + MP_PF_OFF(type, c) + 64 * l, _MM_HINT_T1);	\
 }
@@ -142,9 +144,10 @@ static inline ALWAYS_INLINE TARGET const char *pf_at_bf16(const char *w, size_t 
 	return block ? w + (MP_PF_AHEAD + block - 1) / block * block : w + MP_PF_AHEAD;
 }
 
-static inline ALWAYS_INLINE TARGET void pf_bf16(const char *pw, size_t rs, uint32_t c)
+static inline ALWAYS_INLINE TARGET void pf_bf16(const char *pw, size_t rs, const uint32_t R,
+					      uint32_t c)
 {
-	UNROLL for (uint32_t r = 0; r < 4; r++)
+	UNROLL for (uint32_t r = 0; r < R; r++)
 		_mm_prefetch(pw + r * rs + (size_t)c * 2, _MM_HINT_T1);
 }
 
@@ -261,6 +264,39 @@ static TARGET void xprep_bf16(const float *x, uint32_t n, uint32_t cols, float *
 	}
 }
 
+/*
+ * One vector (n = 1), bf16: a row at a time, read front to back, prefetched
+ * MP_PF_AHEAD bytes on by one line a step (the next rows' lines once each).
+ * The same sums as a 4-row tile's (one accumulator, the blocks in order, the
+ * reduction of _mm512_reduce_add_ps), but one stream: the 4-row tile reads a
+ * 4 KiB page as two or more interleaved streams (mixtral-mini's gate/up rows
+ * are 2 KiB), which the hardware prefetcher follows badly. Measured on the
+ * 2-vCPU EPYC VM, one thread, chunks of mixtral-mini's shapes (docs/engine.md
+ * "Session 33"): pure reads in the tile's order 13.1 GB/s against 28-29 front
+ * to back; this product 22.9 / 23.1 GB/s (gate-up / down chunks) against the
+ * tile's 21.8 / 21.9, two threads in the fast mode 42-46 / 44-46 against
+ * 40 / 40-42. A row at a time is bound by its one accumulator's FMA latency
+ * (rows in pairs were no faster); with more vectors the tile's FMAs hide it.
+ */
+#define ROW_BY_ROW_f32	0
+#define ROW_BY_ROW_f16	0
+#define ROW_BY_ROW_bf16	1
+#define ROW_BY_ROW_q8_0	0
+#define ROW_BY_ROW_q4_0	0
+
+#define DEFINE_GEMV_ROWS(type)							\
+static inline __attribute__((always_inline)) TARGET void			\
+gemv_rows_##type(const char *w, uint32_t rows, size_t rs, uint32_t cols,	\
+		 const float *x, float *y)					\
+{										\
+	mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));		\
+	for (uint32_t r = 0; r < rows; r++) {					\
+		const char *wr = w + r * rs;					\
+										\
+		tile_##type(wr, rs, 1, 1, cols, x, y + r, 1, wr + MP_PF_AHEAD);	\
+	}									\
+}
+
 #define DEFINE_GEMM(type)							\
 static inline __attribute__((always_inline)) TARGET void			\
 tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
@@ -275,7 +311,7 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 			acc[t][r] = _mm512_setzero_ps();			\
 	for (; c + 32 <= cols; c += 32) {					\
 		if (pw)								\
-			pf_##type(pw, rs, c);					\
+			pf_##type(pw, rs, R, c);				\
 		step32_##type(w, rs, R, T, cols, x, c, acc);			\
 	}									\
 	for (; c < cols; c += 16) {						\
@@ -299,12 +335,18 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);	\
 }										\
 										\
+DEFINE_GEMV_ROWS(type)								\
+										\
 static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
 			       const float *x, uint32_t n, float *y, size_t ystride) \
 {										\
 	const size_t rs = MP_ROW_##type(cols);					\
 	uint32_t r = 0;								\
 										\
+	if (ROW_BY_ROW_##type && n == 1) {					\
+		gemv_rows_##type((const char *)w, rows, rs, cols, x, y);	\
+		return;								\
+	}									\
 	if (rows >= 4)								\
 		mp_pf_head(w, MP_MIN((size_t)rows * rs,				\
 				     (size_t)(pf_at_##type(w, rs) - (const char *)w))); \
