@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Prefetch policies on hand-made traces: δ-selection, finemoe, oracle, dependency, eam, driver. */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -1084,6 +1085,56 @@ static void driver_hints_the_rows_of_the_models_running(void **state)
 	free(m0);
 }
 
+/* Threads of this process (/proc/self/task entries). */
+static uint32_t thread_count(void)
+{
+	DIR *dir = opendir("/proc/self/task");
+	struct dirent *e;
+	uint32_t n = 0;
+
+	assert_non_null(dir);
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/*
+ * Policy none starts no thread: its gates are handled on the calling thread
+ * before mp_prefetcher_gate() returns (a thread woken per gate cost the
+ * engine more than the handling). A predicting policy keeps its thread.
+ */
+static void policy_none_handles_gates_on_the_callers_thread(void **state)
+{
+	struct mp_prefetcher_config none = { .policy = "none" }, dep = { .policy = "dependency" };
+	struct mp_prefetcher_stats st;
+	struct mp_pager_config pc;
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t before, ids[2] = { 1, 4 };
+
+	(void)state;
+	s = tiny_store("tiny-inline.mpk", 12);
+	mp_pager_config_init(&pc);
+	p = open_or_skip(s, &pc);
+	before = thread_count();
+	assert_int_equal(mp_prefetcher_open(p, &none, &pf), 0);
+	assert_int_equal(thread_count(), before);
+	for (uint32_t l = 0; l < 3; l++) {
+		assert_int_equal(mp_prefetcher_gate(pf, 0, 0, l, ids, NULL, 2, NULL, NULL), 0);
+		mp_prefetcher_stats(pf, &st);
+		assert_int_equal(st.events, l + 1);
+	}
+	assert_int_equal(st.dropped, 0);
+	mp_prefetcher_close(pf);
+	assert_int_equal(mp_prefetcher_open(p, &dep, &pf), 0);
+	assert_int_equal(thread_count(), before + 1);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
 /*
  * The driver learns one read's cost in layers of compute (load_ratio) from
  * the pager's demand reads and the gaps between gates: a budget of two
@@ -1507,6 +1558,7 @@ int main(void)
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
 		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),
 		cmocka_unit_test(driver_measures_the_load_ratio),
+		cmocka_unit_test(policy_none_handles_gates_on_the_callers_thread),
 		cmocka_unit_test(prefetcher_source_feeds_decode_steps_to_the_policy),
 		cmocka_unit_test(prefetcher_source_begins_iterations_with_the_token_embedding),
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),

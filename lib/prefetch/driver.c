@@ -3,7 +3,8 @@
  * The prefetch driver: the engine's gate reports go through a bounded queue
  * (never blocking the engine; a full queue drops and counts) to a thread
  * that runs the prefetch policy and calls mp_pager_prefetch(); it also keeps
- * the hints the pager's eviction policy and prefetch admission read.
+ * the hints the pager's eviction policy and prefetch admission read. Policy
+ * none has no thread: its reports are handled as they are published.
  */
 #include <errno.h>
 #include <math.h>
@@ -98,6 +99,14 @@ struct mp_prefetcher {
 	_Atomic uint64_t head;
 	_Atomic uint64_t tail;
 	int efd;
+	/*
+	 * No thread: events are handled on the producer's thread as they are
+	 * published, under plock. For policy none, whose handling is a little
+	 * bookkeeping (~1.5 us a gate by the policy clock), where waking a
+	 * thread per gate cost the engine ~17 us on a 2-vCPU VM (docs/region.md,
+	 * session 33).
+	 */
+	bool inline_events;
 
 	/* The thread and the policy (policy state only under lock). */
 	pthread_t thread;
@@ -622,17 +631,34 @@ out:
 	atomic_fetch_add(&d->policy_ns, mp_prefetch_cpu_ns() - t0);
 }
 
+/* Handles the events queued so far: on the thread, or inline under plock (inline_events). */
+static void consume(struct mp_prefetcher *d)
+{
+	uint64_t tail = atomic_load_explicit(&d->tail, memory_order_relaxed);
+	uint64_t head = atomic_load_explicit(&d->head, memory_order_acquire);
+
+	while (tail != head) {
+		uint32_t i = (uint32_t)(tail & d->mask);
+
+		handle(d, &d->ring[i], d->ring_probs + (size_t)i * d->J,
+		       d->ring_x ? d->ring_x + (size_t)i * d->hidden : NULL,
+		       d->ring_sem ? d->ring_sem + (size_t)i * d->cfg.sem.dim : NULL);
+		atomic_fetch_add(&d->events, 1);
+		tail++;
+		atomic_store_explicit(&d->tail, tail, memory_order_release);
+	}
+}
+
 static void *thread_main(void *arg)
 {
 	struct mp_prefetcher *d = arg;
 	struct pollfd pfd = { .fd = d->efd, .events = POLLIN };
 
 	while (!atomic_load(&d->stop)) {
-		uint64_t tail = atomic_load_explicit(&d->tail, memory_order_relaxed);
-		uint64_t head = atomic_load_explicit(&d->head, memory_order_acquire);
 		uint64_t v;
 
-		if (tail == head) {
+		if (atomic_load_explicit(&d->tail, memory_order_relaxed) ==
+		    atomic_load_explicit(&d->head, memory_order_acquire)) {
 			pthread_mutex_lock(&d->lock);
 			pthread_cond_broadcast(&d->drained);
 			pthread_mutex_unlock(&d->lock);
@@ -640,16 +666,7 @@ static void *thread_main(void *arg)
 				(void)0;	/* EAGAIN: another wake-up consumed it */
 			continue;
 		}
-		while (tail != head) {
-			uint32_t i = (uint32_t)(tail & d->mask);
-
-			handle(d, &d->ring[i], d->ring_probs + (size_t)i * d->J,
-			       d->ring_x ? d->ring_x + (size_t)i * d->hidden : NULL,
-			       d->ring_sem ? d->ring_sem + (size_t)i * d->cfg.sem.dim : NULL);
-			atomic_fetch_add(&d->events, 1);
-			tail++;
-			atomic_store_explicit(&d->tail, tail, memory_order_release);
-		}
+		consume(d);
 	}
 	return NULL;
 }
@@ -685,14 +702,18 @@ static struct pf_event *claim(struct mp_prefetcher *d)
 	return &d->ring[head & d->mask];
 }
 
-/* Publishes the entry claim() returned, releases plock and wakes the thread. */
+/* Publishes the entry claim() returned, releases plock and wakes the thread (or handles it). */
 static void publish(struct mp_prefetcher *d)
 {
 	uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
 	uint64_t one = 1;
 
 	atomic_store_explicit(&d->head, head + 1, memory_order_release);
+	if (d->inline_events)
+		consume(d);
 	pthread_mutex_unlock(&d->plock);
+	if (d->inline_events)
+		return;
 	if (write(d->efd, &one, sizeof(one)) < 0)
 		(void)0;	/* cannot overflow at one per event; the poll timeout covers it */
 }
@@ -1227,12 +1248,15 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 		d->hints.next_use = NULL;
 	}
 	attach_hints(d, true);
-	err = -pthread_create(&d->thread, NULL, thread_main, d);
-	if (err) {
-		mp_err(err, "prefetcher: cannot start its thread");
-		goto close;
+	d->inline_events = ops == &mp_prefetch_none;
+	if (!d->inline_events) {
+		err = -pthread_create(&d->thread, NULL, thread_main, d);
+		if (err) {
+			mp_err(err, "prefetcher: cannot start its thread");
+			goto close;
+		}
+		d->thread_started = true;
 	}
-	d->thread_started = true;
 	mp_debug("prefetcher: policy %s, distance %u", ops->name, d->pf.env.distance);
 	*out = d;
 	return 0;
