@@ -84,6 +84,7 @@ struct bench_row {
 	uint64_t budget_bytes;
 	struct bench_result r;		/* the median run (by tokens/s) */
 	double tps[BENCH_MAX_REPEAT];	/* tokens/s of every run */
+	uint32_t order[BENCH_MAX_REPEAT];	/* where each run ran in the call (0: first) */
 	uint32_t reps;
 };
 
