@@ -208,16 +208,20 @@ static void semantic_vectors_raise_finemoes_hit_rate(void **state)
 	assert_true(with > without + 0.01);
 }
 
-/* nextlayer's and none's rows of a simulated run on the trained model's windows trace. */
-static void nextlayer_against_none(bool model, json_t **j, json_t **none, json_t **next)
+/*
+ * nextlayer's and none's rows of a simulated run on the trained model's
+ * windows trace; extra: more options and redirections.
+ */
+static void nextlayer_against_none(bool model, const char *extra, json_t **j, json_t **none,
+				   json_t **next)
 {
 	char cmd[4096];
 
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate %s%s%s --trace "
 		 "%s/data/traces/tiny-real/heldout-windows.csv --budget 50%% --load-cost 2 "
-		 "--policies none,nextlayer --threads 1 --json", root("MOEPAGER_BUILD_ROOT"),
+		 "--policies none,nextlayer --threads 1 --json %s", root("MOEPAGER_BUILD_ROOT"),
 		 model ? "--model " : "", model ? root("MOEPAGER_BUILD_ROOT") : "",
-		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"));
+		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"), extra);
 	*j = run_json(cmd);
 	*none = json_array_get(json_object_get(*j, "results"), 0);
 	*next = json_array_get(json_object_get(*j, "results"), 1);
@@ -235,7 +239,7 @@ static void simulated_nextlayer_speculates_with_the_model(void **state)
 	json_t *j, *none, *next;
 
 	(void)state;
-	nextlayer_against_none(true, &j, &none, &next);
+	nextlayer_against_none(true, "", &j, &none, &next);
 	print_message("nextlayer hit %.3f (accuracy %.3f), none %.3f\n",
 		      json_real_value(json_object_get(next, "hit_rate")),
 		      json_real_value(json_object_get(next, "prefetch_accuracy")),
@@ -244,11 +248,57 @@ static void simulated_nextlayer_speculates_with_the_model(void **state)
 	assert_true(json_real_value(json_object_get(next, "hit_rate")) >
 		    json_real_value(json_object_get(none, "hit_rate")) + 0.05);
 	json_decref(j);
-	nextlayer_against_none(false, &j, &none, &next);
+	nextlayer_against_none(false, "", &j, &none, &next);
 	assert_float_equal(json_real_value(json_object_get(next, "hit_rate")),
 			   json_real_value(json_object_get(none, "hit_rate")), 0);
 	assert_float_equal(json_real_value(json_object_get(next, "prefetch_accuracy")), 0, 0);
 	json_decref(j);
+}
+
+/* The whole file at path as a string (free() it). */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = calloc(1, 65536);
+
+	assert_non_null(f);
+	assert_non_null(buf);
+	assert_true(fread(buf, 1, 65535, f) < 65535);
+	fclose(f);
+	return buf;
+}
+
+/*
+ * --simulate keeps the layer inputs of speculative gates up to --gates-memory:
+ * past it (0 here) each run computes them again, says so once, and gives
+ * nextlayer the same gates, so the same rows.
+ */
+static void gates_past_the_memory_limit_are_computed_again(void **state)
+{
+	const char *const fields[] = { "hit_rate", "prefetch_accuracy", "prefetch_waste",
+				       "decode_tokens_per_s" };
+	char extra[1024], *err;
+	json_t *j, *none, *next, *j0, *none0, *next0;
+
+	(void)state;
+	snprintf(extra, sizeof(extra), "--repeat 2 2>%s", t_path("gates.err"));
+	nextlayer_against_none(true, extra, &j, &none, &next);
+	err = slurp(t_path("gates.err"));
+	assert_null(strstr(err, "computed again"));
+	free(err);
+	snprintf(extra, sizeof(extra), "--repeat 2 --gates-memory 0 2>%s", t_path("gates.err"));
+	nextlayer_against_none(true, extra, &j0, &none0, &next0);
+	err = slurp(t_path("gates.err"));
+	assert_non_null(strstr(err, "past --gates-memory (0.0 of 0.0 MB held): computed again"));
+	/* Said once, though both runs of nextlayer computed every request again. */
+	assert_null(strstr(strstr(err, "computed again") + 1, "computed again"));
+	free(err);
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+		assert_float_equal(json_real_value(json_object_get(next, fields[i])),
+				   json_real_value(json_object_get(next0, fields[i])), 0);
+	assert_true(json_real_value(json_object_get(next, "prefetch_accuracy")) > 0.5);
+	json_decref(j);
+	json_decref(j0);
 }
 
 /*
@@ -332,6 +382,7 @@ int main(void)
 		cmocka_unit_test(simulated_bench_needs_no_model),
 		cmocka_unit_test(semantic_vectors_raise_finemoes_hit_rate),
 		cmocka_unit_test(simulated_nextlayer_speculates_with_the_model),
+		cmocka_unit_test(gates_past_the_memory_limit_are_computed_again),
 		cmocka_unit_test(repeats_run_in_rounds_over_the_policies),
 		cmocka_unit_test(bad_arguments_fail_with_a_message),
 	};

@@ -26,7 +26,7 @@ enum {
 	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
 	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS,
 	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT,
-	OPT_NO_SEMANTIC, OPT_FILL_THREADS,
+	OPT_NO_SEMANTIC, OPT_FILL_THREADS, OPT_GATES_MEMORY,
 };
 
 static const char doc[] =
@@ -100,6 +100,9 @@ static const struct argp_option opts[] = {
 	  "--simulate: one expert load in expert-FFN times (default 2)", 0 },
 	{ "io-channels", OPT_IO_CHANNELS, "N", 0,
 	  "--simulate: loads in flight at once, sharing nothing (default 1)", 0 },
+	{ "gates-memory", OPT_GATES_MEMORY, "SIZE", 0,
+	  "--simulate with --model: memory that keeps the layer inputs of speculative gates "
+	  "between runs (default 1G); requests past it are computed again in every run", 0 },
 	{ "fill-threads", OPT_FILL_THREADS, "N", 0,
 	  "Real runs: the pager's fill threads, N - 1 of them for prefetches (default 2)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print {\"results\": [...]} on stdout", 0 },
@@ -175,6 +178,9 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_FILL_THREADS:
 		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
+		break;
+	case OPT_GATES_MEMORY:
+		cli_opt_size(state, "--gates-memory", arg, &env.gates_memory);
 		break;
 	case OPT_DISTANCE:
 		cli_opt_u32(state, "--distance", arg, 1, MP_MAX_LAYERS, &env.distance);
@@ -546,6 +552,7 @@ int cmd_bench(int argc, char **argv)
 
 	memset(&env, 0, sizeof(env));
 	env.train_fraction = 0.7;
+	env.gates_memory = 1ull << 30;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nbudgets) {
@@ -596,7 +603,8 @@ int cmd_bench(int argc, char **argv)
 		}
 		/* The model runs the trace's tokens only if a simulated policy asks for gates. */
 		if (env.simulate && sems[i] &&
-		    (err = bench_look_open(store, traces[i], sems[i], &env.eng, &looks[i])))
+		    (err = bench_look_open(store, traces[i], sems[i], &env.eng,
+					   env.gates_memory / env.ntraces, &looks[i])))
 			goto out;
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
