@@ -73,10 +73,11 @@ check "bench-serve --gather-us 0: the server never gathered" "$PY" -c \
 
 check "--model is required" refused "--model FILE is required" --concurrency 1
 check "a missing model is refused" refused "cannot open" --model "$T/none.mpk" --tokens 8
-check "--concurrency 0 is refused" refused "--concurrency wants" "${A[@]}" --concurrency 0
-check "nine concurrencies are refused" refused "--concurrency wants" "${A[@]}" \
-	--concurrency 1,2,3,4,5,6,7,8,9
-check "an empty --concurrency is refused" refused "--concurrency wants" "${A[@]}" \
+check "--concurrency 0 is refused" refused "--concurrency: '0' is not a number in \[1, 64\]" \
+	"${A[@]}" --concurrency 0
+check "nine concurrencies are refused" refused "--concurrency 1,2,3,4,5,6,7,8,9: more than 8" \
+	"${A[@]}" --concurrency 1,2,3,4,5,6,7,8,9
+check "an empty --concurrency is refused" refused "--concurrency: '' is not a number" "${A[@]}" \
 	--concurrency ,
 check "--tokens below 8 is refused" refused "--tokens" "${A[@]}" --tokens 4
 check "--gather-us over 100000 is refused" refused "--gather-us" "${A[@]}" --gather-us 100001

@@ -101,6 +101,36 @@ check "serve --api-key and --api-key-file" one_error 64 "--api-key or --api-key-
 check "serve: a short API key" one_error 1 "--api-key: the API key has 2 characters" \
 	serve --model "$MODEL" --api-key ab --listen 127.0.0.1:0
 
+# usage_error MESSAGE COMMAND...: one_error 64, with argp's hint after the line.
+usage_error() {
+	one_error 64 "$@" && grep -q "^Try \`moepager $2 --help'" "$T/err"
+}
+
+# Values that failed with exit 1 and no hint, or said two lines (the parser's and argp's):
+# one line, the hint, exit 64 (session 33).
+check "faultbench --shared-pages huge" usage_error "--shared-pages huge: small, thp or hugetlb" \
+	faultbench --model "$MODEL" --shared-pages huge
+check "batchbench --batch 0" usage_error "--batch: '0' is not a number in \[1, 256\]" \
+	batchbench --model "$MODEL" --batch 0
+check "batchbench --batch with 17 sizes" usage_error "--batch $(seq -s, 17): more than 16 values" \
+	batchbench --model "$MODEL" --batch "$(seq -s, 17)"
+check "bench-serve --concurrency 1,x" usage_error "--concurrency: 'x' is not a number in \[1, 64" \
+	bench-serve --model "$MODEL" --concurrency 1,x
+check "serve --max-body 1Q" usage_error "--max-body: '1Q' is not a size" \
+	serve --model "$MODEL" --max-body 1Q
+check "serve --max-body 512" usage_error "--max-body must be in \[1K, 1G\]" \
+	serve --model "$MODEL" --max-body 512
+check "run --membw-bytes x" usage_error "--membw-bytes: 'x' is not a size" \
+	run --model "$MODEL" --membw-bytes x
+check "export --alignment 16" usage_error "--alignment: '16' is not a number in \[32, " \
+	export "$MODEL" --alignment 16
+check "export --alignment 48" usage_error "--alignment: '48' is not a power of two" \
+	export "$MODEL" --alignment 48
+check "bench-multi --io-rate x" usage_error "--io-rate: 'x' is not a size" \
+	bench-multi --model "$MODEL" --io-rate x
+check "bench --gates-memory x" usage_error "--gates-memory: 'x' is not a size" \
+	bench --simulate --trace "$T/text.txt" --gates-memory x
+
 # The dispatcher: no command or an unknown one is a usage error too.
 "$MOEPAGER" >/dev/null 2>&1
 check "no command: exit 64" test $? = 64

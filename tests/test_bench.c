@@ -90,7 +90,7 @@ static void bench_runs_every_policy_and_baseline(void **state)
 	policies = root_user ? "none,finemoe,oracle,pread-lru,mmap" :
 			       "none,finemoe,oracle,pread-lru";
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --model %s --trace %s --budget 50%% "
-		 "--policies %s --max-tokens 4 --threads 1 --fill-threads 3 --json --csv %s "
+		 "--policies %s --max-tokens 4 --threads 1 --fill-threads 3 --repeat 2 --json --csv %s "
 		 "--plot %s",
 		 root("MOEPAGER_BUILD_ROOT"), model, trace, policies, t_path("out.csv"),
 		 t_path("plots"));
@@ -101,8 +101,13 @@ static void bench_runs_every_policy_and_baseline(void **state)
 	json_array_foreach(res, i, row) {
 		const char *pol = json_string_value(json_object_get(row, "policy"));
 		double hit = json_real_value(json_object_get(row, "hit_rate"));
+		json_t *order = json_object_get(row, "runs_order");
+		size_t n = json_array_size(res);
 
 		assert_non_null(pol);
+		/* Two rounds over the policies, the second starting at the second policy. */
+		assert_int_equal(json_integer_value(json_array_get(order, 0)), i);
+		assert_int_equal(json_integer_value(json_array_get(order, 1)), n + (i + n - 1) % n);
 		assert_non_null(json_object_get(row, "evict"));
 		assert_string_equal(json_string_value(json_object_get(row, "budget")), "50%");
 		assert_true(json_real_value(json_object_get(row, "decode_tokens_per_s")) > 0);
@@ -203,16 +208,20 @@ static void semantic_vectors_raise_finemoes_hit_rate(void **state)
 	assert_true(with > without + 0.01);
 }
 
-/* nextlayer's and none's rows of a simulated run on the trained model's windows trace. */
-static void nextlayer_against_none(bool model, json_t **j, json_t **none, json_t **next)
+/*
+ * nextlayer's and none's rows of a simulated run on the trained model's
+ * windows trace; extra: more options and redirections.
+ */
+static void nextlayer_against_none(bool model, const char *extra, json_t **j, json_t **none,
+				   json_t **next)
 {
 	char cmd[4096];
 
 	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate %s%s%s --trace "
 		 "%s/data/traces/tiny-real/heldout-windows.csv --budget 50%% --load-cost 2 "
-		 "--policies none,nextlayer --threads 1 --json", root("MOEPAGER_BUILD_ROOT"),
+		 "--policies none,nextlayer --threads 1 --json %s", root("MOEPAGER_BUILD_ROOT"),
 		 model ? "--model " : "", model ? root("MOEPAGER_BUILD_ROOT") : "",
-		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"));
+		 model ? "/data/models/tiny-real.mpk" : "", root("MOEPAGER_SOURCE_ROOT"), extra);
 	*j = run_json(cmd);
 	*none = json_array_get(json_object_get(*j, "results"), 0);
 	*next = json_array_get(json_object_get(*j, "results"), 1);
@@ -230,7 +239,7 @@ static void simulated_nextlayer_speculates_with_the_model(void **state)
 	json_t *j, *none, *next;
 
 	(void)state;
-	nextlayer_against_none(true, &j, &none, &next);
+	nextlayer_against_none(true, "", &j, &none, &next);
 	print_message("nextlayer hit %.3f (accuracy %.3f), none %.3f\n",
 		      json_real_value(json_object_get(next, "hit_rate")),
 		      json_real_value(json_object_get(next, "prefetch_accuracy")),
@@ -239,11 +248,113 @@ static void simulated_nextlayer_speculates_with_the_model(void **state)
 	assert_true(json_real_value(json_object_get(next, "hit_rate")) >
 		    json_real_value(json_object_get(none, "hit_rate")) + 0.05);
 	json_decref(j);
-	nextlayer_against_none(false, &j, &none, &next);
+	nextlayer_against_none(false, "", &j, &none, &next);
 	assert_float_equal(json_real_value(json_object_get(next, "hit_rate")),
 			   json_real_value(json_object_get(none, "hit_rate")), 0);
 	assert_float_equal(json_real_value(json_object_get(next, "prefetch_accuracy")), 0, 0);
 	json_decref(j);
+}
+
+/* The whole file at path as a string (free() it). */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = calloc(1, 65536);
+
+	assert_non_null(f);
+	assert_non_null(buf);
+	assert_true(fread(buf, 1, 65535, f) < 65535);
+	fclose(f);
+	return buf;
+}
+
+/*
+ * --simulate keeps the layer inputs of speculative gates up to --gates-memory:
+ * past it (0 here) each run computes them again, says so once, and gives
+ * nextlayer the same gates, so the same rows.
+ */
+static void gates_past_the_memory_limit_are_computed_again(void **state)
+{
+	const char *const fields[] = { "hit_rate", "prefetch_accuracy", "prefetch_waste",
+				       "decode_tokens_per_s" };
+	char extra[1024], *err;
+	json_t *j, *none, *next, *j0, *none0, *next0;
+
+	(void)state;
+	snprintf(extra, sizeof(extra), "--repeat 2 2>%s", t_path("gates.err"));
+	nextlayer_against_none(true, extra, &j, &none, &next);
+	err = slurp(t_path("gates.err"));
+	assert_null(strstr(err, "computed again"));
+	free(err);
+	snprintf(extra, sizeof(extra), "--repeat 2 --gates-memory 0 2>%s", t_path("gates.err"));
+	nextlayer_against_none(true, extra, &j0, &none0, &next0);
+	err = slurp(t_path("gates.err"));
+	assert_non_null(strstr(err, "past --gates-memory (0.0 of 0.0 MB held): computed again"));
+	/* Said once, though both runs of nextlayer computed every request again. */
+	assert_null(strstr(strstr(err, "computed again") + 1, "computed again"));
+	free(err);
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+		assert_float_equal(json_real_value(json_object_get(next, fields[i])),
+				   json_real_value(json_object_get(next0, fields[i])), 0);
+	assert_true(json_real_value(json_object_get(next, "prefetch_accuracy")) > 0.5);
+	json_decref(j);
+	json_decref(j0);
+}
+
+/*
+ * --repeat N runs in N rounds over the policies, round r starting at the
+ * r-th (the VM host's disk cache favours whichever runs later): each row's
+ * runs_order says where its runs ran in the call, and without --json each
+ * run's progress line comes in that order. Budgets run one after another.
+ */
+static void repeats_run_in_rounds_over_the_policies(void **state)
+{
+	static const char *const pol[] = { "none:lru", "finemoe:finemoe", "oracle:belady" };
+	static const char *const budget[] = { "25%", "50%" };
+	char cmd[4096], line[512], want[512];
+	json_t *j, *res, *row;
+	FILE *f;
+	size_t i;
+	uint32_t n = 0;
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "%s/tools/moepager bench --simulate --trace "
+		 "%s/data/traces/mixtral-8x7b/gsm8k.csv --budget 25%%,50%% "
+		 "--policies none:lru,finemoe,oracle --repeat 3", root("MOEPAGER_BUILD_ROOT"),
+		 root("MOEPAGER_SOURCE_ROOT"));
+	j = run_json(strcat(cmd, " --json"));
+	res = json_object_get(j, "results");
+	assert_int_equal(json_array_size(res), 6);
+	json_array_foreach(res, i, row) {
+		json_t *order = json_object_get(row, "runs_order");
+		uint32_t b = (uint32_t)i / 3, p = (uint32_t)i % 3;
+
+		assert_int_equal(json_array_size(order), 3);
+		assert_int_equal(json_array_size(json_object_get(row, "decode_tokens_per_s_runs")),
+				 3);
+		/* Budget b's runs follow the earlier budgets'; round r starts at policy r. */
+		for (uint32_t r = 0; r < 3; r++)
+			assert_int_equal(json_integer_value(json_array_get(order, r)),
+					 b * 9 + r * 3 + (p + 3 - r) % 3);
+	}
+	json_decref(j);
+
+	cmd[strlen(cmd) - strlen(" --json")] = '\0';
+	strcat(cmd, " 2>&1 >/dev/null");
+	f = popen(cmd, "r");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		uint32_t b = n / 9, r = n % 9 / 3, p = (r + n % 3) % 3;
+
+		assert_true(n < 18);
+		snprintf(want, sizeof(want), "moepager bench: %s budget %s run %u/3: ", pol[p],
+			 budget[b], r + 1);
+		if (strncmp(line, want, strlen(want)))
+			fail_msg("progress line %u: '%s', expected '%s...'", n, line, want);
+		n++;
+	}
+	assert_int_equal(pclose(f), 0);
+	assert_int_equal(n, 18);
 }
 
 static void bad_arguments_fail_with_a_message(void **state)
@@ -271,6 +382,8 @@ int main(void)
 		cmocka_unit_test(simulated_bench_needs_no_model),
 		cmocka_unit_test(semantic_vectors_raise_finemoes_hit_rate),
 		cmocka_unit_test(simulated_nextlayer_speculates_with_the_model),
+		cmocka_unit_test(gates_past_the_memory_limit_are_computed_again),
+		cmocka_unit_test(repeats_run_in_rounds_over_the_policies),
 		cmocka_unit_test(bad_arguments_fail_with_a_message),
 	};
 	int ret = cmocka_run_group_tests_name("bench", tests, NULL, NULL);

@@ -220,6 +220,36 @@ static void memory_is_bounded_and_reported(void **state)
 	mp_emap_destroy(m);
 }
 
+/* An empty store of `experts` experts (L layers, top-2, 32 records, no semantic vector). */
+static uint64_t bytes_with_experts(uint32_t experts)
+{
+	struct mp_emap_config c = { .layers = L, .experts = experts, .topk = 2, .capacity = 32,
+				    .distance = 1 };
+	struct mp_emap_stats st;
+	struct mp_emap *m = NULL;
+
+	assert_int_equal(mp_emap_create(&c, &m), 0);
+	mp_emap_stats(m, &st);
+	mp_emap_destroy(m);
+	return st.bytes;
+}
+
+/*
+ * The figure counts a query's rows (layers x experts floats, as the store's
+ * scratch row): per (layer, expert), at least its list's head (16 bytes),
+ * the scratch row's float and the query row's (before session 33 only the
+ * first two were counted: 20 bytes).
+ */
+static void memory_counts_the_query_rows(void **state)
+{
+	uint64_t small = bytes_with_experts(J), large = bytes_with_experts(256);
+
+	(void)state;
+	print_message("store bytes: %llu with %u experts, %llu with 256\n",
+		      (unsigned long long)small, J, (unsigned long long)large);
+	assert_true(large - small >= (uint64_t)L * (256 - J) * (16 + 4 + 4));
+}
+
 static void persistence_round_trip_keeps_every_record(void **state)
 {
 	struct mp_emap_config c = { .layers = L, .experts = J, .topk = 2, .sem_dim = H,
@@ -937,6 +967,7 @@ int main(void)
 		cmocka_unit_test(empty_store_has_nothing_to_find),
 		cmocka_unit_test(full_store_duplicate_replaces_its_twin),
 		cmocka_unit_test(memory_is_bounded_and_reported),
+		cmocka_unit_test(memory_counts_the_query_rows),
 		cmocka_unit_test(persistence_round_trip_keeps_every_record),
 		cmocka_unit_test(corrupt_files_are_refused_naming_the_offset),
 		cmocka_unit_test(predict_layer_learns_the_layer_transition),

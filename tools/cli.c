@@ -223,7 +223,8 @@ int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
 	*n = 0;
 	/* strsep, not strtok: an empty field ("1,,2") is an error, not skipped. */
 	while (!err && (t = strsep(&rest, ",")))
-		err = *n == max ? -EINVAL : cli_parse_u32(opt, t, lo, hi, &out[(*n)++]);
+		err = *n == max ? cli_error(-EINVAL, "%s %s: more than %u values", opt, s, max) :
+		      cli_parse_u32(opt, t, lo, hi, &out[(*n)++]);
 	free(copy);
 	return err;
 }

@@ -109,7 +109,7 @@ int cli_parse_double(const char *opt, const char *s, double lo, double hi, doubl
 /*
  * Parses a comma-separated list of at most max numbers, each in [lo, hi],
  * into out; *n is how many. Returns 0, or -EINVAL for a bad or empty field
- * or too many (-ENOMEM if the list cannot be copied).
+ * or too many (said, naming the option), -ENOMEM if the list cannot be copied.
  */
 int cli_parse_u32_list(const char *opt, const char *s, uint32_t lo, uint32_t hi,
 		       uint32_t *out, uint32_t max, uint32_t *n);

@@ -66,8 +66,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		*(key == OPT_DTYPE ? &env.dtype : &env.dense_dtype) = (int)t;
 		break;
 	case OPT_ALIGNMENT:
-		if (cli_parse_u32("--alignment", arg, 32, 1u << 30, &env.alignment) ||
-		    (env.alignment & (env.alignment - 1)))
+		cli_opt_u32(state, "--alignment", arg, 32, 1u << 30, &env.alignment);
+		if (env.alignment & (env.alignment - 1))
 			argp_error(state, "--alignment: '%s' is not a power of two >= 32", arg);
 		break;
 	case OPT_TOKENIZER:

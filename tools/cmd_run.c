@@ -188,8 +188,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.json = true;
 		break;
 	case OPT_MEMBW_BYTES:
-		if (cli_parse_size("--membw-bytes", arg, &env.membw_bytes) ||
-		    env.membw_bytes < (1u << 20))
+		cli_opt_size(state, "--membw-bytes", arg, &env.membw_bytes);
+		if (env.membw_bytes < (1u << 20))
 			argp_error(state, "--membw-bytes must be at least 1M");
 		break;
 	case OPT_DUMP_LOGITS:

@@ -308,6 +308,19 @@ const struct mp_emap_config *mp_emap_config(const struct mp_emap *m)
 	return &m->cfg;
 }
 
+/*
+ * What query_fit() allocates for a query of m: its rows, their kept values
+ * and norms, and three pairs of products and writes (trajectory, semantic,
+ * next iteration's).
+ */
+static uint64_t query_bytes(const struct mp_emap *m)
+{
+	return (uint64_t)m->lj * sizeof(float) +
+	       (uint64_t)m->cfg.layers * (MAX_KEPT * (sizeof(uint16_t) + sizeof(float)) +
+					  sizeof(double)) +
+	       (uint64_t)m->cap * 3 * (sizeof(double) + sizeof(uint32_t));
+}
+
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 {
 	uint64_t cap = m->cap;
@@ -317,7 +330,7 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 	out->inserted = m->inserted;
 	out->replaced = m->replaced;
 	out->searches = m->searches;
-	/* Records, the scratch rows and the searches' products (a query's for the store's). */
+	/* Records, the scratch rows, and one query's arrays (the store's own or a request's). */
 	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
 		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
 		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
@@ -325,8 +338,7 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 			      (uint64_t)m->cfg.sem_dim * sizeof(uint32_t) : 0) +
 		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
 			    sizeof(uint16_t) + sizeof(uint32_t)) +
-		     (m->lj + m->cfg.experts + 1) * sizeof(float) +
-		     cap * 2 * (sizeof(double) + sizeof(uint32_t));
+		     (m->lj + m->cfg.experts + 1) * sizeof(float) + query_bytes(m);
 }
 
 /*

@@ -55,7 +55,7 @@ struct mp_emap_stats {
 	uint64_t inserted;	/* records offered since creation (or load) */
 	uint64_t replaced;	/* inserts that replaced the most redundant record */
 	uint64_t searches;
-	uint64_t bytes;		/* memory held by the store, all arrays included */
+	uint64_t bytes;		/* memory held by the store and one query, all arrays included */
 };
 
 /*

@@ -36,6 +36,7 @@ struct bench_opts {
 	uint32_t max_tokens;
 	uint32_t io_channels;
 	uint32_t fill_threads;	/* real runs: the pager's fill threads; 0: its default */
+	uint64_t gates_memory;	/* --simulate: bytes of layer inputs kept for speculative gates */
 	uint32_t repeat;
 	bool no_drop;
 	bool no_admit;
@@ -84,6 +85,7 @@ struct bench_row {
 	uint64_t budget_bytes;
 	struct bench_result r;		/* the median run (by tokens/s) */
 	double tps[BENCH_MAX_REPEAT];	/* tokens/s of every run */
+	uint32_t order[BENCH_MAX_REPEAT];	/* where each run ran in the call (0: first) */
 	uint32_t reps;
 };
 
@@ -138,12 +140,14 @@ int bench_sem_fn(void *arg, uint32_t request, uint32_t token, float *out);
  * The speculative gates of a trace's positions for --simulate (struct
  * mp_spec_source): a later layer's router on layer l's FFN input, as the model
  * computes it running the trace's own tokens (sem: its token ids) with
- * every expert in memory. Computed a request at a time when first asked.
- * bench_look_fn() returns 0, or -errno (printed).
+ * every expert in memory. Computed a request at a time when first asked,
+ * and kept up to limit bytes of layer inputs; a request past it is computed
+ * again in every run (said once). bench_look_fn() returns 0, or -errno
+ * (printed).
  */
 struct bench_look;
 int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
-		    const struct cli_engine_opts *eng, struct bench_look **out);
+		    const struct cli_engine_opts *eng, uint64_t limit, struct bench_look **out);
 void bench_look_close(struct bench_look *b);
 int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, uint32_t target,
 		  float *out);

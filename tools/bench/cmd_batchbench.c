@@ -88,8 +88,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'm': env.model = arg; break;
 	case OPT_BATCH:
-		if (cli_parse_u32_list("--batch", arg, 1, 256, env.sizes, MAX_SIZES, &env.nsizes))
-			argp_error(state, "--batch wants up to %u sizes in [1, 256]", MAX_SIZES);
+		cli_opt_u32_list(state, "--batch", arg, 1, 256, env.sizes, MAX_SIZES, &env.nsizes);
 		break;
 	case OPT_TOKENS:
 		cli_opt_u32(state, "--tokens", arg, 1, 1u << 16, &env.tokens);

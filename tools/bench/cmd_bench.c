@@ -26,7 +26,7 @@ enum {
 	OPT_MODEL = 0x100, OPT_TRACE, OPT_BUDGET, OPT_POLICIES, OPT_EVICT, OPT_TRAIN, OPT_JSON,
 	OPT_CSV, OPT_PLOT, OPT_SIMULATE, OPT_DISTANCE, OPT_MAX_TOKENS,
 	OPT_LOAD_COST, OPT_IO_CHANNELS, OPT_REPEAT, OPT_EMAP, OPT_NO_DROP, OPT_NO_ADMIT,
-	OPT_NO_SEMANTIC, OPT_FILL_THREADS,
+	OPT_NO_SEMANTIC, OPT_FILL_THREADS, OPT_GATES_MEMORY,
 };
 
 static const char doc[] =
@@ -37,9 +37,11 @@ static const char doc[] =
 	"one-request trace is split by tokens) warms the policies' state (the expert\n"
 	"map store, transition counts, activation matrices) without timing; the\n"
 	"rest is decoded and measured, one token per trace token, its routing forced\n"
-	"to the trace's. Policies run one after another; before each, the page cache\n"
-	"is dropped (root: echo 3 > /proc/sys/vm/drop_caches; otherwise reads are\n"
-	"O_DIRECT and the mmap baseline says its cache was not dropped).\n"
+	"to the trace's. Policies run one after another, --repeat N times in N\n"
+	"rounds (round r starts at the r-th policy, so no policy always runs first\n"
+	"or after the same one); before each run the page cache is dropped (root:\n"
+	"echo 3 > /proc/sys/vm/drop_caches; otherwise reads are O_DIRECT and the\n"
+	"mmap baseline says its cache was not dropped).\n"
 	"\n"
 	"--policies takes prefetch policies (none, nextlayer, eam, finemoe,\n"
 	"finemoe+nextlayer, dependency, oracle), optionally with an eviction policy\n"
@@ -86,7 +88,8 @@ static const struct argp_option opts[] = {
 	{ "emap-capacity", OPT_EMAP, "C", 0, "Expert-map store records (default 1024)", 0 },
 	{ "max-tokens", OPT_MAX_TOKENS, "N", 0, "Evaluate at most N tokens per evaluated request", 0 },
 	{ "repeat", OPT_REPEAT, "N", 0,
-	  "Run every cell N times; report the run with the median tokens/s (default 1)", 0 },
+	  "Run every cell N times, in N rounds over the policies; report the run with the "
+	  "median tokens/s (default 1)", 0 },
 	{ "no-drop-caches", OPT_NO_DROP, NULL, 0, "Do not drop the page cache between runs", 0 },
 	{ "no-admit", OPT_NO_ADMIT, NULL, 0,
 	  "Let prefetches evict experts predicted to be needed sooner", 0 },
@@ -97,6 +100,9 @@ static const struct argp_option opts[] = {
 	  "--simulate: one expert load in expert-FFN times (default 2)", 0 },
 	{ "io-channels", OPT_IO_CHANNELS, "N", 0,
 	  "--simulate: loads in flight at once, sharing nothing (default 1)", 0 },
+	{ "gates-memory", OPT_GATES_MEMORY, "SIZE", 0,
+	  "--simulate with --model: memory that keeps the layer inputs of speculative gates "
+	  "between runs (default 1G); requests past it are computed again in every run", 0 },
 	{ "fill-threads", OPT_FILL_THREADS, "N", 0,
 	  "Real runs: the pager's fill threads, N - 1 of them for prefetches (default 2)", 0 },
 	{ "json", OPT_JSON, NULL, 0, "Print {\"results\": [...]} on stdout", 0 },
@@ -172,6 +178,9 @@ static error_t parse_opt(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_FILL_THREADS:
 		cli_opt_u32(state, "--fill-threads", arg, 1, 64, &env.fill_threads);
+		break;
+	case OPT_GATES_MEMORY:
+		cli_opt_size(state, "--gates-memory", arg, &env.gates_memory);
 		break;
 	case OPT_DISTANCE:
 		cli_opt_u32(state, "--distance", arg, 1, MP_MAX_LAYERS, &env.distance);
@@ -377,6 +386,27 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 	return 0;
 }
 
+/* One run of a policy at a budget: every trace in turn, their results summed into *sum. */
+static int run_traces(const struct bench_spec *spec, struct mp_trace *const *traces,
+		      struct bench_sem *const *sems, struct bench_look *const *looks,
+		      struct mp_store *store, uint32_t capacity, uint64_t budget_bytes,
+		      uint64_t expert_bytes, struct bench_result *sum)
+{
+	memset(sum, 0, sizeof(*sum));
+	for (uint32_t t = 0; t < env.ntraces; t++) {
+		struct bench_result r;
+		int err = env.simulate ?
+			  run_sim(spec, traces[t], sems[t], looks[t], capacity, expert_bytes, &r) :
+			  bench_run_real(&env, spec, store, traces[t], env.traces[t], sems[t],
+					 budget_bytes, &r);
+
+		if (err)
+			return err;
+		add_result(sum, &r);
+	}
+	return 0;
+}
+
 /* Index of the run with the median throughput (the lower middle one for even counts). */
 static uint32_t median_run(const double *tps, uint32_t n)
 {
@@ -423,11 +453,15 @@ static json_t *result_json(const struct bench_row *row)
 	json_object_set_new(o, "mode", json_string(env.simulate ? "simulated" : "measured"));
 	json_object_set_new(o, "semantic", json_boolean(r->semantic));
 	if (row->reps > 1) {
-		json_t *runs = json_array();
+		json_t *runs = json_array(), *order = json_array();
 
-		for (uint32_t i = 0; i < row->reps; i++)
+		for (uint32_t i = 0; i < row->reps; i++) {
 			json_array_append_new(runs, json_real(row->tps[i]));
+			json_array_append_new(order, json_integer(row->order[i]));
+		}
 		json_object_set_new(o, "decode_tokens_per_s_runs", runs);
+		/* Where each of those ran among the call's runs: rounds over the policies. */
+		json_object_set_new(o, "runs_order", order);
 	}
 	if (row->spec.baseline == BENCH_POLICY) {
 		/* The simulator times only the policy's calls; its decode time is model units. */
@@ -510,13 +544,15 @@ int cmd_bench(int argc, char **argv)
 	struct bench_look *looks[MAX_LIST] = { 0 };
 	struct bench_spec specs[MAX_LIST];
 	struct bench_row *rows = NULL;
+	struct bench_result *runs = NULL;	/* [policy][rep] of one budget */
 	struct mp_store *store = NULL;
 	uint64_t expert_bytes = 0;
-	uint32_t nrows = 0;
+	uint32_t nrows = 0, order = 0, reps;
 	int err = 0;
 
 	memset(&env, 0, sizeof(env));
 	env.train_fraction = 0.7;
+	env.gates_memory = 1ull << 30;
 	if (argp_parse(&argp, argc, argv, 0, NULL, NULL))
 		return 1;
 	if (!env.nbudgets) {
@@ -527,6 +563,7 @@ int cmd_bench(int argc, char **argv)
 		split_list(default_policies, env.policies, MAX_LIST, "policies");
 		env.npolicies = 3;
 	}
+	reps = env.repeat ? env.repeat : 1;
 	if (env.evict && mp_prefetch_check_names(NULL, env.evict)) {
 		cli_fail(-EINVAL, NULL);
 		return 1;
@@ -566,16 +603,19 @@ int cmd_bench(int argc, char **argv)
 		}
 		/* The model runs the trace's tokens only if a simulated policy asks for gates. */
 		if (env.simulate && sems[i] &&
-		    (err = bench_look_open(store, traces[i], sems[i], &env.eng, &looks[i])))
+		    (err = bench_look_open(store, traces[i], sems[i], &env.eng,
+					   env.gates_memory / env.ntraces, &looks[i])))
 			goto out;
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
-	if (!rows) {
+	runs = calloc((size_t)env.npolicies * reps, sizeof(*runs));
+	if (!rows || !runs) {
 		err = -ENOMEM;
 		goto out;
 	}
 	for (uint32_t b = 0; b < env.nbudgets; b++) {
 		uint64_t total = (uint64_t)mp_trace_layers(traces[0]) * mp_trace_experts(traces[0]);
+		struct bench_row *brows = &rows[nrows];
 		uint64_t bytes;
 		uint32_t cap = 0;	/* set unless parse_budget() fails */
 
@@ -583,41 +623,41 @@ int cmd_bench(int argc, char **argv)
 		if (err)
 			goto out;
 		for (uint32_t p = 0; p < env.npolicies; p++) {
-			struct bench_row *row = &rows[nrows++];
+			brows[p].spec = specs[p];
+			brows[p].budget = env.budgets[b];
+			brows[p].budget_bytes = bytes;
+			brows[p].reps = reps;
+		}
+		nrows += env.npolicies;
+		/*
+		 * Round r runs every policy once, starting at policy r mod n: a disk
+		 * cache below the guest's (a VM host's) outlives drop_caches, so a
+		 * call's first run is its coldest and a run finds warm what the run
+		 * before it read. In rounds no policy has all the first runs, and no
+		 * policy always follows the same one (docs/prefetch.md, "moepager
+		 * bench").
+		 */
+		for (uint32_t rep = 0; rep < reps; rep++) {
+			for (uint32_t k = 0; k < env.npolicies; k++) {
+				uint32_t p = (rep + k) % env.npolicies;
+				struct bench_result *run = &runs[(size_t)p * reps + rep];
+				struct bench_row *row = &brows[p];
 
-			row->spec = specs[p];
-			row->budget = env.budgets[b];
-			row->budget_bytes = bytes;
-			/* Each repetition sums the traces; the row keeps the median run. */
-			struct bench_result runs[BENCH_MAX_REPEAT];
-			uint32_t reps = env.repeat ? env.repeat : 1;
-
-			for (uint32_t rep = 0; rep < reps; rep++) {
-				memset(&runs[rep], 0, sizeof(runs[rep]));
-				for (uint32_t t = 0; t < env.ntraces; t++) {
-					struct bench_result r;
-
-					if (env.simulate)
-						err = run_sim(&specs[p], traces[t], sems[t],
-							      looks[t], cap, expert_bytes, &r);
-					else
-						err = bench_run_real(&env, &specs[p], store,
-								     traces[t], env.traces[t],
-								     sems[t], bytes, &r);
-					if (err)
-						goto out;
-					add_result(&runs[rep], &r);
-				}
-				row->tps[rep] = runs[rep].seconds > 0 ?
-						runs[rep].tokens / runs[rep].seconds : 0;
-			}
-			row->reps = reps;
-			row->r = runs[median_run(row->tps, reps)];
-			if (!env.json) {
-				fprintf(stderr, "bench: %s:%s budget %s done\n", row->spec.prefetch,
-					row->spec.evict, row->budget);
+				err = run_traces(&specs[p], traces, sems, looks, store, cap, bytes,
+						 expert_bytes, run);
+				if (err)
+					goto out;
+				row->tps[rep] = run->seconds > 0 ? run->tokens / run->seconds : 0;
+				row->order[rep] = order++;
+				if (!env.json)
+					cli_say("%s:%s budget %s run %u/%u: %.4g %s", row->spec.prefetch,
+						row->spec.evict, row->budget, rep + 1, reps,
+						row->tps[rep], env.simulate ? "tok/unit" : "tok/s");
 			}
 		}
+		/* Each row keeps its median run. */
+		for (uint32_t p = 0; p < env.npolicies; p++)
+			brows[p].r = runs[(size_t)p * reps + median_run(brows[p].tps, reps)];
 	}
 	if (env.json) {
 		json_t *root = json_object(), *arr = json_array();
@@ -641,6 +681,7 @@ int cmd_bench(int argc, char **argv)
 			"plots: %s/{throughput,hit_rate,heatmap}.{svg,png}\n", env.plot);
 	}
 out:
+	free(runs);
 	free(rows);
 	for (uint32_t i = 0; i < env.ntraces; i++) {
 		bench_look_close(looks[i]);

@@ -140,8 +140,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		env.shared = true;
 		break;
 	case OPT_SHARED_PAGES:
-		if (cli_parse_pages("--shared-pages", arg, &pages))
-			return EINVAL;
+		cli_opt_pages(state, "--shared-pages", arg, &pages);
 		env.shared = true;
 		env.shared_pages = arg;
 		break;

@@ -245,7 +245,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_TOKENIZER: env.tokenizer = arg; break;
 	case OPT_IO_RATE:
-		if (cli_parse_size("--io-rate", arg, &env.io_rate) || !env.io_rate)
+		cli_opt_size(state, "--io-rate", arg, &env.io_rate);
+		if (!env.io_rate)
 			argp_error(state, "--io-rate wants bytes per second above 0 (e.g. 8M)");
 		break;
 	case OPT_SETUPS:

@@ -101,8 +101,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	switch (key) {
 	case 'm': env.model = arg; break;
 	case OPT_CONC:
-		if (cli_parse_u32_list("--concurrency", arg, 1, 64, env.conc, MAX_CONC, &env.nconc))
-			argp_error(state, "--concurrency wants up to %u values in [1, 64]", MAX_CONC);
+		cli_opt_u32_list(state, "--concurrency", arg, 1, 64, env.conc, MAX_CONC, &env.nconc);
 		break;
 	case OPT_TOKENS:
 		cli_opt_u32(state, "--tokens", arg, 8, 1u << 16, &env.tokens);

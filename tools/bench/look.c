@@ -6,7 +6,10 @@
  * (routing forced to the trace's): what nextlayer and finemoe+nextlayer read
  * in a real run. A request's layer inputs are computed the first time the
  * simulator asks for one of its gates, with every expert in memory, so only
- * policies that use them pay for running the model.
+ * policies that use them pay for running the model. They are kept for the
+ * next runs up to a memory limit (tokens x layers x hidden floats a request:
+ * a long trace's would not fit); the requests past it are computed again in
+ * every run, one at a time.
  */
 #include <errno.h>
 #include <math.h>
@@ -26,8 +29,17 @@ struct bench_look {
 	uint32_t L, J, hidden, nreq;
 	float *routers;		/* [L][J][hidden] */
 	float *norms;		/* [L][hidden]: the FFN norm weights */
-	float **xs;		/* [request]: [tokens][L][hidden] layer inputs, NULL until computed */
+	float **xs;		/* [request]: [tokens][L][hidden] layer inputs, NULL unless kept */
 	float *cur;		/* the request being computed */
+	uint64_t limit;		/* bytes of xs[] kept at most */
+	uint64_t held;		/* bytes of xs[] kept */
+	/*
+	 * A request computed past the limit, until another one is: the
+	 * simulator asks a request's positions in order, so once.
+	 */
+	float *spill;
+	uint32_t spill_req;
+	bool said;		/* the limit was said to be reached */
 };
 
 void bench_look_close(struct bench_look *b)
@@ -37,6 +49,7 @@ void bench_look_close(struct bench_look *b)
 	for (uint32_t r = 0; b->xs && r < b->nreq; r++)
 		free(b->xs[r]);
 	free(b->xs);
+	free(b->spill);
 	free(b->routers);
 	free(b->norms);
 	mp_resident_close(b->res);
@@ -45,7 +58,7 @@ void bench_look_close(struct bench_look *b)
 }
 
 int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
-		    const struct cli_engine_opts *eng, struct bench_look **out)
+		    const struct cli_engine_opts *eng, uint64_t limit, struct bench_look **out)
 {
 	const struct mp_geometry *g = mp_store_geometry(s);
 	struct bench_look *b = calloc(1, sizeof(*b));
@@ -61,6 +74,8 @@ int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct b
 	b->J = g->experts;
 	b->hidden = g->hidden;
 	b->nreq = mp_trace_requests(t);
+	b->limit = limit;
+	b->spill_req = UINT32_MAX;
 	b->xs = calloc(b->nreq, sizeof(*b->xs));
 	if (!b->xs) {
 		bench_look_close(b);
@@ -149,36 +164,60 @@ static const struct mp_expert_source_ops look_ops = {
 	.gate = look_gate,
 };
 
-/* Runs request r's tokens from position 0, as a real run decodes them, keeping every gate. */
-static int compute(struct bench_look *b, uint32_t r)
+/*
+ * Runs request r's tokens from position 0, as a real run decodes them, keeping
+ * every gate: in xs[r] while the limit allows, else in spill (the one before
+ * freed). Returns its layer inputs, or NULL and *err.
+ */
+static const float *compute(struct bench_look *b, uint32_t r, int *err)
 {
 	uint32_t n = mp_trace_tokens(b->t, r), max = mp_store_geometry(b->store)->max_seq;
 	struct mp_runner_config rc = { .source = &look_ops, .source_ctx = b, .trace = b->t,
 				       .request = r, .max_seq = n + 2 < max ? n + 2 : max };
+	uint64_t bytes = (uint64_t)n * b->L * b->hidden * sizeof(float);
+	bool keep = b->held + bytes <= b->limit;
 	struct mp_runner *run;
-	int err = prepare(b);
 
-	if (err)
-		return err;
+	*err = prepare(b);
+	if (*err)
+		return NULL;
+	if (!keep) {
+		free(b->spill);
+		b->spill = NULL;
+		b->spill_req = UINT32_MAX;
+		if (!b->said)
+			cli_say("speculative gates: request %u's layer inputs (%.1f MB) past "
+				"--gates-memory (%.1f of %.1f MB held): computed again in every run",
+				r, bytes / 1e6, b->held / 1e6, b->limit / 1e6);
+		b->said = true;
+	}
 	b->cur = calloc((size_t)n * b->L * b->hidden, sizeof(float));
-	if (!b->cur)
-		return -ENOMEM;
+	if (!b->cur) {
+		*err = -ENOMEM;
+		return NULL;
+	}
 	rc.engine = b->e;
-	err = mp_runner_open(b->store, &rc, &run);
-	if (!err) {
-		for (uint32_t tok = 0; !err && tok < n; tok++)
-			err = mp_runner_step(run, bench_sem_token(b->sem, r, tok));
+	*err = mp_runner_open(b->store, &rc, &run);
+	if (!*err) {
+		for (uint32_t tok = 0; !*err && tok < n; tok++)
+			*err = mp_runner_step(run, bench_sem_token(b->sem, r, tok));
 		mp_runner_close(run);
 	}
-	if (err) {
-		cli_fail(err, "speculative gates of request %u", r);
+	if (*err) {
+		cli_fail(*err, "speculative gates of request %u", r);
 		free(b->cur);
 		b->cur = NULL;
-		return err;
+		return NULL;
 	}
-	b->xs[r] = b->cur;
+	if (keep) {
+		b->xs[r] = b->cur;
+		b->held += bytes;
+	} else {
+		b->spill = b->cur;
+		b->spill_req = r;
+	}
 	b->cur = NULL;
-	return 0;
+	return keep ? b->xs[r] : b->spill;
 }
 
 /*
@@ -192,14 +231,16 @@ int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, u
 	const float *x, *W, *wl, *wt;
 	float max = -INFINITY;
 	double sum = 0;
-	int err;
+	int err = 0;
 
 	if (request >= b->nreq || token >= mp_trace_tokens(b->t, request) || target <= layer ||
 	    target >= b->L)
 		return -ERANGE;
-	if (!b->xs[request] && (err = compute(b, request)))
+	x = b->xs[request] ? b->xs[request] : b->spill_req == request ? b->spill :
+	    compute(b, request, &err);
+	if (!x)
 		return err;
-	x = b->xs[request] + ((size_t)token * b->L + layer) * b->hidden;
+	x += ((size_t)token * b->L + layer) * b->hidden;
 	W = b->routers + (size_t)target * b->J * b->hidden;
 	wl = b->norms + (size_t)layer * b->hidden;
 	wt = b->norms + (size_t)target * b->hidden;

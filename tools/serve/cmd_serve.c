@@ -231,7 +231,8 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		cli_opt_u32(state, "--grace-ms", arg, 0, 3600000, &env.grace_ms);
 		break;
 	case OPT_MAX_BODY:
-		if (cli_parse_size("--max-body", arg, &size) || size < 1024 || size > (1u << 30))
+		cli_opt_size(state, "--max-body", arg, &size);
+		if (size < 1024 || size > (1u << 30))
 			argp_error(state, "--max-body must be in [1K, 1G]");
 		env.http.max_body = (uint32_t)size;
 		break;
