@@ -3,8 +3,9 @@
  * The prefetch driver: the engine's gate reports go through a bounded queue
  * (never blocking the engine; a full queue drops and counts) to a thread
  * that runs the prefetch policy and calls mp_pager_prefetch(); it also keeps
- * the hints the pager's eviction policy and prefetch admission read. Policy
- * none has no thread: its reports are handled as they are published.
+ * the hints the pager's eviction policy and prefetch admission read. A policy
+ * whose ops say inline_gates (none) has no thread: its reports are handled
+ * as they are published.
  */
 #include <errno.h>
 #include <math.h>
@@ -101,10 +102,9 @@ struct mp_prefetcher {
 	int efd;
 	/*
 	 * No thread: events are handled on the producer's thread as they are
-	 * published, under plock. For policy none, whose handling is a little
-	 * bookkeeping (~1.5 us a gate by the policy clock), where waking a
-	 * thread per gate cost the engine ~17 us on a 2-vCPU VM (docs/region.md,
-	 * session 33).
+	 * published, under plock, for a policy whose ops say inline_gates (none:
+	 * ~1.5 us a gate by the policy clock, where waking a thread per gate
+	 * cost the engine ~17 us on a 2-vCPU VM; docs/region.md, session 33).
 	 */
 	bool inline_events;
 
@@ -1248,7 +1248,7 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 		d->hints.next_use = NULL;
 	}
 	attach_hints(d, true);
-	d->inline_events = ops == &mp_prefetch_none;
+	d->inline_events = ops->inline_gates;
 	if (!d->inline_events) {
 		err = -pthread_create(&d->thread, NULL, thread_main, d);
 		if (err) {

@@ -5,4 +5,5 @@
 const struct mp_prefetch_ops mp_prefetch_none = {
 	.name = "none",
 	.description = "on demand only",
+	.inline_gates = true,
 };

@@ -100,6 +100,12 @@ struct mp_prefetch_ops {
 	bool layer_input;
 	bool deep_input;
 	/*
+	 * Handling a gate costs less than waking a thread (no prediction, a
+	 * little bookkeeping): the driver runs it on the thread that reports
+	 * the gate and starts no thread of its own (docs/region.md, session 33).
+	 */
+	bool inline_gates;
+	/*
 	 * How many layers before layer's use the policy first predicts it (an
 	 * iteration's begin counts as layer 0's start), or a negative value
 	 * when it never does; NULL: never (mp_prefetch_miss_weights()).
