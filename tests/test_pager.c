@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "pager/hooks.h"
 #include "pager/pager_priv.h"
+#include "uffd/compat.h"
 #include "uffd/region_priv.h"
 #include "tier/inject.h"
 #include "tier/tier.h"
@@ -53,7 +54,7 @@ struct test_tier {
 	_Atomic uint64_t peak_populated;
 };
 
-enum { PASS = 0, FAIL_EIO = 1, CORRUPT = 2 };
+enum { PASS = 0, FAIL_EIO = 1, CORRUPT = 2, STRAY = 3 };
 
 struct corrupt_arg {
 	mp_io_ready_fn ready;
@@ -70,6 +71,31 @@ static int corrupt_ready(void *arg, const void *buf, size_t len)
 		c->done = true;
 	}
 	return c->ready(c->arg, buf, len);
+}
+
+/*
+ * Puts a copy of the expert's second page into the range before the fill
+ * maps it, a page no move brought: the map meets it (EEXIST over the page
+ * still in its spot) and the region calls the slot's data lost. The copy
+ * holds the right bytes, as a reader may see it before the discard.
+ */
+static int put_stray_page(struct test_tier *tt, uint32_t layer, uint32_t expert)
+{
+	static uint8_t page[4096] __attribute__((aligned(4096)));
+	struct mp_pager *p = tt->pager;
+	uint32_t slot = layer * mp_pager_slots_per_layer(p) + expert;
+	struct uffdio_copy c = {
+		.dst = (uintptr_t)mp_region_slot_addr(p->region, slot) + 4096,
+		.src = (uintptr_t)page,
+		.len = 4096,
+		.mode = UFFDIO_COPY_MODE_DONTWAKE,
+	};
+
+	memcpy(page, expected[layer * geo->experts + expert] + 4096, sizeof(page));
+	if (ioctl(p->region->uffd, UFFDIO_COPY, &c))
+		return mp_err(-errno, "test tier: a stray page into layer %u expert %u: %s",
+			      layer, expert, strerror(errno));
+	return 0;
 }
 
 static int test_tier_read(struct mp_tier *t, const struct mp_tier_read *rd)
@@ -130,6 +156,14 @@ static int test_tier_read(struct mp_tier *t, const struct mp_tier_read *rd)
 		r.ready = corrupt_ready;
 		r.arg = &c;
 		return mp_tier_read(tt->lower, &r);
+	}
+	if (match && atomic_load(&tt->mode) == STRAY) {
+		int err = mp_tier_read(tt->lower, rd), once = STRAY;
+
+		/* Once: the read again finds the range as it should be. */
+		if (!err && atomic_compare_exchange_strong(&tt->mode, &once, PASS))
+			err = put_stray_page(tt, rd->layer, rd->expert);
+		return err;
 	}
 	return mp_tier_read(tt->lower, rd);
 }
@@ -584,6 +618,38 @@ static void application_zap_of_a_mapped_expert_reads_it_again(void **state)
 	assert_true(st.bytes_file >= 2 * xbytes);
 	assert_int_equal(st.resident_bytes, xbytes);
 	assert_int_equal(mp_pager_residency(p, 1, 6), MP_RES_MAPPED);
+	mp_pager_close(p);
+}
+
+/*
+ * A fill whose read is good but whose map meets a page in the range that no
+ * read put there loses the pages (the region cannot trust the slot's spots,
+ * so they are discarded): the thread waiting for the expert gets it read
+ * again, never an error or wrong bytes.
+ */
+static void a_fill_whose_map_loses_the_pages_reads_it_again(void **state)
+{
+	struct mp_pager *p = open_pager(4, *state);
+	struct mp_pager_stats st;
+	const uint8_t *x;
+
+	ttier.pager = p;
+	atomic_store(&ttier.fail_layer, 2);
+	atomic_store(&ttier.fail_expert, 3);
+	atomic_store(&ttier.mode, STRAY);
+	t_log_reset();
+	x = get(p, 2, 3);
+	assert_non_null(x);
+	assert_memory_equal(x, want(2, 3), xbytes);
+	assert_int_equal(atomic_load(&ttier.mode), PASS);
+	assert_true(t_log_contains("slot data lost"));
+	assert_true(t_log_contains("layer 2 expert 3: its pages were lost while mapped; "
+				   "reading it again"));
+	assert_int_equal(mp_pager_wait_idle(p, 5000), 0);
+	mp_pager_stats(p, &st);
+	assert_int_equal(st.poisoned, 0);
+	assert_int_equal(st.resident_bytes, xbytes);
+	assert_int_equal(mp_pager_residency(p, 2, 3), MP_RES_MAPPED);
 	mp_pager_close(p);
 }
 
@@ -2005,6 +2071,7 @@ static const struct {
 	BEHAVIOUR(evicting_an_expert_being_read_refaults_right_bytes),
 	BEHAVIOUR(racing_faults_on_one_expert_read_it_once),
 	BEHAVIOUR(application_zap_of_a_mapped_expert_reads_it_again),
+	BEHAVIOUR(a_fill_whose_map_loses_the_pages_reads_it_again),
 	BEHAVIOUR(shrinking_the_budget_evicts_down_to_it),
 	BEHAVIOUR(rows_of_three_sources_read_back_their_bytes_under_one_budget),
 };

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -292,6 +293,32 @@ bool mp_uffd_retry(struct mp_region *r, int err, int tries)
  */
 
 /*
+ * Bytes from the start of [dst, dst+len) whose pages are at dst and gone
+ * from src: pages a move put in place without counting them. Linux 6.18's
+ * move_pages() keeps a step's EAGAIN while it retries the same address, so
+ * the retry's batch moves uncounted and the next try ends in EEXIST on it
+ * (docs/region.md, sessions 29-33). A stray page at dst over a page still
+ * at src is not counted: that EEXIST is real.
+ */
+static uint64_t moved_uncounted(const char *dst, const char *src, uint64_t len)
+{
+	unsigned char in_dst[64], in_src[64];
+	uint64_t n = 0;
+
+	while (n < len) {
+		uint64_t step = MP_MIN(len - n, (uint64_t)sizeof(in_dst) * PAGE);
+
+		if (mincore((void *)(dst + n), step, in_dst) ||
+		    mincore((void *)(src + n), step, in_src))
+			break;
+		for (uint64_t i = 0; i < step / PAGE; i++, n += PAGE)
+			if (!(in_dst[i] & 1) || (in_src[i] & 1))
+				return n;
+	}
+	return n;
+}
+
+/*
  * UFFDIO_MOVE of [src, src+len) to dst, issued on fd (the destination's
  * userfaultfd), riding over partial progress and transient failures.
  * Returns 0 or a negative errno; *moved gets the bytes moved either way.
@@ -317,6 +344,18 @@ int mp_uffd_move(struct mp_region *r, int fd, char *dst, char *src, uint64_t len
 		err = errno;
 		if (m.move > 0)
 			done += (uint64_t)m.move;
+		if (err == EEXIST) {
+			uint64_t more = moved_uncounted(dst + done, src + done, len - done);
+
+			if (more) {
+				rlog_info(r, "UFFDIO_MOVE to %p: %llu bytes past the %llu it reported "
+					  "had moved; counted", (void *)(dst + done),
+					  (unsigned long long)more, (unsigned long long)done);
+				done += more;
+				err = 0;
+				continue;
+			}
+		}
 		if (!mp_uffd_retry(r, err, ++tries))
 			break;
 		err = 0;

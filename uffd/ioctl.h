@@ -35,8 +35,10 @@ int mp_uffd_register(struct mp_region *r, int fd, void *addr, uint64_t len, uint
 bool mp_uffd_retry(struct mp_region *r, int err, int tries);
 /*
  * UFFDIO_MOVE of [src, src+len) to dst on fd (the destination's), riding
- * over partial progress and transient failures. Returns 0 or a negative
- * errno; *moved (may be NULL) gets the bytes moved either way.
+ * over partial progress and transient failures, and over pages the kernel
+ * moved without counting them (an EEXIST on pages at dst and gone from src).
+ * Returns 0 or a negative errno; *moved (may be NULL) gets the bytes moved
+ * either way.
  */
 int mp_uffd_move(struct mp_region *r, int fd, char *dst, char *src, uint64_t len,
 		 uint64_t mode, uint64_t *moved);

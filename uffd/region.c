@@ -580,10 +580,11 @@ int mp_region_slot_map(struct mp_region *r, uint32_t slot)
 		}
 		if (err == -EEXIST) {
 			/*
-			 * Pages where the range should have none: left by an
-			 * earlier move, or a move that did more than it said.
-			 * Either way the spots may have holes: the slot is lost,
-			 * so the caller discards it rather than recycle them.
+			 * Pages where the range should have none, over pages
+			 * still in the spots (a move's uncounted pages are
+			 * counted by mp_uffd_move()): a stray page, or a ledger
+			 * error. The slot is lost, so the caller discards it
+			 * rather than recycle spots that may have holes.
 			 */
 			atomic_store(&r->slot_mem[slot], SLOT_MAPPED);
 			return rlog_err(r, -EFAULT, "slot %u: UFFDIO_MOVE into the range: %s: "

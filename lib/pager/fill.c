@@ -18,6 +18,8 @@
 
 /* Pause between read attempts: long enough for a transient fault to pass, short for a reader. */
 #define ATTEMPT_PAUSE_NS	(2ull * 1000 * 1000)
+/* Reads again of a slot whose fill lost its pages in the map, before its readers get an error. */
+#define MAP_LOST_REREADS	2
 
 /* What the tier's callbacks share during one fill. */
 struct fill_ctx {
@@ -233,7 +235,7 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 				.slot = slot, .o = p->origin[slot],
 				.tier = mp_pager_row_tier(p, slot) };
 	uint64_t begin = mp_now_ns(), t_read, t_map;
-	bool prefetch = cls == Q_PREFETCH, counted;
+	bool prefetch = cls == Q_PREFETCH, counted, map_lost = false;
 	uint8_t pending;
 	int nseg, err;
 
@@ -256,8 +258,10 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 		err = make_room(&fh);
 	if (!err && atomic_load(&p->closing))
 		err = -ESHUTDOWN;
-	if (!err)
+	if (!err) {
 		err = mp_region_slot_map(p->region, slot);
+		map_lost = err == -EFAULT;
+	}
 	if (!err)
 		plog_debug(p, "layer %u expert %u: %s fill: chunks (and budget) %.0f us, "
 			   "read+verify (and budget) %.0f us (%.2f GB/s), map %.0f us", s->layer,
@@ -285,6 +289,7 @@ void mp_pager_fill(struct worker *w, uint32_t slot, enum queue_class cls)
 	}
 	s->state = ST_MAPPED;
 	s->mapped_at = mp_now_ns();
+	s->remaps = 0;
 	p->mem.mapped_n++;
 	p->st.bytes_file += p->expert_bytes;
 	/* Prefetch reads may yield to these: only demand reads time the device. */
@@ -342,6 +347,24 @@ failed:
 	}
 	/* Nothing was mapped: an eviction asked for during the read has nothing to do. */
 	s->evict_pending = PENDING_NONE;
+	/*
+	 * The read was good, its map lost the pages (the region said why) and
+	 * the discard above emptied the slot: a thread that waits gets a fresh
+	 * read, as mp_pager_map_locked()'s lost slots do. Bounded: a slot that
+	 * keeps losing its pages poisons its readers.
+	 */
+	if (map_lost && (s->waiters || cls == Q_DEMAND) && s->remaps < MAP_LOST_REREADS &&
+	    !atomic_load(&p->closing)) {
+		plog_warn(p, "layer %u expert %u: its pages were lost while mapped; reading it "
+			  "again", s->layer, s->expert);
+		s->remaps++;
+		s->state = ST_EMPTY;
+		s->demanded = true;
+		mp_pager_enqueue(p, slot, Q_DEMAND, 0);
+		pthread_cond_broadcast(&p->state_cv);
+		return;
+	}
+	s->remaps = 0;
 	/*
 	 * A thread waits, or will (demand): poison, so it gets an error now
 	 * rather than a fault that blocks forever. An unwanted prefetch just

@@ -54,6 +54,7 @@ struct slot {
 	bool markers_pending;	/* POISONED, but the markers are not in yet (ioctl refused) */
 	bool poisoning;		/* POISONED, its markers going in now (the lock is dropped) */
 	uint8_t fault_tier;	/* tier of the episode's fault_begin probe */
+	uint8_t remaps;		/* reads again since a fill's map lost the pages */
 	uint32_t layer;
 	uint32_t expert;
 	int err;		/* why it is poisoned */
