@@ -1324,6 +1324,62 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 }
 
 /*
+ * emap_bytes counts each followed request's query (session 34): a second
+ * request's first gate (no iteration ended, so the store is unchanged)
+ * adds at least its query's rows (L x J floats) and products (C x 36
+ * bytes), and a third request's as much again.
+ */
+static void expert_map_memory_counts_every_request_followed(void **state)
+{
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .distance = 1, .requests = 3,
+					   .emap_capacity = 32 };
+	struct mp_prefetcher_stats st[3];
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t L, J;
+	uint64_t query;
+
+	(void)state;
+	p = open_tiny("tiny-qb.mpk", 6, "100%", &s);
+	L = mp_store_geometry(s)->layers;
+	J = mp_store_geometry(s)->experts;
+	query = (uint64_t)L * J * sizeof(float) + 32ull * 36;
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	for (uint32_t tok = 0; tok < 4; tok++)
+		for (uint32_t l = 0; l < L; l++) {
+			uint32_t ids[2] = { l % J, (l + tok + 1) % J };
+
+			assert_int_equal(mp_prefetcher_gate(pf, 0, tok, l, ids, NULL, 2, NULL, NULL),
+					 0);
+		}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st[0]);
+	assert_true(st[0].emap_records > 0);
+	for (uint32_t r = 1; r < 3; r++) {
+		uint32_t ids[2] = { 0, 1 };
+
+		assert_int_equal(mp_prefetcher_gate(pf, r, 0, 0, ids, NULL, 2, NULL, NULL), 0);
+		assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+		mp_prefetcher_stats(pf, &st[r]);
+		assert_int_equal(st[r].emap_records, st[0].emap_records);
+		assert_true(st[r].emap_bytes >= st[r - 1].emap_bytes + query);
+	}
+	/* The same request again holds no more. */
+	{
+		uint32_t ids[2] = { 2, 3 };
+
+		assert_int_equal(mp_prefetcher_gate(pf, 2, 0, 1, ids, NULL, 2, NULL, NULL), 0);
+	}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st[0]);
+	assert_int_equal(st[0].emap_bytes, st[2].emap_bytes);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
+/*
  * Prefills 3 tokens and decodes 4 through mp_prefetcher_source_ops() over a
  * pager at 50 % of a new tiny store: the prefetcher's stats afterwards.
  */
@@ -1555,6 +1611,7 @@ int main(void)
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_hints_the_rows_of_the_models_running),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
+		cmocka_unit_test(expert_map_memory_counts_every_request_followed),
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
 		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),
 		cmocka_unit_test(driver_measures_the_load_ratio),

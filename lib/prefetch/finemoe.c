@@ -451,6 +451,47 @@ struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf)
 	return ((struct finemoe *)pf->priv)->emap;
 }
 
+/*
+ * The memory the policy holds for its predictions: every model's store (with
+ * its own query), and each request's query and, with nextlayer, its record
+ * of predictions to score; the requests' arrays once they are allocated
+ * (a query at its request's first search). 0 for another policy.
+ */
+uint64_t mp_prefetch_finemoe_bytes(struct mp_prefetch *pf)
+{
+	struct finemoe *f = pf->priv;
+	struct mp_emap_stats es;
+	uint64_t b;
+
+	if (!is_finemoe(pf))
+		return 0;
+	mp_emap_stats(f->emap, &es);
+	b = sizeof(*f) + es.bytes;
+	for (uint32_t x = 0; x < MP_PREFETCH_MAX_MODELS - 1; x++) {
+		if (!f->more[x])
+			continue;
+		mp_emap_stats(f->more[x], &es);
+		b += es.bytes;
+	}
+	if (f->sem_use)
+		b += (uint64_t)f->cfg.layers * f->cfg.experts * sizeof(float);
+	if (f->hits)
+		b += (uint64_t)pf->env.distance * (2 * NSRC * sizeof(double) +
+						   f->cfg.experts * sizeof(float));
+	for (uint32_t i = 0; i < pf->niters; i++) {
+		const struct finemoe_req *q = pf->iters[i].priv;
+		const uint64_t n = (uint64_t)pf->env.layers * pf->env.distance;
+
+		if (!q)
+			continue;
+		/* Every store has f->cfg's geometry: any sizes a request's query. */
+		b += sizeof(*q) + mp_emap_query_bytes(f->emap, &q->query);
+		if (q->top)
+			b += n * NSRC * pf->env.topk * sizeof(*q->top) + n;
+	}
+	return b;
+}
+
 /* Replaces the policy's store by m (taking it over), e.g. one loaded from a file. */
 void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m)
 {
