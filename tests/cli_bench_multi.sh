@@ -6,8 +6,9 @@
 # by hits, the runs, the ratios); every request completes; the floor, the split and mixed
 # batches never swap, the consolidated, paged and time-sharing setups do when both models are
 # asked for; time-sharing reads experts again after the warm-up (a swap evicts every
-# expert); runs of one rate each merge into the JSON of one run of both; bad command lines
-# and runs that do not compare are refused with a message.
+# expert); runs of one rate each merge into the JSON of one run of both; --prefetch
+# SETUP=POLICY sets one setup's prefetcher; bad command lines and runs that do not compare
+# are refused with a message.
 #
 #   cli_bench_multi.sh MOEPAGER
 set -uo pipefail
@@ -141,6 +142,21 @@ check "that budget runs the setups that page the owned experts (single, paged)" 
 	$PY -c 'import json, sys; d = json.load(open(sys.argv[1]))
 assert [r["setup"] for r in d["results"]] == ["single", "paged"], d["results"]
 assert all(r["runs"][0]["completed"] == 6 for r in d["results"]), d["results"]' "$T/paged.json"
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 20 --setups single,consolidated \
+	--prefetch nextlayer --prefetch single=none --json >"$T/pf.json" 2>"$T/err"
+check "--prefetch SETUP=POLICY sets that setup's prefetcher, --prefetch POLICY the others'" \
+	$PY -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert d["prefetch"] == "nextlayer" and d["prefetch_setups"] == {"single": "none"}, d
+by = {r["setup"]: r for r in d["results"]}
+assert by["single"]["prefetch"] == "none" and by["consolidated"]["prefetch"] == "nextlayer"
+assert by["single"]["runs"][0]["diag"]["predicted"] == 0, by["single"]
+assert by["consolidated"]["runs"][0]["diag"]["predicted"] > 0, by["consolidated"]' "$T/pf.json"
+"$MOEPAGER" bench-multi "${M[@]}" "${A[@]}" --rates 40 --setups single \
+	--prefetch single=nextlayer --json >"$T/pf40.json" 2>"$T/err"
+check "runs with another setup's prefetcher do not merge" \
+	refused "another prefetch_setups" --merge "$T/r20.json" "$T/pf40.json"
+check "--prefetch of an unknown setup is refused" \
+	refused "--prefetch wants POLICY or SETUP=POLICY" "${M[@]}" --prefetch mig=finemoe
 check "models in another order than the map's are refused" \
 	refused "v2" --model "$T/v2.mpk" --model "$T/v1.mpk" --consolidate "$T/c.mpc"
 

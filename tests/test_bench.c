@@ -301,6 +301,36 @@ static void gates_past_the_memory_limit_are_computed_again(void **state)
 	json_decref(j0);
 }
 
+/* The JSON's top-level speculative_gate_tokens and nextlayer's evaluated tokens. */
+static void gate_tokens(const char *extra, json_int_t *ran, json_int_t *tokens)
+{
+	json_t *j, *none, *next;
+
+	nextlayer_against_none(true, extra, &j, &none, &next);
+	*ran = json_integer_value(json_object_get(j, "speculative_gate_tokens"));
+	*tokens = json_integer_value(json_object_get(next, "tokens"));
+	json_decref(j);
+}
+
+/*
+ * The model runs a request's tokens for speculative gates only as far as
+ * the simulator evaluates it: with --max-tokens 2 two a request (session
+ * 34: every token of it), and each run again past --gates-memory.
+ */
+static void simulated_gates_run_only_the_evaluated_tokens(void **state)
+{
+	json_int_t all, all_tokens, ran, tokens;
+
+	(void)state;
+	gate_tokens("", &all, &all_tokens);
+	assert_int_equal(all, all_tokens);
+	gate_tokens("--max-tokens 2", &ran, &tokens);
+	assert_true(tokens > 0 && tokens < all_tokens);
+	assert_int_equal(ran, tokens);
+	gate_tokens("--max-tokens 2 --repeat 2 --gates-memory 0 2>/dev/null", &ran, &tokens);
+	assert_int_equal(ran, 2 * tokens);
+}
+
 /*
  * --repeat N runs in N rounds over the policies, round r starting at the
  * r-th (the VM host's disk cache favours whichever runs later): each row's
@@ -382,6 +412,7 @@ int main(void)
 		cmocka_unit_test(simulated_bench_needs_no_model),
 		cmocka_unit_test(semantic_vectors_raise_finemoes_hit_rate),
 		cmocka_unit_test(simulated_nextlayer_speculates_with_the_model),
+		cmocka_unit_test(simulated_gates_run_only_the_evaluated_tokens),
 		cmocka_unit_test(gates_past_the_memory_limit_are_computed_again),
 		cmocka_unit_test(repeats_run_in_rounds_over_the_policies),
 		cmocka_unit_test(bad_arguments_fail_with_a_message),

@@ -544,6 +544,83 @@ static void finemoe_with_an_empty_store_stays_on_demand(void **state)
 	mp_trace_close(t);
 }
 
+/*
+ * The lowest hint of experts lo..hi-1 and the highest of the others, over
+ * every layer with hints (for the check below).
+ */
+static void hint_split(const struct mp_prefetch *pf, uint32_t lo, uint32_t hi, float *in,
+		       float *out)
+{
+	const uint32_t L = pf->env.layers, J = pf->env.experts;
+
+	*in = 2;
+	*out = -2;
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t j = 0; j < J; j++) {
+			float p = pf->it->hint_p[(size_t)l * J + j];
+
+			if (j >= lo && j < hi)
+				*in = fminf(*in, p);
+			else
+				*out = fmaxf(*out, p);
+		}
+}
+
+/*
+ * Request 0 routes experts 2 and 3 at every layer; request 1, with the same
+ * semantic vector, 0 and 1. The semantic vote (request 0's records) hints 2
+ * and 3 for request 1, where they are not used: once request 1 has routed 0
+ * and 1 on its last 3 tokens (session 34's HOT_RUN), their hints rank above
+ * every other expert's, at the begin and after every gate, with or without
+ * semantic vectors (a run of the policy that does not use them), so
+ * eviction and prefetch admission keep them.
+ */
+static void finemoe_hints_an_expert_every_recent_token_routes_above_the_rest(void **state)
+{
+	const float sem[4] = { 1, 0, 0, 0 };
+
+	(void)state;
+	for (uint32_t dim = 0; dim <= 4; dim += 4) {
+		struct mp_prefetch_env env = { .layers = 4, .experts = 8, .topk = 2,
+					       .distance = 1, .sem_dim = dim, .requests = 2 };
+		struct mp_prefetch pf;
+		uint32_t checked = 0;
+		float in, out;
+
+		assert_int_equal(mp_prefetch_init(&pf, &mp_prefetch_finemoe, &env), 0);
+		for (uint32_t r = 0; r < 2; r++)
+			for (uint32_t tok = 0; tok < (r ? 8 : 24); tok++) {
+				const uint32_t ids[2] = { r ? 0 : 2, r ? 1 : 3 };
+
+				mp_prefetch_switch(&pf, r);
+				mp_prefetch_begin(&pf, r, tok, dim ? sem : NULL);
+				for (uint32_t l = 0; l <= 4; l++) {
+					if (l)
+						assert_int_equal(mp_prefetch_gate(&pf, l - 1, ids, NULL,
+										  2, NULL, NULL), 0);
+					if (!r || tok < 3)
+						continue;
+					hint_split(&pf, 0, 2, &in, &out);
+					assert_true(in > out);
+					checked++;
+				}
+				mp_prefetch_end(&pf);
+			}
+		assert_int_equal(checked, 5 * 5);
+		/* What it corrects: the vote alone ranks request 0's experts first. */
+		if (dim) {
+			float use[4 * 8], score;
+			struct mp_emap_query q = { 0 };
+
+			assert_int_equal(mp_emap_predict_sem(mp_prefetch_finemoe_emap(&pf), &q, sem,
+							     use, &score), 0);
+			assert_true(use[2] > use[0]);
+			mp_emap_query_fini(&q);
+		}
+		mp_prefetch_fini(&pf);
+	}
+}
+
 static void an_iteration_without_gates_teaches_nothing(void **state)
 {
 	struct mp_prefetch_env env = { .layers = 4, .experts = 8, .topk = 2, .distance = 1 };
@@ -1324,6 +1401,62 @@ static void driver_keeps_the_expert_maps_across_restarts(void **state)
 }
 
 /*
+ * emap_bytes counts each followed request's query (session 34): a second
+ * request's first gate (no iteration ended, so the store is unchanged)
+ * adds at least its query's rows (L x J floats) and products (C x 36
+ * bytes), and a third request's as much again.
+ */
+static void expert_map_memory_counts_every_request_followed(void **state)
+{
+	struct mp_prefetcher_config fc = { .policy = "finemoe", .distance = 1, .requests = 3,
+					   .emap_capacity = 32 };
+	struct mp_prefetcher_stats st[3];
+	struct mp_prefetcher *pf;
+	struct mp_store *s;
+	struct mp_pager *p;
+	uint32_t L, J;
+	uint64_t query;
+
+	(void)state;
+	p = open_tiny("tiny-qb.mpk", 6, "100%", &s);
+	L = mp_store_geometry(s)->layers;
+	J = mp_store_geometry(s)->experts;
+	query = (uint64_t)L * J * sizeof(float) + 32ull * 36;
+	assert_int_equal(mp_prefetcher_open(p, &fc, &pf), 0);
+	for (uint32_t tok = 0; tok < 4; tok++)
+		for (uint32_t l = 0; l < L; l++) {
+			uint32_t ids[2] = { l % J, (l + tok + 1) % J };
+
+			assert_int_equal(mp_prefetcher_gate(pf, 0, tok, l, ids, NULL, 2, NULL, NULL),
+					 0);
+		}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st[0]);
+	assert_true(st[0].emap_records > 0);
+	for (uint32_t r = 1; r < 3; r++) {
+		uint32_t ids[2] = { 0, 1 };
+
+		assert_int_equal(mp_prefetcher_gate(pf, r, 0, 0, ids, NULL, 2, NULL, NULL), 0);
+		assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+		mp_prefetcher_stats(pf, &st[r]);
+		assert_int_equal(st[r].emap_records, st[0].emap_records);
+		assert_true(st[r].emap_bytes >= st[r - 1].emap_bytes + query);
+	}
+	/* The same request again holds no more. */
+	{
+		uint32_t ids[2] = { 2, 3 };
+
+		assert_int_equal(mp_prefetcher_gate(pf, 2, 0, 1, ids, NULL, 2, NULL, NULL), 0);
+	}
+	assert_int_equal(mp_prefetcher_flush(pf, 5000), 0);
+	mp_prefetcher_stats(pf, &st[0]);
+	assert_int_equal(st[0].emap_bytes, st[2].emap_bytes);
+	mp_prefetcher_close(pf);
+	mp_pager_close(p);
+	mp_store_close(s);
+}
+
+/*
  * Prefills 3 tokens and decodes 4 through mp_prefetcher_source_ops() over a
  * pager at 50 % of a new tiny store: the prefetcher's stats afterwards.
  */
@@ -1542,6 +1675,7 @@ int main(void)
 		cmocka_unit_test(interleaved_requests_keep_their_own_trajectories),
 		cmocka_unit_test(finemoe_plans_the_first_layers_from_the_semantic_vector),
 		cmocka_unit_test(finemoe_with_an_empty_store_stays_on_demand),
+		cmocka_unit_test(finemoe_hints_an_expert_every_recent_token_routes_above_the_rest),
 		cmocka_unit_test(an_iteration_without_gates_teaches_nothing),
 		cmocka_unit_test(oracle_emits_the_true_future),
 		cmocka_unit_test(dependency_follows_recorded_transitions),
@@ -1555,6 +1689,7 @@ int main(void)
 		cmocka_unit_test(driver_prefetches_what_the_policy_predicts),
 		cmocka_unit_test(driver_hints_the_rows_of_the_models_running),
 		cmocka_unit_test(driver_keeps_the_expert_maps_across_restarts),
+		cmocka_unit_test(expert_map_memory_counts_every_request_followed),
 		cmocka_unit_test(trajectory_records_drive_the_prefetcher),
 		cmocka_unit_test(driver_begins_an_iteration_from_its_semantic_vector),
 		cmocka_unit_test(driver_measures_the_load_ratio),

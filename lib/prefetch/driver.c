@@ -981,7 +981,7 @@ void mp_prefetcher_stats(struct mp_prefetcher *d, struct mp_prefetcher_stats *ou
 
 		mp_emap_stats(m, &es);
 		out->emap_records = es.count;
-		out->emap_bytes = es.bytes;
+		out->emap_bytes = mp_prefetch_finemoe_bytes(&d->pf);
 	}
 	pthread_mutex_unlock(&d->lock);
 }

@@ -309,16 +309,22 @@ const struct mp_emap_config *mp_emap_config(const struct mp_emap *m)
 }
 
 /*
- * What query_fit() allocates for a query of m: its rows, their kept values
+ * What query_fit() allocates for a query of m's layers holding row_cap
+ * floats of rows and products for cap records: its rows, their kept values
  * and norms, and three pairs of products and writes (trajectory, semantic,
  * next iteration's).
  */
-static uint64_t query_bytes(const struct mp_emap *m)
+static uint64_t fitted_bytes(const struct mp_emap *m, uint32_t row_cap, uint32_t cap)
 {
-	return (uint64_t)m->lj * sizeof(float) +
-	       (uint64_t)m->cfg.layers * (MAX_KEPT * (sizeof(uint16_t) + sizeof(float)) +
-					  sizeof(double)) +
-	       (uint64_t)m->cap * 3 * (sizeof(double) + sizeof(uint32_t));
+	return (row_cap ? (uint64_t)row_cap * sizeof(float) +
+			  (uint64_t)m->cfg.layers * (MAX_KEPT * (sizeof(uint16_t) +
+							       sizeof(float)) + sizeof(double)) : 0) +
+	       (uint64_t)cap * 3 * (sizeof(double) + sizeof(uint32_t));
+}
+
+uint64_t mp_emap_query_bytes(const struct mp_emap *m, const struct mp_emap_query *q)
+{
+	return fitted_bytes(m, q->row_cap, q->cap);
 }
 
 void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
@@ -330,7 +336,7 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 	out->inserted = m->inserted;
 	out->replaced = m->replaced;
 	out->searches = m->searches;
-	/* Records, the scratch rows, and one query's arrays (the store's own or a request's). */
+	/* Records, the scratch rows, and the store's own query's arrays (a full one). */
 	out->bytes = sizeof(*m) + rows_bytes(m, &m->maps) +
 		     (m->cfg.sem_is_map ? rows_bytes(m, &m->ctx) : 0) +
 		     cap * (m->sem ? m->cfg.sem_dim : 0) * sizeof(float) +
@@ -338,7 +344,7 @@ void mp_emap_stats(const struct mp_emap *m, struct mp_emap_stats *out)
 			      (uint64_t)m->cfg.sem_dim * sizeof(uint32_t) : 0) +
 		     cap * (sizeof(float) + (uint64_t)m->cfg.layers * m->cfg.topk *
 			    sizeof(uint16_t) + sizeof(uint32_t)) +
-		     (m->lj + m->cfg.experts + 1) * sizeof(float) + query_bytes(m);
+		     (m->lj + m->cfg.experts + 1) * sizeof(float) + fitted_bytes(m, m->lj, m->cap);
 }
 
 /*

@@ -55,7 +55,12 @@ struct mp_emap_stats {
 	uint64_t inserted;	/* records offered since creation (or load) */
 	uint64_t replaced;	/* inserts that replaced the most redundant record */
 	uint64_t searches;
-	uint64_t bytes;		/* memory held by the store and one query, all arrays included */
+	/*
+	 * Memory held by the store and its own query, all arrays included;
+	 * the queries of the requests followed are their holders'
+	 * (mp_emap_query_bytes()).
+	 */
+	uint64_t bytes;
 };
 
 /*
@@ -113,6 +118,8 @@ struct mp_emap_query {
 void mp_emap_query_reset(struct mp_emap_query *q);
 /* Frees what the query holds and empties it. */
 void mp_emap_query_fini(struct mp_emap_query *q);
+/* The memory q's arrays hold (for m's geometry; 0 for a query never used). */
+uint64_t mp_emap_query_bytes(const struct mp_emap *m, const struct mp_emap_query *q);
 
 /* Creates an empty store. Returns 0, -EINVAL (a field out of range) or -ENOMEM. */
 int mp_emap_create(const struct mp_emap_config *cfg, struct mp_emap **out);

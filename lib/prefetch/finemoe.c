@@ -12,8 +12,15 @@
  * layer inputs: the routers of layers l + 1 .. l + d on layer l's input,
  * each combined with the trajectory vote for its layer (docs/prefetch.md,
  * "Router lookahead").
+ *
+ * An expert a request routed at a layer on each of its last HOT_RUN tokens
+ * or more is hinted at least as likely as such runs have turned out to go
+ * on (measured): the votes of other records cannot rank it below experts
+ * the request does not use, which eviction and prefetch admission go by
+ * (docs/prefetch.md, "Hot experts", session 34).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "prefetch/policy.h"
@@ -28,6 +35,9 @@ enum { SRC_ROUTER = 0, SRC_TRAJ, NSRC };
  */
 #define SPEC_SAMPLE 8u
 
+/* Tokens in a row an expert is routed at a layer before its hint is held up. */
+#define HOT_RUN 3u
+
 struct finemoe {
 	struct mp_emap *emap;	/* model 0's store (the only one without models) */
 	/* The other models' stores (mp_prefetch_set_model()), made at their first use. */
@@ -41,6 +51,8 @@ struct finemoe {
 	double *hits, *total;
 	float *traj_use;	/* [distance][experts] scratch: the trajectory votes */
 	uint64_t gates;		/* finemoe+nextlayer's gates, for SPEC_SAMPLE */
+	/* Of the runs of HOT_RUN or more, how many went on at the next pass: their rate. */
+	uint64_t run_trials, run_hits;
 };
 
 /* A request's own state: its iteration's running similarity to the store's records. */
@@ -53,6 +65,9 @@ struct finemoe_req {
 	 */
 	uint16_t *top;
 	uint8_t *made;		/* [layers][distance]: bit s for predictor s */
+	/* [layers][experts]: the request's tokens in a row each expert was routed (to 255) */
+	uint8_t *run;
+	uint32_t run_request, run_model;	/* whose runs they are */
 };
 
 static void finemoe_fini(struct mp_prefetch *pf);
@@ -121,6 +136,79 @@ static struct mp_emap *emap_of(struct mp_prefetch *pf)
 }
 
 /*
+ * Request q's runs: started over when its iter was given to another
+ * request or model (mp_prefetch_switch(), mp_prefetch_set_model()).
+ */
+static uint8_t *runs_of(struct mp_prefetch *pf, struct finemoe_req *q)
+{
+	const struct mp_prefetch_iter *it = pf->it;
+
+	if (it->request != q->run_request || it->model != q->run_model) {
+		memset(q->run, 0, (size_t)pf->env.layers * pf->env.experts);
+		q->run_request = it->request;
+		q->run_model = it->model;
+	}
+	return q->run;
+}
+
+/* Layer's gate routed ids: each run of HOT_RUN or more went on or ended; the runs move. */
+static void note_runs(struct mp_prefetch *pf, uint32_t layer, const uint32_t *ids, uint32_t k)
+{
+	struct finemoe *f = pf->priv;
+	const uint32_t J = pf->env.experts;
+	uint8_t *run = runs_of(pf, pf->it->priv) + (size_t)layer * J;
+	bool routed[MP_MAX_EXPERTS] = { 0 };
+
+	for (uint32_t i = 0; i < k; i++)
+		if (ids[i] < J)
+			routed[ids[i]] = true;
+	for (uint32_t j = 0; j < J; j++) {
+		if (run[j] >= HOT_RUN) {
+			f->run_trials++;
+			f->run_hits += routed[j];
+		}
+		run[j] = routed[j] ? (uint8_t)MP_MIN(run[j] + 1u, 255u) : 0;
+	}
+}
+
+/*
+ * Layer's hints: each expert on a run of HOT_RUN or more held at least at
+ * the rate such runs went on ((hits + 1) / (trials + 2)), whatever the
+ * votes said. A layer without hints gets them for those experts only.
+ */
+static void hold_hot(struct mp_prefetch *pf, uint32_t layer)
+{
+	struct finemoe *f = pf->priv;
+	const uint32_t J = pf->env.experts;
+	const uint8_t *run;
+	float *hint, p = (float)((f->run_hits + 1.0) / (f->run_trials + 2.0));
+
+	if (layer >= pf->env.layers)
+		return;
+	run = runs_of(pf, pf->it->priv) + (size_t)layer * J;
+	hint = pf->it->hint_p + (size_t)layer * J;
+	for (uint32_t j = 0; j < J; j++)
+		if (run[j] >= HOT_RUN && !(hint[j] >= p)) {
+			hint[j] = p;
+			pf->hint_dirty[layer] = 1;
+		}
+}
+
+/* mp_prefetch_hint() and mp_prefetch_plan_use() with the layer's hot experts held. */
+static void hint_layer(struct mp_prefetch *pf, uint32_t layer, const float *use)
+{
+	mp_prefetch_hint(pf, layer, use);
+	hold_hot(pf, layer);
+}
+
+static void plan_layer(struct mp_prefetch *pf, uint32_t layer, const float *use, float score,
+		       int32_t l_now)
+{
+	mp_prefetch_plan_use(pf, layer, use, score, l_now);
+	hold_hot(pf, layer);
+}
+
+/*
  * Without semantic vectors a record's context is the map before it, so each
  * layer's learnt transition (mp_emap_predict_layer()) from the layer's last
  * row says how likely each of its experts is at the layer's next pass.
@@ -146,9 +234,9 @@ static void plan_or_hint(struct mp_prefetch *pf, uint32_t layer, const float *us
 			 bool wide)
 {
 	if (layer < pf->env.distance * (wide ? 2 : 1))
-		mp_prefetch_plan_use(pf, layer, use, score, -1);
+		plan_layer(pf, layer, use, score, -1);
 	else
-		mp_prefetch_hint(pf, layer, use);
+		hint_layer(pf, layer, use);
 }
 
 /*
@@ -209,18 +297,18 @@ static void finemoe_gate(struct mp_prefetch *pf, uint32_t layer, const uint32_t 
 	uint32_t target = layer + pf->env.distance;
 	float use[MP_MAX_EXPERTS], score;
 
-	(void)ids;
-	(void)k;
 	(void)spec;
+	note_runs(pf, layer, ids, k);
 	/* The layer's next use is in the next iteration: hint how likely each expert is there. */
 	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
+	hold_hot(pf, layer);
 	if (target >= pf->env.layers || !m)
 		return;
 	/* No record shares anything with this trajectory: nothing to go on. */
 	if (!mp_emap_predict_traj(m, &q->query, pf->it->traj, layer + 1, target, use,
 				  &score) && score > 0)
-		mp_prefetch_plan_use(pf, target, use, score, (int32_t)layer);
+		plan_layer(pf, target, use, score, (int32_t)layer);
 }
 
 /* The top-k of p into out, in decreasing p. */
@@ -316,7 +404,7 @@ static void plan_ahead(struct mp_prefetch *pf, uint32_t layer, uint32_t dist, co
 	}
 	if (!traj) {
 		if (spec)
-			mp_prefetch_plan_use(pf, m, use, r, (int32_t)layer);
+			plan_layer(pf, m, use, r, (int32_t)layer);
 		return;
 	}
 	top_of(traj, J, K, top_at(pf, q, m, dist, SRC_TRAJ));
@@ -324,7 +412,7 @@ static void plan_ahead(struct mp_prefetch *pf, uint32_t layer, uint32_t dist, co
 	e = precision(f, D, SRC_TRAJ, dist);
 	for (uint32_t j = 0; j < J; j++)
 		use[j] = ((spec ? r * use[j] : 0) + e * traj[j]) / (r + e);
-	mp_prefetch_plan_use(pf, m, use, MP_MAX(r, MP_MIN(score, e)), (int32_t)layer);
+	plan_layer(pf, m, use, MP_MAX(r, MP_MIN(score, e)), (int32_t)layer);
 }
 
 /*
@@ -368,8 +456,10 @@ static void finemoe_la_gate(struct mp_prefetch *pf, uint32_t layer, const uint32
 		finemoe_gate(pf, layer, ids, k, spec);
 		return;
 	}
+	note_runs(pf, layer, ids, k);
 	if (!pf->env.sem_dim && !next_pass(pf, &q->query, layer, pf->it->traj, use))
 		mp_prefetch_hint(pf, layer, use);
+	hold_hot(pf, layer);
 	traj = m && !mp_emap_predict_traj_n(m, &q->query, pf->it->traj, layer + 1, layer + 1, n,
 				       f->traj_use, &score) && score > 0;
 	for (uint32_t i = 0; i < n; i++)
@@ -425,9 +515,21 @@ static void finemoe_iter_fini(struct mp_prefetch *pf, struct mp_prefetch_iter *i
 	mp_emap_query_fini(&q->query);
 	free(q->top);
 	free(q->made);
+	free(q->run);
 }
 
-/* finemoe+nextlayer's per-request record of its predictions, to score them. */
+/* A request's runs of routed experts. */
+static int finemoe_iter_init(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
+{
+	struct finemoe_req *q = it->priv;
+
+	q->run = calloc((size_t)pf->env.layers * pf->env.experts, 1);
+	q->run_request = it->request;
+	q->run_model = it->model;
+	return q->run ? 0 : -ENOMEM;
+}
+
+/* finemoe+nextlayer's per-request record of its predictions, to score them, and its runs. */
 static int finemoe_la_iter_init(struct mp_prefetch *pf, struct mp_prefetch_iter *it)
 {
 	struct finemoe_req *q = it->priv;
@@ -435,7 +537,7 @@ static int finemoe_la_iter_init(struct mp_prefetch *pf, struct mp_prefetch_iter 
 
 	q->top = calloc(n * NSRC * pf->env.topk, sizeof(*q->top));
 	q->made = calloc(n, 1);
-	return q->top && q->made ? 0 : -ENOMEM;
+	return q->top && q->made ? finemoe_iter_init(pf, it) : -ENOMEM;
 }
 
 static bool is_finemoe(const struct mp_prefetch *pf)
@@ -449,6 +551,49 @@ struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf)
 	if (!is_finemoe(pf))
 		return NULL;
 	return ((struct finemoe *)pf->priv)->emap;
+}
+
+/*
+ * The memory the policy holds for its predictions: every model's store (with
+ * its own query), and each request's query and, with nextlayer, its record
+ * of predictions to score; the requests' arrays once they are allocated
+ * (a query at its request's first search). 0 for another policy.
+ */
+uint64_t mp_prefetch_finemoe_bytes(struct mp_prefetch *pf)
+{
+	struct finemoe *f = pf->priv;
+	struct mp_emap_stats es;
+	uint64_t b;
+
+	if (!is_finemoe(pf))
+		return 0;
+	mp_emap_stats(f->emap, &es);
+	b = sizeof(*f) + es.bytes;
+	for (uint32_t x = 0; x < MP_PREFETCH_MAX_MODELS - 1; x++) {
+		if (!f->more[x])
+			continue;
+		mp_emap_stats(f->more[x], &es);
+		b += es.bytes;
+	}
+	if (f->sem_use)
+		b += (uint64_t)f->cfg.layers * f->cfg.experts * sizeof(float);
+	if (f->hits)
+		b += (uint64_t)pf->env.distance * (2 * NSRC * sizeof(double) +
+						   f->cfg.experts * sizeof(float));
+	for (uint32_t i = 0; i < pf->niters; i++) {
+		const struct finemoe_req *q = pf->iters[i].priv;
+		const uint64_t n = (uint64_t)pf->env.layers * pf->env.distance;
+
+		if (!q)
+			continue;
+		/* Every store has f->cfg's geometry: any sizes a request's query. */
+		b += sizeof(*q) + mp_emap_query_bytes(f->emap, &q->query);
+		if (q->top)
+			b += n * NSRC * pf->env.topk * sizeof(*q->top) + n;
+		if (q->run)
+			b += (uint64_t)pf->env.layers * pf->env.experts;
+	}
+	return b;
 }
 
 /* Replaces the policy's store by m (taking it over), e.g. one loaded from a file. */
@@ -473,6 +618,7 @@ const struct mp_prefetch_ops mp_prefetch_finemoe = {
 	.end = finemoe_end,
 	.fini = finemoe_fini,
 	.iter_size = sizeof(struct finemoe_req),
+	.iter_init = finemoe_iter_init,
 	.iter_fini = finemoe_iter_fini,
 };
 

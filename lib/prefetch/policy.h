@@ -178,6 +178,11 @@ extern const struct mp_prefetch_ops mp_prefetch_oracle;
  */
 struct mp_emap *mp_prefetch_finemoe_emap(struct mp_prefetch *pf);
 void mp_prefetch_finemoe_set_emap(struct mp_prefetch *pf, struct mp_emap *m);
+/*
+ * The memory finemoe holds (0 for another policy): every model's store, and
+ * each request's query once it has searched (mp_prefetcher_stats().emap_bytes).
+ */
+uint64_t mp_prefetch_finemoe_bytes(struct mp_prefetch *pf);
 
 /*
  * The calling thread's CPU time in ns: what a policy's work costs, however

@@ -146,9 +146,16 @@ int bench_sem_fn(void *arg, uint32_t request, uint32_t token, float *out);
  * (printed).
  */
 struct bench_look;
+/*
+ * train_fraction and max_tokens as the simulator is given them: a request
+ * runs to the end of its evaluated part only.
+ */
 int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
-		    const struct cli_engine_opts *eng, uint64_t limit, struct bench_look **out);
+		    const struct cli_engine_opts *eng, uint64_t limit, double train_fraction,
+		    uint32_t max_tokens, struct bench_look **out);
 void bench_look_close(struct bench_look *b);
+/* Tokens the model ran for speculative gates so far (b may be NULL: 0). */
+uint64_t bench_look_tokens(const struct bench_look *b);
 int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, uint32_t target,
 		  float *out);
 

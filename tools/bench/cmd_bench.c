@@ -604,7 +604,8 @@ int cmd_bench(int argc, char **argv)
 		/* The model runs the trace's tokens only if a simulated policy asks for gates. */
 		if (env.simulate && sems[i] &&
 		    (err = bench_look_open(store, traces[i], sems[i], &env.eng,
-					   env.gates_memory / env.ntraces, &looks[i])))
+					   env.gates_memory / env.ntraces, env.train_fraction,
+					   env.max_tokens, &looks[i])))
 			goto out;
 	}
 	rows = calloc((size_t)env.nbudgets * env.npolicies, sizeof(*rows));
@@ -665,6 +666,15 @@ int cmd_bench(int argc, char **argv)
 		for (uint32_t i = 0; i < nrows; i++)
 			json_array_append_new(arr, result_json(&rows[i]));
 		json_object_set_new(root, "results", arr);
+		if (env.simulate) {
+			uint64_t ran = 0;
+
+			for (uint32_t i = 0; i < env.ntraces; i++)
+				ran += bench_look_tokens(looks[i]);
+			/* What the speculative gates cost: tokens the model ran for them. */
+			json_object_set_new(root, "speculative_gate_tokens",
+					    json_integer((json_int_t)ran));
+		}
 		json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
 		fputc('\n', stdout);
 		json_decref(root);

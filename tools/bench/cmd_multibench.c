@@ -53,6 +53,7 @@ static struct mb_env {
 	const char *prompts;
 	const char *tmpdir;
 	const char *prefetch;
+	const char *prefetch_of[N_SETUPS];	/* --prefetch SETUP=POLICY; NULL: prefetch */
 	const char *evict;
 	const char *merge[MAX_MERGE];
 	uint32_t nmerge;
@@ -109,14 +110,16 @@ static const char doc[] =
 	"--prefetch POLICY runs every setup's pager with that prefetcher (its\n"
 	"predictions reach each request's own rows: other models' too); the\n"
 	"consolidated setups' finemoe keeps a store per model, or one with\n"
-	"--shared-store.\n"
+	"--shared-store. --prefetch SETUP=POLICY (repeatable) sets one setup's,\n"
+	"e.g. --prefetch consolidated=finemoe --prefetch single=none.\n"
 	"\n"
 	"--group MS: in the swapping setups, the active model's queued requests join\n"
 	"ahead of an older head of another model while it has waited under MS ms (one\n"
 	"swap serves more requests; the head is served within MS plus one batch).\n"
 	"\n"
 	"--json prints {models, map, budget_bytes, io_rate, requests, max_tokens, repeat,\n"
-	"results: [{setup, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
+	"prefetch, prefetch_setups (the SETUP=POLICY ones, when given),\n"
+	"results: [{setup, prefetch, rate, offered_rpm, ttft_s: {p50, p90}, turnaround_s: {p50, p90,\n"
 	"mean}, throughput_rpm, saturated, swaps, swap_seconds, switch_wait_seconds,\n"
 	"grouped, hit_rate, misses_per_token, bytes_file, layer_ms: {passes, attention,\n"
 	"moe_by_hits: [{hits, passes, ms}]},\n"
@@ -166,8 +169,8 @@ static const struct argp_option opts[] = {
 	{ "timeout", OPT_TIMEOUT, "SECONDS", 0, "Give up on a run after this (default 300)", 0 },
 	{ "tmpdir", OPT_TMPDIR, "DIR", 0, "Where time-sharing's map is written (default /tmp)",
 	  0 },
-	{ "prefetch", OPT_PREFETCH, "POLICY", 0, "Prefetch policy of every setup's pager "
-	  "(default none)", 0 },
+	{ "prefetch", OPT_PREFETCH, "[SETUP=]POLICY", 0, "Prefetch policy of every setup's "
+	  "pager (default none), or of one setup (repeatable)", 0 },
 	{ "evict", OPT_EVICT, "POLICY", 0, "Eviction policy of every setup's pager (default: "
 	  "the prefetch policy's, else lru)", 0 },
 	{ "group", OPT_GROUP, "MS", 0, "Let the active model's requests pass an older head of "
@@ -213,6 +216,31 @@ static int parse_setups(const char *s)
 	}
 	free(copy);
 	return err ? err : n ? 0 : -EINVAL;
+}
+
+/* --prefetch POLICY (every setup's) or SETUP=POLICY (that setup's). Returns 0 or -EINVAL. */
+static int parse_prefetch(char *arg)
+{
+	char *eq = strchr(arg, '=');
+	int i = 0;
+
+	if (!eq) {
+		env.prefetch = arg;
+		return 0;
+	}
+	while (i < N_SETUPS && ((size_t)(eq - arg) != strlen(setup_names[i]) ||
+				strncmp(arg, setup_names[i], (size_t)(eq - arg))))
+		i++;
+	if (i == N_SETUPS || !eq[1])
+		return -EINVAL;
+	env.prefetch_of[i] = eq + 1;
+	return 0;
+}
+
+/* Setup s's prefetch policy (NULL: none). */
+static const char *prefetch_of(enum setup s)
+{
+	return env.prefetch_of[s] ? env.prefetch_of[s] : env.prefetch;
 }
 
 static error_t parse_arg(int key, char *arg, struct argp_state *state)
@@ -270,7 +298,12 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		cli_opt_double(state, "--timeout", arg, 1, 86400, &env.timeout);
 		break;
 	case OPT_TMPDIR: env.tmpdir = arg; break;
-	case OPT_PREFETCH: env.prefetch = arg; break;
+	case OPT_PREFETCH:
+		if (parse_prefetch(arg))
+			argp_error(state, "--prefetch wants POLICY or SETUP=POLICY, SETUP one of "
+				   "single, consolidated, mixed, split, timeshare, paged, "
+				   "consolidated-one");
+		break;
 	case OPT_EVICT: env.evict = arg; break;
 	case OPT_SHARED_STORE: env.shared_store = true; break;
 	case OPT_GROUP:
@@ -559,7 +592,7 @@ static int open_setup(enum setup s, const struct plan *pl, struct servers *sv)
 	char budget[32], fault[64];
 	struct serve_local_config c = {
 		.model = env.models[0], .tokenizer = env.tokenizer, .budget = budget,
-		.threads = env.threads, .prefetch = env.prefetch, .evict = env.evict,
+		.threads = env.threads, .prefetch = prefetch_of(s), .evict = env.evict,
 		.sched = { .max_batch = env.max_batch, .max_queue = 4096,
 			   .group_ns = (uint64_t)env.group_ms * 1000000 },
 		.shared_store = env.shared_store,
@@ -931,9 +964,10 @@ static json_t *row_json(enum setup s, double rate, struct outcome *o, uint32_t n
 		grouped[i] = (double)o[i].grouped;
 		bytes[i] = (double)o[i].bytes_file;
 	}
-	return json_pack("{s:s, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, s:f, "
-			 "s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:I}",
-			 "setup", setup_names[s], "rate", rate, "offered_rpm", offered,
+	return json_pack("{s:s, s:s?, s:f, s:f, s:f, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:f, s:b, "
+			 "s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:I}",
+			 "setup", setup_names[s], "prefetch", prefetch_of(s), "rate", rate,
+			 "offered_rpm", offered,
 			 "arrival_rpm", arrived,
 			 "ttft_s", "p50", MED(o, n, ttft_p50), "p90", MED(o, n, ttft_p90),
 			 "turnaround_s", "p50", MED(o, n, turn_p50), "p90", MED(o, n, turn_p90),
@@ -1028,7 +1062,8 @@ static void print_compare(json_t *compare)
 /* The parameters two runs to merge must share. */
 static const char *const same_keys[] = { "models", "map", "budget_bytes", "owned_bytes",
 					 "io_rate", "requests", "max_tokens", "max_batch",
-					 "prefetch", "evict", "group_ms", "shared_store" };
+					 "prefetch", "prefetch_setups", "evict", "group_ms",
+					 "shared_store" };
 
 /* --merge: one object of several runs' rows, the ratios taken again. */
 static int merge(void)
@@ -1152,6 +1187,16 @@ int cmd_multibench(int argc, char **argv)
 					 (int)env.group_ms, "shared_store", env.shared_store, "results",
 					 results, "compare",
 					 compare);
+		json_t *by = json_object();
+
+		/* Only when given: runs without it still merge with earlier files. */
+		for (int s = 0; s < N_SETUPS; s++)
+			if (env.prefetch_of[s])
+				json_object_set_new(by, setup_names[s],
+						    json_string(env.prefetch_of[s]));
+		if (json_object_size(by))
+			json_object_set(root, "prefetch_setups", by);
+		json_decref(by);
 
 		json_dumpf(root, stdout, JSON_INDENT(1));
 		putchar('\n');

@@ -9,7 +9,9 @@
  * policies that use them pay for running the model. They are kept for the
  * next runs up to a memory limit (tokens x layers x hidden floats a request:
  * a long trace's would not fit); the requests past it are computed again in
- * every run, one at a time.
+ * every run, one at a time. A request runs only as far as the simulator
+ * evaluates it (its evaluated part, cut at --max-tokens; session 34: it ran
+ * every token of the request).
  */
 #include <errno.h>
 #include <math.h>
@@ -27,6 +29,8 @@ struct bench_look {
 	struct mp_engine *e;
 	struct mp_resident *res;
 	uint32_t L, J, hidden, nreq;
+	uint32_t *need;		/* [request]: tokens to run, the evaluated part's end (0: none) */
+	uint64_t ran;		/* tokens run, every request and run together */
 	float *routers;		/* [L][J][hidden] */
 	float *norms;		/* [L][hidden]: the FFN norm weights */
 	float **xs;		/* [request]: [tokens][L][hidden] layer inputs, NULL unless kept */
@@ -49,6 +53,7 @@ void bench_look_close(struct bench_look *b)
 	for (uint32_t r = 0; b->xs && r < b->nreq; r++)
 		free(b->xs[r]);
 	free(b->xs);
+	free(b->need);
 	free(b->spill);
 	free(b->routers);
 	free(b->norms);
@@ -57,11 +62,39 @@ void bench_look_close(struct bench_look *b)
 	free(b);
 }
 
+/*
+ * How far the simulator evaluates each request (mp_prefetch_simulate()'s
+ * split, each evaluated part cut at max_tokens): the tokens to run.
+ */
+static int plan_need(struct bench_look *b, double train_fraction, uint32_t max_tokens)
+{
+	struct mp_replay_seg *train = calloc(b->nreq + 1, sizeof(*train));
+	struct mp_replay_seg *eval = calloc(b->nreq + 1, sizeof(*eval));
+	uint32_t ntrain, neval;
+	int err = train && eval ? 0 : -ENOMEM;
+
+	if (!err)
+		err = mp_replay_split(b->t, train_fraction, train, &ntrain, eval, &neval);
+	for (uint32_t g = 0; !err && g < neval; g++) {
+		uint32_t end = eval[g].end;
+
+		if (max_tokens && end - eval[g].begin > max_tokens)
+			end = eval[g].begin + max_tokens;
+		if (eval[g].request < b->nreq && end > b->need[eval[g].request])
+			b->need[eval[g].request] = end;
+	}
+	free(train);
+	free(eval);
+	return err;
+}
+
 int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct bench_sem *sem,
-		    const struct cli_engine_opts *eng, uint64_t limit, struct bench_look **out)
+		    const struct cli_engine_opts *eng, uint64_t limit, double train_fraction,
+		    uint32_t max_tokens, struct bench_look **out)
 {
 	const struct mp_geometry *g = mp_store_geometry(s);
 	struct bench_look *b = calloc(1, sizeof(*b));
+	int err;
 
 	*out = NULL;
 	if (!b)
@@ -77,12 +110,19 @@ int bench_look_open(struct mp_store *s, const struct mp_trace *t, const struct b
 	b->limit = limit;
 	b->spill_req = UINT32_MAX;
 	b->xs = calloc(b->nreq, sizeof(*b->xs));
-	if (!b->xs) {
+	b->need = calloc(b->nreq, sizeof(*b->need));
+	err = b->xs && b->need ? plan_need(b, train_fraction, max_tokens) : -ENOMEM;
+	if (err) {
 		bench_look_close(b);
-		return -ENOMEM;
+		return cli_error(err, "speculative gates: the trace's evaluated part");
 	}
 	*out = b;
 	return 0;
+}
+
+uint64_t bench_look_tokens(const struct bench_look *b)
+{
+	return b ? b->ran : 0;
 }
 
 /* Tensor blk.<layer>.<what> of n floats as f32 into out. Returns 0 or -errno (printed). */
@@ -152,9 +192,9 @@ static void look_gate(void *ctx, uint32_t request, uint32_t token, uint32_t laye
 {
 	struct bench_look *b = ctx;
 
-	(void)request;
 	(void)logits;
-	if (experts != b->J || hidden != b->hidden || token >= mp_trace_tokens(b->t, request))
+	if (request >= b->nreq || experts != b->J || hidden != b->hidden ||
+	    token >= b->need[request])
 		return;
 	memcpy(b->cur + ((size_t)token * b->L + layer) * b->hidden, x, hidden * sizeof(float));
 }
@@ -165,13 +205,14 @@ static const struct mp_expert_source_ops look_ops = {
 };
 
 /*
- * Runs request r's tokens from position 0, as a real run decodes them, keeping
- * every gate: in xs[r] while the limit allows, else in spill (the one before
- * freed). Returns its layer inputs, or NULL and *err.
+ * Runs request r's tokens from position 0 up to the last one evaluated, as a
+ * real run decodes them, keeping every gate: in xs[r] while the limit
+ * allows, else in spill (the one before freed). Returns its layer inputs, or
+ * NULL and *err.
  */
 static const float *compute(struct bench_look *b, uint32_t r, int *err)
 {
-	uint32_t n = mp_trace_tokens(b->t, r), max = mp_store_geometry(b->store)->max_seq;
+	uint32_t n = b->need[r], max = mp_store_geometry(b->store)->max_seq;
 	struct mp_runner_config rc = { .source = &look_ops, .source_ctx = b, .trace = b->t,
 				       .request = r, .max_seq = n + 2 < max ? n + 2 : max };
 	uint64_t bytes = (uint64_t)n * b->L * b->hidden * sizeof(float);
@@ -202,6 +243,7 @@ static const float *compute(struct bench_look *b, uint32_t r, int *err)
 		for (uint32_t tok = 0; !*err && tok < n; tok++)
 			*err = mp_runner_step(run, bench_sem_token(b->sem, r, tok));
 		mp_runner_close(run);
+		b->ran += n;
 	}
 	if (*err) {
 		cli_fail(*err, "speculative gates of request %u", r);
@@ -233,7 +275,8 @@ int bench_look_fn(void *arg, uint32_t request, uint32_t token, uint32_t layer, u
 	double sum = 0;
 	int err = 0;
 
-	if (request >= b->nreq || token >= mp_trace_tokens(b->t, request) || target <= layer ||
+	/* Past the evaluated part: not run (the simulator asks for none there). */
+	if (request >= b->nreq || token >= b->need[request] || target <= layer ||
 	    target >= b->L)
 		return -ERANGE;
 	x = b->xs[request] ? b->xs[request] : b->spill_req == request ? b->spill :

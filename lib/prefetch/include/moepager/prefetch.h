@@ -205,7 +205,12 @@ struct mp_prefetcher_stats {
 	uint64_t expired;		/* queued prefetches dropped: their layer ran before */
 	uint64_t policy_ns;		/* CPU time the thread spent in the policy and issuing */
 	uint32_t emap_records;		/* finemoe: records in the map store */
-	uint64_t emap_bytes;		/* finemoe: memory of the map store */
+	/*
+	 * finemoe: the memory of its map stores (one per model) and of each
+	 * followed request's query (rows and products, about L x J x 4 + C x 36 bytes
+	 * or so each, allocated at the request's first search).
+	 */
+	uint64_t emap_bytes;
 	/*
 	 * One expert read over one layer's compute, as measured (0: not yet):
 	 * finemoe prefetches an expert only when worth a read (docs/prefetch.md).
