@@ -379,6 +379,7 @@ static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t fir
 			      l, ex, strerror(-err));
 	r->st.expert_calls++;
 	r->st.expert_bytes += r->expert_bytes;
+	r->st.expert_macs += 3ull * h * r->g.ffn * m;
 	return 0;
 }
 
@@ -472,6 +473,28 @@ static int logits(struct mp_runner *r, const struct step_item *items, uint32_t c
 	return 0;
 }
 
+/*
+ * The dense multiply-adds of a step, before the positions move: per row and
+ * layer Q/K/V/O and the router, attention's scores and weighted sums over
+ * the row's own causal window (pos + 1 positions), and the LM head for each
+ * item's last row.
+ */
+static uint64_t dense_macs(const struct mp_runner *r, const struct step_item *items,
+			   uint32_t count, uint32_t rows)
+{
+	const struct mp_geometry *g = &r->g;
+	const uint64_t proj = (uint64_t)g->hidden *
+			      (2ull * r->qdim + 2ull * r->kvdim + g->experts);
+	uint64_t window = 0;
+
+	/* Row t of an item at pos sees pos + t + 1 positions: n(pos + 1) + n(n - 1) / 2. */
+	for (uint32_t i = 0; i < count; i++)
+		window += (uint64_t)items[i].n * (items[i].seq->pos + 1) +
+			  (uint64_t)items[i].n * (items[i].n - 1) / 2;
+	return g->layers * (rows * proj + 2ull * g->heads * g->head_dim * window) +
+	       (uint64_t)count * g->vocab * g->hidden;
+}
+
 int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t count,
 		      uint32_t rows)
 {
@@ -501,6 +524,7 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 		err = logits(r, items, count);
 	if (err)
 		return err;
+	r->st.dense_macs += dense_macs(r, items, count, rows);
 	for (uint32_t i = 0; i < count; i++) {
 		items[i].seq->pos += items[i].n;
 		items[i].seq->steps += items[i].decode;
