@@ -24,7 +24,7 @@ static float *falloc(size_t n)
 void mp_runner_free_activations(struct mp_runner *r)
 {
 	float **f[] = { &r->x, &r->xn, &r->q, &r->k, &r->v, &r->att, &r->tmp, &r->moe,
-			&r->rlogits, &r->gw, &r->xg, &r->eo, &r->last, &r->lbuf };
+			&r->rlogits, &r->gw, &r->xg, &r->eo, &r->last, &r->lbuf, &r->qkv };
 	uint32_t **u[] = { &r->ids, &r->row_of, &r->count, &r->order, &r->offset };
 
 	for (size_t i = 0; i < MP_ARRAY_SIZE(f); i++) {
@@ -62,6 +62,7 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 	r->att = falloc((size_t)rows * r->qdim);
 	r->k = falloc((size_t)rows * r->kvdim);
 	r->v = falloc((size_t)rows * r->kvdim);
+	r->qkv = falloc((size_t)rows * (r->qdim + 2ull * r->kvdim));
 	r->rlogits = falloc((size_t)rows * g->experts);
 	r->gw = falloc(rows * k);
 	r->xg = falloc(rows * k * h);
@@ -76,7 +77,7 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 	r->offset = calloc(r->expert_rows, sizeof(uint32_t));
 	r->items = calloc(count, sizeof(*r->items));
 	r->runs = calloc(count, sizeof(*r->runs));
-	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v ||
+	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v || !r->qkv ||
 	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids || !r->maps ||
 	    !r->row_of || !r->count || !r->order || !r->offset || !r->items || !r->runs) {
 		mp_runner_free_activations(r);
@@ -141,8 +142,23 @@ static int qkv(struct mp_runner *r, uint32_t l, const struct step_run *run)
 	int err;
 
 	if ((err = mp_engine_rmsnorm(r->e, r->x + f * g->hidden, lw->attn_norm, g->hidden,
-				     run->rows, g->norm_eps, xn)) ||
-	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, xn,
+				     run->rows, g->norm_eps, xn)))
+		return err;
+	if (lw->wqkv) {
+		const uint32_t all = r->qdim + 2 * r->kvdim;
+		const float *y = r->qkv + f * all;
+
+		err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wqkv, all, g->hidden, xn,
+				       run->rows, r->qkv + f * all);
+		for (uint32_t t = 0; t < run->rows && !err; t++, y += all) {
+			memcpy(r->q + (f + t) * r->qdim, y, r->qdim * sizeof(float));
+			memcpy(r->k + (f + t) * r->kvdim, y + r->qdim, r->kvdim * sizeof(float));
+			memcpy(r->v + (f + t) * r->kvdim, y + r->qdim + r->kvdim,
+			       r->kvdim * sizeof(float));
+		}
+		return err;
+	}
+	if ((err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, xn,
 				    run->rows, r->q + f * r->qdim)) ||
 	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wk, r->kvdim, g->hidden, xn,
 				    run->rows, r->k + f * r->kvdim)))
@@ -379,6 +395,7 @@ static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t fir
 			      l, ex, strerror(-err));
 	r->st.expert_calls++;
 	r->st.expert_bytes += r->expert_bytes;
+	r->st.expert_macs += 3ull * h * r->g.ffn * m;
 	return 0;
 }
 
@@ -472,6 +489,28 @@ static int logits(struct mp_runner *r, const struct step_item *items, uint32_t c
 	return 0;
 }
 
+/*
+ * The dense multiply-adds of a step, before the positions move: per row and
+ * layer Q/K/V/O and the router, attention's scores and weighted sums over
+ * the row's own causal window (pos + 1 positions), and the LM head for each
+ * item's last row.
+ */
+static uint64_t dense_macs(const struct mp_runner *r, const struct step_item *items,
+			   uint32_t count, uint32_t rows)
+{
+	const struct mp_geometry *g = &r->g;
+	const uint64_t proj = (uint64_t)g->hidden *
+			      (2ull * r->qdim + 2ull * r->kvdim + g->experts);
+	uint64_t window = 0;
+
+	/* Row t of an item at pos sees pos + t + 1 positions: n(pos + 1) + n(n - 1) / 2. */
+	for (uint32_t i = 0; i < count; i++)
+		window += (uint64_t)items[i].n * (items[i].seq->pos + 1) +
+			  (uint64_t)items[i].n * (items[i].n - 1) / 2;
+	return g->layers * (rows * proj + 2ull * g->heads * g->head_dim * window) +
+	       (uint64_t)count * g->vocab * g->hidden;
+}
+
 int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t count,
 		      uint32_t rows)
 {
@@ -501,6 +540,7 @@ int mp_runner_forward(struct mp_runner *r, struct step_item *items, uint32_t cou
 		err = logits(r, items, count);
 	if (err)
 		return err;
+	r->st.dense_macs += dense_macs(r, items, count, rows);
 	for (uint32_t i = 0; i < count; i++) {
 		items[i].seq->pos += items[i].n;
 		items[i].seq->steps += items[i].decode;

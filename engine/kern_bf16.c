@@ -122,7 +122,14 @@ static const char *pf_at(const char *w, size_t rs)
 /*
  * y[t * ystride + r] for the n vectors mp_bf16_xprep() rounded at x: each
  * 4-row block is read from memory once (prefetched by the first group of
- * vectors) and used by every group of up to TOKENS while in L1.
+ * vectors) and used by every group of up to TOKENS while in L1. One vector
+ * (n = 1) goes a row at a time, front to back, prefetched MP_PF_AHEAD on by
+ * one line a step, as the AVX-512 kernel's gemv_rows_bf16() does (a 4-row
+ * tile reads mixtral-mini's 2 KiB rows as interleaved streams in a page,
+ * which the hardware prefetcher follows badly; docs/engine.md "Session 33"):
+ * the same sums, one accumulator over the blocks in order and the
+ * reduction mp_reduce_tile() matches, so a vector alone and in a batch
+ * still agree bit for bit.
  */
 TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const float *x,
 			 uint32_t n, float *y, size_t ystride)
@@ -131,6 +138,15 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 	const uint16_t *xb = (const uint16_t *)x;
 	uint32_t r = 0;
 
+	if (n == 1) {
+		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));
+		for (; r < rows; r++) {
+			const char *wr = (const char *)w + r * rs;
+
+			tile(wr, rs, 1, 1, cols, xb, xs, y + r, 1, wr + MP_PF_AHEAD);
+		}
+		return;
+	}
 	if (rows >= ROWS)
 		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)(pf_at(w, rs) - (const char *)w)));
 	for (; r + ROWS <= rows; r += ROWS) {

@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: MIT
-/* Memory read bandwidth with an engine's threads: the ceiling a memory-bound GEMV is held to. */
+/*
+ * Memory read bandwidth with an engine's threads: the ceiling a memory-bound
+ * GEMV is held to; and beside it the rate of the engine's own bf16 product on
+ * weights in cache, the ceiling a compute-bound one is held to.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,6 +19,16 @@
 #define MEMBW_MAX_RUNS		101u
 /* A chunk is big enough to stream, small enough to balance a slowed thread. */
 #define MEMBW_CHUNK_BYTES	(4ull << 20)
+/*
+ * The compute probe: a bf16 matrix of FMA_ROWS x FMA_COLS (256 KiB, in L2)
+ * against FMA_VECTORS vectors, the AVX-512 kernels' widest register tile
+ * (4 rows x 6 vectors), so the product runs at its best multiply-add rate;
+ * FMA_CALLS products a thread a sample (8e8 multiply-adds, ~15 ms).
+ */
+#define FMA_ROWS		64u
+#define FMA_COLS		2048u
+#define FMA_VECTORS		6u
+#define FMA_CALLS		1024u
 
 struct mp_membw {
 	struct engine_impl *ei;
@@ -23,6 +37,11 @@ struct mp_membw {
 	uint32_t nchunks;
 	float *sums;		/* one per chunk, so the reads cannot be optimised away */
 	double huge;		/* the buffer's share on huge pages, -1 unknown */
+	/* The compute probe's weights, prepared vectors and one output block per chunk. */
+	uint16_t *fw;
+	float *fx;
+	float *fy;
+	uint32_t fchunks;
 };
 
 static int membw_chunk(void *arg, uint32_t chunk, uint32_t worker)
@@ -35,6 +54,47 @@ static int membw_chunk(void *arg, uint32_t chunk, uint32_t worker)
 		c1 = m->bytes;
 	(void)worker;
 	m->sums[chunk] = m->ei->kern->read_sum(m->buf + c0, c1 - c0);
+	return 0;
+}
+
+/* FMA_CALLS products of the probe's matrix, into the chunk's own outputs. */
+static int fma_chunk(void *arg, uint32_t chunk, uint32_t worker)
+{
+	struct mp_membw *m = arg;
+	float *y = m->fy + (size_t)chunk * FMA_VECTORS * FMA_ROWS;
+
+	(void)worker;
+	for (uint32_t i = 0; i < FMA_CALLS; i++)
+		m->ei->kern->gemm[MP_DTYPE_BF16](m->fw, FMA_ROWS, FMA_COLS, m->fx, FMA_VECTORS,
+						 y, FMA_ROWS);
+	return 0;
+}
+
+/*
+ * Weights and activations in (-1, 1), no subnormals (which some units take
+ * slowly), from a fixed LCG; the activations put in the kernel's order.
+ */
+static int fma_fill(struct mp_membw *m)
+{
+	const size_t nx = (size_t)FMA_VECTORS * FMA_COLS;
+	float *x = malloc(nx * sizeof(*x));
+	uint32_t s = 12345;
+
+	if (!x)
+		return -ENOMEM;
+	for (size_t i = 0; i < (size_t)FMA_ROWS * FMA_COLS; i++) {
+		s = s * 1664525u + 1013904223u;
+		m->fw[i] = mp_f32_to_bf16((float)(s >> 8) / (float)(1u << 23) - 1.0f);
+	}
+	for (size_t i = 0; i < nx; i++) {
+		s = s * 1664525u + 1013904223u;
+		x[i] = (float)(s >> 8) / (float)(1u << 23) - 1.0f;
+	}
+	if (m->ei->kern->xprep[MP_DTYPE_BF16])
+		m->ei->kern->xprep[MP_DTYPE_BF16](x, FMA_VECTORS, FMA_COLS, m->fx);
+	else
+		memcpy(m->fx, x, nx * sizeof(*x));
+	free(x);
 	return 0;
 }
 
@@ -59,9 +119,13 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 	m->nchunks = (uint32_t)MP_MAX(e->threads,
 				      (m->bytes + MEMBW_CHUNK_BYTES - 1) / MEMBW_CHUNK_BYTES);
 	m->sums = calloc(m->nchunks, sizeof(float));
+	m->fchunks = e->threads;
+	m->fw = aligned_alloc(64, (size_t)FMA_ROWS * FMA_COLS * sizeof(*m->fw));
+	m->fx = aligned_alloc(64, (size_t)FMA_VECTORS * FMA_COLS * sizeof(*m->fx));
+	m->fy = calloc((size_t)m->fchunks * FMA_VECTORS * FMA_ROWS, sizeof(*m->fy));
 	/* Huge pages, as the resident weights get (mp_huge_map, the same call). */
 	m->buf = mp_huge_map(m->bytes);
-	if (!m->sums || !m->buf) {
+	if (!m->sums || !m->buf || !m->fw || !m->fx || !m->fy || fma_fill(m)) {
 		err = mp_err(-ENOMEM, "membw: cannot map %llu bytes",
 			     (unsigned long long)m->bytes);
 		goto free_probe;
@@ -71,6 +135,8 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 	m->huge = mp_huge_share(m->buf);
 	/* An untimed pass warms the TLB and wakes the pool. */
 	err = mp_pool_run(m->ei->pool, NULL, m->nchunks, membw_chunk, m);
+	if (!err)
+		err = mp_pool_run(m->ei->pool, NULL, m->fchunks, fma_chunk, m);
 	if (err)
 		goto free_probe;
 	*out = m;
@@ -79,6 +145,9 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 free_probe:
 	mp_huge_unmap(m->buf, m->bytes);
 	free(m->sums);
+	free(m->fw);
+	free(m->fx);
+	free(m->fy);
 	free(m);
 	return err;
 }
@@ -111,6 +180,34 @@ int mp_membw_sample_one(struct mp_membw *m, double *gbps)
 	return 0;
 }
 
+/* Multiply-adds of a sample's products on `chunks` threads, over ns: 1e9 a second. */
+static double fma_rate(uint32_t chunks, uint64_t ns)
+{
+	const double macs = (double)chunks * FMA_CALLS * FMA_ROWS * FMA_COLS * FMA_VECTORS;
+
+	return macs / (double)(ns ? ns : 1);
+}
+
+int mp_membw_fma_sample(struct mp_membw *m, double *gmacs)
+{
+	uint64_t t0 = mp_now_ns();
+	int err = mp_pool_run(m->ei->pool, NULL, m->fchunks, fma_chunk, m);
+
+	if (err)
+		return err;
+	*gmacs = fma_rate(m->fchunks, mp_now_ns() - t0);
+	return 0;
+}
+
+int mp_membw_fma_sample_one(struct mp_membw *m, double *gmacs)
+{
+	uint64_t t0 = mp_now_ns();
+
+	fma_chunk(m, 0, 0);
+	*gmacs = fma_rate(1, mp_now_ns() - t0);
+	return 0;
+}
+
 uint64_t mp_membw_bytes(const struct mp_membw *m)
 {
 	return m->bytes;
@@ -127,6 +224,9 @@ void mp_membw_close(struct mp_membw *m)
 		return;
 	mp_huge_unmap(m->buf, m->bytes);
 	free(m->sums);
+	free(m->fw);
+	free(m->fx);
+	free(m->fy);
 	free(m);
 }
 

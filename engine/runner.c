@@ -109,6 +109,21 @@ static int load_tensor(struct mp_runner *r, struct dense_set *d, const char *nam
 	return 0;
 }
 
+/*
+ * wq when wk and wv follow it end to end (the file's order, read into one
+ * block; a source's lent copies may be anywhere), else NULL: then Q, K and V
+ * are one product over qdim + 2 kvdim rows, one pool job instead of three,
+ * and each row's sum is the same (the kernels' rows are independent).
+ */
+static const void *qkv_joined(const struct mp_runner *r, const struct layer_weights *lw)
+{
+	const size_t q = mp_dtype_bytes(r->g.dtype, (uint64_t)r->qdim * r->g.hidden);
+	const size_t kv = mp_dtype_bytes(r->g.dtype, (uint64_t)r->kvdim * r->g.hidden);
+
+	return (const char *)lw->wk == (const char *)lw->wq + q &&
+	       (const char *)lw->wv == (const char *)lw->wk + kv ? lw->wq : NULL;
+}
+
 /* Room for every tensor, widened to f32 in the worst case. */
 static size_t weights_size(const struct mp_store *s)
 {
@@ -180,6 +195,7 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 		LOAD("ffn_norm", g->hidden, 0, true, lw->ffn_norm, NULL, false);
 		LOAD("router", g->experts, g->hidden, false, lw->router, &lw->router_dtype, false);
 #undef LOAD
+		lw->wqkv = qkv_joined(r, lw);
 	}
 	d->layer_bytes = mp_dtype_bytes(g->dtype, (2ull * r->qdim + 2ull * r->kvdim) * g->hidden) +
 			 mp_dtype_bytes(d->layers[0].router_dtype,

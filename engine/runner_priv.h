@@ -15,6 +15,8 @@
 struct layer_weights {
 	const float *attn_norm;
 	const void *wq, *wk, *wv, *wo;
+	/* wq, wk and wv as one matrix when they lie end to end (one product), or NULL */
+	const void *wqkv;
 	const float *ffn_norm;
 	const void *router;
 	enum mp_dtype router_dtype;
@@ -93,6 +95,7 @@ struct mp_runner {
 	/* Activations for up to cap rows (tokens) and cap_items items of a step. */
 	uint32_t cap, cap_items;
 	float *x, *xn, *q, *k, *v, *att, *tmp, *moe, *rlogits, *gw;
+	float *qkv;				/* [cap][qdim + 2 kvdim]: wqkv's products */
 	uint32_t *ids;
 	const uint32_t **maps;			/* [cap]: each row's routed-id map of its layer */
 	float *xg, *eo;				/* [cap x topk][hidden]: gathered inputs, outputs */

@@ -4,7 +4,10 @@
 # sampled before, inside (every --membw-every decode steps) and after each run, and the
 # JSON counts those samples, keeps the median between their min and max, reports one
 # sample a run on the calling thread alone and the probe buffer's huge-page share, and the
-# bound ratio is tokens/s over the bound; a bad --membw-every is refused.
+# bound ratio is tokens/s over the bound; beside it the compute roof: the step's
+# multiply-adds (as many per sequence at every batch size: each routed expert and dense
+# product over its rows) over the probe's multiply-add rate, the roof the slower of the
+# two (never above the byte bound) and its ratio; a bad --membw-every is refused.
 #
 #   cli_batchbench.sh MOEPAGER
 set -uo pipefail
@@ -30,6 +33,20 @@ for r in d["results"]:
     assert math.isclose(r["bound_tok_s"],
                         r["membw_gbps"] * 1e9 / r["weight_bytes_per_step"] * r["batch"],
                         rel_tol=1e-9), r
+    # The compute roof beside the byte bound.
+    assert r["fma_gmacs"] > 0 and r["fma_1t_gmacs"] > 0 and r["macs_per_step"] > 0, r
+    assert math.isclose(r["compute_tok_s"],
+                        r["fma_gmacs"] * 1e9 / r["macs_per_step"] * r["batch"],
+                        rel_tol=1e-9), r
+    assert math.isclose(r["roof_tok_s"], min(r["bound_tok_s"], r["compute_tok_s"]),
+                        rel_tol=1e-9), r
+    assert 0 < r["roof_tok_s"] <= r["bound_tok_s"], r
+    assert math.isclose(r["roof_ratio"], r["tok_s"] / r["roof_tok_s"], rel_tol=1e-9), r
+    assert r["roof_ratio"] >= r["bound_ratio"], r
+# Decode rows compute the same per sequence whatever the batch, but for attention over
+# positions that do not depend on the batch either: twice the sequences, twice the work.
+m1, m2 = (r["macs_per_step"] for r in d["results"])
+assert math.isclose(m2, 2 * m1, rel_tol=1e-9), (m1, m2)
 PYEOF
 
 for every in 1 2 3 0; do

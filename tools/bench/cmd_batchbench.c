@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * moepager batchbench: batched decode throughput at several batch sizes,
- * against the bound memory bandwidth sets, measured in the same run.
+ * against the bound memory bandwidth sets and the roof the engine's
+ * multiply-add rate adds to it, both measured in the same run.
  */
 #include <argp.h>
 #include <errno.h>
@@ -49,6 +50,13 @@ static const char doc[] =
 	"inside the runs see what the steps saw (docs/engine.md \"Session 32\").\n"
 	"Each sequence has its own random prompt (--prompt tokens) and decodes\n"
 	"greedily for --tokens steps; figures are medians over --repeat runs.\n"
+	"Beside the bytes, a step's multiply-adds (macs_per_step, from the runner's\n"
+	"counters: the dense products and attention over every row, each routed\n"
+	"expert over the rows that chose it) over the rate of the engine's own bf16\n"
+	"product on weights in cache (fma_gmacs, sampled before and after each run)\n"
+	"give the fastest it can compute; the roof is the slower of the two\n"
+	"(roof_tok_s <= bound_tok_s), where a batch whose experts each get a few\n"
+	"rows is held by the products, not the reads (docs/engine.md \"Session 34\").\n"
 	"Experts are resident unless --budget pages them (then the bound is not the\n"
 	"disk's, and the ratio says what paging costs) or --attach reads them, and the\n"
 	"dense weights, in a pager daemon's memfds (warmed first: every expert the\n"
@@ -57,13 +65,17 @@ static const char doc[] =
 	"--json prints {model, threads, membw_gbps, membw_bytes, membw_huge_share,\n"
 	"results: [{batch, tok_s, steps_s, weight_bytes_per_step, weights_gbps,\n"
 	"membw_gbps, membw_min_gbps, membw_max_gbps, membw_samples, membw_1t_gbps,\n"
-	"bound_tok_s, bound_ratio, speedup}]}: a batch size's membw is the median of\n"
+	"bound_tok_s, bound_ratio, macs_per_step, fma_gmacs, fma_1t_gmacs,\n"
+	"compute_tok_s, roof_tok_s, roof_ratio, speedup}]}: a batch size's membw is the median of\n"
 	"its samples before, inside and after its runs (min and max: their spread;\n"
 	"membw_samples: how many), membw_1t the median of one sample a run on the\n"
 	"calling thread alone (beside membw, it tells the VM's bandwidth mode: the\n"
 	"threads reading barely more than one, or twice as much); membw_huge_share is\n"
 	"the probe buffer's share on huge pages, as the resident weights'; speedup is\n"
-	"tok_s over batch 1's.\n"
+	"tok_s over batch 1's; fma_gmacs is 1e9 multiply-adds a second with the\n"
+	"engine's threads (fma_1t_gmacs: the calling thread alone, one a run),\n"
+	"compute_tok_s the tokens/s it allows, roof_tok_s the lower of it and\n"
+	"bound_tok_s, roof_ratio tok_s over roof_tok_s.\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager batchbench --model mixtral-mini.mpk --batch 1,2,4,8,16 --json\n";
@@ -140,6 +152,7 @@ struct bench {
 struct one_run {
 	double seconds;
 	uint64_t bytes;		/* weight bytes the steps read */
+	uint64_t macs;		/* multiply-adds the steps computed */
 	uint64_t steps;
 };
 
@@ -182,6 +195,7 @@ static int run_batch(struct bench *b, uint32_t B, uint32_t rep, struct one_run *
 	out->seconds = (double)ns / 1e9;
 	mp_runner_stats(b->runner, &s1);
 	out->bytes = (s1.dense_bytes - s0.dense_bytes) + (s1.expert_bytes - s0.expert_bytes);
+	out->macs = (s1.dense_macs - s0.dense_macs) + (s1.expert_macs - s0.expert_macs);
 	out->steps = s1.steps - s0.steps;
 	for (uint32_t i = 0; i < B; i++)
 		mp_seq_close(seq[i]);
@@ -243,12 +257,13 @@ static uint32_t samples_per_size(void)
 
 /*
  * One batch size: repeat runs, membw sampled around and inside each (appended
- * to bw_all at *nbw); medians.
+ * to bw_all at *nbw) and the multiply-add rate around each; medians.
  */
 static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, double *bw_all,
 		   uint32_t *nbw)
 {
 	double tps[MAX_REPEAT], sps[MAX_REPEAT], bps[MAX_REPEAT], bw1[MAX_REPEAT];
+	double mps[MAX_REPEAT], fma[2 * MAX_REPEAT], fma1[MAX_REPEAT];
 	double *bw = bw_all + *nbw;
 	uint32_t nb = 0;
 	int err = 0;
@@ -258,16 +273,23 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 
 		err = mp_membw_sample(b->membw, &bw[nb++]);
 		if (!err)
+			err = mp_membw_fma_sample(b->membw, &fma[2 * r]);
+		if (!err)
 			err = run_batch(b, B, r, &o, bw, &nb);
 		if (!err)
 			err = mp_membw_sample(b->membw, &bw[nb++]);
 		if (!err)
 			err = mp_membw_sample_one(b->membw, &bw1[r]);
+		if (!err)
+			err = mp_membw_fma_sample(b->membw, &fma[2 * r + 1]);
+		if (!err)
+			err = mp_membw_fma_sample_one(b->membw, &fma1[r]);
 		if (err)
 			break;
 		sps[r] = (double)o.steps / o.seconds;
 		tps[r] = sps[r] * B;
 		bps[r] = (double)o.bytes / (double)o.steps;
+		mps[r] = (double)o.macs / (double)o.steps;
 	}
 	if (err)
 		return err;
@@ -277,6 +299,9 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 		double bytes = cli_median(bps, env.repeat), membw = cli_median(bw, nb);
 		double membw1 = cli_median(bw1, env.repeat);
 		double bound = membw * 1e9 / bytes * B, bw_lo = bw[0], bw_hi = bw[0];
+		/* The compute roof: the step's multiply-adds at the probe's rate. */
+		double macs = cli_median(mps, env.repeat), rate = cli_median(fma, 2 * env.repeat);
+		double compute = rate * 1e9 / macs * B, roof = compute < bound ? compute : bound;
 
 		/* the samples' spread: how far the bound itself moves within a batch size */
 		for (uint32_t i = 1; i < nb; i++) {
@@ -287,16 +312,22 @@ static int measure(struct bench *b, uint32_t B, json_t *results, double *tok1, d
 		if (B == env.sizes[0])
 			*tok1 = t / B;
 		json_array_append_new(results, json_pack(
-			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f}", "batch",
+			"{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, "
+			"s:f, s:f, s:f, s:f, s:f, s:f}", "batch",
 			(int)B, "tok_s", t, "steps_s", s, "weight_bytes_per_step", bytes,
 			"weights_gbps", bytes * s / 1e9, "membw_gbps", membw, "membw_min_gbps",
 			bw_lo, "membw_max_gbps", bw_hi, "membw_samples", (int)nb, "membw_1t_gbps",
 			membw1, "bound_tok_s", bound,
-			"bound_ratio", t / bound, "speedup", *tok1 > 0 ? t / *tok1 : 0));
+			"bound_ratio", t / bound, "macs_per_step", macs, "fma_gmacs", rate,
+			"fma_1t_gmacs", cli_median(fma1, env.repeat), "compute_tok_s", compute,
+			"roof_tok_s", roof, "roof_ratio", t / roof,
+			"speedup", *tok1 > 0 ? t / *tok1 : 0));
 		if (!env.json)
 			printf("batch %3u: %8.1f tok/s  %7.2f steps/s  %7.1f MB/step  %5.1f GB/s of "
-			       "%5.1f (1 thread %5.1f)  bound %.2f  x%.2f\n", B, t, s, bytes / 1e6,
-			       bytes * s / 1e9, membw, membw1, t / bound, *tok1 > 0 ? t / *tok1 : 0);
+			       "%5.1f (1 thread %5.1f)  bound %.2f  %5.1f G MAC/s  roof %.2f  "
+			       "x%.2f\n",
+			       B, t, s, bytes / 1e6, bytes * s / 1e9, membw, membw1, t / bound, rate,
+			       t / roof, *tok1 > 0 ? t / *tok1 : 0);
 	}
 	return 0;
 }

@@ -32,6 +32,18 @@ MP_API int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **
 MP_API int mp_membw_sample(struct mp_membw *m, double *gbps);
 /* One timed pass on the calling thread only (none of the pool's): sets *gbps. Returns 0. */
 MP_API int mp_membw_sample_one(struct mp_membw *m, double *gbps);
+/*
+ * The compute probe beside the read one: one timed sample of the engine's
+ * own bf16 product (its reference kernels' gemm) on a 64 x 2048 matrix in L2
+ * against 6 vectors, the AVX-512 kernels' widest register tile, on every
+ * thread of the pool; sets *gmacs to the multiply-adds (weight x
+ * activation) per second, in 1e9. Its work over this rate is the fastest a
+ * step can compute, as its bytes over the read bandwidth are the fastest it
+ * can read (docs/engine.md "Session 34"). Returns 0 or -errno.
+ */
+MP_API int mp_membw_fma_sample(struct mp_membw *m, double *gmacs);
+/* The same on the calling thread only: sets *gmacs. Returns 0. */
+MP_API int mp_membw_fma_sample_one(struct mp_membw *m, double *gmacs);
 MP_API uint64_t mp_membw_bytes(const struct mp_membw *m);
 /*
  * The share (0..1) of the buffer's memory the kernel put on huge pages when

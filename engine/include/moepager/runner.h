@@ -255,7 +255,16 @@ struct mp_runner_stats {
 	 */
 	uint64_t dense_lent_bytes;
 	uint64_t dense_read_bytes;
-	MP_RESERVED(4);
+	/*
+	 * Multiply-adds (weight x activation, one per product term) the steps
+	 * computed: dense_macs of the dense products (Q/K/V/O, the router, the
+	 * LM head) and attention's scores and weighted sums, expert_macs of
+	 * the routed experts' three matrices, each over the rows that chose it.
+	 * With the byte counters, what a step's compute roof is made of.
+	 */
+	uint64_t dense_macs;
+	uint64_t expert_macs;
+	MP_RESERVED(2);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);
