@@ -125,9 +125,14 @@ int mp_membw_open(struct mp_engine *e, uint64_t bytes, struct mp_membw **out)
 	m->fy = calloc((size_t)m->fchunks * FMA_VECTORS * FMA_ROWS, sizeof(*m->fy));
 	/* Huge pages, as the resident weights get (mp_huge_map, the same call). */
 	m->buf = mp_huge_map(m->bytes);
-	if (!m->sums || !m->buf || !m->fw || !m->fx || !m->fy || fma_fill(m)) {
+	if (!m->buf) {
 		err = mp_err(-ENOMEM, "membw: cannot map %llu bytes",
 			     (unsigned long long)m->bytes);
+		goto free_probe;
+	}
+	if (!m->sums || !m->fw || !m->fx || !m->fy || fma_fill(m)) {
+		err = mp_err(-ENOMEM, "membw: out of memory for the probes' sums and %u x %u FMA matrix",
+			     FMA_ROWS, FMA_COLS);
 		goto free_probe;
 	}
 	/* Written, so no page is the shared zero page. */
