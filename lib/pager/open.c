@@ -302,7 +302,8 @@ void mp_pager_close(struct mp_pager *p)
 	 * Threads inside the guard may still be faulting: the handler keeps
 	 * running and poisons whatever they touch, so they leave with an error.
 	 */
-	while (p->guards)
+	atomic_store(&p->guard_waiting, true);
+	while (atomic_load(&p->guards))
 		pthread_cond_wait(&p->guard_cv, &p->lock);
 	pthread_mutex_unlock(&p->lock);
 	plog_debug(p, "closed");

@@ -114,7 +114,8 @@ struct mp_pager {
 	struct mp_pager_stats st;	/* counters (resident figures are filled on read) */
 	bool broken;			/* the handler died: nothing is served any more */
 	bool caller_busy;		/* a thread reads with p->caller */
-	int guards;			/* threads inside mp_pager_guard() on this pager */
+	atomic_int guards;		/* threads inside mp_pager_guard() on this pager */
+	atomic_bool guard_waiting;	/* close waits for guards to reach 0 (guard_cv) */
 	pthread_cond_t guard_cv;
 
 	atomic_bool closing;
