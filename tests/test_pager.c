@@ -2202,6 +2202,7 @@ int main(void)
 	}
 	for (size_t i = 0; i < MP_ARRAY_SIZE(singles); i++)
 		tests[n++] = singles[i];
+	t_test_filter();
 	failed = _cmocka_run_group_tests("test_pager", tests, n, group_setup, group_teardown);
 	for (size_t i = 0; i < MP_ARRAY_SIZE(behaviours) * nmodes; i++)
 		free((char *)tests[i].name);
