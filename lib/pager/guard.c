@@ -227,10 +227,17 @@ void mp_guard_unregister(struct mp_pager *p)
 
 /*
  * Counted without the pager's lock, which the fill threads and route()
- * hold often: only a close waits for the count (guard_waiting, then 0).
- * Both sides are sequentially consistent, so a leaver either sees the
- * closer waiting and wakes it under the lock, or the closer sees its 0.
+ * hold often; only a close waits for the count, and it says so in the same
+ * word (GUARDS_CLOSING), so one atomic operation tells a leaver both
+ * whether it is the last and whether a close waits. A leaver touches the
+ * pager after its decrement only as that last one with a close waiting,
+ * and the close goes on only once it has said so under the lock
+ * (guards_out): a flag in its own word, or a wait for the count alone,
+ * would let the close see 0 and free the pager between the leaver's
+ * decrement and its wake-up.
  */
+#define GUARDS_CLOSING 0x80000000u
+
 static void guard_enter(struct mp_pager *p)
 {
 	atomic_fetch_add(&p->guards, 1);
@@ -238,11 +245,21 @@ static void guard_enter(struct mp_pager *p)
 
 static void guard_leave(struct mp_pager *p)
 {
-	if (atomic_fetch_sub(&p->guards, 1) == 1 && atomic_load(&p->guard_waiting)) {
+	if (atomic_fetch_sub(&p->guards, 1) == (GUARDS_CLOSING | 1)) {
 		pthread_mutex_lock(&p->lock);
+		p->guards_out = true;
 		pthread_cond_broadcast(&p->guard_cv);
 		pthread_mutex_unlock(&p->lock);
 	}
+}
+
+void mp_guard_wait_out(struct mp_pager *p)
+{
+	/* None inside: no leaver will look at the pager again. */
+	if (atomic_fetch_or(&p->guards, GUARDS_CLOSING) == 0)
+		return;
+	while (!p->guards_out)
+		pthread_cond_wait(&p->guard_cv, &p->lock);
 }
 
 /* After the jump: find the pager the address belongs to, report, and start the retry. */
