@@ -27,6 +27,14 @@ __attribute__((constructor)) static void t_line_buffered(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 }
 
+void t_test_filter(void)
+{
+	const char *f = getenv("T_FILTER");
+
+	if (f && *f)
+		cmocka_set_test_filter(f);
+}
+
 int t_require_all(void)
 {
 	const char *v = getenv("MOEPAGER_REQUIRE_BPF");

@@ -31,6 +31,12 @@ void t_log_capture(void);
 void t_log_reset(void);
 int t_log_contains(const char *needle);
 
+/*
+ * Runs only the tests whose names match $T_FILTER (cmocka's pattern: * and ?),
+ * so one racy test can be looped alone: T_FILTER='demand_fault*' build/tests/test_pager.
+ */
+void t_test_filter(void);
+
 /* cmocka group setup and teardown: t_log_capture() and t_tmpdir_cleanup(). */
 int t_group_log_capture(void **state);
 int t_group_tmpdir_cleanup(void **state);

@@ -1699,7 +1699,10 @@ int main(void)
 		cmocka_unit_test(pager_refuses_a_prefetch_that_would_evict_an_expert_needed_sooner),
 		cmocka_unit_test(a_thread_faulting_on_a_refused_prefetch_gets_the_expert),
 	};
-	int ret = cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
+	int ret;
+
+	t_test_filter();
+	ret = cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 
 	t_tmpdir_cleanup();
 	return ret;

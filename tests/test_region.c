@@ -759,5 +759,6 @@ int main(int argc, char **argv)
 		t_log_capture();
 		return child_create(!strcmp(argv[2], "drop"));
 	}
+	t_test_filter();
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

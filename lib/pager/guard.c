@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <ucontext.h>
 
 #include <moepager/pager.h>
 
@@ -36,14 +37,32 @@ static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
 static struct sigaction prev_action;
 static int hook_err;
 
+/*
+ * The frame saves no signal mask: sigsetjmp(jb, 1) costs a sigprocmask call
+ * on every entry, and the engine enters the guard once per chunk of work
+ * (~200 times a token on tiny-real). The handler keeps the mask the fault
+ * interrupted (its ucontext's) instead, and the guard restores it after the
+ * jump, which is what a saved mask would have given back.
+ */
 struct guard_frame {
 	sigjmp_buf jb;
 	struct guard_frame *prev;
 	void *addr;
+	sigset_t mask;
 };
 
 /* Initial-exec TLS: the handler must not call into the dynamic linker. */
 static __thread struct guard_frame *guard_top __attribute__((tls_model("initial-exec")));
+
+/*
+ * How often a thread's guard entries look whether someone replaced our
+ * SIGBUS handler (a sigaction() system call): its first entry and every
+ * HOOK_RECHECK-th after it, and every pager open (register_entry). A count,
+ * not a clock: reading the clock on every entry cost as much as the rest of
+ * the entry (docs/region.md, session 34).
+ */
+#define HOOK_RECHECK 64u
+static __thread uint32_t hook_entries __attribute__((tls_model("initial-exec")));
 
 static bool in_ranges(uintptr_t a)
 {
@@ -85,6 +104,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 
 	if (f && si->si_code > 0 && in_ranges((uintptr_t)si->si_addr)) {
 		f->addr = si->si_addr;
+		f->mask = ((const ucontext_t *)uc)->uc_sigmask;
 		siglongjmp(f->jb, 1);
 	}
 	chain(sig, si, uc);
@@ -104,17 +124,15 @@ static void hook_install(void)
 
 /*
  * Someone installed a SIGBUS handler after ours (a test harness, a
- * runtime): put ours back in front, chaining to theirs. Checked on every
- * guard entry, so the guard keeps working whatever was installed since.
+ * runtime): put ours back in front, chaining to theirs. Checked at every
+ * pager open and on a thread's guard entries (HOOK_RECHECK), so the guard
+ * keeps working whatever was installed since.
  */
-static int hook_ensure(void)
+static int hook_check(void)
 {
 	static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 	struct sigaction cur;
 
-	pthread_once(&hook_once, hook_install);
-	if (hook_err)
-		return hook_err;
 	if (sigaction(SIGBUS, NULL, &cur))
 		return -errno;
 	if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
@@ -135,15 +153,24 @@ static int hook_ensure(void)
 	return 0;
 }
 
+static int hook_ensure(bool always)
+{
+	pthread_once(&hook_once, hook_install);
+	if (hook_err)
+		return hook_err;
+	if (!always && hook_entries++ % HOOK_RECHECK)
+		return 0;
+	return hook_check();
+}
+
 static int register_entry(struct mp_pager *p, const void *start, uint64_t len,
 			  int (*cause)(void *ctx, void *addr), void *ctx)
 {
-	int err = -ENOSPC;
+	int err = hook_ensure(true);
 
-	pthread_once(&hook_once, hook_install);
-	if (hook_err)
-		return mp_err(hook_err, "guard: installing the SIGBUS handler: %s",
-			      strerror(-hook_err));
+	if (err)
+		return mp_err(err, "guard: installing the SIGBUS handler: %s", strerror(-err));
+	err = -ENOSPC;
 	pthread_mutex_lock(&registry_lock);
 	for (int i = 0; i < MAX_RANGES; i++) {
 		if (atomic_load(&ranges[i].start))
@@ -198,19 +225,41 @@ void mp_guard_unregister(struct mp_pager *p)
 	pthread_mutex_unlock(&registry_lock);
 }
 
+/*
+ * Counted without the pager's lock, which the fill threads and route()
+ * hold often; only a close waits for the count, and it says so in the same
+ * word (GUARDS_CLOSING), so one atomic operation tells a leaver both
+ * whether it is the last and whether a close waits. A leaver touches the
+ * pager after its decrement only as that last one with a close waiting,
+ * and the close goes on only once it has said so under the lock
+ * (guards_out): a flag in its own word, or a wait for the count alone,
+ * would let the close see 0 and free the pager between the leaver's
+ * decrement and its wake-up.
+ */
+#define GUARDS_CLOSING 0x80000000u
+
 static void guard_enter(struct mp_pager *p)
 {
-	pthread_mutex_lock(&p->lock);
-	p->guards++;
-	pthread_mutex_unlock(&p->lock);
+	atomic_fetch_add(&p->guards, 1);
 }
 
 static void guard_leave(struct mp_pager *p)
 {
-	pthread_mutex_lock(&p->lock);
-	if (!--p->guards)
+	if (atomic_fetch_sub(&p->guards, 1) == (GUARDS_CLOSING | 1)) {
+		pthread_mutex_lock(&p->lock);
+		p->guards_out = true;
 		pthread_cond_broadcast(&p->guard_cv);
-	pthread_mutex_unlock(&p->lock);
+		pthread_mutex_unlock(&p->lock);
+	}
+}
+
+void mp_guard_wait_out(struct mp_pager *p)
+{
+	/* None inside: no leaver will look at the pager again. */
+	if (atomic_fetch_or(&p->guards, GUARDS_CLOSING) == 0)
+		return;
+	while (!p->guards_out)
+		pthread_cond_wait(&p->guard_cv, &p->lock);
 }
 
 /* After the jump: find the pager the address belongs to, report, and start the retry. */
@@ -257,14 +306,14 @@ int mp_pager_guard(struct mp_pager *p, int (*fn)(void *arg), void *arg)
 
 	if (!fn)
 		return mp_err(-EINVAL, "guard: no function");
-	ret = hook_ensure();
+	ret = hook_ensure(false);
 	if (ret)
 		return mp_err(ret, "guard: SIGBUS handler not installed: %s", strerror(-ret));
 	if (p)
 		guard_enter(p);
 	f.prev = guard_top;
 	f.addr = NULL;
-	if (sigsetjmp(f.jb, 1) == 0) {
+	if (sigsetjmp(f.jb, 0) == 0) {
 		guard_top = &f;
 		atomic_signal_fence(memory_order_seq_cst);
 		ret = fn(arg);
@@ -272,6 +321,8 @@ int mp_pager_guard(struct mp_pager *p, int (*fn)(void *arg), void *arg)
 		guard_top = f.prev;
 	} else {
 		guard_top = f.prev;
+		/* Unblocks SIGBUS again (blocked while its handler ran). */
+		pthread_sigmask(SIG_SETMASK, &f.mask, NULL);
 		ret = guard_fault(f.addr);
 	}
 	if (p)

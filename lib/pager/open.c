@@ -302,8 +302,7 @@ void mp_pager_close(struct mp_pager *p)
 	 * Threads inside the guard may still be faulting: the handler keeps
 	 * running and poisons whatever they touch, so they leave with an error.
 	 */
-	while (p->guards)
-		pthread_cond_wait(&p->guard_cv, &p->lock);
+	mp_guard_wait_out(p);
 	pthread_mutex_unlock(&p->lock);
 	plog_debug(p, "closed");
 	destroy(p);

@@ -114,7 +114,9 @@ struct mp_pager {
 	struct mp_pager_stats st;	/* counters (resident figures are filled on read) */
 	bool broken;			/* the handler died: nothing is served any more */
 	bool caller_busy;		/* a thread reads with p->caller */
-	int guards;			/* threads inside mp_pager_guard() on this pager */
+	/* Threads inside mp_pager_guard() on this pager, | GUARDS_CLOSING (guard.c). */
+	atomic_uint guards;
+	bool guards_out;		/* the last of them left after a close began waiting */
 	pthread_cond_t guard_cv;
 
 	atomic_bool closing;
@@ -226,6 +228,8 @@ bool mp_pager_serve(struct mp_pager *p, uint32_t slot);
 /* guard.c */
 int mp_guard_register(struct mp_pager *p, const void *start, uint64_t len);
 void mp_guard_unregister(struct mp_pager *p);
+/* Under p->lock, for close: waits until no thread is inside the guard on p. */
+void mp_guard_wait_out(struct mp_pager *p);
 /*
  * For the guard: names what made the access at addr fail and starts the
  * retry (clears the poison). Called with the registry locked, the pager

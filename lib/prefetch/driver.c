@@ -107,6 +107,12 @@ struct mp_prefetcher {
 	 * cost the engine ~17 us on a 2-vCPU VM; docs/region.md, session 33).
 	 */
 	bool inline_events;
+	/*
+	 * The policy has no ops that read an iteration (no begin, gate or end,
+	 * no layer_input: none): the source keeps neither the router's
+	 * distribution nor the layer's input between gate() and route().
+	 */
+	bool ids_only;
 
 	/* The thread and the policy (policy state only under lock). */
 	pthread_t thread;
@@ -569,7 +575,11 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 		   const float *x, const float *sem)
 {
 	struct mp_prefetch *pf = &d->pf;
-	uint64_t t0 = mp_prefetch_cpu_ns();
+	/*
+	 * Inline, the handling never sleeps (its lock has no other taker): the
+	 * vDSO's clock instead of a thread CPU clock's system call per gate.
+	 */
+	uint64_t t0 = d->inline_events ? mp_now_ns() : mp_prefetch_cpu_ns();
 	uint32_t ids[MP_TRAJ_MAX_K], k = 0;
 	float w[MP_TRAJ_MAX_K];
 	struct pf_req *rq;
@@ -628,7 +638,8 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 	}
 out:
 	pthread_mutex_unlock(&d->lock);
-	atomic_fetch_add(&d->policy_ns, mp_prefetch_cpu_ns() - t0);
+	atomic_fetch_add(&d->policy_ns,
+			 (d->inline_events ? mp_now_ns() : mp_prefetch_cpu_ns()) - t0);
 }
 
 /* Handles the events queued so far: on the thread, or inline under plock (inline_events). */
@@ -1249,6 +1260,7 @@ int mp_prefetcher_open(struct mp_pager *p, const struct mp_prefetcher_config *cf
 	}
 	attach_hints(d, true);
 	d->inline_events = ops->inline_gates;
+	d->ids_only = !ops->begin && !ops->gate && !ops->end && !ops->layer_input;
 	if (!d->inline_events) {
 		err = -pthread_create(&d->thread, NULL, thread_main, d);
 		if (err) {
@@ -1283,7 +1295,7 @@ static void src_gate(void *ctx, uint32_t request, uint32_t token, uint32_t layer
 {
 	struct mp_prefetcher *d = ctx;
 
-	if (experts != d->J || hidden != d->hidden)
+	if (experts != d->J || hidden != d->hidden || d->ids_only)
 		return;
 	memcpy(d->pend_logits, logits, experts * sizeof(float));
 	memcpy(d->pend_x, x, hidden * sizeof(float));
