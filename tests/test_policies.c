@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -527,6 +528,34 @@ static void finemoe_wins_when_reads_are_the_bottleneck(void **state)
 	mp_trace_close(t);
 }
 
+/*
+ * The misses' causes add up to no more than the misses, and slow reads
+ * turn predictions into late ones (being read, or still queued at use).
+ */
+static void simulator_splits_the_misses_by_cause(void **state)
+{
+	struct mp_trace *t = synthetic(24, 32, 4, 10, 40, 11);
+	uint32_t half = 24 * 32 / 2;
+	struct mp_sim_result slow = simulate(t, "finemoe", "finemoe", half, 10.0);
+	struct mp_sim_result fast = simulate(t, "finemoe", "finemoe", half, 1.0);
+	const struct mp_sim_result *rs[] = { &slow, &fast };
+
+	(void)state;
+	for (uint32_t i = 0; i < 2; i++) {
+		const struct mp_sim_result *r = rs[i];
+
+		print_message("late %" PRIu64 " queued %" PRIu64 " predicted %" PRIu64
+			      " (wasted %" PRIu64 ") of %" PRIu64 " misses\n", r->late,
+			      r->miss_queued, r->miss_predicted, r->miss_predicted_wasted,
+			      r->uses - r->hits);
+		assert_true(r->late + r->miss_queued + r->miss_predicted <= r->uses - r->hits);
+		assert_true(r->miss_predicted_wasted <= r->miss_predicted);
+	}
+	assert_true(slow.late + slow.miss_queued > fast.late + fast.miss_queued);
+	assert_true(slow.miss_queued > 0);
+	mp_trace_close(t);
+}
+
 /* Semantic vectors for the simulator: counts its calls, fails on cue. */
 struct sem_calls {
 	uint32_t calls;
@@ -653,6 +682,7 @@ int main(void)
 		cmocka_unit_test(lfu_evicts_the_least_used),
 		cmocka_unit_test(finemoe_evicts_the_lowest_p_times_freq),
 		cmocka_unit_test(finemoe_wins_when_reads_are_the_bottleneck),
+		cmocka_unit_test(simulator_splits_the_misses_by_cause),
 		cmocka_unit_test(ema_evicts_the_fewest_expected_uses),
 		cmocka_unit_test(eviction_keeps_the_layer_no_prefetch_reaches),
 		cmocka_unit_test(ema_keeps_the_popular_expert_that_lru_drops),

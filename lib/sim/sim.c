@@ -30,6 +30,7 @@ struct sim {
 	uint32_t L, J, K, nkeys, channels;
 	uint8_t *state;
 	uint8_t *prefetched;
+	uint8_t *wasted;	/* a prefetch of it was evicted unused since its last use */
 	uint8_t *pinned;
 	double *done;
 	double *chan_free;
@@ -101,6 +102,7 @@ static void sim_evict(struct sim *s, uint32_t key)
 		s->pol.ops->on_remove(&s->pol, key);
 	if (s->prefetched[key]) {
 		s->prefetched[key] = 0;
+		s->wasted[key] = 1;
 		s->res->prefetch_wasted++;
 	}
 }
@@ -375,8 +377,13 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 		} else {
 			uint32_t c;
 
-			if (s->qidx[key] >= 0)
+			if (s->qidx[key] >= 0) {
+				s->res->miss_queued++;
 				q_remove(s, (uint32_t)s->qidx[key]);
+			} else if (!s->truth && s->hints.next_use[key] == it * s->L + l) {
+				s->res->miss_predicted++;
+				s->res->miss_predicted_wasted += s->wasted[key];
+			}
 			if (s->pol.ops->on_fault)
 				s->pol.ops->on_fault(&s->pol, key);
 			if (s->reserved >= s->cfg->capacity) {
@@ -394,6 +401,7 @@ static void run_layer(struct sim *s, const struct mp_replay_seg *seg, uint32_t t
 			s->prefetched[key] = 0;
 			s->res->prefetch_used++;
 		}
+		s->wasted[key] = 0;
 		s->hints.next_use[key] = s->truth ? next[(it * s->L + l) * s->K + i] : UINT64_MAX;
 	}
 	s->res->stall += ready - s->now;
@@ -415,6 +423,7 @@ static void sim_free(struct sim *s)
 		mp_evict_fini(&s->pol);
 	free(s->state);
 	free(s->prefetched);
+	free(s->wasted);
 	free(s->pinned);
 	free(s->done);
 	free(s->chan_free);
@@ -473,6 +482,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	eval = calloc(nreq + 1, sizeof(*eval));
 	s.state = calloc(s.nkeys, 1);
 	s.prefetched = calloc(s.nkeys, 1);
+	s.wasted = calloc(s.nkeys, 1);
 	s.pinned = calloc(s.nkeys, 1);
 	s.done = calloc(s.nkeys, sizeof(double));
 	s.chan_free = calloc(s.channels, sizeof(double));
@@ -481,7 +491,7 @@ int mp_prefetch_simulate(const struct mp_sim_config *in, struct mp_sim_result *o
 	s.hints.next_use = malloc(s.nkeys * sizeof(uint64_t));
 	s.sem = cfg.sem.dim ? malloc(cfg.sem.dim * sizeof(float)) : NULL;
 	err = -ENOMEM;
-	if (!train || !eval || !s.state || !s.prefetched || !s.pinned || !s.done ||
+	if (!train || !eval || !s.state || !s.prefetched || !s.wasted || !s.pinned || !s.done ||
 	    !s.chan_free || !s.q || !s.qidx || !s.hints.next_use || (cfg.sem.dim && !s.sem))
 		goto out;
 	for (uint32_t k = 0; k < s.nkeys; k++)

@@ -63,6 +63,8 @@ struct bench_result {
 	uint64_t prefetch_used;
 	uint64_t prefetch_wasted;
 	uint64_t prefetch_late;		/* still being read when routed or touched */
+	/* --simulate: misses by cause (mp_sim_result), for comparing with real runs. */
+	uint64_t miss_queued, miss_predicted, miss_predicted_wasted;
 	uint64_t bytes_read;		/* from the model file */
 	uint64_t peak_rss;
 	/* The prefetcher's own figures (policy runs). */

@@ -318,6 +318,9 @@ static void add_result(struct bench_result *sum, const struct bench_result *r)
 	sum->prefetch_used += r->prefetch_used;
 	sum->prefetch_wasted += r->prefetch_wasted;
 	sum->prefetch_late += r->prefetch_late;
+	sum->miss_queued += r->miss_queued;
+	sum->miss_predicted += r->miss_predicted;
+	sum->miss_predicted_wasted += r->miss_predicted_wasted;
 	sum->bytes_read += r->bytes_read;
 	if (r->peak_rss > sum->peak_rss)
 		sum->peak_rss = r->peak_rss;
@@ -381,6 +384,10 @@ static int run_sim(const struct bench_spec *spec, struct mp_trace *t,
 	r->prefetch_issued = s.prefetch_loads;
 	r->prefetch_used = s.prefetch_used;
 	r->prefetch_wasted = s.prefetch_wasted;
+	r->prefetch_late = s.late;
+	r->miss_queued = s.miss_queued;
+	r->miss_predicted = s.miss_predicted;
+	r->miss_predicted_wasted = s.miss_predicted_wasted;
 	r->bytes_read = (s.demand_loads + s.prefetch_loads) * (expert_bytes ? expert_bytes : 1);
 	r->policy_ns = s.policy_ns;
 	return 0;
@@ -468,6 +475,15 @@ static json_t *result_json(const struct bench_row *row)
 		json_object_set_new(o, "prefetch_policy_ms", json_real(r->policy_ns / 1e6));
 		json_object_set_new(o, "prefetch_policy_ms_per_token",
 				    json_real(r->tokens ? r->policy_ns / 1e6 / r->tokens : 0));
+	}
+	if (env.simulate && row->spec.baseline == BENCH_POLICY) {
+		/* Misses by cause: late (being read), queued, predicted and not in, the rest. */
+		json_object_set_new(o, "prefetch_late", json_integer((json_int_t)r->prefetch_late));
+		json_object_set_new(o, "miss_queued", json_integer((json_int_t)r->miss_queued));
+		json_object_set_new(o, "miss_predicted",
+				    json_integer((json_int_t)r->miss_predicted));
+		json_object_set_new(o, "miss_predicted_wasted",
+				    json_integer((json_int_t)r->miss_predicted_wasted));
 	}
 	if (!env.simulate && row->spec.baseline == BENCH_POLICY) {
 		json_object_set_new(o, "prefetch_policy_share",

@@ -79,7 +79,16 @@ struct mp_sim_result {
 	double time;			/* model time */
 	double stall;			/* of which waiting for loads */
 	uint64_t policy_ns;		/* CPU time in the prefetch policy while evaluating */
-	MP_RESERVED(7);
+	/*
+	 * Misses other than late ones: the expert's prefetch still queued
+	 * (not started); predicted for this pass (its next use) and not
+	 * queued: refused room, not issued, or evicted since; of those, ones
+	 * whose prefetch was read and evicted unused since the expert's last
+	 * use. The rest (uses - hits - late - both) were not predicted for
+	 * their pass. Trace-truth runs count only the queued.
+	 */
+	uint64_t miss_queued, miss_predicted, miss_predicted_wasted;
+	MP_RESERVED(4);
 };
 
 /* Returns 0, or -EINVAL (unknown policy, bad capacity or split) or -ENOMEM. */
