@@ -325,6 +325,137 @@ static void products_are_the_same_bits_alone_and_batched(void **state)
 		}
 }
 
+/* matmul over w and over its packed copy: the same bytes for every n = 1..nmax. */
+static void check_packed_matmul(struct mp_engine *e, uint32_t rows, uint32_t cols, uint32_t nmax)
+{
+	const enum mp_dtype dt = MP_DTYPE_BF16;
+	const size_t wb = mp_dtype_bytes(dt, (size_t)rows * cols);
+	float *x = malloc((size_t)nmax * cols * sizeof(float));
+	float *want = malloc((size_t)nmax * rows * sizeof(float));
+	float *got = malloc((size_t)nmax * rows * sizeof(float));
+	void *wq, *pk = malloc(wb);
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_non_null(pk);
+	make_weights(dt, (size_t)rows * cols, &wq, &wf);
+	fill(x, (size_t)nmax * cols);
+	assert_int_equal(mp_engine_pack(e, dt, wq, rows, cols, pk), 0);
+	/* Two rows of two whole blocks or more are laid out otherwise: not a copy. */
+	if (rows >= 2 && cols >= 64)
+		assert_true(memcmp(pk, wq, wb) != 0);
+	for (uint32_t n = 1; n <= nmax; n++) {
+		assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, want), 0);
+		assert_int_equal(mp_engine_matmul_packed(e, NULL, dt, pk, rows, cols, x, n, got), 0);
+		if (memcmp(want, got, (size_t)n * rows * sizeof(float))) {
+			print_error("%s packed matmul %ux%u n=%u: not the row-major bits\n",
+				    mp_engine_name(e), rows, cols, n);
+			fail();
+		}
+	}
+	free(wq);
+	free(wf);
+	free(pk);
+	free(x);
+	free(want);
+	free(got);
+}
+
+/* expert_ffn over an expert and over its packed copy: the same bytes for n = 1..17. */
+static void check_packed_expert(struct mp_engine *e, uint32_t hidden, uint32_t ffn)
+{
+	const enum mp_dtype dt = MP_DTYPE_BF16;
+	const uint32_t nmax = 17;
+	const size_t wn = 3ull * hidden * ffn;
+	float *x = malloc((size_t)nmax * hidden * sizeof(float));
+	float *want = malloc((size_t)nmax * hidden * sizeof(float));
+	float *got = malloc((size_t)nmax * hidden * sizeof(float));
+	void *wq, *pk = malloc(mp_dtype_bytes(dt, wn));
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_non_null(pk);
+	make_weights(dt, wn, &wq, &wf);
+	fill(x, (size_t)nmax * hidden);
+	assert_int_equal(mp_engine_pack_expert(e, dt, wq, hidden, ffn, pk), 0);
+	for (uint32_t n = 1; n <= nmax; n++) {
+		assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, hidden, ffn, x, n, want), 0);
+		assert_int_equal(mp_engine_expert_ffn_packed(e, NULL, dt, pk, hidden, ffn, x, n, got),
+				 0);
+		if (memcmp(want, got, (size_t)n * hidden * sizeof(float))) {
+			print_error("%s packed expert %u/%u n=%u: not the row-major bits\n",
+				    mp_engine_name(e), hidden, ffn, n);
+			fail();
+		}
+	}
+	free(wq);
+	free(wf);
+	free(pk);
+	free(x);
+	free(want);
+	free(got);
+}
+
+/*
+ * Every built-in engine either packs bf16 weights, and its products over
+ * them are the bytes of the same products over the row-major weights (every
+ * n = 1..17, row counts that leave a short last group of 1-3 rows, columns
+ * with and without a part block, chunks over threads, a prefill's blocks),
+ * or refuses packing and the packed calls with -EOPNOTSUPP. No engine packs
+ * f32.
+ */
+static void packed_products_are_the_bits_of_row_major(void **state)
+{
+	static const uint32_t rows[] = { 1, 2, 3, 4, 5, 6, 7, 9, 37 };
+	static const uint32_t cols[] = { 16, 32, 37, 64, 117, 129 };
+	const char *const *names = mp_engine_builtin_names();
+	uint32_t packing = 0;
+
+	(void)state;
+	for (size_t i = 0; names[i]; i++) {
+		for (uint32_t t = 1; t <= 3; t += 2) {
+			struct mp_engine *e = NULL;
+			float y[4], x[64] = { 0 };
+			uint16_t w[4 * 64] = { 0 }, pk[4 * 64];
+			int err = mp_engine_open(names[i], &(struct mp_engine_config){ .threads = t },
+						 &e);
+
+			if (err == -EOPNOTSUPP)
+				break;
+			assert_int_equal(err, 0);
+			assert_false(mp_engine_packs(e, MP_DTYPE_F32));
+			assert_int_equal(mp_engine_pack(e, MP_DTYPE_F32, w, 2, 32, pk), -EOPNOTSUPP);
+			if (!mp_engine_packs(e, MP_DTYPE_BF16)) {
+				printf("# engine %s: no packed layout\n", names[i]);
+				assert_int_equal(mp_engine_pack(e, MP_DTYPE_BF16, w, 4, 64, pk),
+						 -EOPNOTSUPP);
+				assert_int_equal(mp_engine_matmul_packed(e, NULL, MP_DTYPE_BF16, w, 4,
+									 64, x, 1, y), -EOPNOTSUPP);
+				mp_engine_close(e);
+				break;
+			}
+			packing++;
+			for (size_t r = 0; r < N_ELEMS(rows); r++)
+				for (size_t c = 0; c < N_ELEMS(cols); c++)
+					check_packed_matmul(e, rows[r], cols[c], 17);
+			/* Chunks over the threads, and a prefill's row and vector blocks. */
+			check_packed_matmul(e, 515, 129, 17);
+			check_packed_matmul(e, 515, 1024, 70);
+			check_packed_expert(e, 45, 37);
+			check_packed_expert(e, 96, 130);
+			check_packed_expert(e, 256, 512);
+			mp_engine_close(e);
+		}
+	}
+	/* The CPU decides which engines pack; say so when none did. */
+	if (!packing)
+		printf("# no engine packs on this CPU: only the refusals were checked\n");
+}
+
 static void rmsnorm_matches_f64(void **state)
 {
 	const struct engine_case *c = *state;
@@ -1083,6 +1214,28 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 			fail();
 		}
 	}
+	/* The packed kernel, over the packed bytes fenced alike: one vector and n. */
+	for (uint32_t m = 1; k->gemm_packed[dt] && m <= n; m += n - 1) {
+		void *pk = malloc(bytes);
+
+		assert_non_null(pk);
+		mp_pack_bf16(wq, rows, cols, pk);
+		k->gemm[dt](wq, rows, cols, xk, m, want, rows);
+		for (int at = 0; at < 2; at++) {
+			char *w = map + page + (at ? span - bytes : 0);
+
+			memcpy(w, pk, bytes);
+			memset(got, 0xff, (size_t)m * rows * 4);
+			k->gemm_packed[dt](w, rows, cols, xk, m, got, rows);
+			if (memcmp(got, want, (size_t)m * rows * 4)) {
+				print_error("%s packed gemm %s %ux%u n=%u: fenced at the %s, other "
+					    "products\n", k->isa, mp_dtype_name(dt), rows, cols, m,
+					    at ? "end" : "start");
+				fail();
+			}
+		}
+		free(pk);
+	}
 	munmap(map, span + 2 * page);
 	free(wq);
 	free(wf);
@@ -1105,6 +1258,8 @@ static void kernels_read_nothing_outside_the_weights(void **state)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
 			check_fenced_gemm(k, dtypes[d], 9, fit(dtypes[d], 96));
 			check_fenced_gemm(k, dtypes[d], 8, fit(dtypes[d], 1024));
+			/* a part block, and a last group of 3 rows, at either fence */
+			check_fenced_gemm(k, dtypes[d], 7, fit(dtypes[d], 117));
 		}
 	}
 }
@@ -1170,6 +1325,7 @@ int main(void)
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
 		cmocka_unit_test(kernels_read_nothing_outside_the_weights),
+		cmocka_unit_test(packed_products_are_the_bits_of_row_major),
 		cmocka_unit_test(rope_table_gives_the_floats_of_a_direct_computation),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +
