@@ -308,19 +308,6 @@ gemv_rows_##type(const char *w, uint32_t rows, size_t rs, uint32_t cols,	\
 	}									\
 }
 
-/* A tile's R x T sums, each _mm512_reduce_add_ps's bits (mp_reduce_tile() takes 4 rows at once). */
-static inline ALWAYS_INLINE TARGET void store_tile(__m512 acc[][4], const uint32_t R,
-						   const uint32_t T, float *y, size_t ystride)
-{
-	if (R == 4) {
-		mp_reduce_tile(acc, T, y, ystride);
-		return;
-	}
-	UNROLL for (uint32_t t = 0; t < T; t++)
-		UNROLL for (uint32_t r = 0; r < R; r++)
-			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
-}
-
 #define DEFINE_GEMM(type)							\
 static inline __attribute__((always_inline)) TARGET void			\
 tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
@@ -350,7 +337,7 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
 		}								\
 	}									\
-	store_tile(acc, R, T, y, ystride);					\
+	mp_store_tile(acc, R, T, y, ystride);					\
 }										\
 										\
 DEFINE_GEMV_ROWS(type)								\
@@ -441,7 +428,7 @@ static inline ALWAYS_INLINE TARGET void ptile_bf16(const char *g, const uint32_t
 				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]);
 		}
 	}
-	store_tile(acc, R, T, y, ystride);
+	mp_store_tile(acc, R, T, y, ystride);
 }
 
 static TARGET void gemm_packed_bf16(const void *w, uint32_t rows, uint32_t cols, const float *x,

@@ -81,13 +81,7 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
 		}
 	}
-	if (R == 4) {
-		mp_reduce_tile(acc, T, y, ystride);
-		return;
-	}
-	UNROLL for (uint32_t t = 0; t < T; t++)
-		UNROLL for (uint32_t r = 0; r < R; r++)
-			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
+	mp_store_tile(acc, R, T, y, ystride);
 }
 
 /*

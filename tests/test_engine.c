@@ -325,53 +325,19 @@ static void products_are_the_same_bits_alone_and_batched(void **state)
 		}
 }
 
-/* matmul over w and over its packed copy: the same bytes for every n = 1..nmax. */
-static void check_packed_matmul(struct mp_engine *e, uint32_t rows, uint32_t cols, uint32_t nmax)
+/*
+ * matmul (or, expert, expert_ffn with hidden = cols and ffn = rows) over w
+ * and over its packed copy: the same bytes for every n = 1..nmax.
+ */
+static void check_packed(struct mp_engine *e, uint32_t rows, uint32_t cols, uint32_t nmax,
+			 bool expert)
 {
 	const enum mp_dtype dt = MP_DTYPE_BF16;
-	const size_t wb = mp_dtype_bytes(dt, (size_t)rows * cols);
+	const uint32_t out_dim = expert ? cols : rows;
+	const size_t wn = expert ? 3ull * rows * cols : (size_t)rows * cols;
 	float *x = malloc((size_t)nmax * cols * sizeof(float));
-	float *want = malloc((size_t)nmax * rows * sizeof(float));
-	float *got = malloc((size_t)nmax * rows * sizeof(float));
-	void *wq, *pk = malloc(wb);
-	float *wf;
-
-	assert_non_null(x);
-	assert_non_null(want);
-	assert_non_null(got);
-	assert_non_null(pk);
-	make_weights(dt, (size_t)rows * cols, &wq, &wf);
-	fill(x, (size_t)nmax * cols);
-	assert_int_equal(mp_engine_pack(e, dt, wq, rows, cols, pk), 0);
-	/* Two rows of two whole blocks or more are laid out otherwise: not a copy. */
-	if (rows >= 2 && cols >= 64)
-		assert_true(memcmp(pk, wq, wb) != 0);
-	for (uint32_t n = 1; n <= nmax; n++) {
-		assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, want), 0);
-		assert_int_equal(mp_engine_matmul_packed(e, NULL, dt, pk, rows, cols, x, n, got), 0);
-		if (memcmp(want, got, (size_t)n * rows * sizeof(float))) {
-			print_error("%s packed matmul %ux%u n=%u: not the row-major bits\n",
-				    mp_engine_name(e), rows, cols, n);
-			fail();
-		}
-	}
-	free(wq);
-	free(wf);
-	free(pk);
-	free(x);
-	free(want);
-	free(got);
-}
-
-/* expert_ffn over an expert and over its packed copy: the same bytes for n = 1..17. */
-static void check_packed_expert(struct mp_engine *e, uint32_t hidden, uint32_t ffn)
-{
-	const enum mp_dtype dt = MP_DTYPE_BF16;
-	const uint32_t nmax = 17;
-	const size_t wn = 3ull * hidden * ffn;
-	float *x = malloc((size_t)nmax * hidden * sizeof(float));
-	float *want = malloc((size_t)nmax * hidden * sizeof(float));
-	float *got = malloc((size_t)nmax * hidden * sizeof(float));
+	float *want = malloc((size_t)nmax * out_dim * sizeof(float));
+	float *got = malloc((size_t)nmax * out_dim * sizeof(float));
 	void *wq, *pk = malloc(mp_dtype_bytes(dt, wn));
 	float *wf;
 
@@ -380,15 +346,28 @@ static void check_packed_expert(struct mp_engine *e, uint32_t hidden, uint32_t f
 	assert_non_null(got);
 	assert_non_null(pk);
 	make_weights(dt, wn, &wq, &wf);
-	fill(x, (size_t)nmax * hidden);
-	assert_int_equal(mp_engine_pack_expert(e, dt, wq, hidden, ffn, pk), 0);
+	fill(x, (size_t)nmax * cols);
+	if (expert)
+		assert_int_equal(mp_engine_pack_expert(e, dt, wq, cols, rows, pk), 0);
+	else
+		assert_int_equal(mp_engine_pack(e, dt, wq, rows, cols, pk), 0);
+	/* Two rows of two whole blocks or more are laid out otherwise: not a copy. */
+	if (rows >= 2 && cols >= 64)
+		assert_true(memcmp(pk, wq, mp_dtype_bytes(dt, wn)) != 0);
 	for (uint32_t n = 1; n <= nmax; n++) {
-		assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, hidden, ffn, x, n, want), 0);
-		assert_int_equal(mp_engine_expert_ffn_packed(e, NULL, dt, pk, hidden, ffn, x, n, got),
-				 0);
-		if (memcmp(want, got, (size_t)n * hidden * sizeof(float))) {
-			print_error("%s packed expert %u/%u n=%u: not the row-major bits\n",
-				    mp_engine_name(e), hidden, ffn, n);
+		if (expert) {
+			assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, cols, rows, x, n, want),
+					 0);
+			assert_int_equal(mp_engine_expert_ffn_packed(e, NULL, dt, pk, cols, rows, x, n,
+								     got), 0);
+		} else {
+			assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, want), 0);
+			assert_int_equal(mp_engine_matmul_packed(e, NULL, dt, pk, rows, cols, x, n,
+								 got), 0);
+		}
+		if (memcmp(want, got, (size_t)n * out_dim * sizeof(float))) {
+			print_error("%s packed %s %ux%u n=%u: not the row-major bits\n",
+				    mp_engine_name(e), expert ? "expert" : "matmul", rows, cols, n);
 			fail();
 		}
 	}
@@ -441,13 +420,14 @@ static void packed_products_are_the_bits_of_row_major(void **state)
 			packing++;
 			for (size_t r = 0; r < N_ELEMS(rows); r++)
 				for (size_t c = 0; c < N_ELEMS(cols); c++)
-					check_packed_matmul(e, rows[r], cols[c], 17);
+					check_packed(e, rows[r], cols[c], 17, false);
 			/* Chunks over the threads, and a prefill's row and vector blocks. */
-			check_packed_matmul(e, 515, 129, 17);
-			check_packed_matmul(e, 515, 1024, 70);
-			check_packed_expert(e, 45, 37);
-			check_packed_expert(e, 96, 130);
-			check_packed_expert(e, 256, 512);
+			check_packed(e, 515, 129, 17, false);
+			check_packed(e, 515, 1024, 70, false);
+			/* Experts: ffn (rows) x hidden (cols). */
+			check_packed(e, 37, 45, 17, true);
+			check_packed(e, 130, 96, 17, true);
+			check_packed(e, 512, 256, 17, true);
 			mp_engine_close(e);
 		}
 	}
@@ -1179,6 +1159,35 @@ static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
  * of the reads, and any load that starts before a block with its first
  * lanes masked off) gives the bits of the same product elsewhere.
  */
+/*
+ * The bytes w (packed: for gemm_packed) copied flush against the start, then
+ * the end, of span readable bytes at fence: n vectors' products there are
+ * want (ahead of the call for the row-major kernel: computed here).
+ */
+static void fenced_run(const struct mp_kernels *k, enum mp_dtype dt, bool packed, const void *w,
+		       uint32_t rows, uint32_t cols, const float *xk, uint32_t n, char *fence,
+		       size_t span, float *want, float *got)
+{
+	const size_t bytes = mp_dtype_bytes(dt, (size_t)rows * cols);
+	const mp_gemm_fn gemm = packed ? k->gemm_packed[dt] : k->gemm[dt];
+
+	if (!packed)
+		gemm(w, rows, cols, xk, n, want, rows);
+	for (int at = 0; at < 2; at++) {
+		char *f = fence + (at ? span - bytes : 0);
+
+		memcpy(f, w, bytes);
+		memset(got, 0xff, (size_t)n * rows * 4);
+		gemm(f, rows, cols, xk, n, got, rows);
+		if (memcmp(got, want, (size_t)n * rows * 4)) {
+			print_error("%s %sgemm %s %ux%u n=%u: fenced at the %s, other products\n",
+				    k->isa, packed ? "packed " : "", mp_dtype_name(dt), rows, cols, n,
+				    at ? "end" : "start");
+			fail();
+		}
+	}
+}
+
 static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t rows,
 			      uint32_t cols)
 {
@@ -1200,20 +1209,7 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 	assert_int_equal(mprotect(map + page, span, PROT_READ | PROT_WRITE), 0);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
 	fill_vectors(k, dt, n, cols, x, xk);
-	k->gemm[dt](wq, rows, cols, xk, n, want, rows);
-	/* at the start of the readable pages, then at their end */
-	for (int at = 0; at < 2; at++) {
-		char *w = map + page + (at ? span - bytes : 0);
-
-		memcpy(w, wq, bytes);
-		memset(got, 0xff, (size_t)n * rows * 4);
-		k->gemm[dt](w, rows, cols, xk, n, got, rows);
-		if (memcmp(got, want, (size_t)n * rows * 4)) {
-			print_error("%s gemm %s %ux%u: fenced at the %s, other products\n", k->isa,
-				    mp_dtype_name(dt), rows, cols, at ? "end" : "start");
-			fail();
-		}
-	}
+	fenced_run(k, dt, false, wq, rows, cols, xk, n, map + page, span, want, got);
 	/* The packed kernel, over the packed bytes fenced alike: one vector and n. */
 	for (uint32_t m = 1; k->gemm_packed[dt] && m <= n; m += n - 1) {
 		void *pk = malloc(bytes);
@@ -1221,19 +1217,7 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 		assert_non_null(pk);
 		mp_pack_bf16(wq, rows, cols, pk);
 		k->gemm[dt](wq, rows, cols, xk, m, want, rows);
-		for (int at = 0; at < 2; at++) {
-			char *w = map + page + (at ? span - bytes : 0);
-
-			memcpy(w, pk, bytes);
-			memset(got, 0xff, (size_t)m * rows * 4);
-			k->gemm_packed[dt](w, rows, cols, xk, m, got, rows);
-			if (memcmp(got, want, (size_t)m * rows * 4)) {
-				print_error("%s packed gemm %s %ux%u n=%u: fenced at the %s, other "
-					    "products\n", k->isa, mp_dtype_name(dt), rows, cols, m,
-					    at ? "end" : "start");
-				fail();
-			}
-		}
+		fenced_run(k, dt, true, pk, rows, cols, xk, m, map + page, span, want, got);
 		free(pk);
 	}
 	munmap(map, span + 2 * page);
