@@ -417,6 +417,89 @@ int mp_engine_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_
 	return err ? err : OP(e, expert_ffn)(e, g, dt, w, hidden, ffn, x, n, out);
 }
 
+void mp_pack_bf16(const void *src, uint32_t rows, uint32_t cols, void *dst)
+{
+	const size_t rs = MP_ROW_bf16(cols), nb = cols / 32, ts = MP_ROW_bf16(cols % 32);
+
+	for (uint32_t g = 0; g < rows; g += MP_KERN_ROWS) {
+		const uint32_t R = MP_MIN(MP_KERN_ROWS, rows - g);
+		const char *s = (const char *)src + g * rs;
+		char *d = (char *)dst + g * rs;
+
+		for (size_t b = 0; b < nb; b++)
+			for (uint32_t r = 0; r < R; r++)
+				memcpy(d + (b * R + r) * 64, s + r * rs + b * 64, 64);
+		for (uint32_t r = 0; r < R; r++)
+			memcpy(d + nb * R * 64 + r * ts, s + r * rs + nb * 64, ts);
+	}
+}
+
+bool mp_engine_packs(const struct mp_engine *e, enum mp_dtype dt)
+{
+	const struct engine_impl *ei = e ? engine_impl((struct mp_engine *)e) : NULL;
+
+	/* A plug-in's ops read row-major weights: only the built-ins' kernels pack. */
+	return ei && !ei->dl && !ei->broken && (unsigned)dt < MP_DTYPE_COUNT &&
+	       ei->kern->gemm_packed[dt];
+}
+
+static int check_packs(const char *op, struct mp_engine *e, enum mp_dtype dt)
+{
+	if (!mp_engine_packs(e, dt))
+		return mp_err(-EOPNOTSUPP, "engine %s: %s: no packed layout for %s weights",
+			      engine_impl(e)->name, op, mp_dtype_name(dt));
+	return 0;
+}
+
+int mp_engine_pack(struct mp_engine *e, enum mp_dtype dt, const void *w, uint32_t rows,
+		   uint32_t cols, void *out)
+{
+	int err = check_weights("pack", e, NULL, dt, w, rows, cols, w, 1, out);
+
+	if (err)
+		return err;
+	if (!mp_engine_packs(e, dt))
+		return -EOPNOTSUPP;
+	mp_pack_bf16(w, rows, cols, out);
+	return 0;
+}
+
+int mp_engine_pack_expert(struct mp_engine *e, enum mp_dtype dt, const void *w, uint32_t hidden,
+			  uint32_t ffn, void *out)
+{
+	const size_t mat = (size_t)ffn * mp_dtype_bytes(dt, hidden);
+	int err = 0;
+
+	for (int m = 0; m < 3 && !err; m++)
+		err = mp_engine_pack(e, dt, (const char *)w + m * mat, m < 2 ? ffn : hidden,
+				     m < 2 ? hidden : ffn, (char *)out + m * mat);
+	return err;
+}
+
+int mp_engine_matmul_packed(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+			    const void *w, uint32_t rows, uint32_t cols, const float *x,
+			    uint32_t n, float *y)
+{
+	int err = check_weights("matmul_packed", e, g, dt, w, rows, cols, x, n, y);
+
+	if (!err)
+		err = check_packs("matmul_packed", e, dt);
+	return err ? err : ref_matmul_as(e, g, dt, w, rows, cols, x, n, y, true);
+}
+
+int mp_engine_expert_ffn_packed(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+				const void *w, uint32_t hidden, uint32_t ffn, const float *x,
+				uint32_t n, float *out)
+{
+	int err = check_weights("expert_ffn_packed", e, g, dt, w, ffn, hidden, x, n, out);
+
+	if (!err)
+		err = check_weights("expert_ffn_packed", e, g, dt, w, hidden, ffn, x, n, out);
+	if (!err)
+		err = check_packs("expert_ffn_packed", e, dt);
+	return err ? err : ref_expert_ffn_as(e, g, dt, w, hidden, ffn, x, n, out, true);
+}
+
 int mp_engine_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,
 		      uint32_t n, float eps, float *y)
 {

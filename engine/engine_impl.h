@@ -51,6 +51,19 @@ extern const struct mp_engine_ops mp_ref_amx_ops;
 extern const struct mp_engine_ops mp_ref_bf16_ops;
 
 /*
+ * The reference engine's matmul and expert_ffn over row-major weights, or
+ * (packed) over weights in the kernels' packed layout (kernels.h), which
+ * only a table with gemm_packed[dt] reads: mp_engine_matmul_packed() and
+ * mp_engine_expert_ffn_packed() check that.
+ */
+int ref_matmul_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		  const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		  float *y, bool packed);
+int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
+		      float *out, bool packed);
+
+/*
  * Makes every worker's scratch hold at least floats values (call before
  * mp_pool_run(), never from a chunk). Returns 0 or -ENOMEM.
  */

@@ -34,6 +34,7 @@ struct rows_job {
 	float *y;
 	size_t ystride;
 	uint32_t nchunks;
+	bool packed;		/* w in the packed layout (kernels.h): gemm_packed */
 	/* Expert gate/up phase only: the up matrix, its output and silu(gate) * up. */
 	const void *w_up;
 	float *y_up;
@@ -65,6 +66,7 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 			 uint32_t r1)
 {
 	const struct mp_kernels *k = j->k;
+	const mp_gemm_fn gemm = j->packed ? k->gemm_packed[j->dt] : k->gemm[j->dt];
 	const size_t rowb = mp_dtype_bytes(j->dt, j->cols);
 	const size_t xrow = (size_t)j->cols * sizeof(float);
 	uint32_t rblock = r1 - r0, tblock = j->n;
@@ -77,14 +79,17 @@ static void rows_product(const struct rows_job *j, const void *w, float *y, uint
 		rblock = MP_MAX(MP_KERN_ROWS, (uint32_t)(W_BLOCK_BYTES / rowb) &
 					      ~(MP_KERN_ROWS - 1));
 	}
-	/* Each product is one kernel call's, whatever the blocks: the same bits. */
+	/*
+	 * Each product is one kernel call's, whatever the blocks: the same bits.
+	 * Blocks start at multiples of 4 rows, so a packed matrix's blocks are
+	 * packed matrices.
+	 */
 	for (uint32_t r = r0; r < r1; r += rblock) {
 		const uint32_t rr = MP_MIN(rblock, r1 - r);
 
 		for (uint32_t t = 0; t < j->n; t += tblock)
-			k->gemm[j->dt]((const char *)w + r * rowb, rr, j->cols,
-				       j->x + (size_t)t * j->cols, MP_MIN(tblock, j->n - t),
-				       y + t * j->ystride + r, j->ystride);
+			gemm((const char *)w + r * rowb, rr, j->cols, j->x + (size_t)t * j->cols,
+			     MP_MIN(tblock, j->n - t), y + t * j->ystride + r, j->ystride);
 	}
 }
 
@@ -122,21 +127,28 @@ static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct row
 	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
 }
 
-static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
-		      const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
-		      float *y)
+int ref_matmul_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		  const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		  float *y, bool packed)
 {
 	struct engine_impl *ei = engine_impl(e);
 	size_t xn = xprep_floats(ei, dt, n, cols);
 	float *xp = xn ? engine_scratch(ei, xn) : NULL;
 	struct rows_job j = {
 		.dt = dt, .w = w, .rows = rows, .cols = cols, .x = x, .n = n, .y = y,
-		.ystride = rows,
+		.ystride = rows, .packed = packed,
 	};
 
 	if (xn && !xp)
 		return -ENOMEM;
 	return run_rows(ei, g, &j, rows_chunk, xp);
+}
+
+static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
+		      float *y)
+{
+	return ref_matmul_as(e, g, dt, w, rows, cols, x, n, y, false);
 }
 
 static int ref_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
@@ -172,9 +184,9 @@ static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	return 0;
 }
 
-static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
-			  const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
-			  float *out)
+int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
+		      float *out, bool packed)
 {
 	struct engine_impl *ei = engine_impl(e);
 	size_t mat = ffn * mp_dtype_bytes(dt, hidden);
@@ -189,16 +201,23 @@ static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp
 	up = (struct rows_job){
 		.dt = dt, .w = w, .rows = ffn, .cols = hidden, .x = x, .n = n,
 		.y = buf, .ystride = ffn, .w_up = (const char *)w + mat, .y_up = buf + act,
-		.h = buf + 2 * act,
+		.h = buf + 2 * act, .packed = packed,
 	};
 	err = run_rows(ei, g, &up, gate_up_chunk, buf + 3 * act);
 	if (err)
 		return err;
 	down = (struct rows_job){
 		.dt = dt, .w = (const char *)w + 2 * mat, .rows = hidden, .cols = ffn,
-		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden,
+		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden, .packed = packed,
 	};
 	return run_rows(ei, g, &down, rows_chunk, buf + 3 * act);
+}
+
+static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+			  const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
+			  float *out)
+{
+	return ref_expert_ffn_as(e, g, dt, w, hidden, ffn, x, n, out, false);
 }
 
 static int ref_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,

@@ -388,8 +388,9 @@ static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t fir
 	if (!w)
 		return mp_err(-EIO, "runner: layer %u expert %u: the expert source has no address",
 			      l, ex);
-	err = mp_engine_expert_ffn(r->e, r->gp, r->g.dtype, w, r->g.hidden, r->g.ffn,
-				   r->xg + first * h, m, r->eo + first * h);
+	err = (r->experts_packed ? mp_engine_expert_ffn_packed : mp_engine_expert_ffn)(
+		r->e, r->gp, r->g.dtype, w, r->g.hidden, r->g.ffn, r->xg + first * h, m,
+		r->eo + first * h);
 	if (err)
 		return mp_err(err, "runner: layer %u expert %u: reading the expert failed: %s",
 			      l, ex, strerror(-err));

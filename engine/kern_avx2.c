@@ -247,4 +247,4 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2", NULL);
+MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2", NULL, NULL);

@@ -213,10 +213,14 @@ DEFINE_STEP32(f16)
 DEFINE_STEP32(q8_0)
 DEFINE_STEP32(q4_0)
 
-/* bf16's 32 columns: even ones, then odd ones (x as xprep_bf16() ordered it). */
+/*
+ * bf16's 32 columns: even ones, then odd ones (x as xprep_bf16() ordered it);
+ * wc is row 0's column c, row r's is rs bytes on (row-major: a row; packed:
+ * 64 bytes).
+ */
 static inline __attribute__((always_inline)) TARGET void
-step32_bf16(const char *w, size_t rs, const uint32_t R, const uint32_t T, uint32_t cols,
-	    const float *x, uint32_t c, __m512 acc[][4])
+step32_bf16_at(const char *wc, size_t rs, const uint32_t R, const uint32_t T, uint32_t cols,
+	       const float *x, uint32_t c, __m512 acc[][4])
 {
 	__m512 xv[TOKENS];
 
@@ -224,7 +228,7 @@ step32_bf16(const char *w, size_t rs, const uint32_t R, const uint32_t T, uint32
 		xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c);
 	UNROLL for (uint32_t r = 0; r < R; r++) {
 		/* the even columns into the high halves by a load 2 bytes back, the low halves zeroed */
-		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, w + r * rs + (size_t)c * 2 - 2);
+		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, wc + r * rs - 2);
 		__m512 wv = _mm512_castsi512_ps(q);
 
 		UNROLL for (uint32_t t = 0; t < T; t++)
@@ -234,12 +238,19 @@ step32_bf16(const char *w, size_t rs, const uint32_t R, const uint32_t T, uint32
 		xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c + 16);
 	UNROLL for (uint32_t r = 0; r < R; r++) {
 		/* the odd 16-bit halves, the even ones zeroed: a k-mask, no vector register */
-		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, w + r * rs + (size_t)c * 2);
+		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, wc + r * rs);
 		__m512 wv = _mm512_castsi512_ps(q);
 
 		UNROLL for (uint32_t t = 0; t < T; t++)
 			acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]);
 	}
+}
+
+static inline __attribute__((always_inline)) TARGET void
+step32_bf16(const char *w, size_t rs, const uint32_t R, const uint32_t T, uint32_t cols,
+	    const float *x, uint32_t c, __m512 acc[][4])
+{
+	step32_bf16_at(w + (size_t)c * 2, rs, R, T, cols, x, c, acc);
 }
 
 /* Each 32-column block of every vector as its even columns, then its odd ones. */
@@ -326,13 +337,7 @@ tile_##type(const char *w, size_t rs, const uint32_t R, const uint32_t T,	\
 				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]); \
 		}								\
 	}									\
-	if (R == 4) {								\
-		mp_reduce_tile(acc, T, y, ystride);				\
-		return;								\
-	}									\
-	UNROLL for (uint32_t t = 0; t < T; t++)					\
-		UNROLL for (uint32_t r = 0; r < R; r++)				\
-			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);	\
+	mp_store_tile(acc, R, T, y, ystride);					\
 }										\
 										\
 DEFINE_GEMV_ROWS(type)								\
@@ -373,6 +378,98 @@ static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
 		for (uint32_t t = 0; t < n; t++)				\
 			tile_##type((const char *)w + r * rs, rs, 1, 1, cols,	\
 				    x + (size_t)t * cols, y + t * ystride + r, ystride, NULL); \
+}
+
+/*
+ * bf16 over packed weights (kernels.h, mp_pack_bf16()): R rows x T vectors
+ * of the group at g, its 32-column blocks one R x 64-byte stretch after
+ * another, so the tile reads one stream front to back, prefetched
+ * MP_PF_AHEAD on by R lines a step (pf: the first group of vectors only,
+ * and not for one vector). The same accumulators, the same blocks in the
+ * same order, the same tail steps and reductions as tile_bf16() over the
+ * row-major matrix: the same bits. One vector runs the 4-row tile too: four
+ * sums hide the FMA latency that a row at a time waits on, and with no
+ * prefetch the hardware's follows the one stream best. Experts of
+ * mixtral-mini's shape from memory, one thread, GB/s (docs/engine.md
+ * "Session 35"): one vector 26.4 unprefetched against 22.4 prefetched
+ * (16 KiB on), 19.7-19.8 (4 or 32 KiB on, or into L3), and the row-major
+ * row at a time's 23.0; 4 vectors 23.2 prefetched against 12.0 not.
+ */
+static inline ALWAYS_INLINE TARGET void ptile_bf16(const char *g, const uint32_t R,
+						   const uint32_t T, uint32_t cols, const float *x,
+						   float *y, size_t ystride, bool pf)
+{
+	const uint32_t nb = cols / 32;
+	const size_t bs = (size_t)R * 64, ts = MP_ROW_bf16(cols % 32);
+	const char *tail = g + nb * bs;
+	__m512 acc[TOKENS][4], xv[TOKENS];
+	uint32_t c = 0;
+
+	UNROLL for (uint32_t t = 0; t < T; t++)
+		UNROLL for (uint32_t r = 0; r < R; r++)
+			acc[t][r] = _mm512_setzero_ps();
+	for (uint32_t b = 0; b < nb; b++, c += 32) {
+		const char *blk = g + b * bs;
+
+		if (pf)
+			UNROLL for (uint32_t r = 0; r < R; r++)
+				_mm_prefetch(blk + MP_PF_AHEAD + r * 64, _MM_HINT_T1);
+		step32_bf16_at(blk, 64, R, T, cols, x, c, acc);
+	}
+	for (; c < cols; c += 16) {
+		__mmask16 m = cols - c >= 16 ? 0xffff : tail_mask(cols - c);
+
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			xv[t] = _mm512_maskz_loadu_ps(m, x + (size_t)t * cols + c);
+		UNROLL for (uint32_t r = 0; r < R; r++) {
+			__m512 wv = ldm_bf16(tail + r * ts, c - nb * 32, m);
+
+			UNROLL for (uint32_t t = 0; t < T; t++)
+				acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]);
+		}
+	}
+	mp_store_tile(acc, R, T, y, ystride);
+}
+
+static TARGET void gemm_packed_bf16(const void *w, uint32_t rows, uint32_t cols, const float *x,
+				    uint32_t n, float *y, size_t ystride)
+{
+	const size_t rs = MP_ROW_bf16(cols);
+
+	if (n > 1)
+		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));
+	for (uint32_t r = 0; r < rows; r += 4) {
+		const char *g = (const char *)w + r * rs;
+
+		if (rows - r < 4) {
+			/* The last rows (odd shapes only), a vector at a time. */
+			for (uint32_t t = 0; t < n; t++) {
+				const float *xt = x + (size_t)t * cols;
+				float *yt = y + t * ystride + r;
+
+				switch (rows - r) {
+				case 1: ptile_bf16(g, 1, 1, cols, xt, yt, ystride, false); break;
+				case 2: ptile_bf16(g, 2, 1, cols, xt, yt, ystride, false); break;
+				default: ptile_bf16(g, 3, 1, cols, xt, yt, ystride, false); break;
+				}
+			}
+			break;
+		}
+		for (uint32_t t = 0; t < n; t += TOKENS) {
+			const float *xt = x + (size_t)t * cols;
+			float *yt = y + t * ystride + r;
+			const bool pf = t == 0 && n > 1;
+
+			switch (n - t < TOKENS ? n - t : TOKENS) {
+			case 1: ptile_bf16(g, 4, 1, cols, xt, yt, ystride, pf); break;
+			case 2: ptile_bf16(g, 4, 2, cols, xt, yt, ystride, pf); break;
+			case 3: ptile_bf16(g, 4, 3, cols, xt, yt, ystride, pf); break;
+			case 4: ptile_bf16(g, 4, 4, cols, xt, yt, ystride, pf); break;
+			case 5: ptile_bf16(g, 4, 5, cols, xt, yt, ystride, pf); break;
+			default: ptile_bf16(g, 4, 6, cols, xt, yt, ystride, pf); break;
+			}
+		}
+	}
 }
 
 /* The same loads into f32 (mp_engine's to_f32). */
@@ -447,8 +544,10 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512", xprep_bf16);
+MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512", xprep_bf16, gemm_packed_bf16);
 /* These kernels with bf16 products on AMX (kern_amx.c): the opt-in bf16-activation path. */
-MP_KERNELS_DEFINE_BF16(mp_kernels_amx, "amx", mp_amx_xprep_bf16, mp_amx_gemm_bf16, MP_AMX_GROUP);
+MP_KERNELS_DEFINE_BF16(mp_kernels_amx, "amx", mp_amx_xprep_bf16, mp_amx_gemm_bf16, MP_AMX_GROUP,
+		       NULL);
 /* ... and on AVX512-BF16 (kern_bf16.c): vectors each on its own, as here. */
-MP_KERNELS_DEFINE_BF16(mp_kernels_bf16, "avx512bf16", mp_bf16_xprep, mp_bf16_gemm, 0);
+MP_KERNELS_DEFINE_BF16(mp_kernels_bf16, "avx512bf16", mp_bf16_xprep, mp_bf16_gemm, 0,
+		       mp_bf16_gemm_packed);

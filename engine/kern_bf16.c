@@ -37,28 +37,33 @@ static inline ALWAYS_INLINE TARGET __m512 dp(__m512 acc, __m512i w, __m512i x)
  * blocks in order, the last, short one by masked loads (zeros past the
  * row, which add nothing), then one reduction. A sum's order is its own
  * whatever R, T and the other vectors are, so a vector's products are the
- * same bits alone and in any batch. pw: where to prefetch (NULL: not).
+ * same bits alone and in any batch. Row r's 32-column block b is at
+ * w + r * rs + b * bs (row-major: bs 64; packed, kernels.h: rs 64, bs R x 64),
+ * its columns past the last whole block at tw + r * ts. pw: where to
+ * prefetch, the blocks' lines there on the same lead (NULL: not).
  */
-static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, const uint32_t R,
-					     const uint32_t T, uint32_t cols, const uint16_t *x,
-					     size_t xs, float *y, size_t ystride, const char *pw)
+static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs, const char *tw,
+					     size_t ts, const uint32_t R, const uint32_t T,
+					     uint32_t cols, const uint16_t *x, size_t xs, float *y,
+					     size_t ystride, const char *pw)
 {
 	__m512 acc[TOKENS][ROWS];
 	__m512i xv[TOKENS];
 	uint32_t c = 0;
+	size_t b = 0;
 
 	UNROLL for (uint32_t t = 0; t < T; t++)
 		UNROLL for (uint32_t r = 0; r < R; r++)
 			acc[t][r] = _mm512_setzero_ps();
-	for (; c + 32 <= cols; c += 32) {
+	for (; c + 32 <= cols; c += 32, b++) {
 		/* every row of the block MP_PF_AHEAD on the same lead, as pf_bf16 does */
 		if (pw)
 			UNROLL for (uint32_t r = 0; r < R; r++)
-				_mm_prefetch(pw + r * rs + (size_t)c * 2, _MM_HINT_T1);
+				_mm_prefetch(pw + r * rs + b * bs, _MM_HINT_T1);
 		UNROLL for (uint32_t t = 0; t < T; t++)
 			xv[t] = _mm512_loadu_si512(x + t * xs + c);
 		UNROLL for (uint32_t r = 0; r < R; r++) {
-			const __m512i wv = _mm512_loadu_si512(w + r * rs + (size_t)c * 2);
+			const __m512i wv = _mm512_loadu_si512(w + r * rs + b * bs);
 
 			UNROLL for (uint32_t t = 0; t < T; t++)
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
@@ -70,19 +75,13 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, const uin
 		UNROLL for (uint32_t t = 0; t < T; t++)
 			xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
 		UNROLL for (uint32_t r = 0; r < R; r++) {
-			const __m512i wv = _mm512_maskz_loadu_epi16(m, w + r * rs + (size_t)c * 2);
+			const __m512i wv = _mm512_maskz_loadu_epi16(m, tw + r * ts);
 
 			UNROLL for (uint32_t t = 0; t < T; t++)
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
 		}
 	}
-	if (R == 4) {
-		mp_reduce_tile(acc, T, y, ystride);
-		return;
-	}
-	UNROLL for (uint32_t t = 0; t < T; t++)
-		UNROLL for (uint32_t r = 0; r < R; r++)
-			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
+	mp_store_tile(acc, R, T, y, ystride);
 }
 
 /*
@@ -110,6 +109,9 @@ TARGET void mp_bf16_xprep(const float *x, uint32_t n, uint32_t cols, float *out)
 		}
 	}
 }
+
+/* Bytes before a row's columns past its last whole 32-column block. */
+#define TAIL(cols)	((size_t)(cols) / 32 * 64)
 
 /* Where a 4-row block at w prefetches: the first whole block MP_PF_AHEAD bytes on. */
 static const char *pf_at(const char *w, size_t rs)
@@ -143,14 +145,15 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 		for (; r < rows; r++) {
 			const char *wr = (const char *)w + r * rs;
 
-			tile(wr, rs, 1, 1, cols, xb, xs, y + r, 1, wr + MP_PF_AHEAD);
+			tile(wr, rs, 64, wr + TAIL(cols), rs, 1, 1, cols, xb, xs, y + r, 1,
+			     wr + MP_PF_AHEAD);
 		}
 		return;
 	}
 	if (rows >= ROWS)
 		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)(pf_at(w, rs) - (const char *)w)));
 	for (; r + ROWS <= rows; r += ROWS) {
-		const char *wr = (const char *)w + r * rs;
+		const char *wr = (const char *)w + r * rs, *tw = wr + TAIL(cols);
 
 		for (uint32_t t = 0; t < n; t += TOKENS) {
 			const uint16_t *xt = xb + t * xs;
@@ -158,18 +161,73 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 			const char *pw = t == 0 ? pf_at(wr, rs) : NULL;
 
 			switch (n - t < TOKENS ? n - t : TOKENS) {
-			case 1: tile(wr, rs, ROWS, 1, cols, xt, xs, yt, ystride, pw); break;
-			case 2: tile(wr, rs, ROWS, 2, cols, xt, xs, yt, ystride, pw); break;
-			case 3: tile(wr, rs, ROWS, 3, cols, xt, xs, yt, ystride, pw); break;
-			case 4: tile(wr, rs, ROWS, 4, cols, xt, xs, yt, ystride, pw); break;
-			case 5: tile(wr, rs, ROWS, 5, cols, xt, xs, yt, ystride, pw); break;
-			default: tile(wr, rs, ROWS, 6, cols, xt, xs, yt, ystride, pw); break;
+			case 1: tile(wr, rs, 64, tw, rs, ROWS, 1, cols, xt, xs, yt, ystride, pw); break;
+			case 2: tile(wr, rs, 64, tw, rs, ROWS, 2, cols, xt, xs, yt, ystride, pw); break;
+			case 3: tile(wr, rs, 64, tw, rs, ROWS, 3, cols, xt, xs, yt, ystride, pw); break;
+			case 4: tile(wr, rs, 64, tw, rs, ROWS, 4, cols, xt, xs, yt, ystride, pw); break;
+			case 5: tile(wr, rs, 64, tw, rs, ROWS, 5, cols, xt, xs, yt, ystride, pw); break;
+			default: tile(wr, rs, 64, tw, rs, ROWS, 6, cols, xt, xs, yt, ystride, pw); break;
 			}
 		}
 	}
 	/* The last rows one by one, a vector at a time (odd shapes only). */
-	for (; r < rows; r++)
+	for (; r < rows; r++) {
+		const char *wr = (const char *)w + r * rs;
+
 		for (uint32_t t = 0; t < n; t++)
-			tile((const char *)w + r * rs, rs, 1, 1, cols, xb + t * xs, xs,
+			tile(wr, rs, 64, wr + TAIL(cols), rs, 1, 1, cols, xb + t * xs, xs,
 			     y + t * ystride + r, ystride, NULL);
+	}
+}
+
+/*
+ * The same products over packed weights (kernels.h): each group of 4 rows is
+ * one stream, its blocks R x 64 bytes apart, prefetched MP_PF_AHEAD on for
+ * more than one vector; one vector runs the 4-row tile too (four sums, one
+ * stream, left to the hardware's prefetcher, as kern_avx512.c's
+ * gemm_packed_bf16()). The same sums in the same order as mp_bf16_gemm()'s:
+ * the same bits.
+ */
+TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, const float *x,
+				uint32_t n, float *y, size_t ystride)
+{
+	const size_t rs = MP_ROW_bf16(cols), xs = (size_t)cols * 2, ts = MP_ROW_bf16(cols % 32);
+	const uint16_t *xb = (const uint16_t *)x;
+
+	if (n > 1)
+		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));
+	for (uint32_t r = 0; r < rows; r += ROWS) {
+		const uint32_t R = rows - r < ROWS ? rows - r : ROWS;
+		const char *g = (const char *)w + r * rs, *tw = g + (size_t)(cols / 32) * R * 64;
+		const char *pw = n > 1 ? g + MP_PF_AHEAD : NULL;
+
+		if (R < ROWS) {
+			/* The last rows (odd shapes only), a vector at a time. */
+			for (uint32_t t = 0; t < n; t++) {
+				const uint16_t *xt = xb + t * xs;
+				float *yt = y + t * ystride + r;
+
+				switch (R) {
+				case 1: tile(g, 64, 64, tw, ts, 1, 1, cols, xt, xs, yt, ystride, pw); break;
+				case 2: tile(g, 64, 128, tw, ts, 2, 1, cols, xt, xs, yt, ystride, pw); break;
+				default: tile(g, 64, 192, tw, ts, 3, 1, cols, xt, xs, yt, ystride, pw); break;
+				}
+			}
+			break;
+		}
+		for (uint32_t t = 0; t < n; t += TOKENS) {
+			const uint16_t *xt = xb + t * xs;
+			float *yt = y + t * ystride + r;
+			const char *p = t == 0 ? pw : NULL;
+
+			switch (n - t < TOKENS ? n - t : TOKENS) {
+			case 1: tile(g, 64, 256, tw, ts, ROWS, 1, cols, xt, xs, yt, ystride, p); break;
+			case 2: tile(g, 64, 256, tw, ts, ROWS, 2, cols, xt, xs, yt, ystride, p); break;
+			case 3: tile(g, 64, 256, tw, ts, ROWS, 3, cols, xt, xs, yt, ystride, p); break;
+			case 4: tile(g, 64, 256, tw, ts, ROWS, 4, cols, xt, xs, yt, ystride, p); break;
+			case 5: tile(g, 64, 256, tw, ts, ROWS, 5, cols, xt, xs, yt, ystride, p); break;
+			default: tile(g, 64, 256, tw, ts, ROWS, 6, cols, xt, xs, yt, ystride, p); break;
+			}
+		}
+	}
 }

@@ -89,4 +89,20 @@ static inline MP_RED_TARGET void mp_reduce_tile(__m512 acc[][4], uint32_t T, flo
 		_mm_storeu_ps(y + t * ystride, mp_reduce4(acc[t]));
 }
 
+/*
+ * A tile's R x T sums into y[t * ystride + r], each the bits of its own
+ * _mm512_reduce_add_ps: 4 rows at once by mp_reduce_tile(), fewer one by one.
+ */
+static inline MP_RED_TARGET void mp_store_tile(__m512 acc[][4], const uint32_t R,
+					       const uint32_t T, float *y, size_t ystride)
+{
+	if (R == 4) {
+		mp_reduce_tile(acc, T, y, ystride);
+		return;
+	}
+	MP_RED_UNROLL for (uint32_t t = 0; t < T; t++)
+		MP_RED_UNROLL for (uint32_t r = 0; r < R; r++)
+			y[t * ystride + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
 #endif /* MP_KERN_REDUCE_H */

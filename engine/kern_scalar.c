@@ -107,4 +107,4 @@ static float read_sum(const void *buf, size_t bytes)
 	return sum;
 }
 
-MP_KERNELS_DEFINE(mp_kernels_scalar, "scalar", NULL);
+MP_KERNELS_DEFINE(mp_kernels_scalar, "scalar", NULL, NULL);

@@ -71,6 +71,26 @@ static inline float mp_q4_0_at(const void *w, size_t i)
 	return (float)(q - 8) * mp_block_scale(b);
 }
 
+/*
+ * The packed layout of a bf16 matrix: the kernels' register tile reads
+ * MP_KERN_ROWS rows side by side, 32 columns (64 bytes) of each a step, so
+ * row-major weights reach it as several streams a page (a 2 KiB row: two
+ * in each 4 KiB page), which the hardware prefetcher follows badly
+ * (docs/engine.md "Session 33"). Packed, each group of MP_KERN_ROWS rows
+ * (the last group: what is left) keeps its bytes in place as a whole, but
+ * lays each 32-column block of its R rows side by side, row 0's 64 bytes
+ * first, in one R x 64-byte stretch, the blocks in column order, then the
+ * columns past the last whole block (cols % 32) row after row. A group is
+ * then one stream, read front to back, and it starts where it does
+ * row-major (row r of a group of 4 is at r * rowbytes either way), so
+ * chunks and blocks of 4-row-aligned rows are packed matrices themselves.
+ * The same size as the row-major matrix.
+ */
+void mp_pack_bf16(const void *src, uint32_t rows, uint32_t cols, void *dst);
+
+typedef void (*mp_gemm_fn)(const void *w, uint32_t rows, uint32_t cols, const float *x,
+			   uint32_t n, float *y, size_t ystride);
+
 struct mp_kernels {
 	const char *isa;
 	/*
@@ -81,8 +101,13 @@ struct mp_kernels {
 	 * (n = 1, the GEMV) and in a batch. The vectors are in the order
 	 * xprep[type] puts them in, when it is not NULL.
 	 */
-	void (*gemm[MP_DTYPE_COUNT])(const void *w, uint32_t rows, uint32_t cols, const float *x,
-				     uint32_t n, float *y, size_t ystride);
+	mp_gemm_fn gemm[MP_DTYPE_COUNT];
+	/*
+	 * The same products, the same bits, over w in the packed layout
+	 * (mp_pack_bf16() below) instead of row-major; NULL: no packed kernel
+	 * for the type (the engine keeps such weights row-major).
+	 */
+	mp_gemm_fn gemm_packed[MP_DTYPE_COUNT];
 	/*
 	 * Rearranges n vectors of cols floats (x to out, the same size) into
 	 * the order gemm[type] reads them in; NULL: as they are.
@@ -110,10 +135,14 @@ struct mp_kernels {
  * order (or NULL). The block types' gemm takes cols, and widen n, in whole
  * blocks of MP_QBLOCK: the engine's entry points refuse other shapes.
  */
-#define MP_KERNELS_DEFINE(sym, isa_name, xprep_bf16)					\
-	MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16, 0)
-/* The same with another bf16 product (its own vector order and groups). */
-#define MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16_fn, xgroup_bf16)	\
+#define MP_KERNELS_DEFINE(sym, isa_name, xprep_bf16, gemm_packed_bf16)			\
+	MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16, 0, gemm_packed_bf16)
+/*
+ * The same with another bf16 product (its own vector order and groups), and
+ * its packed kernel (or NULL).
+ */
+#define MP_KERNELS_DEFINE_BF16(sym, isa_name, xprep_bf16, gemm_bf16_fn, xgroup_bf16,	\
+			       gemm_packed_bf16_fn)					\
 	const struct mp_kernels sym = {							\
 		.isa = isa_name,							\
 		.xprep = { [MP_DTYPE_BF16] = xprep_bf16 },				\
@@ -121,6 +150,7 @@ struct mp_kernels {
 		.gemm = { [MP_DTYPE_F32] = gemm_f32, [MP_DTYPE_F16] = gemm_f16,		\
 			  [MP_DTYPE_BF16] = gemm_bf16_fn, [MP_DTYPE_Q8_0] = gemm_q8_0,	\
 			  [MP_DTYPE_Q4_0] = gemm_q4_0 },				\
+		.gemm_packed = { [MP_DTYPE_BF16] = gemm_packed_bf16_fn },		\
 		.widen = { [MP_DTYPE_F32] = widen_f32, [MP_DTYPE_F16] = widen_f16,	\
 			   [MP_DTYPE_BF16] = widen_bf16, [MP_DTYPE_Q8_0] = widen_q8_0,	\
 			   [MP_DTYPE_Q4_0] = widen_q4_0 },				\
@@ -154,6 +184,9 @@ void mp_amx_gemm_bf16(const void *w, uint32_t rows, uint32_t cols, const float *
 void mp_bf16_xprep(const float *x, uint32_t n, uint32_t cols, float *out);
 void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
 		  float *y, size_t ystride);
+/* The same over packed weights (mp_pack_bf16()). */
+void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, const float *x,
+			 uint32_t n, float *y, size_t ystride);
 extern const struct mp_kernels mp_kernels_bf16;
 #endif
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 /* The resident expert source: every expert read into anonymous memory, no paging. */
 #include <stdlib.h>
+#include <string.h>
 
+#include <moepager/engine.h>
 #include <moepager/store.h>
 #include <moepager/runner.h>
 #include <moepager/source.h>
@@ -12,8 +14,12 @@ struct mp_resident {
 	void *mem;
 	size_t len;
 	uint64_t stride;	/* expert bytes rounded up to a page */
+	uint64_t bytes;		/* of an expert */
 	uint32_t layers;
 	uint32_t experts;
+	uint32_t hidden, ffn;
+	enum mp_dtype dtype;
+	bool packed;		/* every expert in the engine's packed layout (mp_resident_pack()) */
 };
 
 int mp_resident_open(struct mp_store *s,
@@ -33,6 +39,10 @@ int mp_resident_open(struct mp_store *s,
 		return mp_err(-ENOMEM, "resident source: out of memory");
 	r->layers = g->layers;
 	r->experts = g->experts;
+	r->hidden = g->hidden;
+	r->ffn = g->ffn;
+	r->dtype = g->dtype;
+	r->bytes = mp_store_expert_bytes(s);
 	r->stride = MP_ALIGN_UP(mp_store_expert_bytes(s), 4096);
 	r->len = (size_t)r->stride * g->layers * g->experts;
 	total = mp_store_expert_bytes(s) * g->layers * g->experts;
@@ -64,6 +74,34 @@ free_source:
 	return err;
 }
 
+int mp_resident_pack(struct mp_resident *r, struct mp_engine *e)
+{
+	void *tmp;
+	int err = 0;
+
+	if (!r || !e)
+		return mp_err(-EINVAL, "resident source: pack: NULL %s", r ? "engine" : "source");
+	if (r->packed)
+		return 0;
+	if (!mp_engine_packs(e, r->dtype))
+		return -EOPNOTSUPP;
+	tmp = malloc(r->bytes);
+	if (!tmp)
+		return mp_err(-ENOMEM, "resident source: pack: out of memory");
+	for (uint64_t i = 0; i < (uint64_t)r->layers * r->experts && !err; i++) {
+		char *x = (char *)r->mem + i * r->stride;
+
+		memcpy(tmp, x, r->bytes);
+		err = mp_engine_pack_expert(e, r->dtype, tmp, r->hidden, r->ffn, x);
+	}
+	free(tmp);
+	/* Packing is all or nothing: an expert left half done cannot be read either way. */
+	if (err)
+		return mp_err(err, "resident source: pack failed part way: %s", strerror(-err));
+	r->packed = true;
+	return 0;
+}
+
 void mp_resident_close(struct mp_resident *r)
 {
 	if (!r)
@@ -93,9 +131,17 @@ static int resident_resident(void *ctx, uint32_t layer, uint32_t expert)
 	return 1;
 }
 
+static int resident_packed(void *ctx)
+{
+	const struct mp_resident *r = ctx;
+
+	return r && r->packed;
+}
+
 static const struct mp_expert_source_ops resident_ops = {
 	.expert = resident_expert,
 	.resident = resident_resident,
+	.packed = resident_packed,
 };
 
 const struct mp_expert_source_ops *mp_resident_source_ops(void)

@@ -468,6 +468,12 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 			      cfg->expert_rows, experts, MP_MAX_EXPERTS * 16);
 	}
 	r->layer_times = cfg->flags & MP_RUNNER_LAYER_TIMES;
+	r->experts_packed = r->src->packed && r->src->packed(r->src_ctx) == 1;
+	if (r->experts_packed && !mp_engine_packs(r->e, r->g.dtype)) {
+		free(r);
+		return mp_err(-EINVAL, "runner: the source's experts are in a packed layout that "
+			      "engine %s does not read", mp_engine_name(cfg->engine));
+	}
 	if (r->src->guard) {
 		r->guard.wrap = r->src->guard;
 		r->guard.wctx = r->src_ctx;

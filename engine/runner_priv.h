@@ -89,6 +89,7 @@ struct mp_runner {
 	/* The model whose sequences alone a step may hold (mp_runner_activate()); -1: any. */
 	int32_t active_model;
 	uint64_t expert_bytes;
+	bool experts_packed;			/* the source's experts: mp_engine_pack_expert()'s layout */
 	/* Dense tensor bytes the source lent and bytes read from files, every model's. */
 	uint64_t dense_lent, dense_read;
 

@@ -175,15 +175,15 @@ static void ops_with_a_reserved_slot_set_are_refused(void **state)
 	struct mp_adapters *set = NULL;
 	struct mp_runner *r = NULL;
 
-	src.reserved[7] = noop;
+	src.reserved[6] = noop;
 	assert_int_equal(mp_runner_open(f->store, &rc, &r), -EINVAL);
-	assert_true(t_log_contains("runner source: reserved op 7 is set"));
+	assert_true(t_log_contains("runner source: reserved op 6 is set"));
 	assert_null(r);
 	assert_int_equal(mp_adapters_open(&ac, &set), -EINVAL);
-	assert_true(t_log_contains("adapters source: reserved op 7"));
+	assert_true(t_log_contains("adapters source: reserved op 6"));
 	assert_null(set);
 	t_log_reset();
-	src.reserved[7] = NULL;
+	src.reserved[6] = NULL;
 	rows.reserved[3] = noop;
 	ac.rows = &rows;
 	assert_int_equal(mp_adapters_open(&ac, &set), -EINVAL);

@@ -325,6 +325,117 @@ static void products_are_the_same_bits_alone_and_batched(void **state)
 		}
 }
 
+/*
+ * matmul (or, expert, expert_ffn with hidden = cols and ffn = rows) over w
+ * and over its packed copy: the same bytes for every n = 1..nmax.
+ */
+static void check_packed(struct mp_engine *e, uint32_t rows, uint32_t cols, uint32_t nmax,
+			 bool expert)
+{
+	const enum mp_dtype dt = MP_DTYPE_BF16;
+	const uint32_t out_dim = expert ? cols : rows;
+	const size_t wn = expert ? 3ull * rows * cols : (size_t)rows * cols;
+	float *x = malloc((size_t)nmax * cols * sizeof(float));
+	float *want = malloc((size_t)nmax * out_dim * sizeof(float));
+	float *got = malloc((size_t)nmax * out_dim * sizeof(float));
+	void *wq, *pk = malloc(mp_dtype_bytes(dt, wn));
+	float *wf;
+
+	assert_non_null(x);
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_non_null(pk);
+	make_weights(dt, wn, &wq, &wf);
+	fill(x, (size_t)nmax * cols);
+	if (expert)
+		assert_int_equal(mp_engine_pack_expert(e, dt, wq, cols, rows, pk), 0);
+	else
+		assert_int_equal(mp_engine_pack(e, dt, wq, rows, cols, pk), 0);
+	/* Two rows of two whole blocks or more are laid out otherwise: not a copy. */
+	if (rows >= 2 && cols >= 64)
+		assert_true(memcmp(pk, wq, mp_dtype_bytes(dt, wn)) != 0);
+	for (uint32_t n = 1; n <= nmax; n++) {
+		if (expert) {
+			assert_int_equal(mp_engine_expert_ffn(e, NULL, dt, wq, cols, rows, x, n, want),
+					 0);
+			assert_int_equal(mp_engine_expert_ffn_packed(e, NULL, dt, pk, cols, rows, x, n,
+								     got), 0);
+		} else {
+			assert_int_equal(mp_engine_matmul(e, NULL, dt, wq, rows, cols, x, n, want), 0);
+			assert_int_equal(mp_engine_matmul_packed(e, NULL, dt, pk, rows, cols, x, n,
+								 got), 0);
+		}
+		if (memcmp(want, got, (size_t)n * out_dim * sizeof(float))) {
+			print_error("%s packed %s %ux%u n=%u: not the row-major bits\n",
+				    mp_engine_name(e), expert ? "expert" : "matmul", rows, cols, n);
+			fail();
+		}
+	}
+	free(wq);
+	free(wf);
+	free(pk);
+	free(x);
+	free(want);
+	free(got);
+}
+
+/*
+ * Every built-in engine either packs bf16 weights, and its products over
+ * them are the bytes of the same products over the row-major weights (every
+ * n = 1..17, row counts that leave a short last group of 1-3 rows, columns
+ * with and without a part block, chunks over threads, a prefill's blocks),
+ * or refuses packing and the packed calls with -EOPNOTSUPP. No engine packs
+ * f32.
+ */
+static void packed_products_are_the_bits_of_row_major(void **state)
+{
+	static const uint32_t rows[] = { 1, 2, 3, 4, 5, 6, 7, 9, 37 };
+	static const uint32_t cols[] = { 16, 32, 37, 64, 117, 129 };
+	const char *const *names = mp_engine_builtin_names();
+	uint32_t packing = 0;
+
+	(void)state;
+	for (size_t i = 0; names[i]; i++) {
+		for (uint32_t t = 1; t <= 3; t += 2) {
+			struct mp_engine *e = NULL;
+			float y[4], x[64] = { 0 };
+			uint16_t w[4 * 64] = { 0 }, pk[4 * 64];
+			int err = mp_engine_open(names[i], &(struct mp_engine_config){ .threads = t },
+						 &e);
+
+			if (err == -EOPNOTSUPP)
+				break;
+			assert_int_equal(err, 0);
+			assert_false(mp_engine_packs(e, MP_DTYPE_F32));
+			assert_int_equal(mp_engine_pack(e, MP_DTYPE_F32, w, 2, 32, pk), -EOPNOTSUPP);
+			if (!mp_engine_packs(e, MP_DTYPE_BF16)) {
+				printf("# engine %s: no packed layout\n", names[i]);
+				assert_int_equal(mp_engine_pack(e, MP_DTYPE_BF16, w, 4, 64, pk),
+						 -EOPNOTSUPP);
+				assert_int_equal(mp_engine_matmul_packed(e, NULL, MP_DTYPE_BF16, w, 4,
+									 64, x, 1, y), -EOPNOTSUPP);
+				mp_engine_close(e);
+				break;
+			}
+			packing++;
+			for (size_t r = 0; r < N_ELEMS(rows); r++)
+				for (size_t c = 0; c < N_ELEMS(cols); c++)
+					check_packed(e, rows[r], cols[c], 17, false);
+			/* Chunks over the threads, and a prefill's row and vector blocks. */
+			check_packed(e, 515, 129, 17, false);
+			check_packed(e, 515, 1024, 70, false);
+			/* Experts: ffn (rows) x hidden (cols). */
+			check_packed(e, 37, 45, 17, true);
+			check_packed(e, 130, 96, 17, true);
+			check_packed(e, 512, 256, 17, true);
+			mp_engine_close(e);
+		}
+	}
+	/* The CPU decides which engines pack; say so when none did. */
+	if (!packing)
+		printf("# no engine packs on this CPU: only the refusals were checked\n");
+}
+
 static void rmsnorm_matches_f64(void **state)
 {
 	const struct engine_case *c = *state;
@@ -1048,6 +1159,35 @@ static void kernels_gemm_is_batch_invariant_and_matches_scalar(void **state)
  * of the reads, and any load that starts before a block with its first
  * lanes masked off) gives the bits of the same product elsewhere.
  */
+/*
+ * The bytes w (packed: for gemm_packed) copied flush against the start, then
+ * the end, of span readable bytes at fence: n vectors' products there are
+ * want (ahead of the call for the row-major kernel: computed here).
+ */
+static void fenced_run(const struct mp_kernels *k, enum mp_dtype dt, bool packed, const void *w,
+		       uint32_t rows, uint32_t cols, const float *xk, uint32_t n, char *fence,
+		       size_t span, float *want, float *got)
+{
+	const size_t bytes = mp_dtype_bytes(dt, (size_t)rows * cols);
+	const mp_gemm_fn gemm = packed ? k->gemm_packed[dt] : k->gemm[dt];
+
+	if (!packed)
+		gemm(w, rows, cols, xk, n, want, rows);
+	for (int at = 0; at < 2; at++) {
+		char *f = fence + (at ? span - bytes : 0);
+
+		memcpy(f, w, bytes);
+		memset(got, 0xff, (size_t)n * rows * 4);
+		gemm(f, rows, cols, xk, n, got, rows);
+		if (memcmp(got, want, (size_t)n * rows * 4)) {
+			print_error("%s %sgemm %s %ux%u n=%u: fenced at the %s, other products\n",
+				    k->isa, packed ? "packed " : "", mp_dtype_name(dt), rows, cols, n,
+				    at ? "end" : "start");
+			fail();
+		}
+	}
+}
+
 static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint32_t rows,
 			      uint32_t cols)
 {
@@ -1069,19 +1209,16 @@ static void check_fenced_gemm(const struct mp_kernels *k, enum mp_dtype dt, uint
 	assert_int_equal(mprotect(map + page, span, PROT_READ | PROT_WRITE), 0);
 	make_weights(dt, (size_t)rows * cols, &wq, &wf);
 	fill_vectors(k, dt, n, cols, x, xk);
-	k->gemm[dt](wq, rows, cols, xk, n, want, rows);
-	/* at the start of the readable pages, then at their end */
-	for (int at = 0; at < 2; at++) {
-		char *w = map + page + (at ? span - bytes : 0);
+	fenced_run(k, dt, false, wq, rows, cols, xk, n, map + page, span, want, got);
+	/* The packed kernel, over the packed bytes fenced alike: one vector and n. */
+	for (uint32_t m = 1; k->gemm_packed[dt] && m <= n; m += n - 1) {
+		void *pk = malloc(bytes);
 
-		memcpy(w, wq, bytes);
-		memset(got, 0xff, (size_t)n * rows * 4);
-		k->gemm[dt](w, rows, cols, xk, n, got, rows);
-		if (memcmp(got, want, (size_t)n * rows * 4)) {
-			print_error("%s gemm %s %ux%u: fenced at the %s, other products\n", k->isa,
-				    mp_dtype_name(dt), rows, cols, at ? "end" : "start");
-			fail();
-		}
+		assert_non_null(pk);
+		mp_pack_bf16(wq, rows, cols, pk);
+		k->gemm[dt](wq, rows, cols, xk, m, want, rows);
+		fenced_run(k, dt, true, pk, rows, cols, xk, m, map + page, span, want, got);
+		free(pk);
 	}
 	munmap(map, span + 2 * page);
 	free(wq);
@@ -1105,6 +1242,8 @@ static void kernels_read_nothing_outside_the_weights(void **state)
 		for (size_t d = 0; d < N_ELEMS(dtypes); d++) {
 			check_fenced_gemm(k, dtypes[d], 9, fit(dtypes[d], 96));
 			check_fenced_gemm(k, dtypes[d], 8, fit(dtypes[d], 1024));
+			/* a part block, and a last group of 3 rows, at either fence */
+			check_fenced_gemm(k, dtypes[d], 7, fit(dtypes[d], 117));
 		}
 	}
 }
@@ -1170,6 +1309,7 @@ int main(void)
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
 		cmocka_unit_test(kernels_read_nothing_outside_the_weights),
+		cmocka_unit_test(packed_products_are_the_bits_of_row_major),
 		cmocka_unit_test(rope_table_gives_the_floats_of_a_direct_computation),
 	};
 	struct CMUnitTest tests[N_ELEMS(engines) * N_ELEMS(per_engine) +

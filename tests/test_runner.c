@@ -588,6 +588,64 @@ static void paged_runs_give_the_resident_tokens(void **state)
 	free(got);
 }
 
+/*
+ * Resident experts packed for the engine (mp_resident_pack()) give the
+ * logits of the file's order bit for bit; the source says they are packed,
+ * and a runner whose engine cannot read the layout is refused.
+ */
+static void packed_resident_runs_give_the_file_orders_logits(void **state)
+{
+	struct fixture *f = *state;
+	const struct mp_expert_source_ops *ops = mp_resident_source_ops();
+	const uint32_t vocab = mp_store_geometry(f->store)->vocab;
+	const size_t len = mp_store_expert_bytes(f->store);
+	struct mp_trace *tr = tiny_trace(4, true);
+	float *want = malloc(3ull * vocab * sizeof(float));
+	float *got = malloc(3ull * vocab * sizeof(float));
+	void *file = malloc(len);
+	uint32_t want_tok[4], got_tok[4];
+	struct mp_resident *res;
+	struct mp_engine *scalar;
+	struct mp_runner *r = NULL;
+	int err;
+
+	assert_non_null(want);
+	assert_non_null(got);
+	assert_non_null(file);
+	assert_int_equal(run_tokens(f, ops, f->res, tr, want_tok, want), 0);
+	assert_int_equal(mp_resident_open(f->store, NULL, NULL, &res), 0);
+	err = mp_resident_pack(res, f->engine);
+	if (err == -EOPNOTSUPP) {
+		/* No AVX-512 here: nothing packed, the source says so. */
+		assert_false(mp_engine_packs(f->engine, MP_DTYPE_BF16));
+		assert_int_equal(ops->packed(res), 0);
+		printf("# engine ref has no packed layout on this CPU\n");
+		goto out;
+	}
+	assert_int_equal(err, 0);
+	assert_int_equal(ops->packed(res), 1);
+	assert_int_equal(ops->packed(f->res), 0);
+	assert_int_equal(mp_resident_pack(res, f->engine), 0);
+	assert_int_equal(mp_store_read_expert(f->store, 3, 5, file), 0);
+	assert_true(memcmp(ops->expert(res, 3, 5), file, len) != 0);
+	assert_int_equal(run_tokens(f, ops, res, tr, got_tok, got), 0);
+	assert_memory_equal(got_tok, want_tok, sizeof(want_tok));
+	assert_memory_equal(got, want, 3ull * vocab * sizeof(float));
+	assert_int_equal(mp_engine_open("ref-scalar", NULL, &scalar), 0);
+	t_log_reset();
+	assert_int_equal(mp_runner_open(f->store, &(struct mp_runner_config){
+		.engine = scalar, .source = ops, .source_ctx = res }, &r), -EINVAL);
+	assert_true(t_log_contains("packed layout"));
+	assert_null(r);
+	mp_engine_close(scalar);
+out:
+	mp_resident_close(res);
+	mp_trace_close(tr);
+	free(file);
+	free(want);
+	free(got);
+}
+
 /* Reusing a sequence closes the old request's map at the source and opens the new one's. */
 static void reuse_hands_the_source_each_requests_map(void **state)
 {
@@ -716,6 +774,7 @@ int main(void)
 		cmocka_unit_test(reuse_hands_the_source_each_requests_map),
 		cmocka_unit_test(resident_source_serves_the_files_expert_bytes),
 		cmocka_unit_test(paged_runs_give_the_resident_tokens),
+		cmocka_unit_test(packed_resident_runs_give_the_file_orders_logits),
 		cmocka_unit_test(logits_argmax_is_the_first_of_the_largest),
 	};
 

@@ -91,6 +91,13 @@ static void say(const char *fmt, va_list ap)
 	funlockfile(stderr);
 }
 
+int cli_resident_pack(struct mp_resident *r, struct mp_engine *e)
+{
+	int err = mp_resident_pack(r, e);
+
+	return err == -EOPNOTSUPP ? 0 : err;
+}
+
 int cli_error(int err, const char *fmt, ...)
 {
 	va_list ap;

@@ -63,6 +63,14 @@ const char *cli_prog(void);
  * failure, and it is said once.
  */
 int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+struct mp_resident;
+struct mp_engine;
+/*
+ * Resident experts in e's packed layout when e has one (mp_resident_pack():
+ * the same bits, read as one stream a tile), else left in file order.
+ * Returns 0 or the packing's error.
+ */
+int cli_resident_pack(struct mp_resident *r, struct mp_engine *e);
 /* The tool's own error line, "PROG: FMT...", counted as cli_fail() counts it. Returns err. */
 int cli_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /*

@@ -218,6 +218,8 @@ static int eval_alone(struct mp_engine *e, struct mp_store *s, const uint32_t *i
 	int err = mp_resident_open(s, NULL, NULL, &resident);
 
 	if (!err)
+		err = cli_resident_pack(resident, e);
+	if (!err)
 		err = eval_with(e, s, mp_resident_source_ops(), resident, 0, NULL, ids, n, res);
 	mp_resident_close(resident);
 	return err;

@@ -245,6 +245,8 @@ int cmd_generate(int argc, char **argv)
 	err = mp_engine_open(env.eng.engine, &ecfg, &engine);
 	if (!err)
 		err = mp_resident_open(store, NULL, NULL, &resident);
+	if (!err)
+		err = cli_resident_pack(resident, engine);
 	if (err)
 		goto fail;
 	rcfg.engine = engine;

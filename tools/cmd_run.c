@@ -414,6 +414,8 @@ static int open_source(struct run *r, struct mp_runner_config *rcfg)
 		err = mp_resident_open(r->store, cli_progress_enabled() ? on_load_progress : NULL,
 				       NULL, &r->resident);
 		cli_progress_end();
+		if (!err)
+			err = cli_resident_pack(r->resident, r->engine);
 		rcfg->source = mp_resident_source_ops();
 		rcfg->source_ctx = r->resident;
 		return err;

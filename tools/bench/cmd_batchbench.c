@@ -225,6 +225,8 @@ static int open_bench(struct bench *b)
 		rc.source_ctx = b->pager;
 	} else if (!err) {
 		err = mp_resident_open(b->store, NULL, NULL, &b->resident);
+		if (!err)
+			err = cli_resident_pack(b->resident, b->engine);
 		rc.source = mp_resident_source_ops();
 		rc.source_ctx = b->resident;
 	}

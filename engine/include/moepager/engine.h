@@ -120,6 +120,37 @@ MP_API int mp_engine_expert_ffn(struct mp_engine *e, const struct mp_guard *g, e
 				const void *w, uint32_t hidden, uint32_t ffn, const float *x,
 				uint32_t n, float *out);
 
+/*
+ * Packed weights
+ *
+ * Weights a caller keeps for the engine (a runner's resident experts) may
+ * be stored in the engine's own layout, in which its kernels read each
+ * tile's rows as one stream instead of several side by side. Only the
+ * built-in reference engines have one, for bf16 on AVX-512 (ref,
+ * ref-avx512, ref-bf16); the products over packed weights are the bits of
+ * the same products over the row-major ones.
+ */
+/* Whether e has a packed layout for dt weights (then the calls below accept them). */
+MP_API bool mp_engine_packs(const struct mp_engine *e, enum mp_dtype dt);
+/*
+ * Writes the rows x cols matrix w (row-major, as the .mpk holds it) to out
+ * in e's packed layout: as many bytes, which no engine but one whose
+ * mp_engine_packs(dt) is true may read. out must not overlap w. Returns 0,
+ * -EINVAL or -EOPNOTSUPP (no packed layout: out untouched).
+ */
+MP_API int mp_engine_pack(struct mp_engine *e, enum mp_dtype dt, const void *w, uint32_t rows,
+			  uint32_t cols, void *out);
+/* The same for an expert's gate | up | down bytes (mp_engine_expert_ffn()'s w). */
+MP_API int mp_engine_pack_expert(struct mp_engine *e, enum mp_dtype dt, const void *w,
+				 uint32_t hidden, uint32_t ffn, void *out);
+/* mp_engine_matmul() and mp_engine_expert_ffn() over packed weights (-EOPNOTSUPP: no layout). */
+MP_API int mp_engine_matmul_packed(struct mp_engine *e, const struct mp_guard *g,
+				   enum mp_dtype dt, const void *w, uint32_t rows, uint32_t cols,
+				   const float *x, uint32_t n, float *y);
+MP_API int mp_engine_expert_ffn_packed(struct mp_engine *e, const struct mp_guard *g,
+				       enum mp_dtype dt, const void *w, uint32_t hidden,
+				       uint32_t ffn, const float *x, uint32_t n, float *out);
+
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i], for n rows of dim (y may be x). */
 MP_API int mp_engine_rmsnorm(struct mp_engine *e, const float *x, const float *weight,
 			     uint32_t dim, uint32_t n, float eps, float *y);

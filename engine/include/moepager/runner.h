@@ -28,6 +28,15 @@ MP_API int mp_resident_open(struct mp_store *s,
 			    void (*progress)(uint64_t done, uint64_t total, void *arg), void *arg,
 			    struct mp_resident **out);
 MP_API void mp_resident_close(struct mp_resident *r);
+/*
+ * Rewrites every expert in place in e's packed layout (mp_engine_pack_expert()),
+ * which its kernels read as one stream a tile: the same products, the same
+ * bits. The source then reports them packed, and a runner over it must use
+ * an engine with the layout (mp_engine_packs()). Returns 0 (also when
+ * already packed), -EOPNOTSUPP (e has no layout for the model's weights:
+ * nothing changed), -EINVAL or -ENOMEM. Call before opening a runner over r.
+ */
+MP_API int mp_resident_pack(struct mp_resident *r, struct mp_engine *e);
 /* The source ops whose ctx is an mp_resident. */
 MP_API const struct mp_expert_source_ops *mp_resident_source_ops(void);
 

@@ -98,7 +98,15 @@ struct mp_expert_source_ops {
 	 * NULL): the runner reads the file. Called at open only.
 	 */
 	const void *(*tensor)(void *ctx, const struct mp_tensor_info *t);
-	MP_RESERVED_OPS(8);
+	/*
+	 * Whether expert()'s bytes are not the file's but the engine's packed
+	 * layout of them (mp_engine_pack_expert(), <moepager/engine.h>): 1, or 0.
+	 * The runner then reads them with mp_engine_expert_ffn_packed(), and
+	 * refuses an engine without that layout. Asked at open only. May be
+	 * NULL (0): a pager's experts arrive in file order.
+	 */
+	int (*packed)(void *ctx);
+	MP_RESERVED_OPS(7);
 };
 
 struct mp_store;
