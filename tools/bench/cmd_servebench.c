@@ -181,6 +181,9 @@ static int alone_open(struct alone *a)
 		err = mp_engine_open(env.eng.engine ? env.eng.engine : "ref", &ec, &a->engine);
 	if (!err)
 		err = mp_resident_open(a->store, NULL, NULL, &a->resident);
+	/* As the served backend keeps them, so alone and served run the same kernels. */
+	if (!err)
+		err = cli_resident_pack(a->resident, a->engine);
 	rc.source = mp_resident_source_ops();
 	rc.source_ctx = a->resident;
 	rc.engine = a->engine;
