@@ -20,6 +20,7 @@ struct mp_resident {
 	uint32_t hidden, ffn;
 	enum mp_dtype dtype;
 	bool packed;		/* every expert in the engine's packed layout (mp_resident_pack()) */
+	bool broken;		/* a pack failed part way: experts of both layouts */
 };
 
 int mp_resident_open(struct mp_store *s,
@@ -76,11 +77,14 @@ free_source:
 
 int mp_resident_pack(struct mp_resident *r, struct mp_engine *e)
 {
+	uint64_t i;
 	void *tmp;
 	int err = 0;
 
 	if (!r || !e)
 		return mp_err(-EINVAL, "resident source: pack: NULL %s", r ? "engine" : "source");
+	if (r->broken)
+		return mp_err(-EIO, "resident source: pack: a pack failed part way before");
 	if (r->packed)
 		return 0;
 	if (!mp_engine_packs(e, r->dtype))
@@ -88,18 +92,24 @@ int mp_resident_pack(struct mp_resident *r, struct mp_engine *e)
 	tmp = malloc(r->bytes);
 	if (!tmp)
 		return mp_err(-ENOMEM, "resident source: pack: out of memory");
-	for (uint64_t i = 0; i < (uint64_t)r->layers * r->experts && !err; i++) {
+	/* Each expert whole or not at all: packed aside, copied back only once done. */
+	for (i = 0; i < (uint64_t)r->layers * r->experts && !err; i++) {
 		char *x = (char *)r->mem + i * r->stride;
 
-		memcpy(tmp, x, r->bytes);
-		err = mp_engine_pack_expert(e, r->dtype, tmp, r->hidden, r->ffn, x);
+		err = mp_engine_pack_expert(e, r->dtype, x, r->hidden, r->ffn, tmp);
+		if (!err)
+			memcpy(x, tmp, r->bytes);
 	}
 	free(tmp);
-	/* Packing is all or nothing: an expert left half done cannot be read either way. */
-	if (err)
-		return mp_err(err, "resident source: pack failed part way: %s", strerror(-err));
-	r->packed = true;
-	return 0;
+	if (!err) {
+		r->packed = true;
+		return 0;
+	}
+	/* Past the first expert some are packed and some not: no reader may have either. */
+	r->broken = i > 1;
+	return mp_err(err, "resident source: pack failed at expert %llu of %llu%s: %s",
+		      (unsigned long long)(i - 1), (unsigned long long)r->layers * r->experts,
+		      r->broken ? " (the source serves no expert now)" : "", strerror(-err));
 }
 
 void mp_resident_close(struct mp_resident *r)
@@ -114,6 +124,10 @@ static const void *resident_expert(void *ctx, uint32_t layer, uint32_t expert)
 {
 	struct mp_resident *r = ctx;
 
+	if (r->broken) {
+		mp_err(-EIO, "resident source: experts left half packed by a failed pack");
+		return NULL;
+	}
 	if (layer >= r->layers || expert >= r->experts) {
 		mp_err(-ERANGE, "resident source: no layer %u expert %u (%u x %u)", layer, expert,
 		       r->layers, r->experts);

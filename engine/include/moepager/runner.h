@@ -34,7 +34,9 @@ MP_API void mp_resident_close(struct mp_resident *r);
  * bits. The source then reports them packed, and a runner over it must use
  * an engine with the layout (mp_engine_packs()). Returns 0 (also when
  * already packed), -EOPNOTSUPP (e has no layout for the model's weights:
- * nothing changed), -EINVAL or -ENOMEM. Call before opening a runner over r.
+ * nothing changed), -EINVAL or -ENOMEM (each expert is packed whole or not
+ * at all; should one fail after others were packed, the source serves no
+ * expert any more: -EIO). Call before opening a runner over r.
  */
 MP_API int mp_resident_pack(struct mp_resident *r, struct mp_engine *e);
 /* The source ops whose ctx is an mp_resident. */
