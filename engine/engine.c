@@ -403,15 +403,22 @@ int mp_engine_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtyp
 	return err ? err : OP(e, matmul)(e, g, dt, w, rows, cols, x, n, y);
 }
 
+/* An expert's three matrices: gate and up rows are hidden long, down rows ffn long. */
+static int check_expert(const char *op, struct mp_engine *e, const struct mp_guard *g,
+			enum mp_dtype dt, const void *w, uint32_t hidden, uint32_t ffn,
+			const float *x, uint32_t n, const float *out)
+{
+	int err = check_weights(op, e, g, dt, w, ffn, hidden, x, n, out);
+
+	return err ? err : check_weights(op, e, g, dt, w, hidden, ffn, x, n, out);
+}
+
 int mp_engine_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
 			 const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
 			 float *out)
 {
-	/* gate and up rows are hidden long, down rows ffn long */
-	int err = check_weights("expert_ffn", e, g, dt, w, ffn, hidden, x, n, out);
+	int err = check_expert("expert_ffn", e, g, dt, w, hidden, ffn, x, n, out);
 
-	if (!err)
-		err = check_weights("expert_ffn", e, g, dt, w, hidden, ffn, x, n, out);
 	if (!err)
 		err = usable(e, "expert_ffn");
 	return err ? err : OP(e, expert_ffn)(e, g, dt, w, hidden, ffn, x, n, out);
@@ -491,10 +498,8 @@ int mp_engine_expert_ffn_packed(struct mp_engine *e, const struct mp_guard *g, e
 				const void *w, uint32_t hidden, uint32_t ffn, const float *x,
 				uint32_t n, float *out)
 {
-	int err = check_weights("expert_ffn_packed", e, g, dt, w, ffn, hidden, x, n, out);
+	int err = check_expert("expert_ffn_packed", e, g, dt, w, hidden, ffn, x, n, out);
 
-	if (!err)
-		err = check_weights("expert_ffn_packed", e, g, dt, w, hidden, ffn, x, n, out);
 	if (!err)
 		err = check_packs("expert_ffn_packed", e, dt);
 	return err ? err : ref_expert_ffn_as(e, g, dt, w, hidden, ffn, x, n, out, true);

@@ -571,15 +571,21 @@ static void measure(struct mp_prefetcher *d, struct pf_req *rq, const struct pf_
 	publish_miss_weights(d);
 }
 
+/*
+ * The clock handle() is timed by: inline, the handling never sleeps (its
+ * lock has no other taker), so the vDSO's clock instead of a thread CPU
+ * clock's system call per gate.
+ */
+static uint64_t policy_clock(const struct mp_prefetcher *d)
+{
+	return d->inline_events ? mp_now_ns() : mp_prefetch_cpu_ns();
+}
+
 static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *probs,
 		   const float *x, const float *sem)
 {
 	struct mp_prefetch *pf = &d->pf;
-	/*
-	 * Inline, the handling never sleeps (its lock has no other taker): the
-	 * vDSO's clock instead of a thread CPU clock's system call per gate.
-	 */
-	uint64_t t0 = d->inline_events ? mp_now_ns() : mp_prefetch_cpu_ns();
+	uint64_t t0 = policy_clock(d);
 	uint32_t ids[MP_TRAJ_MAX_K], k = 0;
 	float w[MP_TRAJ_MAX_K];
 	struct pf_req *rq;
@@ -638,8 +644,7 @@ static void handle(struct mp_prefetcher *d, const struct pf_event *ev, float *pr
 	}
 out:
 	pthread_mutex_unlock(&d->lock);
-	atomic_fetch_add(&d->policy_ns,
-			 (d->inline_events ? mp_now_ns() : mp_prefetch_cpu_ns()) - t0);
+	atomic_fetch_add(&d->policy_ns, policy_clock(d) - t0);
 }
 
 /* Handles the events queued so far: on the thread, or inline under plock (inline_events). */

@@ -198,6 +198,20 @@ static int parse_rates(const char *s)
 	return err ? err : env.nrates ? 0 : -EINVAL;
 }
 
+/* For the parsers' errors: setup_names, as a user types them. */
+#define SETUP_LIST "single, consolidated, mixed, split, timeshare, paged, consolidated-one"
+
+/* The setup named by the len bytes at name, or N_SETUPS. */
+static int setup_index(const char *name, size_t len)
+{
+	int i = 0;
+
+	while (i < N_SETUPS && (len != strlen(setup_names[i]) ||
+				strncmp(name, setup_names[i], len)))
+		i++;
+	return i;
+}
+
 static int parse_setups(const char *s)
 {
 	char *copy = strdup(s), *save = NULL;
@@ -205,10 +219,8 @@ static int parse_setups(const char *s)
 
 	memset(env.setups, 0, sizeof(env.setups));
 	for (char *t = strtok_r(copy, ",", &save); t && !err; t = strtok_r(NULL, ",", &save)) {
-		int i = 0;
+		int i = setup_index(t, strlen(t));
 
-		while (i < N_SETUPS && strcmp(t, setup_names[i]))
-			i++;
 		if (i == N_SETUPS)
 			err = -EINVAL;
 		else
@@ -222,15 +234,13 @@ static int parse_setups(const char *s)
 static int parse_prefetch(char *arg)
 {
 	char *eq = strchr(arg, '=');
-	int i = 0;
+	int i;
 
 	if (!eq) {
 		env.prefetch = arg;
 		return 0;
 	}
-	while (i < N_SETUPS && ((size_t)(eq - arg) != strlen(setup_names[i]) ||
-				strncmp(arg, setup_names[i], (size_t)(eq - arg))))
-		i++;
+	i = setup_index(arg, (size_t)(eq - arg));
 	if (i == N_SETUPS || !eq[1])
 		return -EINVAL;
 	env.prefetch_of[i] = eq + 1;
@@ -279,8 +289,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 		break;
 	case OPT_SETUPS:
 		if (parse_setups(arg))
-			argp_error(state, "--setups wants a list of single, consolidated, mixed, "
-				   "split, timeshare, paged, consolidated-one");
+			argp_error(state, "--setups wants a list of " SETUP_LIST);
 		break;
 	case OPT_REPEAT:
 		cli_opt_u32(state, "--repeat", arg, 1, MAX_REPEAT, &env.repeat);
@@ -301,8 +310,7 @@ static error_t parse_arg(int key, char *arg, struct argp_state *state)
 	case OPT_PREFETCH:
 		if (parse_prefetch(arg))
 			argp_error(state, "--prefetch wants POLICY or SETUP=POLICY, SETUP one of "
-				   "single, consolidated, mixed, split, timeshare, paged, "
-				   "consolidated-one");
+				   SETUP_LIST);
 		break;
 	case OPT_EVICT: env.evict = arg; break;
 	case OPT_SHARED_STORE: env.shared_store = true; break;
