@@ -869,6 +869,46 @@ static void a_later_sigbus_handler_is_put_behind_the_guard(void **state)
 	sigaction(SIGBUS, &old, NULL);
 }
 
+static atomic_int chained_sigbus;
+
+static void count_sigbus(int sig)
+{
+	(void)sig;
+	atomic_fetch_add(&chained_sigbus, 1);
+}
+
+/*
+ * A harness that saves the handler with signal() and puts it back with
+ * signal() (cmocka does, around every test) installs the guard's own
+ * handler without SA_SIGINFO. The next open must take it for ours and keep
+ * chaining to the handler before it, not to itself with no siginfo.
+ */
+static void our_handler_put_back_by_signal_still_chains_to_the_one_before(void **state)
+{
+	struct sigaction sa = { .sa_handler = count_sigbus }, old;
+	struct mp_pager_config cfg;
+	struct mp_pager *p, *q;
+	void (*back)(int);
+
+	(void)state;
+	sigemptyset(&sa.sa_mask);
+	assert_int_equal(sigaction(SIGBUS, &sa, &old), 0);
+	mp_pager_config_init(&cfg);
+	assert_int_equal(mp_pager_open(store, &cfg, &p), 0);	/* ours in front of count_sigbus */
+	back = signal(SIGBUS, SIG_IGN);
+	assert_ptr_not_equal(back, SIG_ERR);
+	assert_ptr_not_equal(back, count_sigbus);
+	assert_ptr_not_equal(signal(SIGBUS, back), SIG_ERR);
+	assert_int_equal(mp_pager_open(store, &cfg, &q), 0);
+	/* A SIGBUS that is not a guarded fault reaches count_sigbus, once. */
+	atomic_store(&chained_sigbus, 0);
+	assert_int_equal(raise(SIGBUS), 0);
+	assert_int_equal(atomic_load(&chained_sigbus), 1);
+	mp_pager_close(q);
+	mp_pager_close(p);
+	sigaction(SIGBUS, &old, NULL);
+}
+
 static void corrupt_read_is_caught_by_checksum_never_served(void **state)
 {
 	struct mp_pager *p = open_pager(4, NULL);
@@ -2145,6 +2185,7 @@ int main(void)
 		cmocka_unit_test(demand_fault_goes_before_queued_prefetches),
 		cmocka_unit_test(poisoned_expert_errors_through_guard_then_retries),
 		cmocka_unit_test(a_later_sigbus_handler_is_put_behind_the_guard),
+		cmocka_unit_test(our_handler_put_back_by_signal_still_chains_to_the_one_before),
 		cmocka_unit_test(corrupt_read_is_caught_by_checksum_never_served),
 		cmocka_unit_test(close_with_faults_in_flight_releases_every_thread),
 		cmocka_unit_test(close_leaves_no_fd_thread_or_mapping),

@@ -128,6 +128,17 @@ static void hook_install(void)
  * pager open and on a thread's guard entries (HOOK_RECHECK), so the guard
  * keeps working whatever was installed since.
  */
+/*
+ * Ours, however it was put back: signal() returns our handler as a plain
+ * one, and a harness that restores it with signal() (cmocka does) installs
+ * it without SA_SIGINFO. Taken for a foreign one, it would become the
+ * handler we chain to: ourselves, called without a siginfo.
+ */
+static bool is_ours(const struct sigaction *sa)
+{
+	return (void *)sa->sa_sigaction == (void *)on_sigbus;
+}
+
 static int hook_check(void)
 {
 	static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -135,18 +146,18 @@ static int hook_check(void)
 
 	if (sigaction(SIGBUS, NULL, &cur))
 		return -errno;
-	if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
+	if ((cur.sa_flags & SA_SIGINFO) && is_ours(&cur))
 		return 0;
 	pthread_mutex_lock(&hook_lock);
-	if (!sigaction(SIGBUS, NULL, &cur) &&
-	    !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)) {
+	if (!sigaction(SIGBUS, NULL, &cur) && !((cur.sa_flags & SA_SIGINFO) && is_ours(&cur))) {
 		struct sigaction sa;
 
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_sigaction = on_sigbus;
 		sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
 		sigemptyset(&sa.sa_mask);
-		prev_action = cur;
+		if (!is_ours(&cur))
+			prev_action = cur;
 		sigaction(SIGBUS, &sa, NULL);
 	}
 	pthread_mutex_unlock(&hook_lock);
