@@ -187,8 +187,8 @@ static int pack_dense(struct mp_runner *r, struct dense_set *d)
 	if (!r->pack_dense)
 		return 0;
 	max = MP_MAX(max, mp_dtype_bytes(g->dtype, (uint64_t)MP_MAX(all, g->hidden) * g->hidden));
-	max = MP_MAX(max, mp_dtype_bytes(d->layers[0].router_dtype,
-					 (uint64_t)g->experts * g->hidden));
+	/* Routers' types are not checked to agree: room for the widest. */
+	max = MP_MAX(max, (size_t)g->experts * g->hidden * sizeof(float));
 	tmp = malloc(max);
 	if (!tmp)
 		return mp_err(-ENOMEM, "runner: out of memory packing the dense weights");

@@ -366,13 +366,13 @@ int cmd_batchbench(int argc, char **argv)
 
 		mp_runner_stats(b.runner, &rs);
 		o = json_pack("{s:s, s:i, s:f, s:I, s:f, s:s, s:I, s:o}", "model", env.model,
-				      "threads", (int)b.engine->threads, "membw_gbps",
-				      cli_median(bw, nbw), "membw_bytes",
-				      (json_int_t)mp_membw_bytes(b.membw), "membw_huge_share",
-				      mp_membw_huge_share(b.membw),
-				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
-				      "dense_packed_bytes", (json_int_t)rs.dense_packed_bytes,
-				      "results", results);
+			      "threads", (int)b.engine->threads, "membw_gbps",
+			      cli_median(bw, nbw), "membw_bytes",
+			      (json_int_t)mp_membw_bytes(b.membw), "membw_huge_share",
+			      mp_membw_huge_share(b.membw),
+			      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
+			      "dense_packed_bytes", (json_int_t)rs.dense_packed_bytes,
+			      "results", results);
 
 		results = NULL;
 		json_dumpf(o, stdout, JSON_INDENT(1));
