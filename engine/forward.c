@@ -132,6 +132,14 @@ static int attend(struct mp_runner *r, uint32_t l, const struct step_item *it)
 	return mp_engine_attention(r->e, &a);
 }
 
+/* A dense product over w as the runner keeps it: packed (MP_RUNNER_PACK_DENSE) or row-major. */
+static int dense_matmul(struct mp_runner *r, bool packed, enum mp_dtype dt, const void *w,
+			uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y)
+{
+	return (packed ? mp_engine_matmul_packed : mp_engine_matmul)(r->e, NULL, dt, w, rows, cols,
+								     x, n, y);
+}
+
 /* A run's Q, K and V: its model's norm and projections over its rows. */
 static int qkv(struct mp_runner *r, uint32_t l, const struct step_run *run)
 {
@@ -148,8 +156,8 @@ static int qkv(struct mp_runner *r, uint32_t l, const struct step_run *run)
 		const uint32_t all = r->qdim + 2 * r->kvdim;
 		const float *y = r->qkv + f * all;
 
-		err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wqkv, all, g->hidden, xn,
-				       run->rows, r->qkv + f * all);
+		err = dense_matmul(r, lw->attn_packed, g->dtype, lw->wqkv, all, g->hidden, xn,
+				   run->rows, r->qkv + f * all);
 		for (uint32_t t = 0; t < run->rows && !err; t++, y += all) {
 			memcpy(r->q + (f + t) * r->qdim, y, r->qdim * sizeof(float));
 			memcpy(r->k + (f + t) * r->kvdim, y + r->qdim, r->kvdim * sizeof(float));
@@ -158,13 +166,13 @@ static int qkv(struct mp_runner *r, uint32_t l, const struct step_run *run)
 		}
 		return err;
 	}
-	if ((err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wq, r->qdim, g->hidden, xn,
-				    run->rows, r->q + f * r->qdim)) ||
-	    (err = mp_engine_matmul(r->e, NULL, g->dtype, lw->wk, r->kvdim, g->hidden, xn,
-				    run->rows, r->k + f * r->kvdim)))
+	if ((err = dense_matmul(r, lw->attn_packed, g->dtype, lw->wq, r->qdim, g->hidden, xn,
+				run->rows, r->q + f * r->qdim)) ||
+	    (err = dense_matmul(r, lw->attn_packed, g->dtype, lw->wk, r->kvdim, g->hidden, xn,
+				run->rows, r->k + f * r->kvdim)))
 		return err;
-	return mp_engine_matmul(r->e, NULL, g->dtype, lw->wv, r->kvdim, g->hidden, xn, run->rows,
-				r->v + f * r->kvdim);
+	return dense_matmul(r, lw->attn_packed, g->dtype, lw->wv, r->kvdim, g->hidden, xn,
+			    run->rows, r->v + f * r->kvdim);
 }
 
 static int attention(struct mp_runner *r, uint32_t l, const struct step_item *items,
@@ -181,10 +189,11 @@ static int attention(struct mp_runner *r, uint32_t l, const struct step_item *it
 			return err;
 	for (uint32_t i = 0; i < r->n_runs; i++) {
 		const struct step_run *run = &r->runs[i];
+		const struct layer_weights *lw = &run->d->layers[l];
 
-		err = mp_engine_matmul(r->e, NULL, g->dtype, run->d->layers[l].wo, g->hidden,
-				       r->qdim, r->att + (size_t)run->first * r->qdim, run->rows,
-				       r->tmp + (size_t)run->first * g->hidden);
+		err = dense_matmul(r, lw->attn_packed, g->dtype, lw->wo, g->hidden, r->qdim,
+				   r->att + (size_t)run->first * r->qdim, run->rows,
+				   r->tmp + (size_t)run->first * g->hidden);
 		if (err)
 			return err;
 	}
@@ -451,9 +460,9 @@ static int moe(struct mp_runner *r, uint32_t l, const struct step_item *items, u
 		if ((err = mp_engine_rmsnorm(r->e, r->x + (size_t)run->first * g->hidden,
 					     lw->ffn_norm, g->hidden, run->rows, g->norm_eps,
 					     xn)) ||
-		    (err = mp_engine_matmul(r->e, NULL, lw->router_dtype, lw->router, g->experts,
-					    g->hidden, xn, run->rows,
-					    r->rlogits + (size_t)run->first * g->experts)))
+		    (err = dense_matmul(r, lw->router_packed, lw->router_dtype, lw->router,
+					g->experts, g->hidden, xn, run->rows,
+					r->rlogits + (size_t)run->first * g->experts)))
 			return err;
 	}
 	if ((err = route(r, l, items, count)))
@@ -478,9 +487,9 @@ static int logits(struct mp_runner *r, const struct step_item *items, uint32_t c
 		err = mp_engine_rmsnorm(r->e, r->last + (size_t)run->item * g->hidden,
 					run->d->output_norm, g->hidden, run->count, g->norm_eps, xn);
 		if (!err)
-			err = mp_engine_matmul(r->e, NULL, run->d->output_dtype, run->d->output,
-					       g->vocab, g->hidden, xn, run->count,
-					       r->lbuf + (size_t)run->item * g->vocab);
+			err = dense_matmul(r, run->d->output_packed, run->d->output_dtype,
+					   run->d->output, g->vocab, g->hidden, xn, run->count,
+					   r->lbuf + (size_t)run->item * g->vocab);
 	}
 	if (err)
 		return err;

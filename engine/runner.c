@@ -139,6 +139,89 @@ static size_t weights_size(const struct mp_store *s)
 	return len;
 }
 
+/* Whether p is in d's own block (read from the file), not a tensor the source lends. */
+static bool owned(const struct dense_set *d, const void *p)
+{
+	return (const char *)p >= (const char *)d->weights &&
+	       (const char *)p < (const char *)d->weights + d->weights_len;
+}
+
+/* Rewrites d's own rows x cols matrix at w in place in the engine's packed layout. */
+static int pack_matrix(struct mp_runner *r, struct dense_set *d, enum mp_dtype dt, const void *w,
+		       uint32_t rows, uint32_t cols, void *tmp)
+{
+	char *dst = (char *)d->weights + ((const char *)w - (const char *)d->weights);
+	size_t bytes = mp_dtype_bytes(dt, (uint64_t)rows * cols);
+	int err = mp_engine_pack(r->e, dt, w, rows, cols, tmp);
+
+	if (err)
+		return mp_err(err, "runner: packing a %u x %u dense matrix of %s: %s", rows, cols,
+			      mp_store_path(d->store), strerror(-err));
+	memcpy(dst, tmp, bytes);
+	r->dense_packed += bytes;
+	return 0;
+}
+
+/* Whether w is d's own and the engine has a packed layout for dt: then it is packed. */
+static bool packable(const struct mp_runner *r, const struct dense_set *d, enum mp_dtype dt,
+		     const void *w)
+{
+	return owned(d, w) && mp_engine_packs(r->e, dt);
+}
+
+/*
+ * MP_RUNNER_PACK_DENSE: the matrices of d the runner reads itself, in the
+ * engine's packed layout. A layer's Q, K, V and O are packed together or not
+ * at all (one flag); Q, K and V as the one matrix the step reads when they
+ * lie end to end (a group of the layout may then span two of them, as in
+ * the product), else each alone.
+ */
+static int pack_dense(struct mp_runner *r, struct dense_set *d)
+{
+	const struct mp_geometry *g = &r->g;
+	const uint32_t all = r->qdim + 2 * r->kvdim;
+	size_t max = mp_dtype_bytes(d->output_dtype, (uint64_t)g->vocab * g->hidden);
+	void *tmp;
+	int err = 0;
+
+	if (!r->pack_dense)
+		return 0;
+	max = MP_MAX(max, mp_dtype_bytes(g->dtype, (uint64_t)MP_MAX(all, g->hidden) * g->hidden));
+	/* Routers' types are not checked to agree: room for the widest. */
+	max = MP_MAX(max, (size_t)g->experts * g->hidden * sizeof(float));
+	tmp = malloc(max);
+	if (!tmp)
+		return mp_err(-ENOMEM, "runner: out of memory packing the dense weights");
+	if (packable(r, d, d->output_dtype, d->output)) {
+		err = pack_matrix(r, d, d->output_dtype, d->output, g->vocab, g->hidden, tmp);
+		d->output_packed = !err;
+	}
+	for (uint32_t l = 0; l < g->layers && !err; l++) {
+		struct layer_weights *lw = &d->layers[l];
+
+		if (packable(r, d, g->dtype, lw->wq) && owned(d, lw->wk) && owned(d, lw->wv) &&
+		    owned(d, lw->wo)) {
+			if (lw->wqkv)
+				err = pack_matrix(r, d, g->dtype, lw->wqkv, all, g->hidden, tmp);
+			else if (!(err = pack_matrix(r, d, g->dtype, lw->wq, r->qdim, g->hidden,
+						     tmp)) &&
+				 !(err = pack_matrix(r, d, g->dtype, lw->wk, r->kvdim, g->hidden,
+						     tmp)))
+				err = pack_matrix(r, d, g->dtype, lw->wv, r->kvdim, g->hidden, tmp);
+			if (!err)
+				err = pack_matrix(r, d, g->dtype, lw->wo, g->hidden, r->qdim, tmp);
+			lw->attn_packed = !err;
+		}
+		if (!err && packable(r, d, lw->router_dtype, lw->router)) {
+			err = pack_matrix(r, d, lw->router_dtype, lw->router, g->experts, g->hidden,
+					  tmp);
+			lw->router_packed = !err;
+		}
+	}
+	free(tmp);
+	return err;
+}
+
 /*
  * Reads d->store's non-expert tensors into d, or points d at the source's
  * copies. The block has room for every tensor; the share of a lent one is
@@ -197,6 +280,9 @@ static int load_dense(struct mp_runner *r, struct dense_set *d)
 #undef LOAD
 		lw->wqkv = qkv_joined(r, lw);
 	}
+	err = pack_dense(r, d);
+	if (err)
+		return err;
 	d->layer_bytes = mp_dtype_bytes(g->dtype, (2ull * r->qdim + 2ull * r->kvdim) * g->hidden) +
 			 mp_dtype_bytes(d->layers[0].router_dtype,
 					(uint64_t)g->experts * g->hidden) +
@@ -458,16 +544,17 @@ int mp_runner_open(struct mp_store *s, const struct mp_runner_config *cfg,
 	r->max_seq = cfg->max_seq ? cfg->max_seq : r->g.max_seq;
 	r->expert_rows = cfg->expert_rows ? cfg->expert_rows : r->g.experts;
 	if (r->expert_rows < r->g.experts || r->expert_rows > MP_MAX_EXPERTS * 16 ||
-	    (cfg->flags & ~(uint32_t)MP_RUNNER_LAYER_TIMES)) {
+	    (cfg->flags & ~(uint32_t)(MP_RUNNER_LAYER_TIMES | MP_RUNNER_PACK_DENSE))) {
 		uint32_t experts = r->g.experts;
 
 		free(r);
-		if (cfg->flags & ~(uint32_t)MP_RUNNER_LAYER_TIMES)
+		if (cfg->flags & ~(uint32_t)(MP_RUNNER_LAYER_TIMES | MP_RUNNER_PACK_DENSE))
 			return mp_err(-EINVAL, "runner: unknown flags 0x%x", cfg->flags);
 		return mp_err(-EINVAL, "runner: expert_rows %u must be in [%u (experts), %u]",
 			      cfg->expert_rows, experts, MP_MAX_EXPERTS * 16);
 	}
 	r->layer_times = cfg->flags & MP_RUNNER_LAYER_TIMES;
+	r->pack_dense = cfg->flags & MP_RUNNER_PACK_DENSE;
 	r->experts_packed = r->src->packed && r->src->packed(r->src_ctx) == 1;
 	if (r->experts_packed && !mp_engine_packs(r->e, r->g.dtype)) {
 		free(r);
@@ -768,6 +855,7 @@ void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out)
 	*out = r->st;
 	out->dense_lent_bytes = r->dense_lent;
 	out->dense_read_bytes = r->dense_read;
+	out->dense_packed_bytes = r->dense_packed;
 }
 
 void mp_runner_stats_reset(struct mp_runner *r)

@@ -20,6 +20,8 @@ struct layer_weights {
 	const float *ffn_norm;
 	const void *router;
 	enum mp_dtype router_dtype;
+	/* In the engine's packed layout (MP_RUNNER_PACK_DENSE): wq, wk, wv, wo (wqkv) together */
+	bool attn_packed, router_packed;
 };
 
 /* One model's non-expert weights, read once (the runner's own model is models[0]). */
@@ -29,6 +31,7 @@ struct dense_set {
 	size_t weights_len;
 	const void *tok_embd, *output;
 	enum mp_dtype embd_dtype, output_dtype;
+	bool output_packed;			/* the LM head in the engine's packed layout */
 	const float *output_norm;
 	struct layer_weights *layers;
 	uint64_t layer_bytes;			/* dense weight bytes one pass reads per layer */
@@ -90,8 +93,9 @@ struct mp_runner {
 	int32_t active_model;
 	uint64_t expert_bytes;
 	bool experts_packed;			/* the source's experts: mp_engine_pack_expert()'s layout */
-	/* Dense tensor bytes the source lent and bytes read from files, every model's. */
-	uint64_t dense_lent, dense_read;
+	/* Dense tensor bytes the source lent, read from files, and of those packed, every model's. */
+	uint64_t dense_lent, dense_read, dense_packed;
+	bool pack_dense;			/* MP_RUNNER_PACK_DENSE */
 
 	/* Activations for up to cap rows (tokens) and cap_items items of a step. */
 	uint32_t cap, cap_items;

@@ -337,7 +337,7 @@ static void residency_is_asked_only_for_layer_times(void **state)
 	}
 	r = NULL;
 	assert_int_equal(mp_runner_open(fx.store, &(struct mp_runner_config){ .engine = e,
-		.source = &asked_ops, .flags = 2 }, &r), -EINVAL);
+		.source = &asked_ops, .flags = 1u << 2 }, &r), -EINVAL);
 	assert_null(r);
 	mp_engine_close(e);
 }

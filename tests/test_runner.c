@@ -646,6 +646,184 @@ out:
 	free(got);
 }
 
+/* A source over a resident one that lends the named dense tensors from its own copies. */
+struct lender {
+	struct mp_store *store;
+	struct mp_resident *res;
+	const char *const *names;	/* NULL-terminated */
+	void *copy[8];
+	uint32_t copies;
+	uint64_t lent;
+};
+
+static const void *lend_expert(void *ctx, uint32_t layer, uint32_t expert)
+{
+	return mp_resident_source_ops()->expert(((struct lender *)ctx)->res, layer, expert);
+}
+
+static const void *lend_tensor(void *ctx, const struct mp_tensor_info *t)
+{
+	struct lender *l = ctx;
+
+	for (const char *const *n = l->names; *n; n++) {
+		void *p;
+
+		if (strcmp(*n, t->name))
+			continue;
+		assert_true(l->copies < sizeof(l->copy) / sizeof(l->copy[0]));
+		p = aligned_alloc(64, (t->bytes + 63) / 64 * 64);
+		assert_non_null(p);
+		assert_int_equal(mp_store_read_tensor(l->store, t, p), 0);
+		l->copy[l->copies++] = p;
+		l->lent += t->bytes;
+		return p;
+	}
+	return NULL;
+}
+
+static const struct mp_expert_source_ops lend_ops = {
+	.expert = lend_expert,
+	.tensor = lend_tensor,
+};
+
+/* A prompt and three decode steps (no trace): the tokens, the steps' logits, the stats. */
+static void run_dense(struct mp_store *s, struct mp_engine *e,
+		      const struct mp_expert_source_ops *ops, void *ctx, uint32_t flags,
+		      uint32_t *tokens, float *logits, struct mp_runner_stats *st)
+{
+	const uint32_t vocab = mp_store_geometry(s)->vocab;
+	struct mp_runner *r;
+
+	assert_int_equal(mp_runner_open(s, &(struct mp_runner_config){ .engine = e,
+		.source = ops, .source_ctx = ctx, .max_seq = 32, .flags = flags }, &r), 0);
+	assert_int_equal(mp_runner_prefill(r, prompt, PROMPT_LEN), 0);
+	tokens[0] = mp_runner_argmax(r);
+	for (uint32_t i = 1; i < 4; i++) {
+		assert_int_equal(mp_runner_step(r, tokens[i - 1]), 0);
+		tokens[i] = mp_runner_argmax(r);
+		memcpy(logits + (size_t)(i - 1) * vocab, mp_runner_logits(r),
+		       vocab * sizeof(float));
+	}
+	mp_runner_stats(r, st);
+	mp_runner_close(r);
+}
+
+/*
+ * Bytes MP_RUNNER_PACK_DENSE packs on e: the LM head, the routers and each
+ * layer's Q, K, V and O where e has a layout for their type, but for a layer
+ * with a lent one among them (all four stay row-major) and lent tensors.
+ */
+static uint64_t dense_packable(struct mp_store *s, struct mp_engine *e, const char *const *lent)
+{
+	uint64_t bytes = 0;
+
+	for (uint32_t i = 0; i < mp_store_tensor_count(s); i++) {
+		const struct mp_tensor_info *t = mp_store_tensor_at(s, i);
+		const char *attn = strstr(t->name, ".attn_");
+		bool skip = !mp_engine_packs(e, t->dtype);
+		char layer[MP_TENSOR_NAME_MAX];
+
+		if (strcmp(t->name, "output") && !strstr(t->name, ".router") &&
+		    (!attn || strstr(t->name, "_norm")))
+			continue;
+		snprintf(layer, sizeof(layer), "%.*s.attn_", attn ? (int)(attn - t->name) : 0,
+			 t->name);
+		for (const char *const *n = lent; *n && !skip; n++)
+			skip = !strcmp(*n, t->name) || (attn && !strncmp(*n, layer, strlen(layer)));
+		bytes += skip ? 0 : t->bytes;
+	}
+	return bytes;
+}
+
+/*
+ * MP_RUNNER_PACK_DENSE gives the logits of the file's order bit for bit, on
+ * every engine (those without a layout keep row-major and say nothing is
+ * packed), with the experts packed too, and over a source that lends some
+ * tensors (read as lent: a layer with one lent keeps all four of its
+ * attention matrices row-major). The tiny model, and one whose Q, K and V
+ * rows (18, 6, 6) split a 4-row group where they join (one matrix of 30 rows
+ * read as one), whose LM head (499 rows) ends in a part group and whose
+ * columns (48, 18) end in part blocks.
+ */
+static void packed_dense_runs_give_the_file_orders_logits(void **state)
+{
+	struct fixture *f = *state;
+	static const char *const engines[] = { "ref", "ref-bf16", "ref-scalar" };
+	static const char *const lent[] = { "output", "blk.1.attn_q", "blk.1.attn_k",
+					    "blk.1.attn_v", "blk.1.attn_o", "blk.0.attn_k", NULL };
+	static const char *const none[] = { NULL };
+	const struct mp_geometry odd = {
+		.layers = 2, .experts = 4, .topk = 2, .hidden = 48, .ffn = 24, .heads = 3,
+		.kv_heads = 1, .head_dim = 6, .vocab = 499, .max_seq = 64,
+		.dtype = MP_DTYPE_BF16, .rope_theta = 10000.0f, .norm_eps = 1e-5f,
+	};
+	struct mp_store *stores[2] = { f->store, NULL };
+	uint32_t packing = 0;
+
+	assert_int_equal(mp_gen_model(t_path("odd.mpk"), &odd, 3, "odd", NULL, NULL), 0);
+	assert_int_equal(mp_store_open(t_path("odd.mpk"), &stores[1]), 0);
+	for (uint32_t m = 0; m < 2; m++) {
+		struct mp_store *s = stores[m];
+		const uint32_t vocab = mp_store_geometry(s)->vocab;
+		const size_t len = 3ull * vocab * sizeof(float);
+		float *want = malloc(len), *got = malloc(len);
+		uint32_t want_tok[4], got_tok[4];
+		struct mp_resident *res, *packed;
+
+		assert_true(want && got);
+		assert_int_equal(mp_resident_open(s, NULL, NULL, &res), 0);
+		assert_int_equal(mp_resident_open(s, NULL, NULL, &packed), 0);
+		for (uint32_t i = 0; i < sizeof(engines) / sizeof(engines[0]); i++) {
+			struct lender l = { .store = s, .res = res, .names = lent };
+			struct mp_runner_stats st0, st;
+			struct mp_engine *e;
+			int err = mp_engine_open(engines[i],
+						 &(struct mp_engine_config){ .threads = 2 }, &e);
+			bool packs;
+
+			if (err == -EOPNOTSUPP)
+				continue;
+			assert_int_equal(err, 0);
+			packs = mp_engine_packs(e, MP_DTYPE_BF16);
+			packing += packs;
+			run_dense(s, e, mp_resident_source_ops(), res, 0, want_tok, want, &st0);
+			assert_int_equal(st0.dense_packed_bytes, 0);
+			run_dense(s, e, mp_resident_source_ops(), res, MP_RUNNER_PACK_DENSE,
+				  got_tok, got, &st);
+			assert_memory_equal(got_tok, want_tok, sizeof(want_tok));
+			assert_memory_equal(got, want, len);
+			assert_int_equal(st.dense_read_bytes, st0.dense_read_bytes);
+			assert_int_equal(st.dense_packed_bytes, dense_packable(s, e, none));
+			assert_true(!packs || st.dense_packed_bytes > 0);
+			if (packs) {
+				/* Experts and dense weights both packed: what batchbench and run keep. */
+				assert_int_equal(mp_resident_pack(packed, e), 0);
+				run_dense(s, e, mp_resident_source_ops(), packed,
+					  MP_RUNNER_PACK_DENSE, got_tok, got, &st);
+				assert_memory_equal(got_tok, want_tok, sizeof(want_tok));
+				assert_memory_equal(got, want, len);
+			}
+			run_dense(s, e, &lend_ops, &l, MP_RUNNER_PACK_DENSE, got_tok, got, &st);
+			assert_memory_equal(got_tok, want_tok, sizeof(want_tok));
+			assert_memory_equal(got, want, len);
+			assert_int_equal(st.dense_lent_bytes, l.lent);
+			assert_true(l.lent > 0);
+			assert_int_equal(st.dense_packed_bytes, dense_packable(s, e, lent));
+			assert_true(!packs || st.dense_packed_bytes < dense_packable(s, e, none));
+			for (uint32_t c = 0; c < l.copies; c++)
+				free(l.copy[c]);
+			mp_engine_close(e);
+		}
+		mp_resident_close(packed);
+		mp_resident_close(res);
+		free(want);
+		free(got);
+	}
+	if (!packing)
+		printf("# no engine has a packed layout on this CPU: row-major only\n");
+	mp_store_close(stores[1]);
+}
+
 /* Reusing a sequence closes the old request's map at the source and opens the new one's. */
 static void reuse_hands_the_source_each_requests_map(void **state)
 {
@@ -775,6 +953,7 @@ int main(void)
 		cmocka_unit_test(resident_source_serves_the_files_expert_bytes),
 		cmocka_unit_test(paged_runs_give_the_resident_tokens),
 		cmocka_unit_test(packed_resident_runs_give_the_file_orders_logits),
+		cmocka_unit_test(packed_dense_runs_give_the_file_orders_logits),
 		cmocka_unit_test(logits_argmax_is_the_first_of_the_largest),
 	};
 

@@ -194,13 +194,17 @@ static int read_tokens(uint32_t i, struct mp_store *s, uint32_t **ids, size_t *n
 	return err;
 }
 
-/* One perplexity: a runner over s's dense weights reading experts from source (map: rows). */
+/*
+ * One perplexity: a runner over s's dense weights reading experts from source
+ * (map: rows), with the runner's flags (its dense copy packed or not).
+ */
 static int eval_with(struct mp_engine *e, struct mp_store *s, const struct mp_expert_source_ops *ops,
-		     void *ctx, uint32_t rows, const uint32_t *const *map, const uint32_t *ids,
-		     size_t n, struct mp_eval_result *res)
+		     void *ctx, uint32_t rows, const uint32_t *const *map, uint32_t flags,
+		     const uint32_t *ids, size_t n, struct mp_eval_result *res)
 {
 	struct mp_runner_config rc = { .engine = e, .source = ops, .source_ctx = ctx,
-				       .max_seq = env.window, .expert_rows = rows, .map = map };
+				       .max_seq = env.window, .expert_rows = rows, .map = map,
+				       .flags = flags };
 	struct mp_runner *r = NULL;
 	int err = mp_runner_open(s, &rc, &r);
 
@@ -220,7 +224,8 @@ static int eval_alone(struct mp_engine *e, struct mp_store *s, const uint32_t *i
 	if (!err)
 		err = cli_resident_pack(resident, e);
 	if (!err)
-		err = eval_with(e, s, mp_resident_source_ops(), resident, 0, NULL, ids, n, res);
+		err = eval_with(e, s, mp_resident_source_ops(), resident, 0, NULL,
+				MP_RUNNER_PACK_DENSE, ids, n, res);
 	mp_resident_close(resident);
 	return err;
 }
@@ -308,7 +313,7 @@ static int score(struct mp_engine *e, struct mp_store *const *stores, struct mp_
 		err = eval_alone(e, stores[i], ids, n, &out->alone);
 	if (!err)
 		err = eval_with(e, stores[i], mp_multi_source_ops(), set, mp_multi_rows(set),
-				mp_multi_map(set, i), ids, n, &out->cons);
+				mp_multi_map(set, i), 0, ids, n, &out->cons);
 	free(ids);
 	return err;
 }

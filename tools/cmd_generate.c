@@ -252,6 +252,7 @@ int cmd_generate(int argc, char **argv)
 	rcfg.engine = engine;
 	rcfg.source = mp_resident_source_ops();
 	rcfg.source_ctx = resident;
+	rcfg.flags = MP_RUNNER_PACK_DENSE;
 	rcfg.max_seq = prompt_n + env.tokens;
 	err = mp_runner_open(store, &rcfg, &runner);
 	if (!err)

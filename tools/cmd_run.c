@@ -417,6 +417,7 @@ static int open_source(struct run *r, struct mp_runner_config *rcfg)
 		if (!err)
 			err = cli_resident_pack(r->resident, r->engine);
 		rcfg->source = mp_resident_source_ops();
+		rcfg->flags |= MP_RUNNER_PACK_DENSE;
 		rcfg->source_ctx = r->resident;
 		return err;
 	}

@@ -63,6 +63,7 @@ static const char doc[] =
 	"daemon holds is mapped before the runs).\n"
 	"\n"
 	"--json prints {model, threads, membw_gbps, membw_bytes, membw_huge_share,\n"
+	"source, dense_packed_bytes,\n"
 	"results: [{batch, tok_s, steps_s, weight_bytes_per_step, weights_gbps,\n"
 	"membw_gbps, membw_min_gbps, membw_max_gbps, membw_samples, membw_1t_gbps,\n"
 	"bound_tok_s, bound_ratio, macs_per_step, fma_gmacs, fma_1t_gmacs,\n"
@@ -75,7 +76,8 @@ static const char doc[] =
 	"tok_s over batch 1's; fma_gmacs is 1e9 multiply-adds a second with the\n"
 	"engine's threads (fma_1t_gmacs: the calling thread alone, one a run),\n"
 	"compute_tok_s the tokens/s it allows, roof_tok_s the lower of it and\n"
-	"bound_tok_s, roof_ratio tok_s over roof_tok_s.\n"
+	"bound_tok_s, roof_ratio tok_s over roof_tok_s. dense_packed_bytes: the dense\n"
+	"weights the runner keeps in the engine's packed layout (resident runs).\n"
 	"\n"
 	"EXAMPLES:\n"
 	"  moepager batchbench --model mixtral-mini.mpk --batch 1,2,4,8,16 --json\n";
@@ -228,6 +230,7 @@ static int open_bench(struct bench *b)
 		if (!err)
 			err = cli_resident_pack(b->resident, b->engine);
 		rc.source = mp_resident_source_ops();
+		rc.flags = MP_RUNNER_PACK_DENSE;
 		rc.source_ctx = b->resident;
 	}
 	rc.engine = b->engine;
@@ -358,13 +361,18 @@ int cmd_batchbench(int argc, char **argv)
 	if (err) {
 		cli_fail(err, NULL);
 	} else if (env.json) {
-		json_t *o = json_pack("{s:s, s:i, s:f, s:I, s:f, s:s, s:o}", "model", env.model,
-				      "threads", (int)b.engine->threads, "membw_gbps",
-				      cli_median(bw, nbw), "membw_bytes",
-				      (json_int_t)mp_membw_bytes(b.membw), "membw_huge_share",
-				      mp_membw_huge_share(b.membw),
-				      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
-				      "results", results);
+		struct mp_runner_stats rs;
+		json_t *o;
+
+		mp_runner_stats(b.runner, &rs);
+		o = json_pack("{s:s, s:i, s:f, s:I, s:f, s:s, s:I, s:o}", "model", env.model,
+			      "threads", (int)b.engine->threads, "membw_gbps",
+			      cli_median(bw, nbw), "membw_bytes",
+			      (json_int_t)mp_membw_bytes(b.membw), "membw_huge_share",
+			      mp_membw_huge_share(b.membw),
+			      "source", env.attach ? "attached" : env.budget ? "paged" : "resident",
+			      "dense_packed_bytes", (json_int_t)rs.dense_packed_bytes,
+			      "results", results);
 
 		results = NULL;
 		json_dumpf(o, stdout, JSON_INDENT(1));

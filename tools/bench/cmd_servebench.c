@@ -187,6 +187,7 @@ static int alone_open(struct alone *a)
 	rc.source = mp_resident_source_ops();
 	rc.source_ctx = a->resident;
 	rc.engine = a->engine;
+	rc.flags = MP_RUNNER_PACK_DENSE;
 	if (!err)
 		err = mp_runner_open(a->store, &rc, &a->runner);
 	if (!err) {

@@ -459,8 +459,10 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 		 * Packed only where the runner reads the experts itself: adapters
 		 * and co-served models read the base rows in the file's order.
 		 */
-		if (!err && !cfg->adapters && !cfg->consolidate)
+		if (!err && !cfg->adapters && !cfg->consolidate) {
 			err = cli_resident_pack(l->resident, l->engine);
+			rc->flags |= MP_RUNNER_PACK_DENSE;
+		}
 		rc->source = mp_resident_source_ops();
 		rc->source_ctx = l->resident;
 		return err;
@@ -752,7 +754,7 @@ int serve_local_open(const struct serve_local_config *cfg, struct serve_backend 
 		struct mp_runner_stats rs;
 
 		rc.engine = l->engine;
-		rc.flags = cfg->layer_times ? MP_RUNNER_LAYER_TIMES : 0;
+		rc.flags |= cfg->layer_times ? MP_RUNNER_LAYER_TIMES : 0;
 		err = mp_runner_open(l->store, &rc, &l->runner);
 		if (!err) {
 			mp_runner_stats(l->runner, &rs);

@@ -55,6 +55,18 @@ enum mp_runner_flags {
 	 * For benchmarks (bench-multi's table); off, nothing is timed or asked.
 	 */
 	MP_RUNNER_LAYER_TIMES = 1u << 0,
+	/*
+	 * Keep the runner's own copies of the dense matrices (Q, K, V, O, the
+	 * router, the LM head; mp_runner_add_model()'s models' too) in the
+	 * engine's packed layout where it has one for their type
+	 * (mp_engine_packs(); else they stay row-major), rewritten once at
+	 * open after their checksums, and read with mp_engine_matmul_packed():
+	 * the same bits, each tile's rows one stream. Tensors the source lends
+	 * (mp_expert_source_ops.tensor) are read where and as they are. The
+	 * runner's copies are its own, so this never changes what another
+	 * reader sees (mp_runner_stats.dense_packed_bytes says what was packed).
+	 */
+	MP_RUNNER_PACK_DENSE = 1u << 1,
 };
 
 struct mp_runner_config {
@@ -275,7 +287,9 @@ struct mp_runner_stats {
 	 */
 	uint64_t dense_macs;
 	uint64_t expert_macs;
-	MP_RESERVED(2);
+	/* Of dense_read_bytes, those kept in the engine's packed layout (MP_RUNNER_PACK_DENSE). */
+	uint64_t dense_packed_bytes;
+	MP_RESERVED(1);
 };
 
 MP_API void mp_runner_stats(const struct mp_runner *r, struct mp_runner_stats *out);
