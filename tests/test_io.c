@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* Description: io_uring reads of lib/tier/io.c: in-order delivery, O_DIRECT tails, EOF, errors; the checksum hash. */
+/* Description: io_uring reads of lib/tier/io.c: in-order delivery, O_DIRECT tails, EOF, errors; the checksum hash; the log level gate. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -354,6 +354,45 @@ static void hash_matches_xxh3_in_any_pieces(void **state)
 		assert_null(mp_hash_new_build(MP_HASH_AVX2));
 }
 
+static int lines_at[MP_LOG_DEBUG + 1];
+
+static void count_lines(enum mp_log_level level, const char *msg, void *arg)
+{
+	(void)msg; (void)arg;
+	lines_at[level]++;
+}
+
+/* The fill path's debug lines are not even formatted when the handler takes warnings only. */
+static void log_lines_past_the_level_are_dropped_and_errors_kept(void **state)
+{
+	(void)state;
+	memset(lines_at, 0, sizeof(lines_at));
+	mp_set_log_handler(count_lines, NULL);
+	mp_set_log_level(MP_LOG_WARN);
+	mp_debug("debug %d", 1);
+	mp_info("info %d", 2);
+	mp_warn("warn %d", 3);
+	assert_int_equal(lines_at[MP_LOG_DEBUG], 0);
+	assert_int_equal(lines_at[MP_LOG_INFO], 0);
+	assert_int_equal(lines_at[MP_LOG_WARN], 1);
+	/* Errors reach the handler and mp_last_error() whatever the level, or no handler. */
+	mp_set_log_level(MP_LOG_ERROR);
+	mp_warn("warn %d", 4);
+	assert_int_equal(mp_err(-EIO, "error %d", 5), -EIO);
+	assert_int_equal(lines_at[MP_LOG_WARN], 1);
+	assert_int_equal(lines_at[MP_LOG_ERROR], 1);
+	assert_string_equal(mp_last_error(), "error 5");
+	mp_set_log_handler(NULL, NULL);
+	mp_err(-EIO, "error %d", 6);
+	assert_string_equal(mp_last_error(), "error 6");
+	/* Back to every line. */
+	mp_set_log_level(MP_LOG_DEBUG);
+	mp_set_log_handler(count_lines, NULL);
+	mp_debug("debug %d", 7);
+	assert_int_equal(lines_at[MP_LOG_DEBUG], 1);
+	t_log_capture();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -366,6 +405,7 @@ int main(void)
 		cmocka_unit_test(bad_fd_fails_with_its_errno_and_a_message),
 		cmocka_unit_test(short_destination_is_refused),
 		cmocka_unit_test(hash_matches_xxh3_in_any_pieces),
+		cmocka_unit_test(log_lines_past_the_level_are_dropped_and_errors_kept),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

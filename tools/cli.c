@@ -53,6 +53,8 @@ void cli_install_log_handler(const char *prog)
 	cli_log.prog = prog;
 	cli_log.debug = d && *d && *d != '0';
 	mp_set_log_handler(log_to_stderr, NULL);
+	/* log_to_stderr() drops the rest: not formatted for nothing on the fill path. */
+	mp_set_log_level(cli_log.debug ? MP_LOG_DEBUG : MP_LOG_WARN);
 }
 
 const char *cli_prog(void)

@@ -59,11 +59,21 @@ typedef void (*mp_log_fn)(enum mp_log_level level, const char *msg, void *arg);
 
 /*
  * Install the handler that receives every log line (without a trailing
- * newline). The library never writes to stderr itself; with no handler,
- * lines are dropped. Passing NULL removes the handler. Not thread-safe
- * against concurrent logging: install it before opening anything.
+ * newline) up to the level mp_set_log_level() sets. The library never
+ * writes to stderr itself; with no handler, lines are dropped. Passing NULL
+ * removes the handler. Not thread-safe against concurrent logging: install
+ * it before opening anything.
  */
 MP_API void mp_set_log_handler(mp_log_fn fn, void *arg);
+
+/*
+ * The most detailed level the handler wants (MP_LOG_DEBUG, every line, by
+ * default). Lines past it are dropped before they are formatted: the fill
+ * path says a debug line per read, which costs its thread a formatted
+ * string whether the handler prints it or not. Errors are always formatted,
+ * for mp_last_error(). Any thread, any time.
+ */
+MP_API void mp_set_log_level(enum mp_log_level max);
 
 /*
  * The message of the last error logged by this thread ("" if none). Valid
