@@ -385,7 +385,8 @@ static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
  * of the group at g, its 32-column blocks one R x 64-byte stretch after
  * another, so the tile reads one stream front to back, prefetched
  * MP_PF_AHEAD on by R lines a step (pf: the first group of vectors only,
- * and not for one vector). The same accumulators, the same blocks in the
+ * and not for one vector), and MP_PF_NEAR on into L1 as well for three or
+ * more (near; kernels.h). The same accumulators, the same blocks in the
  * same order, the same tail steps and reductions as tile_bf16() over the
  * row-major matrix: the same bits. One vector runs the 4-row tile too: four
  * sums hide the FMA latency that a row at a time waits on, and with no
@@ -397,7 +398,7 @@ static TARGET void gemm_##type(const void *w, uint32_t rows, uint32_t cols,	\
  */
 static inline ALWAYS_INLINE TARGET void ptile_bf16(const char *g, const uint32_t R,
 						   const uint32_t T, uint32_t cols, const float *x,
-						   float *y, size_t ystride, bool pf)
+						   float *y, size_t ystride, bool pf, bool near)
 {
 	const uint32_t nb = cols / 32;
 	const size_t bs = (size_t)R * 64, ts = MP_ROW_bf16(cols % 32);
@@ -414,6 +415,9 @@ static inline ALWAYS_INLINE TARGET void ptile_bf16(const char *g, const uint32_t
 		if (pf)
 			UNROLL for (uint32_t r = 0; r < R; r++)
 				_mm_prefetch(blk + MP_PF_AHEAD + r * 64, _MM_HINT_T1);
+		if (near)
+			UNROLL for (uint32_t r = 0; r < R; r++)
+				_mm_prefetch(blk + MP_PF_NEAR + r * 64, _MM_HINT_T0);
 		step32_bf16_at(blk, 64, R, T, cols, x, c, acc);
 	}
 	for (; c < cols; c += 16) {
@@ -448,9 +452,9 @@ static TARGET void gemm_packed_bf16(const void *w, uint32_t rows, uint32_t cols,
 				float *yt = y + t * ystride + r;
 
 				switch (rows - r) {
-				case 1: ptile_bf16(g, 1, 1, cols, xt, yt, ystride, false); break;
-				case 2: ptile_bf16(g, 2, 1, cols, xt, yt, ystride, false); break;
-				default: ptile_bf16(g, 3, 1, cols, xt, yt, ystride, false); break;
+				case 1: ptile_bf16(g, 1, 1, cols, xt, yt, ystride, false, false); break;
+				case 2: ptile_bf16(g, 2, 1, cols, xt, yt, ystride, false, false); break;
+				default: ptile_bf16(g, 3, 1, cols, xt, yt, ystride, false, false); break;
 				}
 			}
 			break;
@@ -458,15 +462,16 @@ static TARGET void gemm_packed_bf16(const void *w, uint32_t rows, uint32_t cols,
 		for (uint32_t t = 0; t < n; t += TOKENS) {
 			const float *xt = x + (size_t)t * cols;
 			float *yt = y + t * ystride + r;
-			const bool pf = t == 0 && n > 1;
+			/* Three or more vectors prefetch MP_PF_NEAR on too (kernels.h). */
+			const bool pf = t == 0 && n > 1, near = t == 0 && n > 2;
 
 			switch (n - t < TOKENS ? n - t : TOKENS) {
-			case 1: ptile_bf16(g, 4, 1, cols, xt, yt, ystride, pf); break;
-			case 2: ptile_bf16(g, 4, 2, cols, xt, yt, ystride, pf); break;
-			case 3: ptile_bf16(g, 4, 3, cols, xt, yt, ystride, pf); break;
-			case 4: ptile_bf16(g, 4, 4, cols, xt, yt, ystride, pf); break;
-			case 5: ptile_bf16(g, 4, 5, cols, xt, yt, ystride, pf); break;
-			default: ptile_bf16(g, 4, 6, cols, xt, yt, ystride, pf); break;
+			case 1: ptile_bf16(g, 4, 1, cols, xt, yt, ystride, pf, near); break;
+			case 2: ptile_bf16(g, 4, 2, cols, xt, yt, ystride, pf, near); break;
+			case 3: ptile_bf16(g, 4, 3, cols, xt, yt, ystride, pf, near); break;
+			case 4: ptile_bf16(g, 4, 4, cols, xt, yt, ystride, pf, near); break;
+			case 5: ptile_bf16(g, 4, 5, cols, xt, yt, ystride, pf, near); break;
+			default: ptile_bf16(g, 4, 6, cols, xt, yt, ystride, pf, near); break;
 			}
 		}
 	}

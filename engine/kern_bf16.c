@@ -40,12 +40,14 @@ static inline ALWAYS_INLINE TARGET __m512 dp(__m512 acc, __m512i w, __m512i x)
  * same bits alone and in any batch. Row r's 32-column block b is at
  * w + r * rs + b * bs (row-major: bs 64; packed, kernels.h: rs 64, bs R x 64),
  * its columns past the last whole block at tw + r * ts. pw: where to
- * prefetch, the blocks' lines there on the same lead (NULL: not).
+ * prefetch into L2, rows [0, pl) of each block there on the same lead
+ * (NULL: not); pn: the same for all R rows into L1 (NULL: not).
  */
 static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs, const char *tw,
 					     size_t ts, const uint32_t R, const uint32_t T,
 					     uint32_t cols, const uint16_t *x, size_t xs, float *y,
-					     size_t ystride, const char *pw)
+					     size_t ystride, const char *pw, const uint32_t pl,
+					     const char *pn)
 {
 	__m512 acc[TOKENS][ROWS];
 	__m512i xv[TOKENS];
@@ -56,10 +58,13 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs
 		UNROLL for (uint32_t r = 0; r < R; r++)
 			acc[t][r] = _mm512_setzero_ps();
 	for (; c + 32 <= cols; c += 32, b++) {
-		/* every row of the block MP_PF_AHEAD on the same lead, as pf_bf16 does */
+		/* rows [0, pl) of the block on the same lead, as pf_bf16 does; then L1's */
 		if (pw)
-			UNROLL for (uint32_t r = 0; r < R; r++)
+			UNROLL for (uint32_t r = 0; r < pl; r++)
 				_mm_prefetch(pw + r * rs + b * bs, _MM_HINT_T1);
+		if (pn)
+			UNROLL for (uint32_t r = 0; r < R; r++)
+				_mm_prefetch(pn + r * rs + b * bs, _MM_HINT_T0);
 		UNROLL for (uint32_t t = 0; t < T; t++)
 			xv[t] = _mm512_loadu_si512(x + t * xs + c);
 		UNROLL for (uint32_t r = 0; r < R; r++) {
@@ -146,7 +151,7 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 			const char *wr = (const char *)w + r * rs;
 
 			tile(wr, rs, 64, wr + TAIL(cols), rs, 1, 1, cols, xb, xs, y + r, 1,
-			     wr + MP_PF_AHEAD);
+			     wr + MP_PF_AHEAD, 1, NULL);
 		}
 		return;
 	}
@@ -161,12 +166,18 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 			const char *pw = t == 0 ? pf_at(wr, rs) : NULL;
 
 			switch (n - t < TOKENS ? n - t : TOKENS) {
-			case 1: tile(wr, rs, 64, tw, rs, ROWS, 1, cols, xt, xs, yt, ystride, pw); break;
-			case 2: tile(wr, rs, 64, tw, rs, ROWS, 2, cols, xt, xs, yt, ystride, pw); break;
-			case 3: tile(wr, rs, 64, tw, rs, ROWS, 3, cols, xt, xs, yt, ystride, pw); break;
-			case 4: tile(wr, rs, 64, tw, rs, ROWS, 4, cols, xt, xs, yt, ystride, pw); break;
-			case 5: tile(wr, rs, 64, tw, rs, ROWS, 5, cols, xt, xs, yt, ystride, pw); break;
-			default: tile(wr, rs, 64, tw, rs, ROWS, 6, cols, xt, xs, yt, ystride, pw); break;
+			case 1: tile(wr, rs, 64, tw, rs, ROWS, 1, cols, xt, xs, yt, ystride, pw, ROWS,
+				     NULL); break;
+			case 2: tile(wr, rs, 64, tw, rs, ROWS, 2, cols, xt, xs, yt, ystride, pw, ROWS,
+				     NULL); break;
+			case 3: tile(wr, rs, 64, tw, rs, ROWS, 3, cols, xt, xs, yt, ystride, pw, ROWS,
+				     NULL); break;
+			case 4: tile(wr, rs, 64, tw, rs, ROWS, 4, cols, xt, xs, yt, ystride, pw, ROWS,
+				     NULL); break;
+			case 5: tile(wr, rs, 64, tw, rs, ROWS, 5, cols, xt, xs, yt, ystride, pw, ROWS,
+				     NULL); break;
+			default: tile(wr, rs, 64, tw, rs, ROWS, 6, cols, xt, xs, yt, ystride, pw, ROWS,
+				      NULL); break;
 			}
 		}
 	}
@@ -176,15 +187,15 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 
 		for (uint32_t t = 0; t < n; t++)
 			tile(wr, rs, 64, wr + TAIL(cols), rs, 1, 1, cols, xb + t * xs, xs,
-			     y + t * ystride + r, ystride, NULL);
+			     y + t * ystride + r, ystride, NULL, 0, NULL);
 	}
 }
 
 /*
  * The same products over packed weights (kernels.h): each group of 4 rows is
- * one stream, its blocks R x 64 bytes apart, prefetched MP_PF_AHEAD on for
- * more than one vector; one vector runs the 4-row tile too (four sums, one
- * stream, left to the hardware's prefetcher, as kern_avx512.c's
+ * one stream, its blocks R x 64 bytes apart, prefetched by the vectors'
+ * count (kernels.h, MP_PF_NEAR); one vector runs the 4-row tile too (four
+ * sums, one stream, left to the hardware's prefetcher, as kern_avx512.c's
  * gemm_packed_bf16()). The same sums in the same order as mp_bf16_gemm()'s:
  * the same bits.
  */
@@ -193,6 +204,9 @@ TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, con
 {
 	const size_t rs = MP_ROW_bf16(cols), xs = (size_t)cols * 2, ts = MP_ROW_bf16(cols % 32);
 	const uint16_t *xb = (const uint16_t *)x;
+	/* Two vectors prefetch a block's first line, more every line and near too (kernels.h). */
+	const uint32_t pl = n == 2 ? 1 : ROWS;
+	const bool near = n > 2;
 
 	if (n > 1)
 		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));
@@ -208,9 +222,12 @@ TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, con
 				float *yt = y + t * ystride + r;
 
 				switch (R) {
-				case 1: tile(g, 64, 64, tw, ts, 1, 1, cols, xt, xs, yt, ystride, pw); break;
-				case 2: tile(g, 64, 128, tw, ts, 2, 1, cols, xt, xs, yt, ystride, pw); break;
-				default: tile(g, 64, 192, tw, ts, 3, 1, cols, xt, xs, yt, ystride, pw); break;
+				case 1: tile(g, 64, 64, tw, ts, 1, 1, cols, xt, xs, yt, ystride, pw, 1,
+					     NULL); break;
+				case 2: tile(g, 64, 128, tw, ts, 2, 1, cols, xt, xs, yt, ystride, pw, 2,
+					     NULL); break;
+				default: tile(g, 64, 192, tw, ts, 3, 1, cols, xt, xs, yt, ystride, pw, 3,
+					      NULL); break;
 				}
 			}
 			break;
@@ -219,14 +236,15 @@ TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, con
 			const uint16_t *xt = xb + t * xs;
 			float *yt = y + t * ystride + r;
 			const char *p = t == 0 ? pw : NULL;
+			const char *pn = t == 0 && near ? g + MP_PF_NEAR : NULL;
 
 			switch (n - t < TOKENS ? n - t : TOKENS) {
-			case 1: tile(g, 64, 256, tw, ts, ROWS, 1, cols, xt, xs, yt, ystride, p); break;
-			case 2: tile(g, 64, 256, tw, ts, ROWS, 2, cols, xt, xs, yt, ystride, p); break;
-			case 3: tile(g, 64, 256, tw, ts, ROWS, 3, cols, xt, xs, yt, ystride, p); break;
-			case 4: tile(g, 64, 256, tw, ts, ROWS, 4, cols, xt, xs, yt, ystride, p); break;
-			case 5: tile(g, 64, 256, tw, ts, ROWS, 5, cols, xt, xs, yt, ystride, p); break;
-			default: tile(g, 64, 256, tw, ts, ROWS, 6, cols, xt, xs, yt, ystride, p); break;
+			case 1: tile(g, 64, 256, tw, ts, ROWS, 1, cols, xt, xs, yt, ystride, p, pl, pn); break;
+			case 2: tile(g, 64, 256, tw, ts, ROWS, 2, cols, xt, xs, yt, ystride, p, pl, pn); break;
+			case 3: tile(g, 64, 256, tw, ts, ROWS, 3, cols, xt, xs, yt, ystride, p, pl, pn); break;
+			case 4: tile(g, 64, 256, tw, ts, ROWS, 4, cols, xt, xs, yt, ystride, p, pl, pn); break;
+			case 5: tile(g, 64, 256, tw, ts, ROWS, 5, cols, xt, xs, yt, ystride, p, pl, pn); break;
+			default: tile(g, 64, 256, tw, ts, ROWS, 6, cols, xt, xs, yt, ystride, p, pl, pn); break;
 			}
 		}
 	}

@@ -32,6 +32,21 @@
  * 0.63, 8 to 32 KiB ahead into L2 0.86-0.89.
  */
 #define MP_PF_AHEAD		(16u << 10)
+/*
+ * The packed kernels' prefetch by the vectors' count (kernels.h's layout:
+ * each 4-row group one stream). One vector: none, the hardware's prefetcher
+ * follows the stream best. Two: every line MP_PF_AHEAD on; ref-bf16's
+ * VDPBF16PS, whose step is short, only a block's first line (the
+ * hardware's fetches the rest). Three or more: every line MP_PF_AHEAD on,
+ * and every line again MP_PF_NEAR on into L1, where the vectors of a long
+ * row (ffn's 3584 columns: 7 KiB each) evict what the far prefetch brought
+ * before it is read. Experts of mixtral-mini's shape from memory, one
+ * thread, GB/s (docs/engine.md "Session 36"): ref-bf16 2 vectors 18.5 ->
+ * 26.7 against every line prefetched, 4 18.4 -> 19.5, 8 12.2 -> 14.7; ref
+ * 3 vectors 19.0 -> 22.6, 4 20.1 -> 21.5 (2 vectors: 18.6 -> 15.3 with the
+ * first line only, so ref keeps every line).
+ */
+#define MP_PF_NEAR		2048u
 
 /*
  * Prefetches (into L2) the first bytes of a gemm call's weights: those its
