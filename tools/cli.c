@@ -93,10 +93,11 @@ static void say(const char *fmt, va_list ap)
 	funlockfile(stderr);
 }
 
-int cli_resident_pack(struct mp_resident *r, struct mp_engine *e)
+int cli_resident_pack(struct mp_resident *r, struct mp_engine *e, uint32_t *runner_flags)
 {
 	int err = mp_resident_pack(r, e);
 
+	*runner_flags |= MP_RUNNER_PACK_DENSE;
 	return err == -EOPNOTSUPP ? 0 : err;
 }
 

@@ -66,11 +66,12 @@ int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 struct mp_resident;
 struct mp_engine;
 /*
- * Resident experts in e's packed layout when e has one (mp_resident_pack():
- * the same bits, read as one stream a tile), else left in file order.
- * Returns 0 or the packing's error.
+ * A resident run in e's packed layout where e has one, the same bits read as
+ * one stream a tile: r's experts (mp_resident_pack(), else left in file
+ * order), and MP_RUNNER_PACK_DENSE added to *runner_flags for the runner's
+ * dense matrices. Returns 0 or the packing's error.
  */
-int cli_resident_pack(struct mp_resident *r, struct mp_engine *e);
+int cli_resident_pack(struct mp_resident *r, struct mp_engine *e, uint32_t *runner_flags);
 /* The tool's own error line, "PROG: FMT...", counted as cli_fail() counts it. Returns err. */
 int cli_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /*

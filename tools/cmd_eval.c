@@ -219,13 +219,14 @@ static int eval_alone(struct mp_engine *e, struct mp_store *s, const uint32_t *i
 		      struct mp_eval_result *res)
 {
 	struct mp_resident *resident = NULL;
+	uint32_t flags = 0;
 	int err = mp_resident_open(s, NULL, NULL, &resident);
 
 	if (!err)
-		err = cli_resident_pack(resident, e);
+		err = cli_resident_pack(resident, e, &flags);
 	if (!err)
-		err = eval_with(e, s, mp_resident_source_ops(), resident, 0, NULL,
-				MP_RUNNER_PACK_DENSE, ids, n, res);
+		err = eval_with(e, s, mp_resident_source_ops(), resident, 0, NULL, flags, ids, n,
+				res);
 	mp_resident_close(resident);
 	return err;
 }

@@ -246,13 +246,12 @@ int cmd_generate(int argc, char **argv)
 	if (!err)
 		err = mp_resident_open(store, NULL, NULL, &resident);
 	if (!err)
-		err = cli_resident_pack(resident, engine);
+		err = cli_resident_pack(resident, engine, &rcfg.flags);
 	if (err)
 		goto fail;
 	rcfg.engine = engine;
 	rcfg.source = mp_resident_source_ops();
 	rcfg.source_ctx = resident;
-	rcfg.flags = MP_RUNNER_PACK_DENSE;
 	rcfg.max_seq = prompt_n + env.tokens;
 	err = mp_runner_open(store, &rcfg, &runner);
 	if (!err)

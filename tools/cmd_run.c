@@ -415,9 +415,8 @@ static int open_source(struct run *r, struct mp_runner_config *rcfg)
 				       NULL, &r->resident);
 		cli_progress_end();
 		if (!err)
-			err = cli_resident_pack(r->resident, r->engine);
+			err = cli_resident_pack(r->resident, r->engine, &rcfg->flags);
 		rcfg->source = mp_resident_source_ops();
-		rcfg->flags |= MP_RUNNER_PACK_DENSE;
 		rcfg->source_ctx = r->resident;
 		return err;
 	}

@@ -228,9 +228,8 @@ static int open_bench(struct bench *b)
 	} else if (!err) {
 		err = mp_resident_open(b->store, NULL, NULL, &b->resident);
 		if (!err)
-			err = cli_resident_pack(b->resident, b->engine);
+			err = cli_resident_pack(b->resident, b->engine, &rc.flags);
 		rc.source = mp_resident_source_ops();
-		rc.flags = MP_RUNNER_PACK_DENSE;
 		rc.source_ctx = b->resident;
 	}
 	rc.engine = b->engine;

@@ -183,11 +183,10 @@ static int alone_open(struct alone *a)
 		err = mp_resident_open(a->store, NULL, NULL, &a->resident);
 	/* As the served backend keeps them, so alone and served run the same kernels. */
 	if (!err)
-		err = cli_resident_pack(a->resident, a->engine);
+		err = cli_resident_pack(a->resident, a->engine, &rc.flags);
 	rc.source = mp_resident_source_ops();
 	rc.source_ctx = a->resident;
 	rc.engine = a->engine;
-	rc.flags = MP_RUNNER_PACK_DENSE;
 	if (!err)
 		err = mp_runner_open(a->store, &rc, &a->runner);
 	if (!err) {

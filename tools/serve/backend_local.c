@@ -459,10 +459,8 @@ static int open_source(struct local *l, const struct serve_local_config *cfg,
 		 * Packed only where the runner reads the experts itself: adapters
 		 * and co-served models read the base rows in the file's order.
 		 */
-		if (!err && !cfg->adapters && !cfg->consolidate) {
-			err = cli_resident_pack(l->resident, l->engine);
-			rc->flags |= MP_RUNNER_PACK_DENSE;
-		}
+		if (!err && !cfg->adapters && !cfg->consolidate)
+			err = cli_resident_pack(l->resident, l->engine, &rc->flags);
 		rc->source = mp_resident_source_ops();
 		rc->source_ctx = l->resident;
 		return err;
