@@ -678,6 +678,59 @@ static void shrinking_the_budget_evicts_down_to_it(void **state)
 	mp_pager_close(p);
 }
 
+struct shrinker {
+	struct mp_pager *p;
+	pthread_barrier_t *go;
+	uint64_t budget, resident;
+	int ret;
+};
+
+static void *shrink(void *arg)
+{
+	struct shrinker *s = arg;
+	struct mp_pager_stats st;
+
+	pthread_barrier_wait(s->go);
+	s->ret = mp_pager_set_budget(s->p, s->budget);
+	mp_pager_stats(s->p, &st);
+	s->resident = st.resident_bytes;
+	return NULL;
+}
+
+/*
+ * Two threads shrink the budget at once (or a fill thread enforces it while
+ * the owner shrinks): each counts the other's evictions in flight as done,
+ * yet neither returns before they are, so the budget holds on return.
+ */
+static void concurrent_shrinks_each_return_within_the_budget(void **state)
+{
+	struct mp_pager *p = open_pager(8, NULL);
+	pthread_barrier_t go;
+
+	(void)state;
+	pthread_barrier_init(&go, NULL, 2);
+	for (int round = 0; round < 40; round++) {
+		struct shrinker s[2] = { { p, &go, 2 * xbytes, 0, 1 },
+					 { p, &go, 3 * xbytes, 0, 1 } };
+		pthread_t th[2];
+
+		assert_int_equal(mp_pager_set_budget(p, 8 * xbytes), 0);
+		for (uint32_t e = 0; e < 8; e++)
+			assert_memory_equal(get(p, (uint32_t)round % 4, e),
+					    want((uint32_t)round % 4, e), xbytes);
+		for (int i = 0; i < 2; i++)
+			pthread_create(&th[i], NULL, shrink, &s[i]);
+		for (int i = 0; i < 2; i++) {
+			pthread_join(th[i], NULL);
+			assert_int_equal(s[i].ret, 0);
+			/* Whichever budget was set last, each return sees at most the larger one. */
+			assert_true(s[i].resident <= 3 * xbytes);
+		}
+	}
+	pthread_barrier_destroy(&go);
+	mp_pager_close(p);
+}
+
 /* With 2 slots of budget: A, B, use A, then C. LRU drops B, FIFO drops A. */
 static void lru_and_fifo_pick_their_victims(void **state)
 {
@@ -2198,6 +2251,7 @@ int main(void)
 		cmocka_unit_test(demand_fill_evicts_while_its_read_is_in_flight),
 		cmocka_unit_test(evictions_keep_spares_within_the_memory_bound),
 		cmocka_unit_test(a_smaller_budget_gives_spares_back),
+		cmocka_unit_test(concurrent_shrinks_each_return_within_the_budget),
 		cmocka_unit_test(concurrent_fills_never_exceed_the_memory_bound),
 		cmocka_unit_test(idle_workers_create_spares_ahead_of_the_next_fill),
 		cmocka_unit_test(routed_expert_is_read_on_the_asking_thread_before_its_touch),

@@ -271,6 +271,23 @@ void mp_pager_enforce_budget(struct mp_pager *p)
 	}
 }
 
+/*
+ * Waits, locked, for the evictions other threads have in flight while the
+ * budget is exceeded: mp_pager_enforce_budget() counted them as done, and
+ * mp_pager_set_budget() promises the budget holds when it returns. Enforces
+ * again after each, as one that failed leaves its expert in place.
+ */
+static void wait_for_dropping(struct mp_pager *p)
+{
+	uint64_t deadline = mp_now_ns() + PENDING_WAIT_NS;
+
+	while (p->mem.resident > p->mem.budget && p->mem.dropping && !p->broken &&
+	       mp_now_ns() < deadline) {
+		mp_pager_wait_ns(p, &p->state_cv, BUDGET_WAIT_NS);
+		mp_pager_enforce_budget(p);
+	}
+}
+
 int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
 {
 	if (bytes < p->expert_bytes)
@@ -280,6 +297,7 @@ int mp_pager_set_budget(struct mp_pager *p, uint64_t bytes)
 	/* Stored atomically: a fill reads it unlocked (fill.c: slack_for_one). */
 	__atomic_store_n(&p->mem.budget, bytes, __ATOMIC_RELAXED);
 	mp_pager_enforce_budget(p);
+	wait_for_dropping(p);
 	/* A smaller budget lowers the bound even when nothing had to be evicted. */
 	mp_pager_trim_spares(p);
 	pthread_cond_broadcast(&p->state_cv);
