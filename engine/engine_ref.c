@@ -157,11 +157,6 @@ static int ref_matvec(struct mp_engine *e, const struct mp_guard *g, enum mp_dty
 	return ref_matmul(e, g, dt, w, rows, cols, x, 1, y);
 }
 
-static inline float silu(float v)
-{
-	return v / (1.0f + expf(-v));
-}
-
 /* Gate and up rows of one chunk for every vector, then h = silu(gate) * up there. */
 static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
 {
@@ -175,11 +170,9 @@ static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	rows_product(j, j->w, j->y, r0, r1);
 	rows_product(j, j->w_up, j->y_up, r0, r1);
 	for (uint32_t t = 0; t < j->n; t++) {
-		const float *gt = j->y + t * j->ystride, *ut = j->y_up + t * j->ystride;
-		float *ht = j->h + t * j->ystride;
+		const size_t o = t * j->ystride + r0;
 
-		for (uint32_t r = r0; r < r1; r++)
-			ht[r] = silu(gt[r]) * ut[r];
+		j->k->silu_mul(j->y + o, j->y_up + o, j->h + o, r1 - r0);
 	}
 	return 0;
 }

@@ -247,4 +247,10 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
+/* SwiGLU: the scalar loop (AVX-512's computes expf's bits 16 lanes at a time). */
+static void silu_mul(const float *g, const float *u, float *h, uint32_t n)
+{
+	mp_silu_mul_scalar(g, u, h, n);
+}
+
 MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2", NULL, NULL);

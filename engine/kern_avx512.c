@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* AVX-512 kernels (F+BW+VL): 16-lane f32 FMAs, bf16/f16/q8_0/q4_0 widened in registers, masked tails. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "engine/kernels.h"
@@ -547,6 +548,102 @@ static TARGET float read_sum(const void *buf, size_t bytes)
 	for (; i < n; i += 16)
 		s0 = _mm512_add_ps(s0, _mm512_loadu_ps(f + i));
 	return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+/*
+ * expf() of 16 floats with glibc's bits: its algorithm (e_expf.c, the
+ * build its ifunc picks on every CPU with FMA, so on all with AVX-512) in
+ * double, 8 lanes a register, each step the same operation (the same FMAs)
+ * as glibc's: x * 32 / ln 2 = k + r (k rounded to an integer by adding
+ * 1.5 * 2^52), 2^(k / 32) as a table entry of 2^((k % 32) / 32) with k / 32
+ * added to its exponent, 2^(r / 32) by a cubic, the product rounded to
+ * float once. Lanes at |x| >= 88 (and NaN) take glibc's slow path there
+ * (overflow, underflow, its error flags): they are passed to expf() itself.
+ * Tested against expf() by test_engine (kernels_silu_mul_gives_the_bits_of_expf).
+ */
+#define EXP_SLOW	0x42b00000u	/* |x|'s bits from which glibc leaves its fast path */
+
+/* 2^(i / 32) - (i << 47) as bits: glibc's __exp2f_data.tab. */
+static const uint64_t exp2_32[32] __attribute__((aligned(64))) = {
+	0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+	0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+	0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+	0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+	0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+	0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+	0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+	0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+/* expf() of 8 floats on glibc's fast path; tab: exp2_32 in four registers. */
+static inline ALWAYS_INLINE TARGET __m256 expf_8(__m256 x, const __m512i tab[4])
+{
+	const __m512d shift = _mm512_set1_pd(0x1.8p52), inv = _mm512_set1_pd(0x1.71547652b82fep+5);
+	const __m512d xd = _mm512_cvtps_pd(x);
+	__m512d kd = _mm512_fmadd_pd(inv, xd, shift);
+	const __m512i ki = _mm512_castpd_si512(kd);
+	__m512d r, z, r2, y;
+	__m512i t;
+
+	kd = _mm512_sub_pd(kd, shift);
+	r = _mm512_fmsub_pd(inv, xd, kd);
+	/* tab[ki % 32]: two 16-entry lookups, bit 4 picks one. */
+	t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)),
+				    _mm512_permutex2var_epi64(tab[0], ki, tab[1]),
+				    _mm512_permutex2var_epi64(tab[2], ki, tab[3]));
+	t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+	z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-20), r,
+			    _mm512_set1_pd(0x1.ebfce50fac4f3p-13));
+	r2 = _mm512_mul_pd(r, r);
+	y = _mm512_fmadd_pd(_mm512_set1_pd(0x1.62e42ff0c52d6p-6), r, _mm512_set1_pd(1.0));
+	y = _mm512_fmadd_pd(z, r2, y);
+	return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+}
+
+static inline ALWAYS_INLINE TARGET __m512 expf_16(__m512 x, const __m512i tab[4])
+{
+	const __m512i bits = _mm512_castps_si512(x);
+	__mmask16 slow = _mm512_cmpge_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+						 _mm512_set1_epi32(EXP_SLOW));
+	/* The halves by 64-bit lane moves: AVX-512 F has no 8-float insert or extract. */
+	const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+	__m512 e = _mm512_castpd_ps(_mm512_insertf64x4(
+		_mm512_castps_pd(_mm512_castps256_ps512(expf_8(_mm512_castps512_ps256(x), tab))),
+		_mm256_castps_pd(expf_8(hi, tab)), 1));
+
+	if (slow) {
+		float xs[16], es[16];
+
+		_mm512_storeu_ps(xs, x);
+		_mm512_storeu_ps(es, e);
+		for (; slow; slow &= slow - 1) {
+			const int i = __builtin_ctz(slow);
+
+			es[i] = expf(xs[i]);
+		}
+		e = _mm512_loadu_ps(es);
+	}
+	return e;
+}
+
+static TARGET void silu_mul(const float *g, const float *u, float *h, uint32_t n)
+{
+	const __m512i tab[4] = {
+		_mm512_load_si512(exp2_32), _mm512_load_si512(exp2_32 + 8),
+		_mm512_load_si512(exp2_32 + 16), _mm512_load_si512(exp2_32 + 24),
+	};
+	const __m512 one = _mm512_set1_ps(1.0f);
+
+	for (uint32_t i = 0; i < n; i += 16) {
+		const __mmask16 m = n - i >= 16 ? 0xffff : tail_mask(n - i);
+		const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+		const __m512 e = expf_16(_mm512_castsi512_ps(_mm512_xor_si512(
+			_mm512_castps_si512(gv), _mm512_set1_epi32((int)0x80000000u))), tab);
+
+		/* g / (1 + e) * u: the scalar expression's operations, so its bits. */
+		_mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+							      _mm512_maskz_loadu_ps(m, u + i)));
+	}
 }
 
 MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512", xprep_bf16, gemm_packed_bf16);

@@ -107,4 +107,15 @@ static float read_sum(const void *buf, size_t bytes)
 	return sum;
 }
 
+void mp_silu_mul_scalar(const float *g, const float *u, float *h, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		h[i] = mp_silu_mul1(g[i], u[i]);
+}
+
+static void silu_mul(const float *g, const float *u, float *h, uint32_t n)
+{
+	mp_silu_mul_scalar(g, u, h, n);
+}
+
 MP_KERNELS_DEFINE(mp_kernels_scalar, "scalar", NULL, NULL);

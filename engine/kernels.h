@@ -3,6 +3,7 @@
 #ifndef MP_KERNELS_H
 #define MP_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -103,6 +104,18 @@ static inline float mp_q4_0_at(const void *w, size_t i)
  */
 void mp_pack_bf16(const void *src, uint32_t rows, uint32_t cols, void *dst);
 
+/*
+ * The expert FFN's SwiGLU for one element: silu(g) * u, g / (1 + expf(-g))
+ * * u in float. Every table's silu_mul gives these bits.
+ */
+static inline float mp_silu_mul1(float g, float u)
+{
+	return g / (1.0f + expf(-g)) * u;
+}
+
+/* h[i] = mp_silu_mul1(g[i], u[i]) for i < n: the scalar loop. */
+void mp_silu_mul_scalar(const float *g, const float *u, float *h, uint32_t n);
+
 typedef void (*mp_gemm_fn)(const void *w, uint32_t rows, uint32_t cols, const float *x,
 			   uint32_t n, float *y, size_t ystride);
 
@@ -141,11 +154,17 @@ struct mp_kernels {
 	void (*axpy)(float a, const float *x, float *y, uint32_t n);
 	/* Sum of a buffer's 32-bit words as floats (bytes a multiple of 64), to measure reads. */
 	float (*read_sum)(const void *buf, size_t bytes);
+	/*
+	 * h[i] = mp_silu_mul1(g[i], u[i]) for i < n, the same bits on every
+	 * ISA: AVX-512 computes expf 16 lanes at a time (kern_avx512.c) with
+	 * glibc's bits.
+	 */
+	void (*silu_mul)(const float *g, const float *u, float *h, uint32_t n);
 };
 
 /*
  * Defines an ISA's table from the static functions every kern_*.c file
- * names alike (gemm_f32, widen_bf16, dot, axpy, read_sum), so the
+ * names alike (gemm_f32, widen_bf16, dot, axpy, read_sum, silu_mul), so the
  * three tables cannot drift apart; xprep_bf16 is the file's bf16 vector
  * order (or NULL). The block types' gemm takes cols, and widen n, in whole
  * blocks of MP_QBLOCK: the engine's entry points refuse other shapes.
@@ -172,6 +191,7 @@ struct mp_kernels {
 		.dot = dot,								\
 		.axpy = axpy,								\
 		.read_sum = read_sum,							\
+		.silu_mul = silu_mul,							\
 	}
 
 extern const struct mp_kernels mp_kernels_scalar;

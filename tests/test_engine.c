@@ -1049,6 +1049,74 @@ static void kernels_widen_to_the_floats_of_mp_dtype_to_f32(void **state)
 	free(got);
 }
 
+/*
+ * Every ISA's silu_mul gives the bits of the scalar expression over expf()
+ * (mp_silu_mul1()), AVX-512's computing expf 16 lanes at a time: over 2^24
+ * floats spread across all 2^32 (every sign and exponent, so the infinities,
+ * NaNs and the ranges where expf over- and underflows, which AVX-512 hands
+ * to expf()) and the edges of its fast path, in calls of odd lengths
+ * (masked tails), writing nothing past n. A slip at a float's scale (a
+ * table entry off by 2^-24) fails here; one in a double's last bits moves
+ * a float only next to a rounding boundary, which these samples need not
+ * hit: the check over all 2^32 inputs is docs/engine.md's (session 37).
+ */
+static void kernels_silu_mul_gives_the_bits_of_expf(void **state)
+{
+	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512 };
+	static const float edges[] = {
+		0.0f, -0.0f, 1.0f, -1.0f, 87.99999f, -87.99999f, 88.0f, -88.0f, 88.72283f,
+		-88.72284f, 88.7229f, -88.7229f, 103.27893f, -103.27893f, 103.972f, -103.973f,
+		1e-45f, -1e-45f, 1e-38f, 3.4e38f, -3.4e38f, INFINITY, -INFINITY, NAN, -NAN,
+	};
+	const uint32_t len = 4093, calls = 1u << 12;
+	float *g = malloc((len + 16) * sizeof(float)), *u = malloc(len * sizeof(float));
+	float *h = malloc((len + 16) * sizeof(float));
+	uint32_t bits = 0x12345;
+
+	(void)state;
+	assert_non_null(g);
+	assert_non_null(u);
+	assert_non_null(h);
+	for (uint32_t c = 0; c < calls; c++) {
+		/* Each call a stretch of the 2^32 patterns, 2^32 / (calls * len) apart. */
+		const uint32_t n = c ? len - c % 16 : N_ELEMS(edges);
+
+		for (uint32_t i = 0; i < n; i++) {
+			if (c) {
+				bits += 256 + i % 7;
+				memcpy(&g[i], &bits, sizeof(bits));
+			} else {
+				g[i] = edges[i];
+			}
+			u[i] = i % 3 ? frand() * 4.0f : 1.0f;
+		}
+		for (size_t i = 0; i < N_ELEMS(isas); i++) {
+			const struct mp_kernels *k = mp_kernels_for(isas[i]);
+
+			if (!k)
+				continue;
+			memset(h, 0xab, (len + 16) * sizeof(float));
+			k->silu_mul(g, u, h, n);
+			for (uint32_t j = 0; j < n; j++) {
+				const float want = mp_silu_mul1(g[j], u[j]);
+
+				if (memcmp(&h[j], &want, sizeof(want)) &&
+				    !(isnan(h[j]) && isnan(want))) {
+					print_error("%s silu_mul(%a, %a) = %a, expf's %a\n", k->isa,
+						    (double)g[j], (double)u[j], (double)h[j],
+						    (double)want);
+					fail();
+				}
+			}
+			for (uint32_t j = n; j < len + 16; j++)
+				assert_int_equal(((const uint8_t *)h)[j * sizeof(float)], 0xab);
+		}
+	}
+	free(g);
+	free(u);
+	free(h);
+}
+
 /* n random vectors of cols floats at x, and at xk in the order k's gemm reads them. */
 static void fill_vectors(const struct mp_kernels *k, enum mp_dtype dt, uint32_t n, uint32_t cols,
 			 float *x, float *xk)
@@ -1307,6 +1375,7 @@ int main(void)
 		cmocka_unit_test(plugin_that_is_not_an_engine_is_enoexec),
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
+		cmocka_unit_test(kernels_silu_mul_gives_the_bits_of_expf),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
 		cmocka_unit_test(kernels_read_nothing_outside_the_weights),
 		cmocka_unit_test(packed_products_are_the_bits_of_row_major),
