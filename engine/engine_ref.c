@@ -112,19 +112,60 @@ static size_t xprep_floats(const struct engine_impl *ei, enum mp_dtype dt, uint3
 	return ei->kern->xprep[dt] ? (size_t)n * cols : 0;
 }
 
-/* Runs a product over the pool, its vectors first put in the kernels' order at xp. */
-static int run_rows(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *j,
-		    mp_chunk_fn fn, float *xp)
-{
-	uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
+/*
+ * Experts a layer run takes at most, and the floats of scratch past which it
+ * stops adding more (one expert always goes, whatever it needs): a long
+ * prefill's experts then run a few at a time, as large as one did alone.
+ */
+#define LAYER_EXPERTS		16u
+#define LAYER_SCRATCH_FLOATS	(4u << 20)
 
-	j->k = ei->kern;
-	if (j->k->xprep[j->dt]) {
-		j->k->xprep[j->dt](j->x, j->n, j->cols, xp);
-		j->x = xp;
+/* Products run together: each job's chunks, job after job. */
+struct job_set {
+	struct rows_job *jobs;
+	uint32_t cfirst[LAYER_EXPERTS + 1];	/* job i's first chunk; [count]: all */
+	uint32_t count;
+	mp_chunk_fn fn;
+};
+
+static int set_chunk(void *arg, uint32_t chunk, uint32_t worker)
+{
+	const struct job_set *js = arg;
+	uint32_t lo = 0, hi = js->count;
+
+	while (hi - lo > 1) {
+		const uint32_t mid = (lo + hi) / 2;
+
+		if (js->cfirst[mid] <= chunk)
+			lo = mid;
+		else
+			hi = mid;
 	}
-	j->nchunks = chunk_count(ei, j->rows, bytes);
-	return mp_pool_run(ei->pool, g, j->nchunks, fn, j);
+	return js->fn(&js->jobs[lo], chunk - js->cfirst[lo], worker);
+}
+
+/*
+ * Runs count products over the pool in one run, each job's chunks its own
+ * (as it would alone), its vectors first put in the kernels' order at xp[i].
+ */
+static int run_jobs(struct engine_impl *ei, const struct mp_guard *g, struct rows_job *jobs,
+		     uint32_t count, mp_chunk_fn fn, float *const *xp)
+{
+	struct job_set js = { .jobs = jobs, .count = count, .fn = fn };
+
+	for (uint32_t i = 0; i < count; i++) {
+		struct rows_job *j = &jobs[i];
+		uint64_t bytes = j->rows * mp_dtype_bytes(j->dt, j->cols) * (j->w_up ? 2 : 1);
+
+		j->k = ei->kern;
+		if (j->k->xprep[j->dt]) {
+			j->k->xprep[j->dt](j->x, j->n, j->cols, xp[i]);
+			j->x = xp[i];
+		}
+		j->nchunks = chunk_count(ei, j->rows, bytes);
+		js.cfirst[i + 1] = js.cfirst[i] + j->nchunks;
+	}
+	return mp_pool_run(ei->pool, g, js.cfirst[count], set_chunk, &js);
 }
 
 int ref_matmul_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
@@ -141,7 +182,7 @@ int ref_matmul_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype d
 
 	if (xn && !xp)
 		return -ENOMEM;
-	return run_rows(ei, g, &j, rows_chunk, xp);
+	return run_jobs(ei, g, &j, 1, rows_chunk, &xp);
 }
 
 static int ref_matmul(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
@@ -177,33 +218,72 @@ static int gate_up_chunk(void *arg, uint32_t chunk, uint32_t worker)
 	return 0;
 }
 
-int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
-		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
-		      float *out, bool packed)
+/* Experts [0, count) of a layer run (count <= LAYER_EXPERTS), vectors and outputs from x, out. */
+static int experts_run(struct engine_impl *ei, const struct mp_guard *g, enum mp_dtype dt,
+		       const void *const *w, uint32_t count, uint32_t hidden, uint32_t ffn,
+		       const float *x, const uint32_t *m, uint32_t vectors, float *out,
+		       bool packed)
 {
-	struct engine_impl *ei = engine_impl(e);
-	size_t mat = ffn * mp_dtype_bytes(dt, hidden);
-	size_t act = (size_t)n * ffn;
-	size_t xn = MP_MAX(xprep_floats(ei, dt, n, hidden), xprep_floats(ei, dt, n, ffn));
-	float *buf = engine_scratch(ei, 3 * act + xn);
-	struct rows_job up, down;
+	const size_t mat = ffn * mp_dtype_bytes(dt, hidden), act = (size_t)vectors * ffn;
+	const bool prep = xprep_floats(ei, dt, 1, 1);
+	float *buf = engine_scratch(ei, 3 * act + (prep ? (size_t)vectors * MP_MAX(hidden, ffn) : 0));
+	struct rows_job up[LAYER_EXPERTS], down[LAYER_EXPERTS];
+	float *xp[LAYER_EXPERTS];
 	int err;
 
 	if (!buf)
 		return -ENOMEM;
-	up = (struct rows_job){
-		.dt = dt, .w = w, .rows = ffn, .cols = hidden, .x = x, .n = n,
-		.y = buf, .ystride = ffn, .w_up = (const char *)w + mat, .y_up = buf + act,
-		.h = buf + 2 * act, .packed = packed,
-	};
-	err = run_rows(ei, g, &up, gate_up_chunk, buf + 3 * act);
-	if (err)
-		return err;
-	down = (struct rows_job){
-		.dt = dt, .w = (const char *)w + 2 * mat, .rows = hidden, .cols = ffn,
-		.x = buf + 2 * act, .n = n, .y = out, .ystride = hidden, .packed = packed,
-	};
-	return run_rows(ei, g, &down, rows_chunk, buf + 3 * act);
+	for (uint32_t i = 0, t = 0; i < count; t += m[i++]) {
+		float *gate = buf + (size_t)t * ffn;
+
+		xp[i] = buf + 3 * act + (size_t)t * MP_MAX(hidden, ffn);
+		up[i] = (struct rows_job){
+			.dt = dt, .w = w[i], .rows = ffn, .cols = hidden, .x = x + (size_t)t * hidden,
+			.n = m[i], .y = gate, .ystride = ffn, .w_up = (const char *)w[i] + mat,
+			.y_up = gate + act, .h = gate + 2 * act, .packed = packed,
+		};
+		down[i] = (struct rows_job){
+			.dt = dt, .w = (const char *)w[i] + 2 * mat, .rows = hidden, .cols = ffn,
+			.x = gate + 2 * act, .n = m[i], .y = out + (size_t)t * hidden,
+			.ystride = hidden, .packed = packed,
+		};
+	}
+	err = run_jobs(ei, g, up, count, gate_up_chunk, xp);
+	return err ? err : run_jobs(ei, g, down, count, rows_chunk, xp);
+}
+
+int ref_experts_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		       const void *const *w, uint32_t count, uint32_t hidden, uint32_t ffn,
+		       const float *x, const uint32_t *m, float *out, bool packed)
+{
+	struct engine_impl *ei = engine_impl(e);
+	const size_t per_vector = 3 * (size_t)ffn + (xprep_floats(ei, dt, 1, 1) ?
+						     MP_MAX(hidden, ffn) : 0);
+
+	for (uint32_t i = 0; i < count;) {
+		uint32_t c = 0, vectors = 0;
+		int err;
+
+		/* As many experts as fit the run's caps, one at least. */
+		while (i + c < count && c < LAYER_EXPERTS &&
+		       (!c || (vectors + m[i + c]) * per_vector <= LAYER_SCRATCH_FLOATS))
+			vectors += m[i + c++];
+		err = experts_run(ei, g, dt, w + i, c, hidden, ffn, x, m + i, vectors, out,
+				  packed);
+		if (err)
+			return err;
+		x += (size_t)vectors * hidden;
+		out += (size_t)vectors * hidden;
+		i += c;
+	}
+	return 0;
+}
+
+int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
+		      float *out, bool packed)
+{
+	return ref_experts_ffn_as(e, g, dt, &w, 1, hidden, ffn, x, &n, out, packed);
 }
 
 static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,

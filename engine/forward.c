@@ -14,6 +14,7 @@
 
 #include "base/base.h"
 #include "base/probes.h"
+#include "engine/engine_impl.h"
 #include "engine/runner_priv.h"
 
 static float *falloc(size_t n)
@@ -25,7 +26,7 @@ void mp_runner_free_activations(struct mp_runner *r)
 {
 	float **f[] = { &r->x, &r->xn, &r->q, &r->k, &r->v, &r->att, &r->tmp, &r->moe,
 			&r->rlogits, &r->gw, &r->xg, &r->eo, &r->last, &r->lbuf, &r->qkv };
-	uint32_t **u[] = { &r->ids, &r->row_of, &r->count, &r->order, &r->offset };
+	uint32_t **u[] = { &r->ids, &r->row_of, &r->count, &r->order, &r->offset, &r->em };
 
 	for (size_t i = 0; i < MP_ARRAY_SIZE(f); i++) {
 		free(*f[i]);
@@ -38,6 +39,8 @@ void mp_runner_free_activations(struct mp_runner *r)
 	free(r->items);
 	free(r->runs);
 	free(r->maps);
+	free(r->ew);
+	r->ew = NULL;
 	r->items = NULL;
 	r->runs = NULL;
 	r->maps = NULL;
@@ -75,11 +78,14 @@ int mp_runner_reserve(struct mp_runner *r, uint32_t rows, uint32_t count)
 	r->count = calloc(r->expert_rows, sizeof(uint32_t));
 	r->order = calloc(r->expert_rows, sizeof(uint32_t));
 	r->offset = calloc(r->expert_rows, sizeof(uint32_t));
+	r->ew = calloc(r->expert_rows, sizeof(*r->ew));
+	r->em = calloc(r->expert_rows, sizeof(uint32_t));
 	r->items = calloc(count, sizeof(*r->items));
 	r->runs = calloc(count, sizeof(*r->runs));
 	if (!r->x || !r->xn || !r->tmp || !r->moe || !r->q || !r->att || !r->k || !r->v || !r->qkv ||
 	    !r->rlogits || !r->gw || !r->xg || !r->eo || !r->last || !r->lbuf || !r->ids || !r->maps ||
-	    !r->row_of || !r->count || !r->order || !r->offset || !r->items || !r->runs) {
+	    !r->row_of || !r->count || !r->order || !r->offset || !r->ew || !r->em || !r->items ||
+	    !r->runs) {
 		mp_runner_free_activations(r);
 		return mp_err(-ENOMEM, "runner: out of memory for the activations of %u tokens",
 			      rows);
@@ -388,24 +394,61 @@ static uint32_t group(struct mp_runner *r, uint32_t n)
 	return ngroups;
 }
 
+static const void *expert_at(struct mp_runner *r, uint32_t l, uint32_t ex)
+{
+	const void *w = r->src->expert(r->src_ctx, l, ex);
+
+	if (!w)
+		mp_err(-EIO, "runner: layer %u expert %u: the expert source has no address", l, ex);
+	return w;
+}
+
+static void count_expert(struct mp_runner *r, uint32_t m)
+{
+	r->st.expert_calls++;
+	r->st.expert_bytes += r->expert_bytes;
+	r->st.expert_macs += 3ull * r->g.hidden * r->g.ffn * m;
+}
+
 static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t first, uint32_t m)
 {
 	const size_t h = r->g.hidden;
-	const void *w = r->src->expert(r->src_ctx, l, ex);
+	const void *w = expert_at(r, l, ex);
 	int err;
 
 	if (!w)
-		return mp_err(-EIO, "runner: layer %u expert %u: the expert source has no address",
-			      l, ex);
-	err = (r->experts_packed ? mp_engine_expert_ffn_packed : mp_engine_expert_ffn)(
-		r->e, r->gp, r->g.dtype, w, r->g.hidden, r->g.ffn, r->xg + first * h, m,
-		r->eo + first * h);
+		return -EIO;
+	err = mp_engine_expert_ffn(r->e, r->gp, r->g.dtype, w, r->g.hidden, r->g.ffn,
+				   r->xg + first * h, m, r->eo + first * h);
 	if (err)
 		return mp_err(err, "runner: layer %u expert %u: reading the expert failed: %s",
 			      l, ex, strerror(-err));
-	r->st.expert_calls++;
-	r->st.expert_bytes += r->expert_bytes;
-	r->st.expert_macs += 3ull * h * r->g.ffn * m;
+	count_expert(r, m);
+	return 0;
+}
+
+/*
+ * A layer's packed (resident) experts, its ngroups groups in order, all in
+ * one engine call: two pool runs a layer instead of two an expert (the
+ * same bits, ref_experts_ffn_as()).
+ */
+static int run_packed_experts(struct mp_runner *r, uint32_t l, uint32_t ngroups)
+{
+	int err;
+
+	for (uint32_t i = 0; i < ngroups; i++) {
+		r->ew[i] = expert_at(r, l, r->order[i]);
+		if (!r->ew[i])
+			return -EIO;
+		r->em[i] = r->count[r->order[i]];
+	}
+	err = ref_experts_ffn_as(r->e, r->gp, r->g.dtype, r->ew, ngroups, r->g.hidden, r->g.ffn,
+				 r->xg, r->em, r->eo, true);
+	if (err)
+		return mp_err(err, "runner: layer %u: reading its %u experts failed: %s", l,
+			      ngroups, strerror(-err));
+	for (uint32_t i = 0; i < ngroups; i++)
+		count_expert(r, r->em[i]);
 	return 0;
 }
 
@@ -419,11 +462,13 @@ static int experts(struct mp_runner *r, uint32_t l, uint32_t n)
 
 	for (uint32_t p = 0; p < n * k; p++)
 		memcpy(r->xg + r->row_of[p] * h, r->xn + (p / k) * h, h * sizeof(float));
+	if (r->experts_packed)
+		err = run_packed_experts(r, l, ngroups);
 	for (uint32_t i = 0; i < ngroups; i++) {
 		uint32_t ex = r->order[i], m = r->count[ex];
 
 		/* offset[ex] has moved past the group while rows were placed. */
-		if (!err)
+		if (!err && !r->experts_packed)
 			err = run_expert(r, l, ex, r->offset[ex] - m, m);
 		r->count[ex] = 0;
 	}

@@ -106,6 +106,9 @@ struct mp_runner {
 	float *xg, *eo;				/* [cap x topk][hidden]: gathered inputs, outputs */
 	uint32_t *row_of;			/* [cap x topk]: (token, choice) -> xg/eo row */
 	uint32_t *count, *order, *offset;	/* [experts]: the step's expert groups */
+	/* [experts], in order's order: a layer's packed experts' weights and rows, run at once */
+	const void **ew;
+	uint32_t *em;
 	float *last, *lbuf;			/* [cap_items][hidden], [cap_items][vocab] */
 	struct step_item *items;
 	struct step_run *runs;			/* [cap_items] */
