@@ -146,7 +146,7 @@ static void place_on_node(struct mp_region *r, void *addr, uint64_t len)
 
 static char *spot_addr(const struct mp_region *r, int cls, uint32_t spot)
 {
-	return r->cls[cls].base + (uint64_t)spot * r->cls[cls].size;
+	return mp_region_spot_addr(r, cls, spot);
 }
 
 static int chunk_cls(const struct mp_region *r, uint32_t j)
@@ -879,6 +879,8 @@ static int spots_init(struct mp_region *r)
 	for (int cls = 0; cls < NCLS; cls++) {
 		struct spot_class *c = &r->cls[cls];
 
+		/* A tail is below 2 MiB: at least one a page table, none across two. */
+		c->per_pmd = c->size ? (uint32_t)(MP_REGION_CHUNK / c->size) : 1;
 		c->spare = calloc(c->count + 1, sizeof(*c->spare));
 		c->holes = calloc(c->count + 1, sizeof(*c->holes));
 		c->owner = calloc(c->count + 1, sizeof(*c->owner));
@@ -890,7 +892,7 @@ static int spots_init(struct mp_region *r)
 			c->owner[i] = OWNER_HOLE;
 		}
 		c->nholes = c->count;
-		off += (uint64_t)c->count * c->size;
+		off += (uint64_t)((c->count + c->per_pmd - 1) / c->per_pmd) * MP_REGION_CHUNK;
 	}
 	r->pool_bytes = MP_ALIGN_UP(off, MP_REGION_CHUNK);
 	return 0;

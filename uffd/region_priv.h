@@ -19,6 +19,7 @@ struct spot_class {
 	uint64_t size;		/* bytes per spot (0: class unused) */
 	char *base;		/* first spot */
 	uint32_t count;
+	uint32_t per_pmd;	/* spots in each 2 MiB of the class (mp_region_spot_addr()) */
 	uint32_t *spare;	/* stack of populated spots holding no data */
 	uint32_t nspare;
 	uint32_t *holes;	/* stack of spots with no pages */
@@ -100,6 +101,21 @@ struct mp_region {
 	int stop_efd;
 	_Atomic pid_t handler_tid;
 };
+
+/*
+ * Where a spot is. A class's spots are packed per_pmd to each 2 MiB and
+ * none crosses into the next: UFFDIO_MOVE moves a batch of PTEs, and
+ * flushes its source's TLB range, within one page table, so a spot over a
+ * 2 MiB boundary cost every move in or out of it two flushes (two
+ * TLB-shootdown IPIs to the other vCPU, docs/region.md) instead of one.
+ */
+static inline char *mp_region_spot_addr(const struct mp_region *r, int cls, uint32_t spot)
+{
+	const struct spot_class *c = &r->cls[cls];
+
+	return c->base + (uint64_t)(spot / c->per_pmd) * MP_REGION_CHUNK +
+	       (uint64_t)(spot % c->per_pmd) * c->size;
+}
 
 int mp_region_handler_start(struct mp_region *r);
 void mp_region_handler_stop(struct mp_region *r);
