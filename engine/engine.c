@@ -494,16 +494,37 @@ int mp_engine_matmul_packed(struct mp_engine *e, const struct mp_guard *g, enum 
 	return err ? err : ref_matmul_as(e, g, dt, w, rows, cols, x, n, y, true);
 }
 
+/* Experts [0, count) of a layer over packed weights, each checked first (m[i] vectors each). */
+static int experts_ffn_packed(const char *op, struct mp_engine *e, const struct mp_guard *g,
+			      enum mp_dtype dt, const void *const *w, uint32_t count,
+			      uint32_t hidden, uint32_t ffn, const float *x, const uint32_t *m,
+			      float *out)
+{
+	int err = 0;
+
+	for (size_t i = 0, t = 0; i < count && !err; t += m[i++])
+		err = check_expert(op, e, g, dt, w[i], hidden, ffn, x + t * hidden, m[i],
+				   out + t * hidden);
+	if (!err)
+		err = check_packs(op, e, dt);
+	return err ? err : ref_experts_ffn_as(e, g, dt, w, count, hidden, ffn, x, m, out, true);
+}
+
 int mp_engine_expert_ffn_packed(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
 				const void *w, uint32_t hidden, uint32_t ffn, const float *x,
 				uint32_t n, float *out)
 {
-	int err = check_expert("expert_ffn_packed", e, g, dt, w, hidden, ffn, x, n, out);
-
-	if (!err)
-		err = check_packs("expert_ffn_packed", e, dt);
-	return err ? err : ref_expert_ffn_as(e, g, dt, w, hidden, ffn, x, n, out, true);
+	return experts_ffn_packed("expert_ffn_packed", e, g, dt, &w, 1, hidden, ffn, x, &n, out);
 }
+
+int mp_engine_experts_ffn_packed(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+				 const void *const *w, uint32_t count, uint32_t hidden,
+				 uint32_t ffn, const float *x, const uint32_t *m, float *out)
+{
+	return experts_ffn_packed("experts_ffn_packed", e, g, dt, w, count, hidden, ffn, x, m,
+				  out);
+}
+
 
 int mp_engine_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,
 		      uint32_t n, float eps, float *y)

@@ -72,6 +72,10 @@ int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dty
 int ref_experts_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
 		       const void *const *w, uint32_t count, uint32_t hidden, uint32_t ffn,
 		       const float *x, const uint32_t *m, float *out, bool packed);
+/* ref_experts_ffn_as(packed) after mp_engine_expert_ffn_packed()'s checks of each expert: the runner's call. */
+int mp_engine_experts_ffn_packed(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
+				 const void *const *w, uint32_t count, uint32_t hidden,
+				 uint32_t ffn, const float *x, const uint32_t *m, float *out);
 
 /*
  * Makes every worker's scratch hold at least floats values (call before

@@ -430,7 +430,7 @@ static int run_expert(struct mp_runner *r, uint32_t l, uint32_t ex, uint32_t fir
 /*
  * A layer's packed (resident) experts, its ngroups groups in order, all in
  * one engine call: two pool runs a layer instead of two an expert (the
- * same bits, ref_experts_ffn_as()).
+ * same bits, mp_engine_experts_ffn_packed()).
  */
 static int run_packed_experts(struct mp_runner *r, uint32_t l, uint32_t ngroups)
 {
@@ -442,8 +442,8 @@ static int run_packed_experts(struct mp_runner *r, uint32_t l, uint32_t ngroups)
 			return -EIO;
 		r->em[i] = r->count[r->order[i]];
 	}
-	err = ref_experts_ffn_as(r->e, r->gp, r->g.dtype, r->ew, ngroups, r->g.hidden, r->g.ffn,
-				 r->xg, r->em, r->eo, true);
+	err = mp_engine_experts_ffn_packed(r->e, r->gp, r->g.dtype, r->ew, ngroups, r->g.hidden,
+					   r->g.ffn, r->xg, r->em, r->eo);
 	if (err)
 		return mp_err(err, "runner: layer %u: reading its %u experts failed: %s", l,
 			      ngroups, strerror(-err));

@@ -560,6 +560,10 @@ static TARGET float read_sum(const void *buf, size_t bytes)
  * float once. Lanes at |x| >= 88 (and NaN) take glibc's slow path there
  * (overflow, underflow, its error flags): they are passed to expf() itself.
  * Tested against expf() by test_engine (kernels_silu_mul_gives_the_bits_of_expf).
+ * Provenance: the table and the cubic's coefficients are the published
+ * constants of Arm's optimized-routines (math/exp2f_data.c, math/expf.c;
+ * MIT OR Apache-2.0 WITH LLVM-exception), which glibc's expf ships too;
+ * the code is ours.
  */
 #define EXP_SLOW	0x42b00000u	/* |x|'s bits from which glibc leaves its fast path */
 
