@@ -59,13 +59,10 @@ extern const struct mp_engine_ops mp_ref_bf16_ops;
 int ref_matmul_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
 		  const void *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n,
 		  float *y, bool packed);
-int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
-		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
-		      float *out, bool packed);
 /*
  * count experts of one layer (w[i]: expert i's gate | up | down) over their
  * vectors, expert after expert at x (m[i] each), into out the same way: the
- * bits of ref_expert_ffn_as() over each, in two pool runs for all of them
+ * bits of one expert's FFN over each, in two pool runs for all of them
  * (every gate/up chunk, then every down chunk) instead of two each, so the
  * workers wait for each other twice a layer rather than twice an expert.
  */

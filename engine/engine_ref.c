@@ -279,18 +279,11 @@ int ref_experts_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dt
 	return 0;
 }
 
-int ref_expert_ffn_as(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
-		      const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
-		      float *out, bool packed)
-{
-	return ref_experts_ffn_as(e, g, dt, &w, 1, hidden, ffn, x, &n, out, packed);
-}
-
 static int ref_expert_ffn(struct mp_engine *e, const struct mp_guard *g, enum mp_dtype dt,
 			  const void *w, uint32_t hidden, uint32_t ffn, const float *x, uint32_t n,
 			  float *out)
 {
-	return ref_expert_ffn_as(e, g, dt, w, hidden, ffn, x, n, out, false);
+	return ref_experts_ffn_as(e, g, dt, &w, 1, hidden, ffn, x, &n, out, false);
 }
 
 static int ref_rmsnorm(struct mp_engine *e, const float *x, const float *weight, uint32_t dim,
