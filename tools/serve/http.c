@@ -1418,6 +1418,12 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 		h->per_step = true;
 		b->ops->on_step(b, wake_step, h);
 	}
+	/*
+	 * Each connection's memory pool (headers, the response's write buffer):
+	 * libmicrohttpd mmap()s one above 32 KiB, so every request paid fresh
+	 * page faults and an munmap() (a TLB shootdown of the other cores) on
+	 * the HTTP thread; at 32 KiB it is malloc()ed, reused from the heap.
+	 */
 	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0,
 				NULL, NULL,
 				on_request, h,
@@ -1425,7 +1431,7 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
 				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)h->cfg.idle_timeout_s,
 				MHD_OPTION_CONNECTION_LIMIT, (unsigned int)h->cfg.max_connections,
-				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(32u << 10),
 				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
 				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 				MHD_OPTION_END);
