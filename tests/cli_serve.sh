@@ -269,6 +269,36 @@ check "coalesced: 2 or 3 wake-ups for 48 tokens ($(cat "$T/iv1000000.resumes")),
 check "a stream at 1 us (steps longer than the interval) has the bytes of one at 0" \
 	cmp "$T/iv0.sse" "$T/iv1.sse"
 
+# A first token may give no text (this prompt's: a lone space, held back); the stream's first
+# text then goes with the next token, not at the tick (at 1 s: with the end). The client
+# reads the socket itself: the first text and [DONE] come in different reads, ~230 steps apart.
+NOTEXT="If our behavior is strict, we do not need fun!"
+start --stream-interval-us 1000000 || exit 1
+check "the prompt's first greedy token gives no text" \
+	test "$(post "{\"prompt\": \"$NOTEXT\", \"max_tokens\": 1, \"ignore_eos\": true}" | head -n 1 |
+		"$PY" -c 'import json, sys; print(repr(json.load(sys.stdin)["choices"][0]["text"]))')" = "''"
+check "at 1 s its first text comes before its end, with its second token" "$PY" -c '
+import json, re, socket, sys
+body = json.dumps({"prompt": sys.argv[2], "max_tokens": 230, "temperature": 0,
+                   "ignore_eos": True, "stream": True}).encode()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+buf, first, done, k = b"", None, None, 0
+while True:
+    d = s.recv(1 << 20)
+    if not d:
+        break
+    buf += d
+    if first is None and re.search(rb"\"text\":\"[^\"]", buf):
+        first = k
+    if done is None and b"data: [DONE]" in buf:
+        done = k
+    k += 1
+assert first is not None and done is not None and first < done, (first, done)
+' "$PORT" "$NOTEXT"
+check "the server stops cleanly" stop
+
 # Three streams at once share the server's tick (every stream's tokens go together, at 2 ms
 # or 1 s): each still gets every token, in order, as written every step.
 for iv in 0 2000 1000000; do
