@@ -253,4 +253,45 @@ static void silu_mul(const float *g, const float *u, float *h, uint32_t n)
 	mp_silu_mul_scalar(g, u, h, n);
 }
 
+/*
+ * The argmax in two passes as the scalar table's (kern_scalar.c): 4 x 8
+ * running maxima, then the first block of 8 holding a value equal to the
+ * largest. MAXPS(x, m) is x > m ? x : m, the scan's select, a NaN x
+ * included (m is never NaN); CMPEQ_OQ is the scalar ==.
+ */
+static TARGET uint32_t argmax(const float *x, uint32_t n)
+{
+	__m256 m0, m1, m2, m3, mx;
+	float t[8], max;
+	uint32_t i = 0;
+
+	if (!n || isnan(x[0]))
+		return 0;
+	m0 = m1 = m2 = m3 = _mm256_set1_ps(x[0]);
+	for (; i + 32 <= n; i += 32) {
+		m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+		m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+		m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+		m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
+	}
+	for (; i + 8 <= n; i += 8)
+		m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+	_mm256_storeu_ps(t, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+	max = t[0];
+	for (uint32_t j = 1; j < 8; j++)
+		max = t[j] > max ? t[j] : max;
+	for (; i < n; i++)
+		max = x[i] > max ? x[i] : max;
+	mx = _mm256_set1_ps(max);
+	for (i = 0; i + 8 <= n; i += 8) {
+		int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mx, _CMP_EQ_OQ));
+
+		if (k)
+			return i + (uint32_t)__builtin_ctz((unsigned)k);
+	}
+	for (; !(x[i] == max); i++)
+		;
+	return i;
+}
+
 MP_KERNELS_DEFINE(mp_kernels_avx2, "avx2", NULL, NULL);

@@ -650,6 +650,46 @@ static TARGET void silu_mul(const float *g, const float *u, float *h, uint32_t n
 	}
 }
 
+/*
+ * The argmax in two passes as the scalar table's (kern_scalar.c): 4 x 16
+ * running maxima (the tail by a masked load whose other lanes keep the
+ * maxima), then the first 16 holding a value equal to the largest. MAXPS(x,
+ * m) is x > m ? x : m, the scan's select, a NaN x included (m is never
+ * NaN); CMP_EQ_OQ is the scalar ==. The AMX and BF16 tables share it.
+ */
+static TARGET uint32_t argmax(const float *x, uint32_t n)
+{
+	__m512 m0, m1, m2, m3, mx;
+	__mmask16 k;
+	float max;
+	uint32_t i = 0;
+
+	if (!n || isnan(x[0]))
+		return 0;
+	m0 = m1 = m2 = m3 = _mm512_set1_ps(x[0]);
+	for (; i + 64 <= n; i += 64) {
+		m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+		m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), m1);
+		m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 32), m2);
+		m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 48), m3);
+	}
+	for (; i + 16 <= n; i += 16)
+		m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+	if (i < n)
+		m1 = _mm512_max_ps(_mm512_mask_loadu_ps(m1, (__mmask16)((1u << (n - i)) - 1), x + i),
+				   m1);
+	max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+	mx = _mm512_set1_ps(max);
+	for (i = 0; i + 16 <= n; i += 16) {
+		k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mx, _CMP_EQ_OQ);
+		if (k)
+			return i + (uint32_t)__builtin_ctz(k);
+	}
+	k = _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1), x + i), mx,
+			       _CMP_EQ_OQ) & (__mmask16)((1u << (n - i)) - 1);
+	return i + (uint32_t)__builtin_ctz(k);
+}
+
 MP_KERNELS_DEFINE(mp_kernels_avx512, "avx512", xprep_bf16, gemm_packed_bf16);
 /* These kernels with bf16 products on AMX (kern_amx.c): the opt-in bf16-activation path. */
 MP_KERNELS_DEFINE_BF16(mp_kernels_amx, "amx", mp_amx_xprep_bf16, mp_amx_gemm_bf16, MP_AMX_GROUP,

@@ -118,4 +118,35 @@ static void silu_mul(const float *g, const float *u, float *h, uint32_t n)
 	mp_silu_mul_scalar(g, u, h, n);
 }
 
+/*
+ * Two passes: the largest value over independent running maxima (no
+ * dependence from one element to the next, so the compiler may vectorise
+ * it), then the first index holding a value equal to it: the scan's index
+ * (kernels.h). The maxima start at x[0], not NaN, and a NaN is never
+ * greater, so max is one of the values and the second pass finds it.
+ */
+#define ARGMAX_LANES	16u
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+	float m[ARGMAX_LANES], max;
+	uint32_t i = 0;
+
+	if (!n || isnan(x[0]))
+		return 0;
+	for (uint32_t j = 0; j < ARGMAX_LANES; j++)
+		m[j] = x[0];
+	for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+		for (uint32_t j = 0; j < ARGMAX_LANES; j++)
+			m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+	max = m[0];
+	for (uint32_t j = 1; j < ARGMAX_LANES; j++)
+		max = m[j] > max ? m[j] : max;
+	for (; i < n; i++)
+		max = x[i] > max ? x[i] : max;
+	for (i = 0; !(x[i] == max); i++)
+		;
+	return i;
+}
+
 MP_KERNELS_DEFINE(mp_kernels_scalar, "scalar", NULL, NULL);

@@ -113,6 +113,17 @@ static inline float mp_silu_mul1(float g, float u)
 	return g / (1.0f + expf(-g)) * u;
 }
 
+/* The argmax kernel's semantics as one plain scan: the tests' reference. */
+static inline uint32_t mp_argmax_scan(const float *x, uint32_t n)
+{
+	uint32_t best = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = i;
+	return best;
+}
+
 /* h[i] = mp_silu_mul1(g[i], u[i]) for i < n: the scalar loop. */
 void mp_silu_mul_scalar(const float *g, const float *u, float *h, uint32_t n);
 
@@ -160,6 +171,14 @@ struct mp_kernels {
 	 * glibc's bits.
 	 */
 	void (*silu_mul)(const float *g, const float *u, float *h, uint32_t n);
+	/*
+	 * The lowest i whose x[i] is greater than every x[j], j < i, and not
+	 * less than any after: the first index of the largest value, the one
+	 * a scan keeping the first strictly greater value returns. A NaN is
+	 * never greater (x[0] NaN: 0), -0 equals +0; n = 0: 0. Greedy
+	 * decoding's next token (mp_logits_argmax()).
+	 */
+	uint32_t (*argmax)(const float *x, uint32_t n);
 };
 
 /*
@@ -192,6 +211,7 @@ struct mp_kernels {
 		.axpy = axpy,								\
 		.read_sum = read_sum,							\
 		.silu_mul = silu_mul,							\
+		.argmax = argmax,							\
 	}
 
 extern const struct mp_kernels mp_kernels_scalar;

@@ -196,6 +196,11 @@ expect_error "{\"prompt\": \"$(head -c 6000 /dev/zero | tr '\0' a)\"}" 413 ""
 check "GET on /v1/completions is 405" \
 	test "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/completions")" = 405
 check "an unknown path is 404" test "$(curl -s -o /dev/null -w '%{http_code}' "$URL/nope")" = 404
+# libmicrohttpd's per-connection pool (32 KiB: malloc()ed, not mmap()ed) holds the headers:
+# a request with an 8 KiB header is still answered.
+pad=$(head -c 8192 /dev/zero | tr '\0' a)
+check "a request with an 8 KiB header is answered" \
+	test "$(post '{"prompt": "x", "max_tokens": 4}' -H "X-Pad: $pad" | tail -n 1)" = 200
 check "the server still serves after every bad input" healthy
 
 # A client trickling its headers is cut off after --request-timeout; others are served meanwhile.
@@ -263,6 +268,36 @@ check "coalesced: 2 or 3 wake-ups for 48 tokens ($(cat "$T/iv1000000.resumes")),
 	test "$(cat "$T/iv1000000.resumes")" -le 3 -a "$(cat "$T/iv0.resumes")" -gt 3
 check "a stream at 1 us (steps longer than the interval) has the bytes of one at 0" \
 	cmp "$T/iv0.sse" "$T/iv1.sse"
+
+# A first token may give no text (this prompt's: a lone space, held back); the stream's first
+# text then goes with the next token, not at the tick (at 1 s: with the end). The client
+# reads the socket itself: the first text and [DONE] come in different reads, ~230 steps apart.
+NOTEXT="If our behavior is strict, we do not need fun!"
+start --stream-interval-us 1000000 || exit 1
+check "the prompt's first greedy token gives no text" \
+	test "$(post "{\"prompt\": \"$NOTEXT\", \"max_tokens\": 1, \"temperature\": 0, \"ignore_eos\": true}" | head -n 1 |
+		"$PY" -c 'import json, sys; print(repr(json.load(sys.stdin)["choices"][0]["text"]))')" = "''"
+check "at 1 s its first text comes before its end, with its second token" "$PY" -c '
+import json, re, socket, sys
+body = json.dumps({"prompt": sys.argv[2], "max_tokens": 230, "temperature": 0,
+                   "ignore_eos": True, "stream": True}).encode()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+buf, first, done, k = b"", None, None, 0
+while True:
+    d = s.recv(1 << 20)
+    if not d:
+        break
+    buf += d
+    if first is None and re.search(rb"\"text\":\"[^\"]", buf):
+        first = k
+    if done is None and b"data: [DONE]" in buf:
+        done = k
+    k += 1
+assert first is not None and done is not None and first < done, (first, done)
+' "$PORT" "$NOTEXT"
+check "the server stops cleanly" stop
 
 # Three streams at once share the server's tick (every stream's tokens go together, at 2 ms
 # or 1 s): each still gets every token, in order, as written every step.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <moepager/membw.h>
+#include <moepager/runner.h>
 
 #include "base/base.h"
 #include "engine/kernels.h"
@@ -1117,6 +1118,84 @@ static void kernels_silu_mul_gives_the_bits_of_expf(void **state)
 	free(h);
 }
 
+/*
+ * Every table's argmax kernel gives the plain scan's index
+ * (mp_argmax_scan()): ties (few distinct values), signed zeros, +-inf and
+ * NaNs (x[0] included), all -inf, one largest value anywhere with a -0 or
+ * +0 twin after it, at every length 0..130 (the 8-, 16-, 32- and 64-wide
+ * blocks and their tails) and at vocabularies' sizes; the values are laid
+ * flush against an inaccessible page, so a tail read past x[n - 1] faults.
+ */
+static void argmax_fill(float *v, uint32_t n, uint32_t trial, uint64_t *rng)
+{
+	static const float specials[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f };
+	uint32_t at;
+
+	for (uint32_t i = 0; i < n; i++) {
+		*rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+		v[i] = (float)((*rng >> 33) % 5) - 2.0f;
+		if ((*rng >> 20) % 9 == 0)
+			v[i] = specials[(*rng >> 40) % N_ELEMS(specials)];
+	}
+	if (!n)
+		return;
+	if (trial == 1)
+		v[0] = NAN;
+	if (trial == 2)
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = -INFINITY;
+	if (trial == 3)
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = NAN;
+	if (trial % 4 == 0 && trial) {
+		/* One largest (a zero) anywhere, its twin of the other sign 1..16 later. */
+		at = (uint32_t)(*rng >> 7) % n;
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = isnan(v[i]) ? v[i] : -1.0f - fabsf(v[i]);
+		v[at] = trial % 8 ? -0.0f : 0.0f;
+		if (at + 1 + trial % 16 < n)
+			v[at + 1 + trial % 16] = -v[at];
+	}
+}
+
+static void kernels_argmax_is_the_scan_of_the_first_largest(void **state)
+{
+	const enum mp_isa isas[] = { MP_ISA_SCALAR, MP_ISA_AVX2, MP_ISA_AVX512, MP_ISA_AMX,
+				     MP_ISA_BF16 };
+	static const uint32_t big[] = { 4093, 4096, 4099, 32000, 32003 };
+	const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	const size_t span = (32003 * sizeof(float) + page - 1) / page * page;
+	char *map = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			 -1, 0);
+	uint64_t rng = 11;
+
+	(void)state;
+	assert_true(map != MAP_FAILED);
+	assert_int_equal(mprotect(map + span, page, PROT_NONE), 0);
+	for (uint32_t s = 0; s < 131 + N_ELEMS(big); s++) {
+		const uint32_t n = s < 131 ? s : big[s - 131];
+		float *v = (float *)(map + span) - n;
+
+		for (uint32_t trial = 0; trial < 48; trial++) {
+			const uint32_t want = (argmax_fill(v, n, trial, &rng), mp_argmax_scan(v, n));
+
+			for (size_t i = 0; i < N_ELEMS(isas); i++) {
+				const struct mp_kernels *k = mp_kernels_for(isas[i]);
+				uint32_t got;
+
+				if (!k)
+					continue;
+				got = k->argmax(v, n);
+				if (got != want)
+					fail_msg("%s argmax n=%u trial %u: %u, the scan's %u", k->isa,
+						 n, trial, got, want);
+			}
+			assert_int_equal(mp_logits_argmax(v, n), want);
+		}
+	}
+	munmap(map, span + page);
+}
+
 /* n random vectors of cols floats at x, and at xk in the order k's gemm reads them. */
 static void fill_vectors(const struct mp_kernels *k, enum mp_dtype dt, uint32_t n, uint32_t cols,
 			 float *x, float *xk)
@@ -1376,6 +1455,7 @@ int main(void)
 		cmocka_unit_test(builtin_names_open_or_say_why_not),
 		cmocka_unit_test(kernels_widen_to_the_floats_of_mp_dtype_to_f32),
 		cmocka_unit_test(kernels_silu_mul_gives_the_bits_of_expf),
+		cmocka_unit_test(kernels_argmax_is_the_scan_of_the_first_largest),
 		cmocka_unit_test(kernels_gemm_is_batch_invariant_and_matches_scalar),
 		cmocka_unit_test(kernels_read_nothing_outside_the_weights),
 		cmocka_unit_test(packed_products_are_the_bits_of_row_major),

@@ -94,7 +94,13 @@ struct req {
 	struct req *pprev, *pnext;	/* the parked list, under h->lock */
 	struct req *wnext;		/* the step's resumes (h->wake), under h->lock */
 	struct MHD_Connection *wc;	/* the connection to resume then */
-	bool flushed;			/* stream: its first token has gone */
+	/*
+	 * Stream: flushed, a token was handed since the last read that found
+	 * no bytes before any had gone (sent): until the first text goes, each
+	 * token is handed at once, not at the tick (a first token may give no
+	 * text: a lone leading space, a character's first bytes).
+	 */
+	bool flushed, sent;
 	/*
 	 * defer: no stop strings, so on_token() only keeps the ids (pend) and
 	 * the HTTP thread makes their text and events (push_deferred()).
@@ -349,7 +355,8 @@ static const char *finish_name(enum mp_sched_finish why)
 }
 
 /*
- * Whether a stream's bytes go now: its first token, and then on the
+ * Whether a stream's bytes go now: its first token (and each next one
+ * until one has given text: sse_read()), and then on the
  * server's tick, at most once per stream_interval_us for all streams
  * together; between, a step's token waits in q->out for a later one's
  * (on_done() sends the rest). A token waits at most until the first step
@@ -669,6 +676,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 		n = max < q->out.len ? max : q->out.len;
 		memcpy(buf, q->out.s, n);
 		sb_consume(&q->out, n);
+		q->sent = true;
 		pthread_mutex_unlock(&q->lock);
 		return (ssize_t)n;
 	}
@@ -678,6 +686,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 		pthread_mutex_unlock(&q->lock);
 		return ok ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 	}
+	/* No text yet: the next token is handed at once too (flush_due()). */
+	if (!q->sent)
+		q->flushed = false;
 	park(q);
 	pthread_mutex_unlock(&q->lock);
 	return 0;
@@ -1418,6 +1429,12 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 		h->per_step = true;
 		b->ops->on_step(b, wake_step, h);
 	}
+	/*
+	 * Each connection's memory pool (headers, the response's write buffer):
+	 * libmicrohttpd mmap()s one above 32 KiB, so every request paid fresh
+	 * page faults and an munmap() (a TLB shootdown of the other cores) on
+	 * the HTTP thread; at 32 KiB it is malloc()ed, reused from the heap.
+	 */
 	h->d = MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0,
 				NULL, NULL,
 				on_request, h,
@@ -1425,7 +1442,7 @@ int http_start(const struct http_config *cfg, struct serve_backend *b, struct ht
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
 				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)h->cfg.idle_timeout_s,
 				MHD_OPTION_CONNECTION_LIMIT, (unsigned int)h->cfg.max_connections,
-				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(32u << 10),
 				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
 				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 				MHD_OPTION_END);
