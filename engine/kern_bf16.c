@@ -90,6 +90,100 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs
 }
 
 /*
+ * Over seven or more vectors a packed 4-row group is read in segments of
+ * SEG 32-column blocks, every group of TOKENS vectors over a segment before
+ * the next, the accumulators kept between segments in sv (L1): the first
+ * group's prefetches then go out evenly instead of in bursts a group in
+ * ceil(n / 6) (docs/engine.md "Session 38"). Each accumulator still adds
+ * its blocks in order: the same sums as tile()'s. SEG_T: vectors a pass.
+ */
+#define SEG	4u
+#define SEG_T	48u
+
+/* Blocks [b0, b1) of packed group g for T vectors: from zero if first; if last the tail, then the sums. */
+static inline ALWAYS_INLINE TARGET void seg(const char *g, const char *tw, size_t ts,
+					    const uint32_t T, uint32_t cols, uint32_t b0,
+					    uint32_t b1, bool first, bool last, const uint16_t *x,
+					    size_t xs, float *y, size_t ystride, const char *pn,
+					    __m512 *sv)
+{
+	__m512 acc[TOKENS][ROWS];
+	__m512i xv[TOKENS];
+
+	UNROLL for (uint32_t t = 0; t < T; t++)
+		UNROLL for (uint32_t r = 0; r < ROWS; r++)
+			acc[t][r] = first ? _mm512_setzero_ps() : sv[t * ROWS + r];
+	for (uint32_t b = b0; b < b1; b++) {
+		if (pn)
+			UNROLL for (uint32_t r = 0; r < ROWS; r++)
+				_mm_prefetch(pn + r * 64 + b * 256, _MM_HINT_T0);
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			xv[t] = _mm512_loadu_si512(x + t * xs + b * 32);
+		UNROLL for (uint32_t r = 0; r < ROWS; r++) {
+			const __m512i wv = _mm512_loadu_si512(g + r * 64 + b * 256);
+
+			UNROLL for (uint32_t t = 0; t < T; t++)
+				acc[t][r] = dp(acc[t][r], wv, xv[t]);
+		}
+	}
+	if (!last) {
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			UNROLL for (uint32_t r = 0; r < ROWS; r++)
+				sv[t * ROWS + r] = acc[t][r];
+		return;
+	}
+	if (cols % 32) {
+		const uint32_t c = cols / 32 * 32;
+		const __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
+
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
+		UNROLL for (uint32_t r = 0; r < ROWS; r++) {
+			const __m512i wv = _mm512_maskz_loadu_epi16(m, tw + r * ts);
+
+			UNROLL for (uint32_t t = 0; t < T; t++)
+				acc[t][r] = dp(acc[t][r], wv, xv[t]);
+		}
+	}
+	mp_store_tile(acc, ROWS, T, y, ystride);
+}
+
+/*
+ * Packed group g (its tail at tw, ts apart) for n <= SEG_T vectors at x, a
+ * segment at a time; pn: the first group's L1 prefetches (NULL: none).
+ */
+static TARGET void group_segs(const char *g, const char *tw, size_t ts, uint32_t cols,
+			      const uint16_t *x, size_t xs, uint32_t n, float *y,
+			      size_t ystride, const char *pn)
+{
+	const uint32_t nb = cols / 32;
+	__m512 sv[(SEG_T + TOKENS - 1) / TOKENS * TOKENS * ROWS];
+
+	for (uint32_t b0 = 0;; b0 += SEG) {
+		const uint32_t b1 = MP_MIN(nb, b0 + SEG);
+		const bool first = b0 == 0, last = b1 == nb;
+
+		for (uint32_t t = 0; t < n; t += TOKENS) {
+			const uint16_t *xt = x + t * xs;
+			float *yt = y + t * ystride;
+			const char *p = t == 0 ? pn : NULL;
+			__m512 *s = sv + t * ROWS;
+
+			switch (n - t < TOKENS ? n - t : TOKENS) {
+			case 1: seg(g, tw, ts, 1, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			case 2: seg(g, tw, ts, 2, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			case 3: seg(g, tw, ts, 3, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			case 4: seg(g, tw, ts, 4, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			case 5: seg(g, tw, ts, 5, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			default: seg(g, tw, ts, 6, cols, b0, b1, first, last, xt, xs, yt, ystride, p, s); break;
+			}
+		}
+		if (last)
+			return;
+	}
+}
+
+/*
  * Each vector's cols activations rounded to bf16 as mp_f32_to_bf16() does,
  * in column order, into the first half of its cols floats at out (so
  * x + t * cols of the result is vector t's, as the engine's blocks expect).
@@ -194,8 +288,10 @@ TARGET void mp_bf16_gemm(const void *w, uint32_t rows, uint32_t cols, const floa
 /*
  * The same products over packed weights (kernels.h): each group of 4 rows is
  * one stream, its blocks R x 64 bytes apart, prefetched by the vectors'
- * count (kernels.h, MP_PF_NEAR); one vector runs the 4-row tile too (four
- * sums, one stream, left to the hardware's prefetcher, as kern_avx512.c's
+ * count (kernels.h: two MP_PF_AHEAD on, more MP_PF_NEAR_BF16 on only),
+ * seven or more a segment at a time (group_segs()); one vector runs the
+ * 4-row tile too (four sums, one stream, left to the hardware's
+ * prefetcher, as kern_avx512.c's
  * gemm_packed_bf16()). The same sums in the same order as mp_bf16_gemm()'s:
  * the same bits.
  */
@@ -204,16 +300,16 @@ TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, con
 {
 	const size_t rs = MP_ROW_bf16(cols), xs = (size_t)cols * 2, ts = MP_ROW_bf16(cols % 32);
 	const uint16_t *xb = (const uint16_t *)x;
-	/* Two vectors prefetch a block's first line, more every line and near too (kernels.h). */
-	const uint32_t pl = n == 2 ? 1 : ROWS;
+	/* Two vectors prefetch a block's first line far on, more every line near on (kernels.h). */
 	const bool near = n > 2;
 
 	if (n > 1)
-		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)MP_PF_AHEAD));
+		mp_pf_head(w, MP_MIN((size_t)rows * rs, (size_t)(near ? MP_PF_NEAR_BF16 : MP_PF_AHEAD)));
 	for (uint32_t r = 0; r < rows; r += ROWS) {
 		const uint32_t R = rows - r < ROWS ? rows - r : ROWS;
 		const char *g = (const char *)w + r * rs, *tw = g + (size_t)(cols / 32) * R * 64;
-		const char *pw = n > 1 ? g + MP_PF_AHEAD : NULL;
+		const char *pw = n == 2 ? g + MP_PF_AHEAD : NULL;
+		const char *pn = near ? g + MP_PF_NEAR_BF16 : NULL;
 
 		if (R < ROWS) {
 			/* The last rows (odd shapes only), a vector at a time. */
@@ -221,31 +317,31 @@ TARGET void mp_bf16_gemm_packed(const void *w, uint32_t rows, uint32_t cols, con
 				const uint16_t *xt = xb + t * xs;
 				float *yt = y + t * ystride + r;
 
+				/* (no prefetch: the matrix ends here) */
 				switch (R) {
-				case 1: tile(g, 64, 64, tw, ts, 1, 1, cols, xt, xs, yt, ystride, pw, 1,
+				case 1: tile(g, 64, 64, tw, ts, 1, 1, cols, xt, xs, yt, ystride, NULL, 0,
 					     NULL); break;
-				case 2: tile(g, 64, 128, tw, ts, 2, 1, cols, xt, xs, yt, ystride, pw, 2,
+				case 2: tile(g, 64, 128, tw, ts, 2, 1, cols, xt, xs, yt, ystride, NULL, 0,
 					     NULL); break;
-				default: tile(g, 64, 192, tw, ts, 3, 1, cols, xt, xs, yt, ystride, pw, 3,
-					      NULL); break;
+				default: tile(g, 64, 192, tw, ts, 3, 1, cols, xt, xs, yt, ystride, NULL,
+					      0, NULL); break;
 				}
 			}
 			break;
 		}
-		for (uint32_t t = 0; t < n; t += TOKENS) {
-			const uint16_t *xt = xb + t * xs;
-			float *yt = y + t * ystride + r;
-			const char *p = t == 0 ? pw : NULL;
-			const char *pn = t == 0 && near ? g + MP_PF_NEAR : NULL;
-
-			switch (n - t < TOKENS ? n - t : TOKENS) {
-			case 1: tile(g, 64, 256, tw, ts, ROWS, 1, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			case 2: tile(g, 64, 256, tw, ts, ROWS, 2, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			case 3: tile(g, 64, 256, tw, ts, ROWS, 3, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			case 4: tile(g, 64, 256, tw, ts, ROWS, 4, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			case 5: tile(g, 64, 256, tw, ts, ROWS, 5, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			default: tile(g, 64, 256, tw, ts, ROWS, 6, cols, xt, xs, yt, ystride, p, pl, pn); break;
-			}
+		if (n > TOKENS) {
+			for (uint32_t t = 0; t < n; t += SEG_T)
+				group_segs(g, tw, ts, cols, xb + t * xs, xs, MP_MIN(SEG_T, n - t),
+					   y + t * ystride + r, ystride, t == 0 ? pn : NULL);
+			continue;
+		}
+		switch (n) {
+		case 1: tile(g, 64, 256, tw, ts, ROWS, 1, cols, xb, xs, y + r, ystride, NULL, 0, NULL); break;
+		case 2: tile(g, 64, 256, tw, ts, ROWS, 2, cols, xb, xs, y + r, ystride, pw, 1, NULL); break;
+		case 3: tile(g, 64, 256, tw, ts, ROWS, 3, cols, xb, xs, y + r, ystride, NULL, 0, pn); break;
+		case 4: tile(g, 64, 256, tw, ts, ROWS, 4, cols, xb, xs, y + r, ystride, NULL, 0, pn); break;
+		case 5: tile(g, 64, 256, tw, ts, ROWS, 5, cols, xb, xs, y + r, ystride, NULL, 0, pn); break;
+		default: tile(g, 64, 256, tw, ts, ROWS, 6, cols, xb, xs, y + r, ystride, NULL, 0, pn); break;
 		}
 	}
 }

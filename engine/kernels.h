@@ -45,9 +45,16 @@
  * thread, GB/s (docs/engine.md "Session 36"): ref-bf16 2 vectors 18.5 ->
  * 26.7 against every line prefetched, 4 18.4 -> 19.5, 8 12.2 -> 14.7; ref
  * 3 vectors 19.0 -> 22.6, 4 20.1 -> 21.5 (2 vectors: 18.6 -> 15.3 with the
- * first line only, so ref keeps every line).
+ * first line only, so ref keeps every line). ref-bf16 at three or more on
+ * Zen 5: the near lead only, MP_PF_NEAR_BF16 on (below).
  */
 #define MP_PF_NEAR		2048u
+/*
+ * ref-bf16's packed kernel at three or more vectors on Zen 5 (docs/engine.md
+ * "Session 38"): only the L1 lead, this far on (the far one into L2 lost
+ * 10-25 % there at 3-16 vectors, two threads from memory).
+ */
+#define MP_PF_NEAR_BF16		4096u
 
 /*
  * Prefetches (into L2) the first bytes of a gemm call's weights: those its

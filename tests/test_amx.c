@@ -216,6 +216,73 @@ static void bf16_gemm_matches_a_bf16_activation_reference(void **state)
 }
 
 /*
+ * The packed kernel over n vectors gives vector t the row-major kernel's
+ * bits alone (whose values check_reference() bounds), at its stride, and
+ * writes nothing past the batch's rows.
+ */
+static void check_packed_gemm(const struct path *p, const struct mp_kernels *k, uint32_t rows,
+			      uint32_t cols, uint32_t nmax)
+{
+	const size_t ystride = rows + 3;
+	uint16_t *w = make_weights(rows, cols), *pk = xmalloc((size_t)rows * cols * 2);
+	float *x = xmalloc((size_t)nmax * cols * sizeof(float));
+	float *xk = xmalloc((size_t)nmax * cols * sizeof(float));
+	float *y = xmalloc(nmax * ystride * sizeof(float));
+	float *one = xmalloc(rows * sizeof(float));
+
+	mp_pack_bf16(w, rows, cols, pk);
+	for (size_t i = 0; i < (size_t)nmax * cols; i++)
+		x[i] = frand();
+	for (uint32_t n = 1; n <= nmax; n++) {
+		memset(y, 0xff, nmax * ystride * sizeof(float));
+		k->xprep[MP_DTYPE_BF16](x, n, cols, xk);
+		k->gemm_packed[MP_DTYPE_BF16](pk, rows, cols, xk, n, y, ystride);
+		for (uint32_t t = 0; t < nmax; t++) {
+			const float *yt = y + t * ystride;
+
+			for (uint32_t r = t < n ? rows : 0; r < ystride; r++)
+				assert_true(isnan(yt[r]));
+			if (t >= n)
+				continue;
+			k->xprep[MP_DTYPE_BF16](x + (size_t)t * cols, 1, cols, xk);
+			k->gemm[MP_DTYPE_BF16](w, rows, cols, xk, 1, one, rows);
+			if (memcmp(one, yt, rows * sizeof(float))) {
+				print_error("%s packed %ux%u n=%u vector %u: not its row-major bits "
+					    "alone\n", p->isa_name, rows, cols, n, t);
+				fail();
+			}
+		}
+	}
+	free(w);
+	free(pk);
+	free(x);
+	free(xk);
+	free(y);
+	free(one);
+}
+
+/*
+ * vdpbf16ps's packed kernel at odd shapes: a short last group of 1-3 rows,
+ * 0-17 whole 32-column blocks (none, part of one 4-block segment, whole
+ * segments and a short last one) with and without a masked part block, and
+ * 1-60 vectors: one tile, groups of 6 over segments, two passes of 48.
+ */
+static void bf16_packed_gemm_is_the_row_major_bits(void **state)
+{
+	static const uint32_t rows[] = { 1, 3, 4, 5, 9, 38 };
+	static const uint32_t cols[] = { 7, 32, 33, 129, 161, 256, 300, 557 };
+	const struct mp_kernels *k = kernels_or_refusal(&bf16);
+
+	(void)state;
+	if (!k)
+		return;
+	assert_non_null(k->gemm_packed[MP_DTYPE_BF16]);
+	for (size_t r = 0; r < N_ELEMS(rows); r++)
+		for (size_t c = 0; c < N_ELEMS(cols); c++)
+			check_packed_gemm(&bf16, k, rows[r], cols[c], 60);
+}
+
+/*
  * vdpbf16ps's xprep rounds as mp_f32_to_bf16(): ties to even, NaNs quiet,
  * infinities, signed zeros and subnormals, into each vector's first half.
  */
@@ -477,6 +544,7 @@ int main(void)
 	static const struct CMUnitTest tests[] = {
 		cmocka_unit_test(amx_gemm_matches_a_bf16_activation_reference),
 		cmocka_unit_test(bf16_gemm_matches_a_bf16_activation_reference),
+		cmocka_unit_test(bf16_packed_gemm_is_the_row_major_bits),
 		cmocka_unit_test(bf16_xprep_rounds_as_the_scalar_conversion),
 		cmocka_unit_test(amx_engine_products_are_the_same_bits_alone_and_batched),
 		cmocka_unit_test(bf16_engine_products_are_the_same_bits_alone_and_batched),

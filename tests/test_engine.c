@@ -425,6 +425,8 @@ static void packed_products_are_the_bits_of_row_major(void **state)
 			/* Chunks over the threads, and a prefill's row and vector blocks. */
 			check_packed(e, 515, 129, 17, false);
 			check_packed(e, 515, 1024, 70, false);
+			/* ref-bf16's 4-block segments (7+ vectors): a short last one and a part block */
+			check_packed(e, 38, 557, 17, false);
 			/* Experts: ffn (rows) x hidden (cols). */
 			check_packed(e, 37, 45, 17, true);
 			check_packed(e, 130, 96, 17, true);
