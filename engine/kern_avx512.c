@@ -180,9 +180,10 @@ static inline TARGET __mmask16 tail_mask(uint32_t left)
  * in order), against vectors whose blocks xprep_bf16() split into even
  * then odd columns: 2-5 % more bandwidth at 4-8 vectors, none at 1-2
  * (expert FFNs of mixtral-mini's shape on the 2-core VM). The even ones are
- * a load of the block 2 bytes back with the odd 16-bit lanes kept: no shift
- * on port 0, the FMA unit's port (masked-off lanes are not read, so the
- * bytes before a row's first block are never touched).
+ * the block's words shifted up 16 bits. (A load of the block 2 bytes back
+ * with the odd lanes kept, which spared the Zen 4 VM's FMA port the shift,
+ * crosses a cache line on every load: `ref` ran batch 1 at 0.35-0.45 of its
+ * bound on Zen 5 against 0.71-0.86 with the shift; docs/engine.md, session 38.)
  *
  * A tile's 4 x T sums are taken together (mp_reduce_tile(), kern_reduce.h:
  * the pairing tree of _mm512_reduce_add_ps, transposed), the same bits.
@@ -228,8 +229,8 @@ step32_bf16_at(const char *wc, size_t rs, const uint32_t R, const uint32_t T, ui
 	UNROLL for (uint32_t t = 0; t < T; t++)
 		xv[t] = _mm512_loadu_ps(x + (size_t)t * cols + c);
 	UNROLL for (uint32_t r = 0; r < R; r++) {
-		/* the even columns into the high halves by a load 2 bytes back, the low halves zeroed */
-		__m512i q = _mm512_maskz_loadu_epi16(0xaaaaaaaau, wc + r * rs - 2);
+		/* the even columns into the high halves by a shift, the low halves zeroed */
+		__m512i q = _mm512_slli_epi32(_mm512_loadu_si512(wc + r * rs), 16);
 		__m512 wv = _mm512_castsi512_ps(q);
 
 		UNROLL for (uint32_t t = 0; t < T; t++)
