@@ -33,6 +33,32 @@ static inline ALWAYS_INLINE TARGET __m512 dp(__m512 acc, __m512i w, __m512i x)
 }
 
 /*
+ * The columns past the last whole 32-column block (cols % 32 of them, at
+ * tw + r * ts for row r), added to acc by masked loads: zeros past the
+ * row, which add nothing. tile()'s and seg()'s last step.
+ */
+static inline ALWAYS_INLINE TARGET void tail_block(__m512 acc[][ROWS], const uint32_t R,
+						   const uint32_t T, uint32_t cols,
+						   const uint16_t *x, size_t xs, const char *tw,
+						   size_t ts)
+{
+	const uint32_t c = cols / 32 * 32;
+	const __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
+	__m512i xv[TOKENS];
+
+	if (c == cols)
+		return;
+	UNROLL for (uint32_t t = 0; t < T; t++)
+		xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
+	UNROLL for (uint32_t r = 0; r < R; r++) {
+		const __m512i wv = _mm512_maskz_loadu_epi16(m, tw + r * ts);
+
+		UNROLL for (uint32_t t = 0; t < T; t++)
+			acc[t][r] = dp(acc[t][r], wv, xv[t]);
+	}
+}
+
+/*
  * R rows x T vectors: one accumulator per (row, vector) over the 32-column
  * blocks in order, the last, short one by masked loads (zeros past the
  * row, which add nothing), then one reduction. A sum's order is its own
@@ -74,18 +100,7 @@ static inline ALWAYS_INLINE TARGET void tile(const char *w, size_t rs, size_t bs
 				acc[t][r] = dp(acc[t][r], wv, xv[t]);
 		}
 	}
-	if (c < cols) {
-		const __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
-
-		UNROLL for (uint32_t t = 0; t < T; t++)
-			xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
-		UNROLL for (uint32_t r = 0; r < R; r++) {
-			const __m512i wv = _mm512_maskz_loadu_epi16(m, tw + r * ts);
-
-			UNROLL for (uint32_t t = 0; t < T; t++)
-				acc[t][r] = dp(acc[t][r], wv, xv[t]);
-		}
-	}
+	tail_block(acc, R, T, cols, x, xs, tw, ts);
 	mp_store_tile(acc, R, T, y, ystride);
 }
 
@@ -132,19 +147,7 @@ static inline ALWAYS_INLINE TARGET void seg(const char *g, const char *tw, size_
 				sv[t * ROWS + r] = acc[t][r];
 		return;
 	}
-	if (cols % 32) {
-		const uint32_t c = cols / 32 * 32;
-		const __mmask32 m = (__mmask32)((1ull << (cols - c)) - 1);
-
-		UNROLL for (uint32_t t = 0; t < T; t++)
-			xv[t] = _mm512_maskz_loadu_epi16(m, x + t * xs + c);
-		UNROLL for (uint32_t r = 0; r < ROWS; r++) {
-			const __m512i wv = _mm512_maskz_loadu_epi16(m, tw + r * ts);
-
-			UNROLL for (uint32_t t = 0; t < T; t++)
-				acc[t][r] = dp(acc[t][r], wv, xv[t]);
-		}
-	}
+	tail_block(acc, ROWS, T, cols, x, xs, tw, ts);
 	mp_store_tile(acc, ROWS, T, y, ystride);
 }
 
